@@ -1,0 +1,93 @@
+# deltafin — plain Makefile. `make help` lists the targets.
+#
+#   make            build build/deltafin and build/libdeltafin.a
+#   make test       install missing deps, build, run every test suite
+#   make demo       install missing deps, build, run a small model
+#   make SAN=1 ...  the same with ASan + UBSan (objects in build-san/)
+#   make CC=clang   any C17 compiler with GNU extensions (gcc, clang)
+
+CC      ?= gcc
+BUILD   ?= build
+OPT     ?= -O2
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+CFLAGS  += -std=c17 $(OPT) -g $(WARN) -D_GNU_SOURCE -Iinclude -pthread -fno-math-errno
+LDLIBS  += -ljansson -lm -lpthread
+
+ifeq ($(SAN),1)
+BUILD   := build-san
+OPT     := -O1
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+# SIMD variants get their ISA flags per file; everything else stays portable.
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mavx2
+
+LIB_SRC  := $(sort $(wildcard src/base/*.c src/format/*.c src/kernels/*.c src/model/*.c))
+CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/*.c))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+.PHONY: all test demo deps help clean bench cuda check-warnings
+all: $(BUILD)/deltafin $(BUILD)/libdeltafin.a
+
+help:
+	@echo "targets:"
+	@echo "  all (default)   build/deltafin and build/libdeltafin.a"
+	@echo "  test            install deps if missing, build, run all tests (N passed, N failed)"
+	@echo "  demo            install deps if missing, build, run a small model, print tokens/s"
+	@echo "  bench           kernel benchmark (deltafin bench --kernels)"
+	@echo "  deps            install the Debian packages the build needs"
+	@echo "  check-warnings  build with gcc and clang, -Werror"
+	@echo "  clean           remove build outputs"
+	@echo "options: SAN=1 (ASan+UBSan in build-san/), CC=clang, OPT=-O3"
+
+deps:
+	@sh scripts/install-deps.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/src/kernels/%_avx2.o: src/kernels/%_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/src/kernels/%_avx512.o: src/kernels/%_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libdeltafin.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/deltafin: $(CLI_OBJ) $(BUILD)/libdeltafin.a
+	$(CC) $(LDFLAGS) -pthread -o $@ $(CLI_OBJ) $(BUILD)/libdeltafin.a $(LDLIBS)
+
+$(BUILD)/run_tests: $(TEST_OBJ) $(BUILD)/libdeltafin.a
+	$(CC) $(LDFLAGS) -pthread -o $@ $(TEST_OBJ) $(BUILD)/libdeltafin.a $(LDLIBS)
+
+test:
+	@sh scripts/install-deps.sh
+	@$(MAKE) --no-print-directory $(BUILD)/deltafin $(BUILD)/run_tests
+	@DF_BIN=$(BUILD)/deltafin ./$(BUILD)/run_tests
+
+demo:
+	@sh scripts/install-deps.sh
+	@$(MAKE) --no-print-directory $(BUILD)/deltafin
+	@sh scripts/demo.sh $(BUILD)/deltafin
+
+bench: $(BUILD)/deltafin
+	./$(BUILD)/deltafin bench --kernels
+
+check-warnings:
+	$(MAKE) BUILD=build-gcc CC=gcc CFLAGS=-Werror all build-gcc/run_tests
+	$(MAKE) BUILD=build-clang CC=clang CFLAGS=-Werror all build-clang/run_tests
+
+clean:
+	rm -rf build build-san build-gcc build-clang
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

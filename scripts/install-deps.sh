@@ -1,0 +1,17 @@
+#!/bin/sh
+# install-deps.sh — installs the Debian packages deltafin's build and tests
+# need. Idempotent and quiet when nothing is missing. Needs root (or sudo)
+# only when something is missing.
+set -e
+PKGS="build-essential clang libjansson-dev python3"
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "install-deps: installing$missing"
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null

@@ -1,0 +1,33 @@
+/* io.h — the I/O indirection table (SQLite's aSyscall idea).
+ *
+ * Every file access of the library goes through a df_io table so tests can
+ * inject short reads, EINTR, EIO and truncated files. df_io_default() returns
+ * the plain POSIX table. io_pread_full retries short reads and EINTR.
+ */
+#ifndef DF_BASE_IO_H
+#define DF_BASE_IO_H
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct df_io {
+    int (*open)(const char *path, int flags, int mode);
+    int (*close)(int fd);
+    ssize_t (*pread)(int fd, void *buf, size_t n, off_t off);
+    int (*fsize)(int fd, int64_t *size);        /* 0 ok, -1 error (errno set) */
+    void *(*mmap)(size_t len, int fd);          /* read-only shared map; NULL on failure */
+    int (*munmap)(void *p, size_t len);
+} df_io;
+
+const df_io *df_io_default(void);
+/* Reads exactly n bytes at off; returns 0, or -1 with errno set (EIO on EOF). */
+int io_pread_full(const df_io *io, int fd, void *buf, size_t n, int64_t off);
+/* Reads a whole small file into a NUL-terminated malloc'd buffer. NULL on error. */
+char *io_read_text(const df_io *io, const char *path, size_t max_bytes, size_t *len);
+/* Names of the entries of dir ending in suffix (hidden files skipped), sorted
+ * with strcmp, in a malloc'd array of malloc'd strings (*names may be NULL if
+ * *n is 0). 0, or -1 with errno set. Free with io_free_names. Kept here
+ * because <dirent.h> clashes with dtype.h's DT_UNKNOWN. */
+int io_list_dir(const char *dir, const char *suffix, char ***names, size_t *n);
+void io_free_names(char **names, size_t n);
+#endif

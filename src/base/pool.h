@@ -1,0 +1,22 @@
+/* pool.h — a fixed thread pool with a blocking parallel-for.
+ *
+ * pool_for splits [0, n) into contiguous chunks, one per thread, in a fixed
+ * way that depends only on n and the thread count; the caller's function must
+ * make each output element depend on its index alone, so results are
+ * byte-identical for any thread count. Calls must come from one thread.
+ */
+#ifndef DF_BASE_POOL_H
+#define DF_BASE_POOL_H
+#include <stdint.h>
+
+typedef struct df_pool df_pool;
+/* fn(ctx, i0, i1, thread_index) handles indices [i0, i1). */
+typedef void (*pool_fn)(void *ctx, int64_t i0, int64_t i1, int tid);
+
+df_pool *pool_new(int n_threads); /* n_threads >= 1; NULL on failure */
+void pool_free(df_pool *p);
+int pool_size(const df_pool *p);
+/* Runs fn over [0, n) and waits. `grain` is the smallest chunk worth a
+ * thread (chunks are rounded to multiples of it, except the last). */
+void pool_for(df_pool *p, int64_t n, int64_t grain, pool_fn fn, void *ctx);
+#endif

@@ -1,0 +1,35 @@
+/* cli.h — shared pieces of the `deltafin` subcommands (prefix cli_).
+ * Only the CLI prints, exits and reads the environment. */
+#ifndef DF_CLI_H
+#define DF_CLI_H
+#include "deltafin.h"
+#include <stdint.h>
+
+typedef struct {
+    const char *model;
+    int threads;
+    int no_mmap;
+    int simd;       /* -1 best */
+    int ctx;
+} cli_model_opts;
+
+/* Exit codes: 0 success, 1 the work failed (bad model, I/O), 2 usage error. */
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+/* If argv[*i] is one of the shared model options, consumes it (and its
+ * value) and returns 1; returns -1 on a bad value, 0 if not ours. */
+int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
+extern const char cli_model_opts_help[];
+void cli_model_opts_init(cli_model_opts *o);
+/* Opens the engine, printing the error and returning NULL on failure. */
+df_engine *cli_open(const cli_model_opts *o);
+/* Parses "1,2,3" (spaces allowed) into a malloc'd array; -1 on error. */
+int cli_parse_tokens(const char *s, int32_t **out);
+double cli_now(void);
+int cli_usage(const char *cmd, const char *msg);
+
+int cmd_logits(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+#endif

@@ -1,0 +1,132 @@
+/* main.c — `deltafin` entry point: subcommand dispatch, shared options and
+ * helpers (model options, token lists, timing). */
+#include "cli.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char usage_text[] =
+    "usage: deltafin COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  run       greedy continuation of a token prompt\n"
+    "  logits    write float32 logits for every position of a token sequence\n"
+    "  inspect   describe a model: architecture, tensors, experts, memory\n"
+    "  bench     benchmarks (--kernels: matvec throughput per weight type)\n"
+    "\n"
+    "`deltafin COMMAND --help` shows a command's options.\n";
+
+const char cli_model_opts_help[] =
+    "  --model DIR        model directory (config.json + safetensors)\n"
+    "  --threads N        worker threads (default: all CPUs)\n"
+    "  --ctx N            context limit of the session (default: min(model, 4096))\n"
+    "  --no-mmap          read weights with pread into RAM instead of mapping them\n"
+    "  --simd LEVEL       kernel level: scalar, avx2, avx512 (default: best available)\n";
+
+void cli_model_opts_init(cli_model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->simd = -1;
+}
+
+static int parse_int(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 0 || v > 1 << 30) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--no-mmap")) { o->no_mmap = 1; return 1; }
+    if (!strcmp(a, "--model") || !strcmp(a, "--threads") || !strcmp(a, "--ctx") || !strcmp(a, "--simd")) {
+        if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
+        (*i)++;
+        if (!strcmp(a, "--model")) o->model = val;
+        else if (!strcmp(a, "--threads")) { if (parse_int(val, &o->threads)) goto bad; }
+        else if (!strcmp(a, "--ctx")) { if (parse_int(val, &o->ctx)) goto bad; }
+        else {
+            if (!strcmp(val, "scalar")) o->simd = 0;
+            else if (!strcmp(val, "avx2")) o->simd = 1;
+            else if (!strcmp(val, "avx512")) o->simd = 2;
+            else goto bad;
+        }
+        return 1;
+    bad:
+        fprintf(stderr, "deltafin: bad value for %s: '%s'\n", a, val);
+        return -1;
+    }
+    return 0;
+}
+
+df_engine *cli_open(const cli_model_opts *o) {
+    df_engine_opts eo;
+    df_engine_opts_default(&eo);
+    eo.n_threads = o->threads;
+    eo.use_mmap = !o->no_mmap;
+    eo.simd_level = o->simd;
+    df_engine *e = NULL;
+    char err[DF_ERRMSG];
+    df_status st = df_engine_open(o->model, &eo, &e, err);
+    if (st != DF_OK) {
+        fprintf(stderr, "deltafin: cannot open model: %s\n", err);
+        return NULL;
+    }
+    return e;
+}
+
+int cli_parse_tokens(const char *s, int32_t **out) {
+    int cap = 16, n = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    if (!v) return -1;
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) { free(v); return -1; }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *nv = realloc(v, (size_t)cap * sizeof *v);
+            if (!nv) { free(v); return -1; }
+            v = nv;
+        }
+        v[n++] = (int32_t)x;
+        p = end;
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p == ',') p++;
+        else if (*p) { free(v); return -1; }
+    }
+    if (n == 0) { free(v); return -1; }
+    *out = v;
+    return n;
+}
+
+double cli_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+int cli_usage(const char *cmd, const char *msg) {
+    fprintf(stderr, "deltafin %s: %s (see `deltafin %s --help`)\n", cmd, msg, cmd);
+    return CLI_USAGE;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { fputs(usage_text, stderr); return CLI_USAGE; }
+    const char *c = argv[1];
+    if (!strcmp(c, "--help") || !strcmp(c, "-h") || !strcmp(c, "help")) { fputs(usage_text, stdout); return 0; }
+    if (!strcmp(c, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);
+    if (!strcmp(c, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(c, "bench")) return cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "deltafin: unknown command '%s'\n\n%s", c, usage_text);
+    return CLI_USAGE;
+}

@@ -1,0 +1,51 @@
+/* safetensors.h — sharded safetensors reader (prefix st_).
+ *
+ * An st_set is every shard of one model directory: the index file's weight
+ * map (or the single model.safetensors), each header parsed with jansson and
+ * bounds-checked (offsets inside the file, sizes equal to shape x dtype, no
+ * overlaps), and a hash table from tensor name to st_tensor. Tensor bytes are
+ * reached through mmap (default) or read on demand with pread.
+ */
+#ifndef DF_FORMAT_SAFETENSORS_H
+#define DF_FORMAT_SAFETENSORS_H
+#include "deltafin.h"
+#include "dtype.h"
+#include "../base/io.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#define ST_MAX_DIMS 8
+
+typedef struct {
+    const char *name;      /* owned by the set */
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    int64_t nbytes;
+    int shard;             /* index into the set's shards */
+    int64_t offset;        /* absolute byte offset in the shard file */
+} st_tensor;
+
+typedef struct st_set st_set;
+
+/* Opens dir/model.safetensors.index.json if present, else every
+ * dir/ *.safetensors (single-file models). use_mmap selects the access path. */
+df_status st_open_dir(const char *dir, const df_io *io, int use_mmap, st_set **out, char *err);
+void st_close(st_set *s);
+
+const st_tensor *st_find(const st_set *s, const char *name);   /* NULL if absent */
+int64_t st_count(const st_set *s);
+const st_tensor *st_at(const st_set *s, int64_t i);             /* iteration */
+const char *st_shard_path(const st_set *s, int shard);
+int st_n_shards(const st_set *s);
+int64_t st_total_bytes(const st_set *s);                        /* sum of tensor bytes */
+
+/* Pointer to the tensor's bytes. With mmap this is the mapping; without, the
+ * bytes are read into memory owned by the set on first use. NULL on I/O
+ * error (err filled). */
+const void *st_data(st_set *s, const st_tensor *t, char *err);
+/* Copies the tensor's bytes into buf (nbytes of t). */
+df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err);
+/* The directory the set was opened from (for messages). */
+const char *st_dir(const st_set *s);
+#endif

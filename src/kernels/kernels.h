@@ -1,0 +1,38 @@
+/* kernels.h — CPU compute kernels (prefix kn_): one dispatch point.
+ *
+ * Every weight type has a plain C reference (KN_SCALAR) that is the test
+ * oracle; AVX2 and AVX-512 variants override it. The level is chosen by the
+ * caller (the engine picks kn_detect() once, tests force each level).
+ *
+ * Determinism contract (the model's exactness rests on it):
+ *  - at a given level, the value of output element r depends only on row r of
+ *    W and on x: not on row0/row1, not on how many vectors kn_matmul is given,
+ *    not on the thread that computes it. kn_matmul(X, n) row i is bit-equal
+ *    to kn_matvec(X + i*cols).
+ *  - activations are fp32; products and sums are fp32 (SIMD variants sum in
+ *    a fixed lane order, so they differ from scalar only by rounding).
+ */
+#ifndef DF_KERNELS_H
+#define DF_KERNELS_H
+#include "../format/weight.h"
+#include <stdint.h>
+
+typedef enum { KN_SCALAR = 0, KN_AVX2 = 1, KN_AVX512 = 2 } kn_level;
+
+kn_level kn_detect(void);              /* best level this CPU supports */
+const char *kn_level_name(kn_level l);
+
+/* y[r - row0] = sum_c W[r][c] * x[c], for r in [row0, row1). */
+void kn_matvec(kn_level lv, const df_weight *w, const float *x, float *y, int64_t row0,
+               int64_t row1);
+/* For i in [0, n): Y[i*ldy + (r - row0)] = sum_c W[r][c] * X[i*cols + c]. */
+void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+               int64_t row0, int64_t row1);
+/* Decodes row r of W into out[cols] (exact values, scalar). */
+void kn_dequant_row(const df_weight *w, int64_t r, float *out);
+
+/* Kernel benchmark behind df_bench_kernels (see deltafin.h). */
+struct df_pool;
+int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_bench_row *rows,
+             double *probe_gbps);
+#endif

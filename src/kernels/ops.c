@@ -1,0 +1,53 @@
+/* ops.c — scalar vector operations (see ops.h). */
+#include "ops.h"
+#include <math.h>
+
+void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float inv = (float)(1.0 / sqrt(ss / n + (double)eps));
+    for (int i = 0; i < n; i++) out[i] = w ? w[i] * (x[i] * inv) : x[i] * inv;
+}
+
+float op_dot(const float *a, const float *b, int n) {
+    /* four partial sums in a fixed order: deterministic and a little faster */
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+void op_axpy(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void op_softmax(float *x, int n) {
+    float m = x[0];
+    for (int i = 1; i < n; i++) if (x[i] > m) m = x[i];
+    double s = 0.0;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - m); s += x[i]; }
+    float inv = (float)(1.0 / s);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+float op_silu(float x) { return x / (1.0f + expf(-x)); }
+
+void op_silu_mul(float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) gate[i] = op_silu(gate[i]) * up[i];
+}
+
+void op_rope(float *x, int d, const float *c, const float *s, int interleaved) {
+    int h = d / 2;
+    for (int i = 0; i < h; i++) {
+        int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + h;
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * c[i] - x1 * s[i];
+        x[b] = x1 * c[i] + x0 * s[i];
+    }
+}

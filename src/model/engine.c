@@ -1,0 +1,195 @@
+/* engine.c — df_engine and df_session: open a model directory, pick the
+ * model program for its architecture, run token chunks through it.
+ *
+ * Sections: options; engine open/close; describe; parallel matmul helper;
+ * sessions; small public helpers.
+ */
+#include "model.h"
+#include "../base/err.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- options ---- */
+
+void df_engine_opts_default(df_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->use_mmap = 1;
+    o->simd_level = -1;
+}
+
+/* ---- engine open/close ---- */
+
+static const df_program_ops *program_for(const df_config *c) {
+    switch (c->arch) {
+    case ARCH_DEEPSEEK_V3: return &dsv3_program;
+    default: return NULL;
+    }
+}
+
+df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine **out,
+                         char err[DF_ERRMSG]) {
+    *out = NULL;
+    if (err) err[0] = 0;
+    df_engine_opts def;
+    if (!opts) { df_engine_opts_default(&def); opts = &def; }
+    df_engine *e = calloc(1, sizeof *e);
+    if (!e) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    snprintf(e->dir, sizeof e->dir, "%s", dir);
+    e->io = df_io_default();
+    df_status st = cfg_load(dir, e->io, &e->cfg, err);
+    if (st != DF_OK) goto fail;
+    e->ops = program_for(&e->cfg);
+    if (!e->ops) {
+        st = df_fail(err, DF_ERR_UNSUPPORTED,
+                     "%s/config.json: model_type '%s' is recognised but its model program is "
+                     "not built yet",
+                     dir, e->cfg.model_type);
+        goto fail;
+    }
+    st = st_open_dir(dir, e->io, opts->use_mmap, &e->st, err);
+    if (st != DF_OK) goto fail;
+    int nt = opts->n_threads;
+    if (nt <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        nt = n > 0 ? (int)n : 1;
+    }
+    e->pool = pool_new(nt);
+    if (!e->pool) { st = df_fail(err, DF_ERR_NOMEM, "cannot start %d threads", nt); goto fail; }
+    e->level = kn_detect();
+    if (opts->simd_level >= 0 && opts->simd_level < (int)e->level) e->level = (kn_level)opts->simd_level;
+    st = e->ops->open(e, &e->prog, err);
+    if (st != DF_OK) goto fail;
+    *out = e;
+    return DF_OK;
+fail:
+    df_engine_close(e);
+    return st;
+}
+
+void df_engine_close(df_engine *e) {
+    if (!e) return;
+    if (e->prog && e->ops) e->ops->close(e->prog);
+    pool_free(e->pool);
+    st_close(e->st);
+    free(e->describe_text);
+    free(e);
+}
+
+int df_engine_vocab_size(const df_engine *e) { return e->cfg.vocab_size; }
+int df_engine_max_context(const df_engine *e) { return e->cfg.max_position_embeddings; }
+int df_engine_n_threads(const df_engine *e) { return pool_size(e->pool); }
+
+/* ---- describe ---- */
+
+const char *df_engine_describe(df_engine *e) {
+    size_t cap = 8192;
+    free(e->describe_text);
+    e->describe_text = malloc(cap);
+    if (!e->describe_text) return "";
+    char *b = e->describe_text;
+    const df_config *c = &e->cfg;
+    int n = snprintf(b, cap,
+                     "model          %s\n"
+                     "architecture   %s (model_type %s%s)\n"
+                     "layers         %d (hidden %d, heads %d, vocab %d)\n"
+                     "tensors        %lld in %d shard%s, %.3f GB\n"
+                     "threads        %d, kernels %s\n",
+                     e->dir, e->ops->name, c->model_type,
+                     c->nested_text_config ? ", nested text_config" : "", c->num_hidden_layers,
+                     c->hidden_size, c->num_attention_heads, c->vocab_size,
+                     (long long)st_count(e->st), st_n_shards(e->st),
+                     st_n_shards(e->st) == 1 ? "" : "s", (double)st_total_bytes(e->st) / 1e9,
+                     pool_size(e->pool), kn_level_name(e->level));
+    if (n < 0 || (size_t)n >= cap) return b;
+    e->ops->describe(e, b + n, cap - (size_t)n);
+    return b;
+}
+
+/* ---- parallel matmul helper ---- */
+
+typedef struct {
+    df_engine *e;
+    const df_weight *w;
+    const float *X;
+    int n;
+    float *Y;
+    int64_t ldy;
+} mm_job;
+
+static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    mm_job *j = ctx;
+    if (j->n == 1) kn_matvec(j->e->level, j->w, j->X, j->Y + r0, r0, r1);
+    else kn_matmul(j->e->level, j->w, j->X, j->n, j->Y + r0, j->ldy, r0, r1);
+}
+
+void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
+    mm_job j = {e, w, X, n, Y, ldy};
+    pool_for(e->pool, w->rows, 16, mm_rows, &j);
+}
+
+/* ---- sessions ---- */
+
+df_status df_session_new(df_engine *e, int max_ctx, df_session **out) {
+    *out = NULL;
+    if (max_ctx <= 0) max_ctx = e->cfg.max_position_embeddings < 4096 ? e->cfg.max_position_embeddings : 4096;
+    if (max_ctx > e->cfg.max_position_embeddings) max_ctx = e->cfg.max_position_embeddings;
+    df_session *s = calloc(1, sizeof *s);
+    if (!s) return DF_ERR_NOMEM;
+    s->e = e;
+    s->max_ctx = max_ctx;
+    s->logits = calloc((size_t)e->cfg.vocab_size, sizeof(float));
+    if (!s->logits || e->ops->state_new(e, max_ctx, &s->state) != DF_OK) {
+        df_session_free(s);
+        return DF_ERR_NOMEM;
+    }
+    *out = s;
+    return DF_OK;
+}
+
+void df_session_free(df_session *s) {
+    if (!s) return;
+    if (s->state) s->e->ops->state_free(s->state);
+    free(s->logits);
+    free(s);
+}
+
+void df_session_reset(df_session *s) { s->pos = 0; }
+int df_session_pos(const df_session *s) { return s->pos; }
+const char *df_session_error(const df_session *s) { return s->err; }
+const float *df_session_logits(const df_session *s) { return s->logits; }
+
+df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits) {
+    df_engine *e = s->e;
+    int V = e->cfg.vocab_size;
+    s->err[0] = 0;
+    if (n <= 0) return df_fail(s->err, DF_ERR_ARG, "no tokens to evaluate");
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return df_fail(s->err, DF_ERR_ARG, "token %d at index %d is outside the vocabulary [0, %d)",
+                           tokens[i], i, V);
+    if (s->pos + n > s->max_ctx)
+        return df_fail(s->err, DF_ERR_CONTEXT,
+                       "context full: %d positions used + %d new > limit %d", s->pos, n, s->max_ctx);
+    int pos = s->pos;
+    for (int i = 0; i < n; i += DF_CHUNK) {
+        int m = n - i < DF_CHUNK ? n - i : DF_CHUNK;
+        int last_chunk = i + m == n;
+        float *out = logits ? logits + (size_t)i * V : s->logits;
+        if (!logits && !last_chunk) out = NULL;
+        df_status st = e->ops->forward(e, s->state, pos + i, tokens + i, m, out, logits != NULL);
+        if (st != DF_OK) return df_fail(s->err, st, "forward pass failed at position %d", pos + i);
+    }
+    if (logits) memcpy(s->logits, logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+    s->pos = pos + n;
+    return DF_OK;
+}
+
+/* ---- small public helpers ---- */
+
+int df_argmax(const float *v, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (v[i] > v[best]) best = i;
+    return best;
+}

@@ -1,0 +1,65 @@
+/* model.h — the engine and session internals shared by the model programs.
+ *
+ * An engine owns the parsed config, the shard set, the thread pool and one
+ * model program (a vtable + its weight views). A session owns the program's
+ * per-timeline state (allocated once, at df_session_new, for max_ctx
+ * positions and a fixed prefill chunk) and a logits row.
+ */
+#ifndef DF_MODEL_H
+#define DF_MODEL_H
+#include "deltafin.h"
+#include "../base/io.h"
+#include "../base/pool.h"
+#include "../format/config.h"
+#include "../format/safetensors.h"
+#include "../format/weight.h"
+#include "../kernels/kernels.h"
+
+enum { DF_CHUNK = 32 }; /* positions per forward pass during prefill */
+
+typedef struct df_program df_program;
+
+/* What a model program provides. */
+typedef struct {
+    const char *name;
+    /* Binds weights; returns the program state (owned, freed by close). */
+    df_status (*open)(df_engine *e, void **prog, char *err);
+    void (*close)(void *prog);
+    /* Bytes of per-session state per context position, and fixed per session. */
+    int64_t (*state_bytes_per_pos)(const df_engine *e);
+    /* Allocates session state for max_ctx positions (owned by the session). */
+    df_status (*state_new)(df_engine *e, int max_ctx, void **state);
+    void (*state_free)(void *state);
+    /* Runs n <= DF_CHUNK tokens at positions pos..pos+n-1. Writes logits rows
+     * for every token if all_rows, else only for the last into out[0]. */
+    df_status (*forward)(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
+                         float *out, int all_rows);
+    /* Appends program-specific lines to the describe text. */
+    void (*describe)(df_engine *e, char *buf, size_t cap);
+} df_program_ops;
+
+struct df_engine {
+    char dir[1024];
+    df_config cfg;
+    const df_io *io;
+    st_set *st;
+    df_pool *pool;
+    kn_level level;
+    const df_program_ops *ops;
+    void *prog;
+    char *describe_text;
+};
+
+struct df_session {
+    df_engine *e;
+    void *state;
+    int max_ctx, pos;
+    float *logits;        /* vocab_size */
+    char err[DF_ERRMSG];
+};
+
+/* Parallel y = W x over rows for n vectors: Y[i*ldy + r]. */
+void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
+
+extern const df_program_ops dsv3_program;
+#endif
