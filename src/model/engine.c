@@ -6,6 +6,7 @@
  */
 #include "model.h"
 #include "../base/err.h"
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +106,15 @@ const char *df_engine_describe(df_engine *e) {
     if (n < 0 || (size_t)n >= cap) return b;
     e->ops->describe(e, b + n, cap - (size_t)n);
     return b;
+}
+
+/* ---- names ---- */
+
+void tname(char *out, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, DF_NAME, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- parallel matmul helper ---- */

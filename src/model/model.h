@@ -58,6 +58,11 @@ struct df_session {
     char err[DF_ERRMSG];
 };
 
+enum { DF_NAME = 384 }; /* room for a tensor name */
+/* Formats a tensor name into out[DF_NAME] (truncation cannot go unnoticed:
+ * names that long do not exist, so the lookup fails with the name shown). */
+void tname(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Parallel y = W x over rows for n vectors: Y[i*ldy + r]. */
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
 

@@ -1,0 +1,176 @@
+/* ffn.c — gated MLPs (SiLU, SiTU) and the MoE block; see ffn.h.
+ *
+ * Sections: activation; dense MLP; scratch; router; MoE forward.
+ */
+#include "ffn.h"
+#include "../base/err.h"
+#include "../kernels/ops.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- activation ---- */
+
+static void act_apply(const ffn_act *act, float *g, const float *u, int64_t n) {
+    if (!act->situ) {
+        op_silu_mul(g, u, (int)n);
+        return;
+    }
+    float b = act->beta, lb = act->linear_beta;
+    for (int64_t i = 0; i < n; i++) {
+        float a = b * tanhf(g[i] / b) * op_sigmoid(g[i]);
+        float up = lb > 0 ? lb * tanhf(u[i] / lb) : u[i];
+        g[i] = a * up;
+    }
+}
+
+/* ---- dense MLP ---- */
+
+void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
+                 float *out, float *g, float *u) {
+    int64_t I = w->gate.rows;
+    mm(e, &w->gate, X, n, g, I);
+    mm(e, &w->up, X, n, u, I);
+    act_apply(act, g, u, I * n);
+    mm(e, &w->down, g, n, out, w->down.rows);
+}
+
+/* ---- scratch ---- */
+
+df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl, moe_scratch *s) {
+    memset(s, 0, sizeof *s);
+    const size_t C = (size_t)chunk, F = sizeof(float);
+    if (E < 1) E = 1;
+    if (K < 1) K = 1;
+    if (dl < 1) dl = hidden;
+    int wide = dl > hidden ? dl : hidden;
+    s->chunk = chunk; s->hidden = hidden; s->inter = inter; s->E = E; s->K = K; s->dl = dl;
+    s->g = malloc(C * inter * F);
+    s->u = malloc(C * inter * F);
+    s->rlog = malloc(C * E * F);
+    s->sel = malloc(C * K * sizeof(int));
+    s->selw = malloc(C * K * F);
+    s->ys = malloc(C * K * dl * F);
+    s->etok = malloc(C * K * sizeof(int));
+    s->eslot = malloc(C * K * sizeof(int));
+    s->xl = malloc(C * dl * F);
+    s->xe = malloc(C * wide * F);
+    s->ye = malloc(C * wide * F);
+    s->acc = malloc(C * wide * F);
+    if (!s->g || !s->u || !s->rlog || !s->sel || !s->selw || !s->ys || !s->etok || !s->eslot ||
+        !s->xl || !s->xe || !s->ye || !s->acc) {
+        moe_scratch_free(s);
+        return DF_ERR_NOMEM;
+    }
+    return DF_OK;
+}
+
+void moe_scratch_free(moe_scratch *s) {
+    if (!s) return;
+    free(s->g); free(s->u); free(s->rlog); free(s->sel); free(s->selw); free(s->ys);
+    free(s->etok); free(s->eslot); free(s->xl); free(s->xe); free(s->ye); free(s->acc);
+    memset(s, 0, sizeof *s);
+}
+
+void moe_layer_free(moe_layer *m) {
+    if (!m) return;
+    free(m->bias);
+    free(m->experts);
+    free(m->lat_norm);
+    m->bias = NULL; m->experts = NULL; m->lat_norm = NULL;
+}
+
+/* ---- router ---- */
+
+void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw) {
+    int E = m->E, K = m->K, G = m->n_group > 0 ? m->n_group : 1, per = E / G;
+    float score[E], choice[E];
+    if (m->sigmoid) {
+        for (int x = 0; x < E; x++) score[x] = op_sigmoid(logit[x]);
+    } else {
+        memcpy(score, logit, sizeof score);
+        op_softmax(score, E);
+    }
+    for (int x = 0; x < E; x++) choice[x] = score[x] + m->bias[x];
+    if (G > 1 && m->topk_group < G) {
+        float gs[G];
+        int keep[G];
+        for (int g = 0; g < G; g++) { /* group score: sum of its two best */
+            float a = -INFINITY, b = -INFINITY;
+            for (int x = g * per; x < (g + 1) * per; x++) {
+                if (choice[x] > a) { b = a; a = choice[x]; }
+                else if (choice[x] > b) b = choice[x];
+            }
+            gs[g] = per > 1 ? a + b : a;
+            keep[g] = 0;
+        }
+        for (int k = 0; k < m->topk_group; k++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+            keep[best] = 1;
+        }
+        for (int x = 0; x < E; x++)
+            if (!keep[x / per]) choice[x] = m->group_mask;
+    }
+    int taken[E];
+    memset(taken, 0, sizeof taken);
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int x = 0; x < E; x++)
+            if (!taken[x] && (best < 0 || choice[x] > choice[best])) best = x;
+        taken[best] = 1;
+    }
+    float sum = 0.0f;
+    for (int x = 0, k = 0; x < E; x++)
+        if (taken[x]) { sel[k] = x; selw[k] = score[x]; sum += score[x]; k++; }
+    for (int k = 0; k < K; k++) {
+        if (m->renorm) selw[k] /= (sum + 1e-20f);
+        selw[k] *= m->scale;
+    }
+}
+
+/* ---- MoE forward ---- */
+
+void moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
+                 const float *xn, int n, float *out) {
+    int H = (int)m->router.cols, K = m->K;
+    int dl = m->latent ? (int)m->lat_down.rows : H;
+    mm(e, &m->router, xn, n, s->rlog, m->E);
+    for (int t = 0; t < n; t++) moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K);
+    const float *xin = xn;
+    if (m->latent) {
+        mm(e, &m->lat_down, xn, n, s->xl, dl);
+        xin = s->xl;
+    }
+    /* each expert used in this chunk runs once over all its tokens */
+    for (int x = 0; x < m->E; x++) {
+        int cnt = 0;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++)
+                if (s->sel[t * K + k] == x) { s->etok[cnt] = t; s->eslot[cnt] = k; cnt++; }
+        if (!cnt) continue;
+        for (int i = 0; i < cnt; i++)
+            memcpy(s->xe + (size_t)i * dl, xin + (size_t)s->etok[i] * dl, (size_t)dl * sizeof(float));
+        ffn_forward(e, &m->experts[x], act, s->xe, cnt, s->ye, s->g, s->u);
+        for (int i = 0; i < cnt; i++)
+            memcpy(s->ys + ((size_t)s->etok[i] * K + s->eslot[i]) * dl, s->ye + (size_t)i * dl,
+                   (size_t)dl * sizeof(float));
+    }
+    float *acc = m->latent ? s->acc : out;
+    for (int t = 0; t < n; t++) {
+        float *o = acc + (size_t)t * dl;
+        memset(o, 0, (size_t)dl * sizeof(float));
+        for (int k = 0; k < K; k++) op_axpy(o, s->selw[t * K + k], s->ys + ((size_t)t * K + k) * dl, dl);
+    }
+    if (m->latent) {
+        if (m->lat_norm)
+            for (int t = 0; t < n; t++)
+                op_rmsnorm(acc + (size_t)t * dl, acc + (size_t)t * dl, m->lat_norm, dl, m->lat_eps);
+        mm(e, &m->lat_up, acc, n, out, H);
+    }
+    if (m->has_shared) {
+        ffn_forward(e, &m->shared, act, xn, n, s->ye, s->g, s->u);
+        for (size_t i = 0; i < (size_t)n * H; i++) out[i] += s->ye[i];
+    }
+}

@@ -1,0 +1,67 @@
+/* ffn.h — gated MLPs and the MoE block (prefixes ffn_, moe_).
+ *
+ * ffn_forward: out = down(act(gate x, up x)) with act SiLU(g)*u or K3's
+ * SiTU(g, u) = beta*tanh(g/beta)*sigmoid(g) * lb*tanh(u/lb).
+ *
+ * moe_forward: router (sigmoid or softmax scores, correction bias for
+ * selection only, optional group limit, top-k, renormalisation, scaling),
+ * routed experts (optionally in a latent space: down-proj -> experts ->
+ * weighted sum -> RMSNorm -> up-proj) plus shared experts. Every expert
+ * used by a chunk runs once over all its tokens; per token the expert
+ * outputs are summed in ascending expert id, so results do not depend on
+ * the chunk.
+ */
+#ifndef DF_MODEL_FFN_H
+#define DF_MODEL_FFN_H
+#include "model.h"
+
+typedef struct {
+    int situ;                   /* 0 SiLU, 1 SiTU */
+    float beta;                 /* SiTU gate beta */
+    float linear_beta;          /* SiTU up beta; 0 = up unchanged */
+} ffn_act;
+
+typedef struct { df_weight gate, up, down; } ffn_weights;
+
+typedef struct {
+    int E, K, n_group, topk_group;
+    int sigmoid;                /* 1 sigmoid scores, 0 softmax */
+    float group_mask;           /* value given to experts of dropped groups (0 or -inf) */
+    int renorm;                 /* divide by the sum of chosen scores (+1e-20) */
+    float scale;                /* routed_scaling_factor */
+    df_weight router;           /* [E, hidden] */
+    float *bias;                /* [E] owned; zeros when the checkpoint has none */
+    ffn_weights *experts;       /* [E] owned array of views */
+    int has_shared;
+    ffn_weights shared;
+    int latent;                 /* latent MoE (K3) */
+    df_weight lat_down, lat_up; /* [Dl, hidden], [hidden, Dl] */
+    float *lat_norm;            /* [Dl] owned, NULL: no norm */
+    float lat_eps;
+    int64_t expert_bytes;       /* one expert, as stored */
+} moe_layer;
+
+typedef struct {
+    int chunk, hidden, inter, E, K, dl;
+    float *g, *u;               /* [chunk][inter] */
+    float *rlog;                /* [chunk][E] */
+    int *sel;                   /* [chunk][K] ascending expert ids */
+    float *selw;                /* [chunk][K] */
+    float *ys;                  /* [chunk][K][dl] per-slot expert outputs */
+    int *etok, *eslot;          /* [chunk*K] */
+    float *xl;                  /* [chunk][dl] latent inputs */
+    float *xe, *ye;             /* [chunk][max(dl,hidden)] gathered in/out */
+    float *acc;                 /* [chunk][dl] */
+} moe_scratch;
+
+void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
+                 float *out, float *g, float *u);
+df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl, moe_scratch *s);
+void moe_scratch_free(moe_scratch *s);
+void moe_layer_free(moe_layer *m);
+/* out[n][hidden] = MoE(xn). */
+void moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
+                 const float *xn, int n, float *out);
+/* The router alone (exposed for tests): sel/selw of one token. */
+void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw);
+#endif

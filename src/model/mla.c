@@ -1,0 +1,195 @@
+/* mla.c — absorbed Multi-head Latent Attention over the compact cache.
+ *
+ * Sections: binding; scratch; the three parallel stages (absorb queries,
+ * attend, lift values); forward. See mla.h for the cache layout.
+ */
+#include "mla.h"
+#include "../base/err.h"
+#include "../kernels/ops.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- binding ---- */
+
+static df_status bind(df_engine *e, const char *base, const char *leaf, int64_t rows, int64_t cols,
+                      df_weight *w, char *err) {
+    char name[DF_NAME];
+    tname(name, "%s%s", base, leaf);
+    return wt_bind(e->st, name, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
+}
+
+static float *vec(df_engine *e, const char *base, const char *leaf, int64_t n, df_status *st, char *err) {
+    char name[DF_NAME];
+    tname(name, "%s%s", base, leaf);
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v) { *st = df_fail(err, DF_ERR_NOMEM, "out of memory"); return NULL; }
+    if ((*st = wt_load_vec(e->st, name, n, v, err)) != DF_OK) { free(v); return NULL; }
+    return v;
+}
+
+df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate, mla_layer *a,
+                   char *err) {
+    df_status st = DF_OK;
+    memset(a, 0, sizeof *a);
+    int64_t qdim = (int64_t)sh->nh * sh->dq;
+    if (sh->qlr > 0) {
+        if ((st = bind(e, base, "q_a_proj", sh->qlr, sh->hidden, &a->q_a, err))) return st;
+        if (!(a->q_a_norm = vec(e, base, "q_a_layernorm.weight", sh->qlr, &st, err))) return st;
+        if ((st = bind(e, base, "q_b_proj", qdim, sh->qlr, &a->q_b, err))) return st;
+    } else if ((st = bind(e, base, "q_proj", qdim, sh->hidden, &a->q, err))) return st;
+    if ((st = bind(e, base, "kv_a_proj_with_mqa", sh->R + sh->dr, sh->hidden, &a->kv_a, err))) return st;
+    if (!(a->kv_a_norm = vec(e, base, "kv_a_layernorm.weight", sh->R, &st, err))) return st;
+    if ((st = bind(e, base, "kv_b_proj", (int64_t)sh->nh * (sh->dn + sh->dv), sh->R, &a->kv_b, err))) return st;
+    if ((st = bind(e, base, "o_proj", sh->hidden, (int64_t)sh->nh * sh->dv, &a->o, err))) return st;
+    if (gate) {
+        a->has_gate = 1;
+        if ((st = bind(e, base, "g_proj", (int64_t)sh->nh * sh->dv, sh->hidden, &a->g, err))) return st;
+    }
+    return DF_OK;
+}
+
+void mla_free(mla_layer *a) {
+    if (!a) return;
+    free(a->q_a_norm);
+    free(a->kv_a_norm);
+    a->q_a_norm = a->kv_a_norm = NULL;
+}
+
+int64_t mla_cache_floats_per_pos(const mla_shape *sh) { return sh->R + sh->dr; }
+
+/* ---- scratch ---- */
+
+df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, mla_scratch *s) {
+    const size_t C = DF_CHUNK, F = sizeof(float);
+    memset(s, 0, sizeof *s);
+    s->tstride = max_ctx > sh->R ? max_ctx : sh->R;
+    s->qa = malloc(C * (sh->qlr ? sh->qlr : 1) * F);
+    s->q = malloc(C * sh->nh * sh->dq * F);
+    s->kva = malloc(C * (sh->R + sh->dr) * F);
+    s->qlat = malloc(C * sh->nh * sh->R * F);
+    s->olat = malloc(C * sh->nh * sh->R * F);
+    s->attn = malloc(C * sh->nh * sh->dv * F);
+    s->gate = malloc(C * sh->nh * sh->dv * F);
+    s->tscratch = malloc((size_t)threads * s->tstride * F);
+    if (!s->qa || !s->q || !s->kva || !s->qlat || !s->olat || !s->attn || !s->gate || !s->tscratch) {
+        mla_scratch_free(s);
+        return DF_ERR_NOMEM;
+    }
+    return DF_OK;
+}
+
+void mla_scratch_free(mla_scratch *s) {
+    if (!s) return;
+    free(s->qa); free(s->q); free(s->kva); free(s->qlat); free(s->olat); free(s->attn);
+    free(s->gate); free(s->tscratch);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- parallel stages ---- */
+
+typedef struct {
+    df_engine *e;
+    const mla_shape *sh;
+    const mla_layer *a;
+    const float *cache;
+    mla_scratch *s;
+    int pos, n;
+} job;
+
+/* q_lat[h][t] = W_UK[h]^T q_nope[t][h], one head per index. */
+static void absorb_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
+    job *j = ctx;
+    const mla_shape *sh = j->sh;
+    mla_scratch *s = j->s;
+    float *row = s->tscratch + (size_t)tid * s->tstride;
+    for (int64_t h = h0; h < h1; h++) {
+        float *ql = s->qlat + (size_t)h * j->n * sh->R;
+        memset(ql, 0, (size_t)j->n * sh->R * sizeof(float));
+        for (int d = 0; d < sh->dn; d++) {
+            kn_dequant_row(&j->a->kv_b, h * (sh->dn + sh->dv) + d, row);
+            for (int t = 0; t < j->n; t++)
+                op_axpy(ql + (size_t)t * sh->R, s->q[((size_t)t * sh->nh + h) * sh->dq + d], row, sh->R);
+        }
+    }
+}
+
+/* Softmax attention over the cached latents, one (head, token) per index. */
+static void attend(void *ctx, int64_t i0, int64_t i1, int tid) {
+    job *j = ctx;
+    const mla_shape *sh = j->sh;
+    mla_scratch *s = j->s;
+    int64_t stride = sh->R + sh->dr;
+    float *sc = s->tscratch + (size_t)tid * s->tstride;
+    for (int64_t i = i0; i < i1; i++) {
+        int h = (int)(i / j->n), t = (int)(i % j->n), p = j->pos + t;
+        const float *ql = s->qlat + ((size_t)h * j->n + t) * sh->R;
+        const float *qp = s->q + ((size_t)t * sh->nh + h) * sh->dq + sh->dn;
+        for (int k = 0; k <= p; k++) {
+            const float *c = j->cache + (size_t)k * stride;
+            sc[k] = (op_dot(ql, c, sh->R) + op_dot(qp, c + sh->R, sh->dr)) * sh->softmax_scale;
+        }
+        op_softmax(sc, p + 1);
+        float *o = s->olat + ((size_t)h * j->n + t) * sh->R;
+        memset(o, 0, (size_t)sh->R * sizeof(float));
+        for (int k = 0; k <= p; k++) op_axpy(o, sc[k], j->cache + (size_t)k * stride, sh->R);
+    }
+}
+
+/* attn[t][h*dv..] = W_UV[h] o_lat[h][t], one head per index. */
+static void lift_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
+    job *j = ctx;
+    const mla_shape *sh = j->sh;
+    for (int64_t h = h0; h < h1; h++) {
+        int64_t r0 = h * (sh->dn + sh->dv) + sh->dn;
+        kn_matmul(j->e->level, &j->a->kv_b, j->s->olat + (size_t)h * j->n * sh->R, j->n,
+                  j->s->attn + h * sh->dv, (int64_t)sh->nh * sh->dv, r0, r0 + sh->dv);
+    }
+}
+
+/* ---- forward ---- */
+
+static void rope_at(const mla_shape *sh, int pos, float *cs, float *sn) {
+    for (int i = 0; i < sh->dr / 2; i++) {
+        float f = (float)pos * sh->inv_freq[i];
+        cs[i] = cosf(f) * sh->rope_mscale;
+        sn[i] = sinf(f) * sh->rope_mscale;
+    }
+}
+
+void mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache,
+                 mla_scratch *s, int pos, int n, const float *xn, float *out) {
+    int qdim = sh->nh * sh->dq, vdim = sh->nh * sh->dv;
+    int64_t stride = sh->R + sh->dr;
+    if (sh->qlr > 0) {
+        mm(e, &a->q_a, xn, n, s->qa, sh->qlr);
+        for (int t = 0; t < n; t++)
+            op_rmsnorm(s->qa + (size_t)t * sh->qlr, s->qa + (size_t)t * sh->qlr, a->q_a_norm, sh->qlr, sh->latent_eps);
+        mm(e, &a->q_b, s->qa, n, s->q, qdim);
+    } else {
+        mm(e, &a->q, xn, n, s->q, qdim);
+    }
+    mm(e, &a->kv_a, xn, n, s->kva, stride);
+    float cs[256], sn[256];
+    for (int t = 0; t < n; t++) {
+        const float *kv = s->kva + (size_t)t * stride;
+        float *c = cache + (size_t)(pos + t) * stride;
+        op_rmsnorm(c, kv, a->kv_a_norm, sh->R, sh->latent_eps);
+        memcpy(c + sh->R, kv + sh->R, (size_t)sh->dr * sizeof(float));
+        if (!sh->use_rope) continue;
+        rope_at(sh, pos + t, cs, sn);
+        op_rope(c + sh->R, sh->dr, cs, sn, sh->rope_interleave);
+        for (int h = 0; h < sh->nh; h++)
+            op_rope(s->q + ((size_t)t * sh->nh + h) * sh->dq + sh->dn, sh->dr, cs, sn, sh->rope_interleave);
+    }
+    job j = {e, sh, a, cache, s, pos, n};
+    pool_for(e->pool, sh->nh, 1, absorb_heads, &j);
+    pool_for(e->pool, (int64_t)sh->nh * n, 1, attend, &j);
+    pool_for(e->pool, sh->nh, 1, lift_heads, &j);
+    if (a->has_gate) {
+        mm(e, &a->g, xn, n, s->gate, vdim);
+        for (size_t i = 0; i < (size_t)n * vdim; i++) s->attn[i] *= op_sigmoid(s->gate[i]);
+    }
+    mm(e, &a->o, s->attn, n, out, sh->hidden);
+}

@@ -1,0 +1,51 @@
+/* mla.h — Multi-head Latent Attention with the compact latent cache (prefix mla_).
+ *
+ * Used by DeepSeek-V3 / Kimi-K2 (interleaved RoPE, optional YaRN) and by
+ * Kimi-Linear / K3 (NoPE, optional sigmoid output gate). Absorbed form: the
+ * cache holds, per position, c_kv (kv_lora_rank floats, RMS-normalised) and
+ * k_pe (qk_rope_head_dim floats, rotated when RoPE is on):
+ *
+ *   cache[pos] = | c_kv (R) | k_pe (dr) |
+ *
+ * q_nope is mapped into latent space with W_UK^T, scores are taken against
+ * the latents, the weighted latent sum is lifted per head with W_UV.
+ */
+#ifndef DF_MODEL_MLA_H
+#define DF_MODEL_MLA_H
+#include "model.h"
+
+typedef struct {
+    int hidden, nh, dn, dr, dv, dq, R, qlr;
+    int use_rope, rope_interleave;
+    const float *inv_freq;      /* [dr/2], owned by the model */
+    float rope_mscale;          /* factor on cos/sin (YaRN) */
+    float softmax_scale;
+    float latent_eps;           /* q_a / kv_a RMSNorm eps (1e-6 in every reference) */
+} mla_shape;
+
+typedef struct {
+    float *q_a_norm, *kv_a_norm; /* owned f32 copies */
+    df_weight q_a, q_b, q, kv_a, kv_b, o;
+    int has_gate;               /* sigmoid output gate g_proj (K3) */
+    df_weight g;
+} mla_layer;
+
+/* Per-chunk scratch shared by every MLA layer of a session. */
+typedef struct {
+    float *qa, *q, *kva, *qlat, *olat, *attn, *gate;
+    float *tscratch;            /* [threads][tstride] */
+    int64_t tstride;
+} mla_scratch;
+
+/* Binds `<base>q_a_proj` ... `<base>o_proj` (+ `<base>g_proj` if gate). */
+df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate, mla_layer *a,
+                   char *err);
+void mla_free(mla_layer *a);
+int64_t mla_cache_floats_per_pos(const mla_shape *sh);
+df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, mla_scratch *s);
+void mla_scratch_free(mla_scratch *s);
+/* Runs n positions pos..pos+n-1: xn [n][hidden] normalised input, cache
+ * [max_ctx][R+dr] of this layer, out [n][hidden] = attention output. */
+void mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache,
+                 mla_scratch *s, int pos, int n, const float *xn, float *out);
+#endif
