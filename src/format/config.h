@@ -11,6 +11,8 @@
 #include "deltafin.h"
 #include "../base/io.h"
 
+enum { DF_MAX_LAYERS = 1024 };
+
 typedef enum { ARCH_DEEPSEEK_V3 = 1, ARCH_KIMI_LINEAR, ARCH_KIMI_K3 } df_arch;
 typedef enum { ROPE_NONE = 0, ROPE_DEFAULT, ROPE_YARN } df_rope_type;
 typedef enum { QUANT_NONE = 0, QUANT_FP8_BLOCK, QUANT_CT_INT4, QUANT_CT_MXFP4 } df_quant;
@@ -50,10 +52,27 @@ typedef struct {
      * and full name of the head. */
     char prefix[64];
     char lm_head[96];
+
+    /* Kimi-Linear / K3 (config_kimi.c) */
+    int kda_num_heads, kda_head_dim, kda_conv_kernel;
+    int kda_full_rank_gate;         /* linear_attn_config.use_full_rank_gate */
+    int kda_has_lower_bound;        /* gate_lower_bound present */
+    double kda_lower_bound;
+    unsigned char is_kda[DF_MAX_LAYERS]; /* from the 1-based kda_layers list */
+    int mla_use_output_gate, mla_use_nope;
+    int attn_res_block_size;        /* 0: plain residuals */
+    double situ_beta, situ_linear_beta; /* SiTU betas; linear 0 = up unchanged */
+    int routed_expert_hidden_size;  /* 0: experts on the full hidden size */
+    int latent_moe_use_norm;
 } df_config;
 
 /* Parses dir/config.json into *c. */
 df_status cfg_load(const char *dir, const df_io *io, df_config *c, char *err);
+/* Reads the Kimi-Linear / K3 fields from the object holding the model
+ * fields (root or text_config); `path` names config.json in messages.
+ * Called by cfg_load for ARCH_KIMI_LINEAR and ARCH_KIMI_K3. */
+struct json_t;
+df_status cfg_load_kimi(struct json_t *tc, const char *path, df_config *c, char *err);
 /* 1 if layer i (0-based) has a routed MoE block. */
 int cfg_is_moe_layer(const df_config *c, int layer);
 #endif

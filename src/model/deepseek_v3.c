@@ -33,6 +33,8 @@
 
 /* ---- weights ---- */
 
+static const char *const ds_ffn_names[3] = {"gate_proj", "up_proj", "down_proj"};
+
 typedef struct {
     float *attn_norm, *ffn_norm;  /* owned f32 copies */
     mla_layer attn;
@@ -53,41 +55,6 @@ typedef struct {
     int64_t expert_bytes_total;
     int n_moe_layers;
 } ds_model;
-
-static float *load_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
-    float *v = malloc((size_t)n * sizeof(float));
-    if (!v) { *st = df_fail(err, DF_ERR_NOMEM, "out of memory"); return NULL; }
-    *st = wt_load_vec(e->st, name, n, v, err);
-    if (*st != DF_OK) { free(v); return NULL; }
-    return v;
-}
-
-/* Finds the decoder prefix actually used by the tensors. */
-static df_status find_prefix(df_engine *e, char *err) {
-    df_config *c = &e->cfg;
-    static const char *cands[] = {"model.", "language_model.model."};
-    char name[DF_NAME];
-    tname(name, "%sembed_tokens.weight", c->prefix);
-    if (st_find(e->st, name)) return DF_OK;
-    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
-        tname(name, "%sembed_tokens.weight", cands[i]);
-        if (st_find(e->st, name)) {
-            snprintf(c->prefix, sizeof c->prefix, "%s", cands[i]);
-            snprintf(c->lm_head, sizeof c->lm_head, "%slm_head.weight",
-                     strcmp(cands[i], "model.") == 0 ? "" : "language_model.");
-            return DF_OK;
-        }
-    }
-    return df_fail(err, DF_ERR_MISMATCH,
-                   "%s: tensor '%sembed_tokens.weight' not found (looked for prefixes 'model.' "
-                   "and 'language_model.model.')",
-                   e->dir, c->prefix);
-}
-
-static df_status bind(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w,
-                      char *err) {
-    return wt_bind(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
-}
 
 static double yarn_mscale(double scale, double m) {
     return scale <= 1.0 ? 1.0 : 0.1 * m * log(scale) + 1.0;
@@ -145,18 +112,6 @@ static void ds_close(void *p) {
     free(m);
 }
 
-static df_status bind_ffn(df_engine *e, const char *base, int64_t inter, int64_t hidden,
-                          ffn_weights *w, char *err) {
-    char b[DF_NAME];
-    df_status st;
-    tname(b, "%sgate_proj", base);
-    if ((st = bind(e, b, inter, hidden, &w->gate, err))) return st;
-    tname(b, "%sup_proj", base);
-    if ((st = bind(e, b, inter, hidden, &w->up, err))) return st;
-    tname(b, "%sdown_proj", base);
-    return bind(e, b, hidden, inter, &w->down, err);
-}
-
 static df_status bind_moe(df_engine *e, ds_model *m, const char *base, moe_layer *x, char *err) {
     const df_config *c = &e->cfg;
     char b[DF_NAME];
@@ -170,7 +125,7 @@ static df_status bind_moe(df_engine *e, ds_model *m, const char *base, moe_layer
     x->renorm = c->norm_topk_prob;
     x->scale = (float)c->routed_scaling_factor;
     tname(b, "%sgate", base);
-    if ((st = bind(e, b, x->E, m->H, &x->router, err))) return st;
+    if ((st = model_bind(e, b, x->E, m->H, &x->router, err))) return st;
     x->bias = calloc((size_t)x->E, sizeof(float));
     x->experts = calloc((size_t)x->E, sizeof(ffn_weights));
     if (!x->bias || !x->experts) return df_fail(err, DF_ERR_NOMEM, "out of memory");
@@ -179,12 +134,12 @@ static df_status bind_moe(df_engine *e, ds_model *m, const char *base, moe_layer
     if (c->n_shared_experts > 0) {
         x->has_shared = 1;
         tname(b, "%sshared_experts.", base);
-        if ((st = bind_ffn(e, b, (int64_t)c->moe_intermediate_size * c->n_shared_experts, m->H, &x->shared, err)))
+        if ((st = ffn_bind(e, b, ds_ffn_names, (int64_t)c->moe_intermediate_size * c->n_shared_experts, m->H, &x->shared, err)))
             return st;
     }
     for (int i = 0; i < x->E; i++) {
         tname(b, "%sexperts.%d.", base, i);
-        if ((st = bind_ffn(e, b, c->moe_intermediate_size, m->H, &x->experts[i], err))) return st;
+        if ((st = ffn_bind(e, b, ds_ffn_names, c->moe_intermediate_size, m->H, &x->experts[i], err))) return st;
         ffn_weights *w = &x->experts[i];
         x->expert_bytes = wt_bytes(&w->gate) + wt_bytes(&w->up) + wt_bytes(&w->down);
         m->expert_bytes_total += x->expert_bytes;
@@ -198,21 +153,21 @@ static df_status bind_layer(df_engine *e, ds_model *m, int l, char *err) {
     char b[DF_NAME];
     df_status st = DF_OK;
     tname(b, "%slayers.%d.input_layernorm.weight", c->prefix, l);
-    if (!(y->attn_norm = load_vec(e, b, m->H, &st, err))) return st;
+    if (!(y->attn_norm = model_vec(e, b, m->H, &st, err))) return st;
     tname(b, "%slayers.%d.post_attention_layernorm.weight", c->prefix, l);
-    if (!(y->ffn_norm = load_vec(e, b, m->H, &st, err))) return st;
+    if (!(y->ffn_norm = model_vec(e, b, m->H, &st, err))) return st;
     tname(b, "%slayers.%d.self_attn.", c->prefix, l);
     if ((st = mla_bind(e, &m->mla, b, 0, &y->attn, err))) return st;
     y->moe = cfg_is_moe_layer(c, l);
     tname(b, "%slayers.%d.mlp.", c->prefix, l);
-    if (!y->moe) return bind_ffn(e, b, c->intermediate_size, m->H, &y->mlp, err);
+    if (!y->moe) return ffn_bind(e, b, ds_ffn_names, c->intermediate_size, m->H, &y->mlp, err);
     m->n_moe_layers++;
     return bind_moe(e, m, b, &y->experts, err);
 }
 
 static df_status ds_open(df_engine *e, void **out, char *err) {
     const df_config *c = &e->cfg;
-    df_status st = find_prefix(e, err);
+    df_status st = model_find_prefix(e, err);
     if (st != DF_OK) return st;
     if (c->qk_rope_head_dim % 2 || c->qk_rope_head_dim > 512)
         return df_fail(err, DF_ERR_CONFIG, "%s/config.json: field 'qk_rope_head_dim' must be even and <= 512 (got %d)",
@@ -242,16 +197,16 @@ static df_status ds_open(df_engine *e, void **out, char *err) {
     m->act.situ = 0;
     char name[DF_NAME];
     tname(name, "%sembed_tokens", c->prefix);
-    if ((st = bind(e, name, m->V, m->H, &m->embed, err)) != DF_OK) goto fail;
+    if ((st = model_bind(e, name, m->V, m->H, &m->embed, err)) != DF_OK) goto fail;
     if (c->tie_word_embeddings) m->head = m->embed;
     else {
         tname(name, "%s", c->lm_head);
         size_t n = strlen(name);
         if (n > 7 && strcmp(name + n - 7, ".weight") == 0) name[n - 7] = 0;
-        if ((st = bind(e, name, m->V, m->H, &m->head, err)) != DF_OK) goto fail;
+        if ((st = model_bind(e, name, m->V, m->H, &m->head, err)) != DF_OK) goto fail;
     }
     tname(name, "%snorm.weight", c->prefix);
-    if (!(m->final_norm = load_vec(e, name, m->H, &st, err))) goto fail;
+    if (!(m->final_norm = model_vec(e, name, m->H, &st, err))) goto fail;
     m->inv_freq = calloc((size_t)(sh->dr / 2 + 1), sizeof(float));
     m->layers = calloc((size_t)m->L, sizeof(ds_layer));
     if (!m->inv_freq || !m->layers) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto fail; }

@@ -25,6 +25,8 @@ void df_engine_opts_default(df_engine_opts *o) {
 static const df_program_ops *program_for(const df_config *c) {
     switch (c->arch) {
     case ARCH_DEEPSEEK_V3: return &dsv3_program;
+    case ARCH_KIMI_LINEAR:
+    case ARCH_KIMI_K3: return &kimi_program;
     default: return NULL;
     }
 }
@@ -117,6 +119,41 @@ void tname(char *out, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* ---- binding helpers ---- */
+
+df_status model_bind(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w, char *err) {
+    return wt_bind(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
+}
+
+float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v) { *st = df_fail(err, DF_ERR_NOMEM, "out of memory"); return NULL; }
+    *st = wt_load_vec(e->st, name, n, v, err);
+    if (*st != DF_OK) { free(v); return NULL; }
+    return v;
+}
+
+df_status model_find_prefix(df_engine *e, char *err) {
+    df_config *c = &e->cfg;
+    static const char *cands[] = {"model.", "language_model.model."};
+    char name[DF_NAME];
+    tname(name, "%sembed_tokens.weight", c->prefix);
+    if (st_find(e->st, name)) return DF_OK;
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+        tname(name, "%sembed_tokens.weight", cands[i]);
+        if (st_find(e->st, name)) {
+            snprintf(c->prefix, sizeof c->prefix, "%s", cands[i]);
+            snprintf(c->lm_head, sizeof c->lm_head, "%slm_head.weight",
+                     strcmp(cands[i], "model.") == 0 ? "" : "language_model.");
+            return DF_OK;
+        }
+    }
+    return df_fail(err, DF_ERR_MISMATCH,
+                   "%s: tensor '%sembed_tokens.weight' not found (looked for prefixes 'model.' "
+                   "and 'language_model.model.')",
+                   e->dir, c->prefix);
+}
+
 /* ---- parallel matmul helper ---- */
 
 typedef struct {
@@ -165,7 +202,10 @@ void df_session_free(df_session *s) {
     free(s);
 }
 
-void df_session_reset(df_session *s) { s->pos = 0; }
+void df_session_reset(df_session *s) {
+    s->pos = 0;
+    if (s->e->ops->state_reset) s->e->ops->state_reset(s->e, s->state);
+}
 int df_session_pos(const df_session *s) { return s->pos; }
 const char *df_session_error(const df_session *s) { return s->err; }
 const float *df_session_logits(const df_session *s) { return s->logits; }

@@ -26,6 +26,18 @@ static void act_apply(const ffn_act *act, float *g, const float *u, int64_t n) {
 
 /* ---- dense MLP ---- */
 
+df_status ffn_bind(df_engine *e, const char *base, const char *const names[3], int64_t inter,
+                   int64_t hidden, ffn_weights *w, char *err) {
+    char b[DF_NAME];
+    df_status st;
+    tname(b, "%s%s", base, names[0]);
+    if ((st = model_bind(e, b, inter, hidden, &w->gate, err))) return st;
+    tname(b, "%s%s", base, names[1]);
+    if ((st = model_bind(e, b, inter, hidden, &w->up, err))) return st;
+    tname(b, "%s%s", base, names[2]);
+    return model_bind(e, b, hidden, inter, &w->down, err);
+}
+
 void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
                  float *out, float *g, float *u) {
     int64_t I = w->gate.rows;

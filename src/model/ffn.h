@@ -54,6 +54,9 @@ typedef struct {
     float *acc;                 /* [chunk][dl] */
 } moe_scratch;
 
+/* Binds <base><names[0..2]> as gate, up, down ([inter, hidden] x2, [hidden, inter]). */
+df_status ffn_bind(df_engine *e, const char *base, const char *const names[3], int64_t inter,
+                   int64_t hidden, ffn_weights *w, char *err);
 void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
                  float *out, float *g, float *u);
 df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl, moe_scratch *s);

@@ -30,6 +30,9 @@ typedef struct {
     /* Allocates session state for max_ctx positions (owned by the session). */
     df_status (*state_new)(df_engine *e, int max_ctx, void **state);
     void (*state_free)(void *state);
+    /* Forgets the timeline (recurrent states to zero); NULL if positions
+     * alone define it (caches are overwritten as positions are reused). */
+    void (*state_reset)(df_engine *e, void *state);
     /* Runs n <= DF_CHUNK tokens at positions pos..pos+n-1. Writes logits rows
      * for every token if all_rows, else only for the last into out[0]. */
     df_status (*forward)(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
@@ -63,8 +66,16 @@ enum { DF_NAME = 384 }; /* room for a tensor name */
  * names that long do not exist, so the lookup fails with the name shown). */
 void tname(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Binding helpers shared by the model programs (engine.c). */
+df_status model_bind(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w, char *err);
+/* A 1-D vector of n values as f32 (malloc'd); NULL with *st set on error. */
+float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err);
+/* Settles cfg.prefix / cfg.lm_head on the names the tensors really use. */
+df_status model_find_prefix(df_engine *e, char *err);
+
 /* Parallel y = W x over rows for n vectors: Y[i*ldy + r]. */
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
 
 extern const df_program_ops dsv3_program;
+extern const df_program_ops kimi_program;
 #endif

@@ -1,0 +1,251 @@
+/* kda.c — Kimi Delta Attention (see kda.h for the math and the state).
+ *
+ * Sections: binding (A_log broadcast by shape); state and scratch; the
+ * short convolution; the recurrence; forward.
+ */
+#include "kda.h"
+#include "../base/err.h"
+#include "../kernels/ops.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- binding ---- */
+
+const char *kda_a_mode_name(kda_a_mode m) {
+    switch (m) {
+    case KDA_A_PER_HEAD: return "per head";
+    case KDA_A_PER_KEY: return "per key channel";
+    case KDA_A_PER_HEAD_KEY: return "per head and key channel";
+    }
+    return "?";
+}
+
+static df_status bindw(df_engine *e, const char *base, const char *leaf, int64_t rows, int64_t cols,
+                       df_weight *w, char *err) {
+    char name[DF_NAME];
+    tname(name, "%s%s", base, leaf);
+    return wt_bind(e->st, name, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
+}
+
+/* Loads a small f32/bf16 tensor of exactly n elements whatever its shape. */
+static float *load_any(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v) { *st = df_fail(err, DF_ERR_NOMEM, "out of memory"); return NULL; }
+    if ((*st = wt_load_vec(e->st, name, n, v, err)) != DF_OK) { free(v); return NULL; }
+    return v;
+}
+
+static int64_t numel(const st_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_layer *k, char *err) {
+    memset(k, 0, sizeof *k);
+    df_status st;
+    int64_t P = (int64_t)sh->H * sh->D;
+    if ((st = bindw(e, base, "q_proj", P, sh->hidden, &k->q, err))) return st;
+    if ((st = bindw(e, base, "k_proj", P, sh->hidden, &k->k, err))) return st;
+    if ((st = bindw(e, base, "v_proj", P, sh->hidden, &k->v, err))) return st;
+    if ((st = bindw(e, base, "f_a_proj", sh->D, sh->hidden, &k->fa, err))) return st;
+    if ((st = bindw(e, base, "f_b_proj", P, sh->D, &k->fb, err))) return st;
+    if ((st = bindw(e, base, "b_proj", sh->H, sh->hidden, &k->b, err))) return st;
+    if (sh->full_rank_gate) {
+        if ((st = bindw(e, base, "g_proj", P, sh->hidden, &k->g, err))) return st;
+    } else {
+        if ((st = bindw(e, base, "g_a_proj", sh->D, sh->hidden, &k->ga, err))) return st;
+        if ((st = bindw(e, base, "g_b_proj", P, sh->D, &k->gb, err))) return st;
+    }
+    if ((st = bindw(e, base, "o_proj", sh->hidden, P, &k->o, err))) return st;
+    char name[DF_NAME];
+    static const char *convs[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
+    for (int i = 0; i < 3; i++) {
+        tname(name, "%s%s", base, convs[i]);
+        const st_tensor *t = st_find(e->st, name);
+        if (t && numel(t) != P * sh->W)
+            return df_fail(err, DF_ERR_MISMATCH, "tensor '%s' has %lld values, expected [%lld, 1, %d]",
+                           name, (long long)numel(t), (long long)P, sh->W);
+        if (!(k->conv[i] = load_any(e, name, P * sh->W, &st, err))) return st;
+    }
+    tname(name, "%sdt_bias", base);
+    if (!(k->dt_bias = load_any(e, name, P, &st, err))) return st;
+    tname(name, "%so_norm.weight", base);
+    if (!(k->o_norm = load_any(e, name, sh->D, &st, err))) return st;
+    /* A_log: the broadcast follows the shape. [H] and [1,1,H,1] are per head
+     * (Moonshot's declaration, fla's indexing); [D] per key channel when
+     * D != H; [H*D] or [H, D] per head and channel. */
+    tname(name, "%sA_log", base);
+    const st_tensor *t = st_find(e->st, name);
+    if (!t) return df_fail(err, DF_ERR_MISMATCH, "tensor '%s' not found in %s", name, e->dir);
+    int64_t n = numel(t);
+    if (n == sh->H) k->a_mode = KDA_A_PER_HEAD;
+    else if (n == sh->D) k->a_mode = KDA_A_PER_KEY;
+    else if (n == P) k->a_mode = KDA_A_PER_HEAD_KEY;
+    else
+        return df_fail(err, DF_ERR_MISMATCH,
+                       "tensor '%s' has %lld values; expected %d (per head), %d (per key channel) or %lld",
+                       name, (long long)n, sh->H, sh->D, (long long)P);
+    float *raw = load_any(e, name, n, &st, err);
+    if (!raw) return st;
+    k->a = malloc((size_t)P * sizeof(float));
+    if (!k->a) { free(raw); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
+    for (int h = 0; h < sh->H; h++)
+        for (int d = 0; d < sh->D; d++) {
+            float al = k->a_mode == KDA_A_PER_HEAD ? raw[h] : k->a_mode == KDA_A_PER_KEY ? raw[d] : raw[h * sh->D + d];
+            k->a[h * sh->D + d] = expf(al);
+        }
+    free(raw);
+    return DF_OK;
+}
+
+void kda_free(kda_layer *k) {
+    if (!k) return;
+    for (int i = 0; i < 3; i++) free(k->conv[i]);
+    free(k->a);
+    free(k->dt_bias);
+    free(k->o_norm);
+    memset(k, 0, sizeof *k);
+}
+
+/* ---- state and scratch ---- */
+
+/* Layout: conv q | conv k | conv v ([P][W-1] each) | S [H][D][D]. */
+int64_t kda_state_floats(const kda_shape *sh) {
+    int64_t P = (int64_t)sh->H * sh->D;
+    return 3 * P * (sh->W - 1) + (int64_t)sh->H * sh->D * sh->D;
+}
+
+df_status kda_scratch_new(const kda_shape *sh, kda_scratch *s) {
+    memset(s, 0, sizeof *s);
+    size_t C = DF_CHUNK, F = sizeof(float), P = (size_t)sh->H * sh->D;
+    s->qr = malloc(C * P * F);
+    s->kr = malloc(C * P * F);
+    s->vr = malloc(C * P * F);
+    s->f = malloc(C * P * F);
+    s->fa = malloc(C * sh->D * F);
+    s->gate = malloc(C * P * F);
+    s->gl = malloc(C * sh->D * F);
+    s->braw = malloc(C * sh->H * F);
+    s->o = malloc(C * P * F);
+    if (!s->qr || !s->kr || !s->vr || !s->f || !s->fa || !s->gate || !s->gl || !s->braw || !s->o) {
+        kda_scratch_free(s);
+        return DF_ERR_NOMEM;
+    }
+    return DF_OK;
+}
+
+void kda_scratch_free(kda_scratch *s) {
+    if (!s) return;
+    free(s->qr); free(s->kr); free(s->vr); free(s->f); free(s->fa); free(s->gate);
+    free(s->gl); free(s->braw); free(s->o);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- the short convolution ---- */
+
+typedef struct {
+    const kda_shape *sh;
+    const kda_layer *k;
+    float *state;
+    kda_scratch *s;
+    int n;
+} job;
+
+/* y_t = SiLU(sum_j w[j] src[t + j]) over src = [last W-1 inputs | x_0..x_{n-1}],
+ * in place over x, one channel (of q, k or v) per index. */
+static void conv_channels(void *ctx, int64_t i0, int64_t i1, int tid) {
+    job *j = ctx;
+    int W = j->sh->W, P = j->sh->H * j->sh->D;
+    for (int64_t i = i0; i < i1; i++) {
+        int which = (int)(i / P), c = (int)(i % P);
+        float *x = which == 0 ? j->s->qr : which == 1 ? j->s->kr : j->s->vr;
+        const float *w = j->k->conv[which] + (size_t)c * W;
+        float *st = j->state + ((size_t)which * P + c) * (W - 1);
+        float win[16]; /* sliding window, oldest first */
+        for (int q = 0; q < W - 1; q++) win[q] = st[q];
+        for (int t = 0; t < j->n; t++) {
+            float *v = x + (size_t)t * P + c;
+            win[W - 1] = *v;
+            float acc = 0.0f;
+            for (int q = 0; q < W; q++) acc += w[q] * win[q];
+            *v = op_silu(acc);
+            for (int q = 0; q < W - 1; q++) win[q] = win[q + 1];
+        }
+        for (int q = 0; q < W - 1; q++) st[q] = win[q];
+    }
+}
+
+/* ---- the recurrence ---- */
+
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static void l2norm(float *x, int n) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float inv = (float)(1.0 / sqrt(ss + 1e-6));
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+/* One head per index: runs its n tokens in order through S. */
+static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
+    job *j = ctx;
+    const kda_shape *sh = j->sh;
+    const kda_layer *k = j->k;
+    kda_scratch *s = j->s;
+    int D = sh->D, P = sh->H * D;
+    float qscale = 1.0f / sqrtf((float)D);
+    float *S0 = j->state + (size_t)3 * P * (sh->W - 1);
+    for (int64_t h = h0; h < h1; h++) {
+        float *S = S0 + (size_t)h * D * D; /* S[kk][vv] */
+        for (int t = 0; t < j->n; t++) {
+            size_t off = (size_t)t * P + (size_t)h * D;
+            float *q = s->qr + off, *kk = s->kr + off, *v = s->vr + off, *o = s->o + off;
+            const float *f = s->f + off;
+            l2norm(q, D);
+            l2norm(kk, D);
+            for (int d = 0; d < D; d++) q[d] *= qscale;
+            float beta = op_sigmoid(s->braw[(size_t)t * sh->H + h]);
+            float u[D];
+            for (int d = 0; d < D; d++) {
+                float a = k->a[h * D + d], z = f[d] + k->dt_bias[h * D + d];
+                float g = sh->has_lower_bound ? sh->lower_bound * op_sigmoid(a * z) : -a * softplus(z);
+                float decay = expf(g);
+                float *row = S + (size_t)d * D;
+                for (int e2 = 0; e2 < D; e2++) row[e2] *= decay;
+            }
+            for (int e2 = 0; e2 < D; e2++) u[e2] = v[e2];
+            for (int d = 0; d < D; d++) op_axpy(u, -kk[d], S + (size_t)d * D, D);
+            for (int d = 0; d < D; d++) op_axpy(S + (size_t)d * D, beta * kk[d], u, D);
+            memset(o, 0, (size_t)D * sizeof(float));
+            for (int d = 0; d < D; d++) op_axpy(o, q[d], S + (size_t)d * D, D);
+            /* gated RMSNorm of the head output */
+            op_rmsnorm(o, o, k->o_norm, D, sh->norm_eps);
+            const float *gt = s->gate + off;
+            for (int e2 = 0; e2 < D; e2++) o[e2] *= op_sigmoid(gt[e2]);
+        }
+    }
+}
+
+/* ---- forward ---- */
+
+void kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state,
+                 kda_scratch *s, int n, const float *xn, float *out) {
+    int64_t P = (int64_t)sh->H * sh->D;
+    mm(e, &k->q, xn, n, s->qr, P);
+    mm(e, &k->k, xn, n, s->kr, P);
+    mm(e, &k->v, xn, n, s->vr, P);
+    mm(e, &k->fa, xn, n, s->fa, sh->D);
+    mm(e, &k->fb, s->fa, n, s->f, P);
+    mm(e, &k->b, xn, n, s->braw, sh->H);
+    if (sh->full_rank_gate) mm(e, &k->g, xn, n, s->gate, P);
+    else {
+        mm(e, &k->ga, xn, n, s->gl, sh->D);
+        mm(e, &k->gb, s->gl, n, s->gate, P);
+    }
+    job j = {sh, k, state, s, n};
+    pool_for(e->pool, 3 * P, 64, conv_channels, &j);
+    pool_for(e->pool, sh->H, 1, recur_heads, &j);
+    mm(e, &k->o, s->o, n, out, sh->hidden);
+}

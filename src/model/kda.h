@@ -1,0 +1,56 @@
+/* kda.h — Kimi Delta Attention, the linear-attention layer of Kimi-Linear
+ * and K3 (prefix kda_).
+ *
+ * Per token and head h (K = V = head_dim):
+ *   q, k, v  = SiLU(causal depthwise conv_W(W_{q,k,v} x))   (per channel)
+ *   q, k     = l2norm(.) (eps 1e-6 inside the rsqrt); q *= K^-1/2
+ *   decay[k] = exp(g[k]),  g = lb*sigmoid(exp(A)*(f + dt_bias))  with a lower bound lb
+ *                          g = -exp(A)*softplus(f + dt_bias)     without (Kimi-Linear)
+ *              where f = W_fb W_fa x and A = A_log broadcast by its shape
+ *   beta     = sigmoid(W_b x)[h]
+ *   S        = diag(decay) S;  S += beta k (v - S^T k)^T;  o = S^T q
+ *   out      = W_o concat_h( RMSNorm(o_h, o_norm) * sigmoid(gate_h) ),
+ *              gate = W_g x (full rank, K3) or W_gb W_ga x (Kimi-Linear)
+ *
+ * Session state per layer: the last W-1 raw conv inputs of q, k and v, and
+ * S [H][K][V] fp32. Tokens are processed in order, so a T-token prefill
+ * leaves exactly the state of T single steps.
+ */
+#ifndef DF_MODEL_KDA_H
+#define DF_MODEL_KDA_H
+#include "model.h"
+
+typedef enum { KDA_A_PER_HEAD = 0, KDA_A_PER_KEY, KDA_A_PER_HEAD_KEY } kda_a_mode;
+
+typedef struct {
+    int hidden, H, D, W;        /* heads, head dim (K = V), conv kernel */
+    int full_rank_gate;
+    int has_lower_bound;
+    float lower_bound;
+    float norm_eps;             /* o_norm eps (rms_norm_eps) */
+} kda_shape;
+
+typedef struct {
+    df_weight q, k, v, fa, fb, b, g, ga, gb, o;
+    float *conv[3];             /* q, k, v conv weights [P][W], owned */
+    float *a;                   /* exp(A_log) expanded to [H][D], owned */
+    float *dt_bias;             /* [P] owned */
+    float *o_norm;              /* [D] owned */
+    kda_a_mode a_mode;
+} kda_layer;
+
+typedef struct {
+    float *qr, *kr, *vr, *f, *fa, *gate, *gl, *braw, *o; /* per-chunk scratch */
+} kda_scratch;
+
+df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_layer *k, char *err);
+void kda_free(kda_layer *k);
+/* Floats of session state per layer (conv + recurrent). */
+int64_t kda_state_floats(const kda_shape *sh);
+df_status kda_scratch_new(const kda_shape *sh, kda_scratch *s);
+void kda_scratch_free(kda_scratch *s);
+/* n tokens: xn [n][hidden] normalised input, state of this layer, out [n][hidden]. */
+void kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state,
+                 kda_scratch *s, int n, const float *xn, float *out);
+const char *kda_a_mode_name(kda_a_mode m);
+#endif

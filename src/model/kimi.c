@@ -1,0 +1,430 @@
+/* kimi.c — the Kimi-Linear and Kimi K3 model program (prefix km_).
+ *
+ * One program for both: the config says which parts a checkpoint has.
+ *
+ *   embed -> for each layer i:
+ *     x_attn = AttnRes(h, anchors, self_attention_res)   (K3; h otherwise)
+ *     if i % block == 0: anchors += h, the block sum restarts   (K3)
+ *     a      = KDA or NoPE-MLA (+ sigmoid output gate on K3) of RMSNorm(x_attn)
+ *     h      = h + a   (or a, at a block start)
+ *     x_mlp  = AttnRes(h, anchors, mlp_res)               (K3; h otherwise)
+ *     m      = dense MLP or MoE of RMSNorm(x_mlp)  (SiTU on K3, SiLU otherwise;
+ *              K3's routed experts work in a latent space)
+ *     h      = h + m
+ *   -> AttnRes(h, anchors, output_attn_res) (K3) -> RMSNorm -> lm_head
+ *
+ * AttnRes(cur, anchors, w): softmax over [anchors..., cur] of
+ * (w . v / rms(v)), w = res_norm * res_proj; the output mixes the rows.
+ * Anchors are per position and live only inside one forward pass; the
+ * session keeps the MLA latent caches and the KDA conv + recurrent states.
+ * Tensor names follow the release: `block_sparse_moe.experts.E.w1/w2/w3`
+ * (w1 gate, w3 up, w2 down), plain bf16 or MXFP4 `weight_packed`.
+ *
+ * Sections: weights; state; attention residuals; forward; describe; table.
+ */
+#include "ffn.h"
+#include "kda.h"
+#include "mla.h"
+#include "../base/err.h"
+#include "../kernels/ops.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- weights ---- */
+
+static const char *const km_expert_names[3] = {"w1", "w3", "w2"};
+static const char *const km_mlp_names[3] = {"gate_proj", "up_proj", "down_proj"};
+
+typedef struct {
+    float *attn_norm, *ffn_norm;  /* owned */
+    int kda;                      /* KDA layer (else MLA) */
+    int slot;                     /* index among the KDA or the MLA layers */
+    kda_layer k;
+    mla_layer a;
+    int moe;
+    ffn_weights mlp;
+    moe_layer experts;
+    float *res_attn, *res_mlp;    /* AttnRes probes res_norm * res_proj [H], owned; NULL without */
+} km_layer;
+
+typedef struct {
+    int H, V, L, inter, block, max_anchors;
+    int n_kda, n_mla, n_moe;
+    float eps;
+    mla_shape mla;
+    kda_shape kda;
+    ffn_act act;
+    df_weight embed, head;
+    float *final_norm, *res_out;  /* owned */
+    km_layer *layers;
+    int64_t expert_bytes, expert_bytes_total;
+} km_model;
+
+static void km_close(void *p) {
+    km_model *m = p;
+    if (!m) return;
+    for (int l = 0; m->layers && l < m->L; l++) {
+        km_layer *y = &m->layers[l];
+        free(y->attn_norm); free(y->ffn_norm); free(y->res_attn); free(y->res_mlp);
+        kda_free(&y->k);
+        mla_free(&y->a);
+        moe_layer_free(&y->experts);
+    }
+    free(m->layers);
+    free(m->final_norm);
+    free(m->res_out);
+    free(m);
+}
+
+/* w = norm.weight * proj.weight ([1, H] row), the AttnRes score probe. */
+static float *res_probe(df_engine *e, const char *norm, const char *proj, int H, df_status *st, char *err) {
+    float *w = model_vec(e, norm, H, st, err);
+    if (!w) return NULL;
+    float *p = model_vec(e, proj, H, st, err);
+    if (!p) { free(w); return NULL; }
+    for (int i = 0; i < H; i++) w[i] *= p[i];
+    free(p);
+    return w;
+}
+
+static df_status bind_moe(df_engine *e, km_model *m, const char *base, moe_layer *x, char *err) {
+    const df_config *c = &e->cfg;
+    char b[DF_NAME];
+    df_status st;
+    int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
+    x->E = c->n_routed_experts;
+    x->K = c->num_experts_per_tok;
+    x->n_group = c->n_group;
+    x->topk_group = c->topk_group;
+    x->sigmoid = c->scoring_sigmoid;
+    x->group_mask = -INFINITY; /* Moonshot masks dropped groups with -inf */
+    x->renorm = c->norm_topk_prob && x->K > 1;
+    x->scale = (float)c->routed_scaling_factor;
+    tname(b, "%sgate", base);
+    if ((st = model_bind(e, b, x->E, m->H, &x->router, err))) return st;
+    x->bias = calloc((size_t)x->E, sizeof(float));
+    x->experts = calloc((size_t)x->E, sizeof(ffn_weights));
+    if (!x->bias || !x->experts) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    tname(b, "%sgate.e_score_correction_bias", base);
+    if (st_find(e->st, b) && (st = wt_load_vec(e->st, b, x->E, x->bias, err))) return st;
+    if (c->n_shared_experts > 0) {
+        x->has_shared = 1;
+        tname(b, "%sshared_experts.", base);
+        if ((st = ffn_bind(e, b, km_mlp_names, (int64_t)c->moe_intermediate_size * c->n_shared_experts, m->H,
+                           &x->shared, err)))
+            return st;
+    }
+    if (c->routed_expert_hidden_size > 0) {
+        x->latent = 1;
+        tname(b, "%srouted_expert_down_proj", base);
+        if ((st = model_bind(e, b, dl, m->H, &x->lat_down, err))) return st;
+        tname(b, "%srouted_expert_up_proj", base);
+        if ((st = model_bind(e, b, m->H, dl, &x->lat_up, err))) return st;
+        if (c->latent_moe_use_norm) {
+            tname(b, "%srouted_expert_norm.weight", base);
+            if (!(x->lat_norm = model_vec(e, b, dl, &st, err))) return st;
+        }
+        x->lat_eps = (float)c->rms_norm_eps;
+    }
+    for (int i = 0; i < x->E; i++) {
+        tname(b, "%sexperts.%d.", base, i);
+        if ((st = ffn_bind(e, b, km_expert_names, c->moe_intermediate_size, dl, &x->experts[i], err))) return st;
+        ffn_weights *w = &x->experts[i];
+        x->expert_bytes = wt_bytes(&w->gate) + wt_bytes(&w->up) + wt_bytes(&w->down);
+        m->expert_bytes = x->expert_bytes;
+        m->expert_bytes_total += x->expert_bytes;
+    }
+    return DF_OK;
+}
+
+static df_status bind_layer(df_engine *e, km_model *m, int l, char *err) {
+    const df_config *c = &e->cfg;
+    km_layer *y = &m->layers[l];
+    char b[DF_NAME], b2[DF_NAME];
+    df_status st = DF_OK;
+    const char *P = c->prefix;
+    tname(b, "%slayers.%d.input_layernorm.weight", P, l);
+    if (!(y->attn_norm = model_vec(e, b, m->H, &st, err))) return st;
+    tname(b, "%slayers.%d.post_attention_layernorm.weight", P, l);
+    if (!(y->ffn_norm = model_vec(e, b, m->H, &st, err))) return st;
+    if (m->block > 0) {
+        tname(b, "%slayers.%d.self_attention_res_norm.weight", P, l);
+        tname(b2, "%slayers.%d.self_attention_res_proj.weight", P, l);
+        if (!(y->res_attn = res_probe(e, b, b2, m->H, &st, err))) return st;
+        tname(b, "%slayers.%d.mlp_res_norm.weight", P, l);
+        tname(b2, "%slayers.%d.mlp_res_proj.weight", P, l);
+        if (!(y->res_mlp = res_probe(e, b, b2, m->H, &st, err))) return st;
+    }
+    y->kda = c->is_kda[l];
+    tname(b, "%slayers.%d.self_attn.", P, l);
+    if (y->kda) {
+        y->slot = m->n_kda++;
+        if ((st = kda_bind(e, &m->kda, b, &y->k, err))) return st;
+    } else {
+        y->slot = m->n_mla++;
+        if ((st = mla_bind(e, &m->mla, b, c->mla_use_output_gate, &y->a, err))) return st;
+    }
+    y->moe = cfg_is_moe_layer(c, l);
+    if (!y->moe) {
+        tname(b, "%slayers.%d.mlp.", P, l);
+        return ffn_bind(e, b, km_mlp_names, c->intermediate_size, m->H, &y->mlp, err);
+    }
+    m->n_moe++;
+    tname(b, "%slayers.%d.block_sparse_moe.", P, l);
+    return bind_moe(e, m, b, &y->experts, err);
+}
+
+static df_status km_open(df_engine *e, void **out, char *err) {
+    const df_config *c = &e->cfg;
+    df_status st = model_find_prefix(e, err);
+    if (st != DF_OK) return st;
+    km_model *m = calloc(1, sizeof *m);
+    if (!m) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    m->H = c->hidden_size;
+    m->V = c->vocab_size;
+    m->L = c->num_hidden_layers;
+    m->eps = (float)c->rms_norm_eps;
+    m->block = c->attn_res_block_size;
+    m->max_anchors = m->block > 0 ? (m->L + m->block - 1) / m->block + 1 : 0;
+    m->inter = c->intermediate_size;
+    if (c->moe_intermediate_size > m->inter) m->inter = c->moe_intermediate_size;
+    if ((int64_t)c->moe_intermediate_size * c->n_shared_experts > m->inter)
+        m->inter = c->moe_intermediate_size * c->n_shared_experts;
+    mla_shape *sh = &m->mla;
+    sh->hidden = m->H;
+    sh->nh = c->num_attention_heads;
+    sh->dn = c->qk_nope_head_dim;
+    sh->dr = c->qk_rope_head_dim;
+    sh->dv = c->v_head_dim;
+    sh->dq = sh->dn + sh->dr;
+    sh->R = c->kv_lora_rank;
+    sh->qlr = c->q_lora_rank;
+    sh->use_rope = 0; /* NoPE: the rope dims take part in q.k unrotated */
+    sh->softmax_scale = (float)(1.0 / sqrt((double)sh->dq));
+    sh->latent_eps = 1e-6f;
+    kda_shape *ks = &m->kda;
+    ks->hidden = m->H;
+    ks->H = c->kda_num_heads;
+    ks->D = c->kda_head_dim;
+    ks->W = c->kda_conv_kernel;
+    ks->full_rank_gate = c->kda_full_rank_gate;
+    ks->has_lower_bound = c->kda_has_lower_bound;
+    ks->lower_bound = (float)c->kda_lower_bound;
+    ks->norm_eps = (float)c->rms_norm_eps;
+    m->act.situ = strcmp(c->hidden_act, "situ") == 0;
+    m->act.beta = (float)c->situ_beta;
+    m->act.linear_beta = (float)c->situ_linear_beta;
+
+    char name[DF_NAME];
+    tname(name, "%sembed_tokens", c->prefix);
+    if ((st = model_bind(e, name, m->V, m->H, &m->embed, err))) goto fail;
+    if (c->tie_word_embeddings) m->head = m->embed;
+    else {
+        snprintf(name, sizeof name, "%s", c->lm_head);
+        size_t n = strlen(name);
+        if (n > 7 && strcmp(name + n - 7, ".weight") == 0) name[n - 7] = 0;
+        if ((st = model_bind(e, name, m->V, m->H, &m->head, err))) goto fail;
+    }
+    tname(name, "%snorm.weight", c->prefix);
+    if (!(m->final_norm = model_vec(e, name, m->H, &st, err))) goto fail;
+    if (m->block > 0) {
+        char n2[DF_NAME];
+        tname(name, "%soutput_attn_res_norm.weight", c->prefix);
+        tname(n2, "%soutput_attn_res_proj.weight", c->prefix);
+        if (!(m->res_out = res_probe(e, name, n2, m->H, &st, err))) goto fail;
+    }
+    m->layers = calloc((size_t)m->L, sizeof(km_layer));
+    if (!m->layers) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto fail; }
+    for (int l = 0; l < m->L; l++)
+        if ((st = bind_layer(e, m, l, err))) goto fail;
+    *out = m;
+    return DF_OK;
+fail:
+    km_close(m);
+    return st;
+}
+
+/* ---- state ---- */
+
+typedef struct {
+    int max_ctx;
+    float *mla_cache;            /* [n_mla][max_ctx][R+dr] */
+    float *kda_state;            /* [n_kda][kda_state_floats] */
+    float *h, *xin, *xn, *y;     /* [C][H] */
+    float *anchors;              /* [C][max_anchors][H] */
+    mla_scratch mla;
+    kda_scratch kda;
+    moe_scratch moe;
+} km_state;
+
+static int64_t km_state_bytes_per_pos(const df_engine *e) {
+    const df_config *c = &e->cfg;
+    int n_mla = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n_mla += !c->is_kda[l];
+    return (int64_t)n_mla * (c->kv_lora_rank + c->qk_rope_head_dim) * (int64_t)sizeof(float);
+}
+
+static void km_state_free(void *p) {
+    km_state *s = p;
+    if (!s) return;
+    free(s->mla_cache); free(s->kda_state); free(s->h); free(s->xin); free(s->xn); free(s->y);
+    free(s->anchors);
+    mla_scratch_free(&s->mla);
+    kda_scratch_free(&s->kda);
+    moe_scratch_free(&s->moe);
+    free(s);
+}
+
+static void km_state_reset(df_engine *e, void *p) {
+    km_model *m = e->prog;
+    km_state *s = p;
+    memset(s->kda_state, 0, (size_t)(m->n_kda ? m->n_kda : 1) * kda_state_floats(&m->kda) * sizeof(float));
+}
+
+static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
+    km_model *m = e->prog;
+    const df_config *c = &e->cfg;
+    km_state *s = calloc(1, sizeof *s);
+    if (!s) return DF_ERR_NOMEM;
+    const size_t C = DF_CHUNK, F = sizeof(float);
+    s->max_ctx = max_ctx;
+    s->mla_cache = malloc((size_t)(m->n_mla ? m->n_mla : 1) * max_ctx * mla_cache_floats_per_pos(&m->mla) * F);
+    s->kda_state = calloc((size_t)(m->n_kda ? m->n_kda : 1) * kda_state_floats(&m->kda), F);
+    s->h = malloc(C * m->H * F);
+    s->xin = malloc(C * m->H * F);
+    s->xn = malloc(C * m->H * F);
+    s->y = malloc(C * m->H * F);
+    s->anchors = malloc(C * (m->max_anchors ? m->max_anchors : 1) * m->H * F);
+    int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
+    if (!s->mla_cache || !s->kda_state || !s->h || !s->xin || !s->xn || !s->y || !s->anchors ||
+        (m->n_mla && mla_scratch_new(&m->mla, pool_size(e->pool), max_ctx, &s->mla) != DF_OK) ||
+        (m->n_kda && kda_scratch_new(&m->kda, &s->kda) != DF_OK) ||
+        moe_scratch_new(DF_CHUNK, m->H, m->inter, c->n_routed_experts, c->num_experts_per_tok, dl, &s->moe) != DF_OK) {
+        km_state_free(s);
+        return DF_ERR_NOMEM;
+    }
+    *out = s;
+    return DF_OK;
+}
+
+/* ---- attention residuals ---- */
+
+/* out = sum_j softmax_j(w . V_j / rms(V_j)) V_j over V = [anchors[0..na), cur]. */
+static void attn_res(const float *anchors, int na, const float *cur, const float *w, int H, float eps,
+                     float *out) {
+    float score[na + 1];
+    for (int j = 0; j <= na; j++) {
+        const float *v = j < na ? anchors + (size_t)j * H : cur;
+        double ss = 0;
+        for (int d = 0; d < H; d++) ss += (double)v[d] * v[d];
+        float inv = (float)(1.0 / sqrt(ss / H + (double)eps));
+        score[j] = op_dot(v, w, H) * inv;
+    }
+    op_softmax(score, na + 1);
+    memset(out, 0, (size_t)H * sizeof(float));
+    for (int j = 0; j <= na; j++) op_axpy(out, score[j], j < na ? anchors + (size_t)j * H : cur, H);
+}
+
+/* ---- forward ---- */
+
+static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
+                            float *out, int all_rows) {
+    km_model *m = e->prog;
+    km_state *s = state;
+    int H = m->H, A = m->max_anchors;
+    size_t nh = (size_t)n * H;
+    if (n > DF_CHUNK || pos + n > s->max_ctx) return DF_ERR_ARG;
+    int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
+    int64_t kstride = kda_state_floats(&m->kda);
+    for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], s->h + (size_t)t * H);
+    int na = 0; /* anchors so far (same count for every position) */
+    for (int l = 0; l < m->L; l++) {
+        km_layer *y = &m->layers[l];
+        int restart = 0;
+        if (m->block > 0) {
+            for (int t = 0; t < n; t++) {
+                float *h = s->h + (size_t)t * H, *anc = s->anchors + (size_t)t * A * H;
+                if (na > 0) attn_res(anc, na, h, y->res_attn, H, m->eps, s->xin + (size_t)t * H);
+                else memcpy(s->xin + (size_t)t * H, h, (size_t)H * sizeof(float));
+                if (l % m->block == 0) memcpy(anc + (size_t)na * H, h, (size_t)H * sizeof(float));
+            }
+            if (l % m->block == 0) { na++; restart = 1; }
+        } else {
+            memcpy(s->xin, s->h, nh * sizeof(float));
+        }
+        for (int t = 0; t < n; t++)
+            op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->attn_norm, H, m->eps);
+        if (y->kda) kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, &s->kda, n, s->xn, s->y);
+        else mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, &s->mla, pos, n, s->xn, s->y);
+        if (restart) memcpy(s->h, s->y, nh * sizeof(float));
+        else for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
+        if (m->block > 0) {
+            for (int t = 0; t < n; t++)
+                attn_res(s->anchors + (size_t)t * A * H, na, s->h + (size_t)t * H, y->res_mlp, H, m->eps,
+                         s->xin + (size_t)t * H);
+        } else {
+            memcpy(s->xin, s->h, nh * sizeof(float));
+        }
+        for (int t = 0; t < n; t++)
+            op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->ffn_norm, H, m->eps);
+        if (y->moe) moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, s->y);
+        else ffn_forward(e, &y->mlp, &m->act, s->xn, n, s->y, s->moe.g, s->moe.u);
+        for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
+    }
+    if (!out) return DF_OK;
+    int first = all_rows ? 0 : n - 1, rows = n - first;
+    for (int t = first; t < n; t++) {
+        float *x = s->h + (size_t)t * H, *xo = s->xin + (size_t)(t - first) * H;
+        if (m->block > 0) attn_res(s->anchors + (size_t)t * A * H, na, x, m->res_out, H, m->eps, xo);
+        else memcpy(xo, x, (size_t)H * sizeof(float));
+        op_rmsnorm(s->xn + (size_t)(t - first) * H, xo, m->final_norm, H, m->eps);
+    }
+    mm(e, &m->head, s->xn, rows, out, m->V);
+    return DF_OK;
+}
+
+/* ---- describe ---- */
+
+static void km_describe(df_engine *e, char *b, size_t cap) {
+    km_model *m = e->prog;
+    const df_config *c = &e->cfg;
+    int64_t total = st_total_bytes(e->st);
+    int64_t per_tok = (int64_t)c->num_experts_per_tok * m->n_moe * m->expert_bytes;
+    kda_a_mode am = KDA_A_PER_HEAD;
+    for (int l = 0; l < m->L; l++)
+        if (m->layers[l].kda) { am = m->layers[l].k.a_mode; break; }
+    int64_t kda_bytes = (int64_t)m->n_kda * kda_state_floats(&m->kda) * (int64_t)sizeof(float);
+    snprintf(b, cap,
+             "layers         %d KDA + %d MLA (NoPE%s); attention residuals %s\n"
+             "kda            %d heads x %d, conv %d, gate %s%s, A_log %s\n"
+             "mla            q_lora %d, kv_lora %d, heads %d x (nope %d + rope %d), v %d\n"
+             "moe            %d MoE layers, %d routed experts, top-%d, %d shared, %s, latent %d%s\n"
+             "experts        %d in all, %.3f MB each, %.3f GB together\n"
+             "resident       %.3f GB (everything but routed experts)\n"
+             "expert bytes   %.3f MB per token (%d x %d layers)\n"
+             "context state  %lld bytes per token (compact MLA latent cache) + %.3f MB fixed (KDA states)\n",
+             m->n_kda, m->n_mla, c->mla_use_output_gate ? ", output gate" : "",
+             m->block > 0 ? "on" : "off", m->kda.H, m->kda.D, m->kda.W,
+             m->kda.full_rank_gate ? "full rank" : "low rank",
+             m->kda.has_lower_bound ? ", lower bound" : "", kda_a_mode_name(am), m->mla.qlr, m->mla.R,
+             m->mla.nh, m->mla.dn, m->mla.dr, m->mla.dv, m->n_moe, c->n_routed_experts,
+             c->num_experts_per_tok, c->n_shared_experts, m->act.situ ? "SiTU" : "SiLU",
+             c->routed_expert_hidden_size, c->latent_moe_use_norm ? " (normed)" : "",
+             c->n_routed_experts * m->n_moe, m->expert_bytes / 1e6, m->expert_bytes_total / 1e9,
+             (total - m->expert_bytes_total) / 1e9, per_tok / 1e6, c->num_experts_per_tok, m->n_moe,
+             (long long)km_state_bytes_per_pos(e), kda_bytes / 1e6);
+}
+
+const df_program_ops kimi_program = {
+    .name = "kimi",
+    .open = km_open,
+    .close = km_close,
+    .state_bytes_per_pos = km_state_bytes_per_pos,
+    .state_new = km_state_new,
+    .state_free = km_state_free,
+    .state_reset = km_state_reset,
+    .forward = km_forward,
+    .describe = km_describe,
+};

@@ -1,0 +1,173 @@
+/* test_badinput.c — whole-model bad input through the CLI (suite bad_), and
+ * the weight formats against an independent decoder (suite fmtfix_).
+ *
+ * bad_: each case copies a good fixture into a temporary directory, breaks
+ * one thing, and requires `deltafin run` to exit 1 with one message naming
+ * the file / tensor / field, without crashing (ASan runs these too).
+ * fmtfix_: tests/fixtures/formats/quant.safetensors holds one matrix per
+ * stored type; decoded.safetensors holds their float32 values computed by
+ * numpy/torch on the fixture machine. Every value must decode bit-exactly.
+ */
+#include "test.h"
+#include "../src/format/safetensors.h"
+#include "../src/format/weight.h"
+#include "../src/kernels/kernels.h"
+#include <stdlib.h>
+#include <string.h>
+
+#define GOOD "tests/fixtures/dsv3_qlora"
+#define PROMPT "1,2,3"
+
+/* Copies GOOD into a fresh temp dir, runs `fix` (a shell snippet run inside
+ * it), then `deltafin run`; returns its exit status and output. */
+static int run_broken(const char *tag, const char *fix, char *out, size_t cap) {
+    const char *d = t_tmpdir(tag);
+    if (!d) return -100;
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cp -r " GOOD "/. %s/ && cd %s && %s", d, d, fix);
+    if (t_sh(out, cap, "%s", cmd) != 0) return -101;
+    return t_sh(out, cap, "%s run --model %s --tokens " PROMPT " --max-new 2 --ids", t_bin(), d);
+}
+
+#define EXPECT_FAIL(tag, fix, needle1, needle2)                                    \
+    do {                                                                          \
+        char out_[8192];                                                          \
+        int rc_ = run_broken(tag, fix, out_, sizeof out_);                        \
+        CHECK(rc_ == 1, "%s: exit %d (want 1): %s", tag, rc_, out_);              \
+        CHECK(strstr(out_, needle1) != NULL, "%s: message lacks '%s': %s", tag, needle1, out_); \
+        CHECK(strstr(out_, needle2) != NULL, "%s: message lacks '%s': %s", tag, needle2, out_); \
+        CHECK(strstr(out_, "internal error") == NULL && strstr(out_, "Sanitizer") == NULL, \
+              "%s: crashed: %s", tag, out_);                                     \
+    } while (0)
+
+TEST(bad_truncated_shard) {
+    EXPECT_FAIL("trunc", "truncate -s 500000 model-00002-of-00002.safetensors",
+                "model-00002-of-00002.safetensors", "past");
+}
+
+TEST(bad_header_length_past_end) {
+    EXPECT_FAIL("hdrlen",
+                "printf '\\377\\377\\377\\000\\000\\000\\000\\000' | dd of=model-00001-of-00002.safetensors "
+                "bs=1 count=8 conv=notrunc 2>/dev/null",
+                "model-00001-of-00002.safetensors", "header");
+}
+
+TEST(bad_missing_shard) {
+    EXPECT_FAIL("noshard", "rm model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors", "");
+}
+
+TEST(bad_missing_tensor) {
+    /* rename the tensor (same length) in its shard and in the index */
+    EXPECT_FAIL("notensor",
+                "python3 -c \"import json,glob;o=b'experts.3.up_proj';n=b'experts.3.up_prxj';"
+                "ps=glob.glob('*.safetensors')+['model.safetensors.index.json'];"
+                "bs=[open(p,'rb').read() for p in ps];[open(p,'wb').write(b.replace(o,n)) for p,b in zip(ps,bs)]\"",
+                "model.layers.1.mlp.experts.3.up_proj", "not found");
+}
+
+TEST(bad_shape_disagrees_with_config) {
+    EXPECT_FAIL("shape",
+                "python3 -c \"import json;p='config.json';j=json.load(open(p));j['moe_intermediate_size']+=8;"
+                "json.dump(j,open(p,'w'))\"",
+                "gate_proj.weight", "expected");
+}
+
+TEST(bad_config_absurd_field) {
+    EXPECT_FAIL("absurd",
+                "python3 -c \"import json;p='config.json';j=json.load(open(p));j['hidden_size']=-4;"
+                "json.dump(j,open(p,'w'))\"",
+                "config.json", "hidden_size");
+}
+
+TEST(bad_config_missing_field) {
+    EXPECT_FAIL("missingfield",
+                "python3 -c \"import json;p='config.json';j=json.load(open(p));del j['num_hidden_layers'];"
+                "json.dump(j,open(p,'w'))\"",
+                "config.json", "num_hidden_layers");
+}
+
+TEST(bad_config_not_json) {
+    EXPECT_FAIL("notjson", "echo '{\"hidden_size\": 96,' > config.json", "config.json", "");
+}
+
+TEST(bad_unknown_dtype) {
+    /* rewrite one dtype in the first shard's header to an unknown name of the same length */
+    EXPECT_FAIL("dtype",
+                "python3 -c \"p='model-00001-of-00002.safetensors';b=bytearray(open(p,'rb').read());"
+                "i=b.index(b'\\\"BF16\\\"');b[i+1:i+5]=b'BX16';open(p,'wb').write(bytes(b))\"",
+                "model-00001-of-00002.safetensors", "BX16");
+}
+
+TEST(bad_usage_exit_code) {
+    char out[4096];
+    int rc = t_sh(out, sizeof out, "%s run --model " GOOD, t_bin());
+    CHECK(rc == 2, "missing --tokens: exit %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens 1,x,3", t_bin());
+    CHECK(rc == 2, "bad token list: exit %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s frobnicate", t_bin());
+    CHECK(rc == 2, "unknown command: exit %d", rc);
+    rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens 1,99999 --max-new 1", t_bin());
+    CHECK(rc == 1 && strstr(out, "vocabulary"), "out-of-vocab token: exit %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s --help && %s run --help && %s logits --help && %s inspect --help && %s bench --help",
+              t_bin(), t_bin(), t_bin(), t_bin(), t_bin());
+    CHECK(rc == 0 && strstr(out, "usage"), "help: exit %d", rc);
+}
+
+/* ---- formats fixture ---- */
+
+static st_set *open_one(const char *file, const char *tag) {
+    const char *d = t_tmpdir(tag);
+    char out[512];
+    if (!d || t_sh(out, sizeof out, "ln -s \"$PWD/%s\" %s/", file, d) != 0) return NULL;
+    st_set *s = NULL;
+    char err[DF_ERRMSG];
+    if (st_open_dir(d, df_io_default(), 1, &s, err) != DF_OK) {
+        fprintf(stderr, "    %s: %s\n", file, err);
+        return NULL;
+    }
+    return s;
+}
+
+TEST(fmtfix_every_type_decodes_exactly) {
+    st_set *q = open_one("tests/fixtures/formats/quant.safetensors", "fq");
+    st_set *d = open_one("tests/fixtures/formats/decoded.safetensors", "fd");
+    if (!q || !d) { st_close(q); st_close(d); SKIP("formats fixture not present"); }
+    static const char *names[] = {"bf16_a", "f16_a", "f32_a", "fp8_a", "int4_a", "int4_b", "mxfp4_a"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char err[DF_ERRMSG];
+        const st_tensor *ref = st_find(d, names[i]);
+        CHECK(ref && ref->ndim == 2, "%s: no decoded values", names[i]);
+        if (!ref) continue;
+        int64_t rows = ref->shape[0], cols = ref->shape[1];
+        df_weight w = {0};
+        df_status st = DF_OK;
+        const st_tensor *plain = st_find(q, names[i]); /* bf16/f16/f32 are stored bare */
+        if (plain) {
+            w.type = plain->dtype == DT_BF16 ? WT_BF16 : plain->dtype == DT_F16 ? WT_F16 : WT_F32;
+            w.rows = rows;
+            w.cols = cols;
+            w.data = st_data(q, plain, err);
+        } else {
+            st = wt_bind(q, names[i], rows, cols, 128, 128, &w, err);
+        }
+        CHECK(st == DF_OK, "%s: %s", names[i], err);
+        if (st != DF_OK) continue;
+        const float *want = st_data(d, ref, err);
+        float *row = malloc((size_t)cols * sizeof(float));
+        int64_t bad = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            kn_dequant_row(&w, r, row);
+            for (int64_t c = 0; c < cols; c++)
+                if (memcmp(&row[c], &want[r * cols + c], sizeof(float)) != 0) {
+                    if (!bad)
+                        fprintf(stderr, "    %s[%lld][%lld]: got %g want %g\n", names[i], (long long)r,
+                                (long long)c, row[c], want[r * cols + c]);
+                    bad++;
+                }
+        }
+        free(row);
+        CHECK(bad == 0, "%s: %lld values differ from the independent decode", names[i], (long long)bad);
+    }
+    st_close(q);
+    st_close(d);
+}
