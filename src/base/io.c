@@ -1,0 +1,159 @@
+/* io.c — the default POSIX I/O table and the two helpers built on it.
+ *
+ * Owns: df_io_default (open/close/pread/fstat/mmap/munmap as plain POSIX
+ * calls), io_pread_full (exact reads: retries EINTR and short reads, EOF is
+ * EIO) and io_read_text (a whole small file, NUL-terminated).
+ * Refuses: any buffering or caching; any knowledge of file formats. Every
+ * caller goes through a df_io table so tests can swap in faulty functions.
+ *
+ * io_list_dir is the one directory listing (the single-file/glob mode of
+ * the safetensors reader); it goes straight to opendir.
+ *
+ * Sections: 1. default table  2. helpers
+ */
+#include "io.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- 1. default table ---------------------------------------------------- */
+
+static int px_open(const char *path, int flags, int mode) {
+    return open(path, flags | O_CLOEXEC, (mode_t)mode);
+}
+
+static int px_close(int fd) { return close(fd); }
+
+static ssize_t px_pread(int fd, void *buf, size_t n, off_t off) {
+    return pread(fd, buf, n, off);
+}
+
+static int px_fsize(int fd, int64_t *size) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) return -1;
+    *size = (int64_t)sb.st_size;
+    return 0;
+}
+
+static void *px_mmap(size_t len, int fd) {
+    if (len == 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static int px_munmap(void *p, size_t len) { return munmap(p, len); }
+
+static const df_io posix_io = {
+    .open = px_open,
+    .close = px_close,
+    .pread = px_pread,
+    .fsize = px_fsize,
+    .mmap = px_mmap,
+    .munmap = px_munmap,
+};
+
+const df_io *df_io_default(void) { return &posix_io; }
+
+/* ---- 2. helpers ------------------------------------------------------------ */
+
+int io_pread_full(const df_io *io, int fd, void *buf, size_t n, int64_t off) {
+    char *p = buf;
+    while (n > 0) {
+        ssize_t got = io->pread(fd, p, n, (off_t)off);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (got == 0) { /* EOF before n bytes: the file is shorter than promised */
+            errno = EIO;
+            return -1;
+        }
+        p += got;
+        n -= (size_t)got;
+        off += got;
+    }
+    return 0;
+}
+
+char *io_read_text(const df_io *io, const char *path, size_t max_bytes, size_t *len) {
+    int fd = io->open(path, O_RDONLY, 0);
+    if (fd < 0) return NULL;
+    int64_t size = 0;
+    if (io->fsize(fd, &size) != 0) {
+        int e = errno;
+        io->close(fd);
+        errno = e;
+        return NULL;
+    }
+    if (size < 0 || (uint64_t)size > max_bytes) {
+        io->close(fd);
+        errno = EFBIG;
+        return NULL;
+    }
+    char *buf = malloc((size_t)size + 1);
+    if (!buf) {
+        io->close(fd);
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (io_pread_full(io, fd, buf, (size_t)size, 0) != 0) {
+        int e = errno;
+        free(buf);
+        io->close(fd);
+        errno = e;
+        return NULL;
+    }
+    io->close(fd);
+    buf[size] = 0;
+    if (len) *len = (size_t)size;
+    return buf;
+}
+
+static int by_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+void io_free_names(char **names, size_t n) {
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
+
+int io_list_dir(const char *dir, const char *suffix, char ***names, size_t *n) {
+    *names = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    char **v = NULL;
+    size_t cnt = 0, cap = 0, sl = strlen(suffix);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        size_t l = strlen(de->d_name);
+        if (de->d_name[0] == '.' || l < sl || strcmp(de->d_name + l - sl, suffix) != 0) continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nv = realloc(v, cap * sizeof *nv);
+            if (!nv) goto nomem;
+            v = nv;
+        }
+        if (!(v[cnt] = strdup(de->d_name))) goto nomem;
+        cnt++;
+    }
+    closedir(d);
+    if (cnt) qsort(v, cnt, sizeof *v, by_str);
+    *names = v;
+    *n = cnt;
+    return 0;
+nomem:
+    closedir(d);
+    io_free_names(v, cnt);
+    errno = ENOMEM;
+    return -1;
+}
