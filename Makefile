@@ -10,7 +10,7 @@ CC      ?= gcc
 BUILD   ?= build
 OPT     ?= -O2
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS  += -std=c17 $(OPT) -g $(WARN) -D_GNU_SOURCE -Iinclude -pthread -fno-math-errno
+CFLAGS  += -std=c17 $(OPT) -g $(WARN) $(WERROR) -D_GNU_SOURCE -Iinclude -pthread -fno-math-errno
 LDLIBS  += -ljansson -lm -lpthread
 
 ifeq ($(SAN),1)
@@ -84,8 +84,8 @@ bench: $(BUILD)/deltafin
 	./$(BUILD)/deltafin bench --kernels
 
 check-warnings:
-	$(MAKE) BUILD=build-gcc CC=gcc CFLAGS=-Werror all build-gcc/run_tests
-	$(MAKE) BUILD=build-clang CC=clang CFLAGS=-Werror all build-clang/run_tests
+	$(MAKE) BUILD=build-gcc CC=gcc WERROR=-Werror all build-gcc/run_tests
+	$(MAKE) BUILD=build-clang CC=clang WERROR=-Werror all build-clang/run_tests
 
 clean:
 	rm -rf build build-san build-gcc build-clang

@@ -99,6 +99,9 @@ int main(int argc, char **argv) {
         else { passed++; fprintf(stderr, "ok (%.2fs)\n", s); }
     }
     fflush(stderr);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf /tmp/df-test-%d-*", (int)getpid());
+    if (system(cmd) != 0) fprintf(stderr, "could not remove temporary directories\n");
     if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     else printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
