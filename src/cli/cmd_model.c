@@ -134,6 +134,7 @@ int cmd_run(int argc, char **argv) {
         }
     }
     printf("\n");
+    fflush(stdout);
     double t2 = cli_now();
     if (stats) {
         int steps = made > 1 ? made - 1 : 0;
