@@ -31,6 +31,15 @@ void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y,
 /* Decodes row r of W into out[cols] (exact values, scalar). */
 void kn_dequant_row(const df_weight *w, int64_t r, float *out);
 
+/* Level variants behind kn_matmul (matvec_avx2.c, matvec_avx512.c); call
+ * kn_matvec/kn_matmul instead. Same contract as kn_matmul; each returns 0
+ * without writing Y when it has no kernel for w->type (the dispatcher then
+ * falls back one level). The caller guarantees the CPU supports the level. */
+int kn_matmul_avx2(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                   int64_t row0, int64_t row1);
+int kn_matmul_avx512(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                     int64_t row0, int64_t row1);
+
 /* Kernel benchmark behind df_bench_kernels (see deltafin.h). */
 struct df_pool;
 int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_bench_row *rows,

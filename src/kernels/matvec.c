@@ -1,0 +1,239 @@
+/* matvec.c — CPU detection, level dispatch and the scalar reference kernels.
+ *
+ * Owns: kn_detect / kn_level_name, kn_dequant_row (the exact decode every
+ * other kernel is measured against), the plain C matvec per weight type (the
+ * KN_SCALAR level and the oracle of the SIMD variants), and the dispatch that
+ * sends kn_matvec / kn_matmul to matvec_avx512.c or matvec_avx2.c, falling
+ * back one level whenever a variant declines a type.
+ * Refuses: any ISA-specific code (this file is compiled without -m flags) and
+ * any allocation.
+ *
+ * Value computed (fp32 throughout; x is never rounded to a narrower type):
+ *   f32/bf16/f16:   y[r] = sum_c W[r][c] * x[c] (weights decode exactly);
+ *   scaled types:   y[r] = sum_blocks scale_b * (sum_{c in b} code_c * x[c]):
+ *                   the code values (fp8, int4 q-8, e2m1) are exact in fp32,
+ *                   each group/block partial sum is multiplied by its scale
+ *                   (fp8 block, int4/mxfp4 group of 32, i8 the whole row).
+ *   Exception: the AVX-512 int4/mxfp4 kernels fold the scale into the code
+ *   table (exactly kn_dequant_row's value) instead of scaling the partial.
+ * Every form has the same error bound, (cols + 2) * 2^-24 * sum_c |w x|, and
+ * a one-hot x reproduces kn_dequant_row bit-exactly at every level. The
+ * levels differ only in summation order (scalar: one accumulator per group,
+ * left to right; SIMD: fixed lanes, two accumulators per row, fixed tree).
+ *
+ * Sections: 1. detection  2. dequant  3. scalar dot per type  4. dispatch
+ */
+#include "kernels.h"
+#include "../base/err.h"
+#include <cpuid.h>
+#include <string.h>
+
+/* ---- 1. detection ---------------------------------------------------------- */
+
+static uint64_t xcr0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* CPUID + XGETBV rather than __builtin_cpu_supports: clang 14 does not know
+ * "avx512bf16", and the OS must have enabled the register state. The AVX-512
+ * level needs every feature its file is compiled with (Makefile AVX512_FLAGS),
+ * since the compiler may use any of them anywhere in that file. */
+static kn_level detect_once(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return KN_SCALAR;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx || !fma || !f16c) return KN_SCALAR;
+    uint64_t xcr = xcr0();
+    if ((xcr & 0x6) != 0x6) return KN_SCALAR; /* SSE + AVX state */
+    if (__get_cpuid_max(0, NULL) < 7) return KN_SCALAR;
+    __cpuid_count(7, 0, a, b, c, d);
+    int avx2 = (b >> 5) & 1;
+    if (!avx2) return KN_SCALAR;
+    int f512 = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    int vnni = (c >> 11) & 1;
+    unsigned max_sub = a;
+    int bf16 = 0;
+    if (max_sub >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        bf16 = (a >> 5) & 1;
+    }
+    int zmm_state = (xcr & 0xe0) == 0xe0; /* opmask, ZMM_Hi256, Hi16_ZMM */
+    if (f512 && dq && bw && vl && vnni && bf16 && zmm_state) return KN_AVX512;
+    return KN_AVX2;
+}
+
+kn_level kn_detect(void) {
+    static int cached = -1; /* benign race: every thread computes the same value */
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = (int)detect_once();
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return (kn_level)v;
+}
+
+const char *kn_level_name(kn_level l) {
+    switch (l) {
+    case KN_SCALAR: return "scalar";
+    case KN_AVX2: return "avx2";
+    case KN_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+/* ---- 2. dequant ------------------------------------------------------------ */
+
+static float int4_scale(const df_weight *w, int64_t idx) {
+    switch (w->scale_dtype) {
+    case DT_BF16: return bf16_to_f32(((const uint16_t *)w->scale)[idx]);
+    case DT_F16: return f16_to_f32(((const uint16_t *)w->scale)[idx]);
+    default: return ((const float *)w->scale)[idx];
+    }
+}
+
+static int64_t fp8_nbc(const df_weight *w) { return (w->cols + w->block_cols - 1) / w->block_cols; }
+
+void kn_dequant_row(const df_weight *w, int64_t r, float *out) {
+    const int64_t cols = w->cols;
+    switch (w->type) {
+    case WT_F32: memcpy(out, (const float *)w->data + r * cols, (size_t)cols * sizeof *out); break;
+    case WT_BF16: {
+        const uint16_t *q = (const uint16_t *)w->data + r * cols;
+        for (int64_t c = 0; c < cols; c++) out[c] = bf16_to_f32(q[c]);
+        break;
+    }
+    case WT_F16: {
+        const uint16_t *q = (const uint16_t *)w->data + r * cols;
+        for (int64_t c = 0; c < cols; c++) out[c] = f16_to_f32(q[c]);
+        break;
+    }
+    case WT_FP8_BLOCK: {
+        const uint8_t *q = (const uint8_t *)w->data + r * cols;
+        const float *s = (const float *)w->scale + (r / w->block_rows) * fp8_nbc(w);
+        for (int64_t c = 0; c < cols; c++) out[c] = fp8_e4m3_to_f32(q[c]) * s[c / w->block_cols];
+        break;
+    }
+    case WT_INT4_G32: {
+        const uint8_t *q = (const uint8_t *)w->data + r * (cols / 2); /* = int32 [cols/8], LE */
+        for (int64_t c = 0; c < cols; c++) {
+            int nib = (q[c / 2] >> (4 * (c & 1))) & 15;
+            out[c] = (float)(nib - 8) * int4_scale(w, r * (cols / 32) + c / 32);
+        }
+        break;
+    }
+    case WT_MXFP4: {
+        const uint8_t *q = (const uint8_t *)w->data + r * (cols / 2);
+        const uint8_t *s = (const uint8_t *)w->scale + r * (cols / 32);
+        for (int64_t c = 0; c < cols; c++) {
+            int nib = (q[c / 2] >> (4 * (c & 1))) & 15;
+            out[c] = df_e2m1_table[nib] * e8m0_to_f32(s[c / 32]);
+        }
+        break;
+    }
+    case WT_I8_ROW: {
+        const int8_t *q = (const int8_t *)w->data + r * cols;
+        float s = ((const float *)w->scale)[r];
+        for (int64_t c = 0; c < cols; c++) out[c] = (float)q[c] * s;
+        break;
+    }
+    default: ASSERT(!"kn_dequant_row: unknown weight type");
+    }
+}
+
+/* ---- 3. scalar dot per type ------------------------------------------------ */
+
+/* One accumulator per group/block, columns left to right (see the file comment). */
+static float dot_scalar(const df_weight *w, int64_t r, const float *x) {
+    const int64_t cols = w->cols;
+    float acc = 0.0f;
+    switch (w->type) {
+    case WT_F32: {
+        const float *q = (const float *)w->data + r * cols;
+        for (int64_t c = 0; c < cols; c++) acc += q[c] * x[c];
+        return acc;
+    }
+    case WT_BF16: {
+        const uint16_t *q = (const uint16_t *)w->data + r * cols;
+        for (int64_t c = 0; c < cols; c++) acc += bf16_to_f32(q[c]) * x[c];
+        return acc;
+    }
+    case WT_F16: {
+        const uint16_t *q = (const uint16_t *)w->data + r * cols;
+        for (int64_t c = 0; c < cols; c++) acc += f16_to_f32(q[c]) * x[c];
+        return acc;
+    }
+    case WT_FP8_BLOCK: {
+        const uint8_t *q = (const uint8_t *)w->data + r * cols;
+        const float *s = (const float *)w->scale + (r / w->block_rows) * fp8_nbc(w);
+        for (int64_t c0 = 0, b = 0; c0 < cols; c0 += w->block_cols, b++) {
+            int64_t c1 = c0 + w->block_cols < cols ? c0 + w->block_cols : cols;
+            float part = 0.0f;
+            for (int64_t c = c0; c < c1; c++) part += fp8_e4m3_to_f32(q[c]) * x[c];
+            acc += part * s[b];
+        }
+        return acc;
+    }
+    case WT_INT4_G32: {
+        const uint8_t *q = (const uint8_t *)w->data + r * (cols / 2);
+        for (int64_t g = 0; g < cols / 32; g++) {
+            float part = 0.0f;
+            for (int k = 0; k < 32; k++) {
+                int64_t c = g * 32 + k;
+                int nib = (q[c / 2] >> (4 * (c & 1))) & 15;
+                part += (float)(nib - 8) * x[c];
+            }
+            acc += part * int4_scale(w, r * (cols / 32) + g);
+        }
+        return acc;
+    }
+    case WT_MXFP4: {
+        const uint8_t *q = (const uint8_t *)w->data + r * (cols / 2);
+        const uint8_t *sc = (const uint8_t *)w->scale + r * (cols / 32);
+        for (int64_t g = 0; g < cols / 32; g++) {
+            float part = 0.0f;
+            for (int k = 0; k < 32; k++) {
+                int64_t c = g * 32 + k;
+                part += df_e2m1_table[(q[c / 2] >> (4 * (c & 1))) & 15] * x[c];
+            }
+            acc += part * e8m0_to_f32(sc[g]);
+        }
+        return acc;
+    }
+    case WT_I8_ROW: {
+        const int8_t *q = (const int8_t *)w->data + r * cols;
+        for (int64_t c = 0; c < cols; c++) acc += (float)q[c] * x[c];
+        return acc * ((const float *)w->scale)[r];
+    }
+    default: ASSERT(!"kn_matvec: unknown weight type");
+    }
+    return 0.0f;
+}
+
+/* ---- 4. dispatch ----------------------------------------------------------- */
+
+static void check_shape(const df_weight *w) {
+    ASSERT(w->cols > 0 && w->rows > 0);
+    if (w->type == WT_INT4_G32 || w->type == WT_MXFP4) ASSERT(w->cols % 32 == 0);
+    if (w->type == WT_FP8_BLOCK) ASSERT(w->block_rows > 0 && w->block_cols > 0);
+}
+
+void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+               int64_t row0, int64_t row1) {
+    if (n <= 0 || row1 <= row0) return;
+    check_shape(w);
+    ASSERT(row0 >= 0 && row1 <= w->rows);
+    kn_level best = kn_detect();
+    if (lv > best) lv = best; /* never run instructions the CPU lacks */
+    if (lv >= KN_AVX512 && kn_matmul_avx512(w, X, n, Y, ldy, row0, row1)) return;
+    if (lv >= KN_AVX2 && kn_matmul_avx2(w, X, n, Y, ldy, row0, row1)) return;
+    for (int i = 0; i < n; i++)
+        for (int64_t r = row0; r < row1; r++)
+            Y[(int64_t)i * ldy + (r - row0)] = dot_scalar(w, r, X + (int64_t)i * w->cols);
+}
+
+void kn_matvec(kn_level lv, const df_weight *w, const float *x, float *y, int64_t row0,
+               int64_t row1) {
+    kn_matmul(lv, w, x, 1, y, row1 - row0, row0, row1);
+}

@@ -1,0 +1,372 @@
+/* test_kernels.c — kn_ kernels against their oracles.
+ *
+ * For every weight type and every level this CPU has (scalar, AVX2, AVX-512):
+ *  - kn_matvec against a float64 dot of kn_dequant_row with x, on awkward
+ *    shapes (tails, partial fp8 blocks, rows not a multiple of the tile);
+ *  - each SIMD level against the scalar level;
+ *  - decode exactness: with x = a one-hot vector the result must equal the
+ *    dequantised weight exactly, at every level, for every column;
+ *  - kn_matmul row i bit-equal to kn_matvec on vector i (any row range, ldy);
+ *  - row-range independence: any split of [0, rows) gives bit-equal outputs.
+ * Plus known encodings through kn_dequant_row and NaN propagation for fp8.
+ *
+ * Error bound for a dot product of n fp32 terms summed in any order (each
+ * product rounded once, plus one rounding for a folded scale):
+ *   |y - exact| <= (n + 2) * 2^-24 * sum_c |w_c x_c|   (gamma_{n+2} bound),
+ * which for the sizes here is between 1e-7 and 6e-5 of sum|w x|; one wrong
+ * weight would be off by a whole |w_c x_c|, far above it.
+ */
+#include "test.h"
+#include "../src/kernels/kernels.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- random matrices --------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+static float frand(uint64_t *s) { /* uniform [-1, 1) */
+    return (float)((double)(rng_next(s) >> 11) * 0x1p-52 - 1.0);
+}
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+/* f32 -> f16 bits for normal-range values (truncating; exactness is irrelevant here) */
+static uint16_t f16_bits(float f) {
+    uint32_t u = f32_bits(f);
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    if (e <= 0) return sign;
+    if (e >= 31) e = 30;
+    return (uint16_t)(sign | (e << 10) | ((u >> 13) & 0x3ff));
+}
+
+typedef struct {
+    df_weight w;
+    void *data, *scale;
+} tmat;
+
+static void tmat_free(tmat *m) { free(m->data); free(m->scale); }
+
+static void tmat_make(tmat *m, wt_type t, int64_t rows, int64_t cols, st_dtype sdt, int br,
+                      int bc, uint64_t seed) {
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 12345;
+    memset(m, 0, sizeof *m);
+    m->w.type = t;
+    m->w.rows = rows;
+    m->w.cols = cols;
+    m->w.scale_dtype = sdt;
+    m->w.block_rows = br;
+    m->w.block_cols = bc;
+    int64_t n = rows * cols, nsc = 0;
+    size_t dbytes = 0, sbytes = 0;
+    switch (t) {
+    case WT_F32: dbytes = (size_t)n * 4; break;
+    case WT_BF16: case WT_F16: dbytes = (size_t)n * 2; break;
+    case WT_FP8_BLOCK:
+        dbytes = (size_t)n;
+        nsc = ((rows + br - 1) / br) * ((cols + bc - 1) / bc);
+        sbytes = (size_t)nsc * 4;
+        break;
+    case WT_INT4_G32:
+        dbytes = (size_t)n / 2;
+        nsc = n / 32;
+        sbytes = (size_t)nsc * (sdt == DT_F32 ? 4 : 2);
+        break;
+    case WT_MXFP4: dbytes = (size_t)n / 2; nsc = n / 32; sbytes = (size_t)nsc; break;
+    case WT_I8_ROW: dbytes = (size_t)n; nsc = rows; sbytes = (size_t)rows * 4; break;
+    default: break;
+    }
+    m->data = malloc(dbytes ? dbytes : 1);
+    m->scale = sbytes ? malloc(sbytes) : NULL;
+    uint8_t *b = m->data;
+    for (size_t i = 0; i < dbytes; i++) b[i] = (uint8_t)rng_next(&s);
+    switch (t) {
+    case WT_F32:
+        for (int64_t i = 0; i < n; i++) ((float *)m->data)[i] = 2.0f * frand(&s);
+        break;
+    case WT_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)m->data)[i] = (uint16_t)(f32_bits(frand(&s)) >> 16);
+        break;
+    case WT_F16: /* any finite f16, subnormals included */
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t *h = (uint16_t *)m->data + i;
+            if (((*h >> 10) & 31) == 31) *h &= (uint16_t)~0x4000;
+        }
+        break;
+    case WT_FP8_BLOCK: /* any e4m3 but the NaN codes */
+        for (int64_t i = 0; i < n; i++)
+            if ((b[i] & 0x7f) == 0x7f) b[i] ^= 1;
+        for (int64_t i = 0; i < nsc; i++) ((float *)m->scale)[i] = 0.01f * frand(&s);
+        break;
+    case WT_INT4_G32:
+        for (int64_t i = 0; i < nsc; i++) {
+            float f = 0.1f * frand(&s);
+            if (sdt == DT_F32) ((float *)m->scale)[i] = f;
+            else if (sdt == DT_BF16) ((uint16_t *)m->scale)[i] = (uint16_t)(f32_bits(f) >> 16);
+            else ((uint16_t *)m->scale)[i] = f16_bits(f);
+        }
+        break;
+    case WT_MXFP4:
+        for (int64_t i = 0; i < nsc; i++) ((uint8_t *)m->scale)[i] = (uint8_t)(115 + rng_next(&s) % 20);
+        break;
+    case WT_I8_ROW:
+        for (int64_t i = 0; i < nsc; i++) ((float *)m->scale)[i] = 0.05f * frand(&s);
+        break;
+    default: break;
+    }
+    m->w.data = m->data;
+    m->w.scale = m->scale;
+}
+
+static float *rand_vec(int64_t n, uint64_t seed) {
+    uint64_t s = seed * 0x2545f4914f6cdd1dull + 99;
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = frand(&s);
+    return v;
+}
+
+/* ---- one matrix, every check, every level ------------------------------------ */
+
+static int same_bits(float a, float b) { return f32_bits(a) == f32_bits(b); }
+
+static void check_matrix(const tmat *m, uint64_t seed) {
+    const df_weight *w = &m->w;
+    const int64_t rows = w->rows, cols = w->cols;
+    const kn_level top = kn_detect();
+    float *x = rand_vec(cols, seed);
+    float *deq = malloc((size_t)cols * sizeof *deq);
+    double *ref = malloc((size_t)rows * sizeof *ref), *mag = malloc((size_t)rows * sizeof *mag);
+    for (int64_t r = 0; r < rows; r++) {
+        kn_dequant_row(w, r, deq);
+        double acc = 0, am = 0;
+        for (int64_t c = 0; c < cols; c++) {
+            acc += (double)deq[c] * x[c];
+            am += fabs((double)deq[c] * x[c]);
+        }
+        ref[r] = acc;
+        mag[r] = am;
+    }
+    const double rel = (double)(cols + 2) * 0x1p-24;
+    float *ys = malloc((size_t)rows * sizeof *ys), *y = malloc((size_t)rows * sizeof *y);
+    float *yp = malloc((size_t)rows * sizeof *yp);
+    kn_matvec(KN_SCALAR, w, x, ys, 0, rows);
+    const char *tn = wt_type_name(w->type);
+    for (int lv = KN_SCALAR; lv <= (int)top; lv++) {
+        const char *ln = kn_level_name((kn_level)lv);
+        kn_matvec((kn_level)lv, w, x, y, 0, rows);
+        int bad = 0;
+        for (int64_t r = 0; r < rows && bad < 3; r++) {
+            double tol = rel * mag[r] + 1e-35;
+            if (!(fabs(y[r] - ref[r]) <= tol)) {
+                bad++;
+                CHECK(0, "%s %s %lldx%lld row %lld: %.9g vs ref %.9g (tol %.3g)", tn, ln,
+                      (long long)rows, (long long)cols, (long long)r, y[r], ref[r], tol);
+            }
+            if (!(fabs(y[r] - ys[r]) <= 2 * tol)) {
+                bad++;
+                CHECK(0, "%s %s vs scalar %lldx%lld row %lld: %.9g vs %.9g", tn, ln,
+                      (long long)rows, (long long)cols, (long long)r, y[r], ys[r]);
+            }
+        }
+        /* row-range independence: a few random splits of [0, rows) */
+        uint64_t s = seed + 7;
+        for (int trial = 0; trial < 3; trial++) {
+            for (int64_t a = 0; a < rows;) {
+                int64_t len = 1 + (int64_t)(rng_next(&s) % 9), b = a + len > rows ? rows : a + len;
+                kn_matvec((kn_level)lv, w, x, yp + a, a, b);
+                a = b;
+            }
+            int diff = 0;
+            for (int64_t r = 0; r < rows; r++) diff += !same_bits(yp[r], y[r]);
+            CHECK(diff == 0, "%s %s %lldx%lld: %d rows differ when computed in pieces", tn, ln,
+                  (long long)rows, (long long)cols, diff);
+        }
+        /* matmul: n vectors, a sub-range, padded ldy; row i bit-equal to matvec */
+        {
+            const int n = 3;
+            int64_t r0 = rows > 2 ? 1 : 0, r1 = rows, ldy = (r1 - r0) + 5;
+            float *X = malloc((size_t)n * cols * sizeof *X);
+            float *Y = malloc((size_t)n * ldy * sizeof *Y), *yv = malloc((size_t)rows * sizeof *yv);
+            for (int i = 0; i < n; i++) {
+                float *xi = rand_vec(cols, seed * 31 + i);
+                memcpy(X + i * cols, xi, (size_t)cols * sizeof *xi);
+                free(xi);
+            }
+            kn_matmul((kn_level)lv, w, X, n, Y, ldy, r0, r1);
+            int diff = 0;
+            for (int i = 0; i < n; i++) {
+                kn_matvec((kn_level)lv, w, X + i * cols, yv, r0, r1);
+                for (int64_t r = 0; r < r1 - r0; r++) diff += !same_bits(Y[i * ldy + r], yv[r]);
+            }
+            CHECK(diff == 0, "%s %s %lldx%lld: matmul differs from matvec in %d outputs", tn, ln,
+                  (long long)rows, (long long)cols, diff);
+            free(X), free(Y), free(yv);
+        }
+        /* decode exactness: one-hot x gives the dequantised weight itself */
+        if (cols <= 240) {
+            float *e = calloc((size_t)cols, sizeof *e), *col = malloc((size_t)rows * sizeof *col);
+            int diff = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                e[c] = 1.0f;
+                kn_matvec((kn_level)lv, w, e, col, 0, rows);
+                e[c] = 0.0f;
+                for (int64_t r = 0; r < rows; r++) {
+                    kn_dequant_row(w, r, deq);
+                    if (!(col[r] == deq[c])) {
+                        if (diff++ < 3)
+                            CHECK(0, "%s %s %lldx%lld: W[%lld][%lld] decodes to %.9g, dequant %.9g",
+                                  tn, ln, (long long)rows, (long long)cols, (long long)r,
+                                  (long long)c, col[r], deq[c]);
+                    }
+                }
+            }
+            free(e), free(col);
+        }
+    }
+    free(x), free(deq), free(ref), free(mag), free(ys), free(y), free(yp);
+}
+
+static const int64_t ROWS[] = {1, 2, 3, 4, 5, 7, 9, 67};
+static const int64_t COLS_DENSE[] = {1, 7, 8, 15, 16, 17, 33, 70, 160, 200, 1000};
+static const int64_t COLS_NIB[] = {32, 64, 96, 160, 224, 1024};
+#define N(a) (int)(sizeof(a) / sizeof(a)[0])
+
+static void suite(wt_type t, st_dtype sdt, int br, int bc) {
+    int nib = t == WT_INT4_G32 || t == WT_MXFP4;
+    const int64_t *cl = nib ? COLS_NIB : COLS_DENSE;
+    int nc = nib ? N(COLS_NIB) : N(COLS_DENSE);
+    uint64_t seed = 1;
+    for (int i = 0; i < N(ROWS); i++)
+        for (int k = 0; k < nc; k++) {
+            tmat m;
+            tmat_make(&m, t, ROWS[i], cl[k], sdt, br, bc, seed);
+            check_matrix(&m, seed++);
+            tmat_free(&m);
+        }
+}
+
+/* ---- the tests --------------------------------------------------------------- */
+
+TEST(kn_detect_level) {
+    kn_level l = kn_detect();
+    CHECK(l >= KN_SCALAR && l <= KN_AVX512, "level %d", (int)l);
+    CHECK(strcmp(kn_level_name(KN_SCALAR), "scalar") == 0);
+    CHECK(strcmp(kn_level_name(KN_AVX2), "avx2") == 0);
+    CHECK(strcmp(kn_level_name(KN_AVX512), "avx512") == 0);
+}
+
+TEST(kn_matvec_f32) { suite(WT_F32, DT_UNKNOWN, 0, 0); }
+TEST(kn_matvec_bf16) { suite(WT_BF16, DT_UNKNOWN, 0, 0); }
+TEST(kn_matvec_f16) { suite(WT_F16, DT_UNKNOWN, 0, 0); }
+TEST(kn_matvec_i8_row) { suite(WT_I8_ROW, DT_UNKNOWN, 0, 0); }
+TEST(kn_matvec_fp8_block) {
+    static const int blk[][2] = {{128, 128}, {3, 5}, {16, 16}, {1, 7}, {7, 48}, {2, 1000}};
+    for (int i = 0; i < N(blk); i++) suite(WT_FP8_BLOCK, DT_UNKNOWN, blk[i][0], blk[i][1]);
+}
+TEST(kn_matvec_int4_bf16) { suite(WT_INT4_G32, DT_BF16, 0, 0); }
+TEST(kn_matvec_int4_f16) { suite(WT_INT4_G32, DT_F16, 0, 0); }
+TEST(kn_matvec_int4_f32) { suite(WT_INT4_G32, DT_F32, 0, 0); }
+TEST(kn_matvec_mxfp4) { suite(WT_MXFP4, DT_UNKNOWN, 0, 0); }
+
+TEST(kn_dequant_known) {
+    float out[64];
+    { /* mxfp4: byte 0x21 -> 0.5 (even col, low nibble), 1.0 (odd col); e8m0 scales */
+        uint8_t d[16] = {0x21, 0x9f, 0x70}, s[1] = {127};
+        df_weight w = {.type = WT_MXFP4, .rows = 1, .cols = 32, .data = d, .scale = s};
+        kn_dequant_row(&w, 0, out);
+        CHECK(out[0] == 0.5f && out[1] == 1.0f, "%g %g", out[0], out[1]);
+        CHECK(out[2] == -6.0f && out[3] == -0.5f, "0x9f: %g %g", out[2], out[3]);
+        CHECK(out[4] == 0.0f && out[5] == 6.0f, "0x70: %g %g", out[4], out[5]);
+        s[0] = 128;
+        kn_dequant_row(&w, 0, out);
+        CHECK(out[0] == 1.0f && out[1] == 2.0f, "s=128: %g %g", out[0], out[1]);
+        s[0] = 0;
+        kn_dequant_row(&w, 0, out);
+        CHECK(out[1] == 0x1p-127f, "s=0: %g", out[1]);
+        s[0] = 255;
+        kn_dequant_row(&w, 0, out);
+        CHECK(isnan(out[1]), "s=255: %g", out[1]);
+        CHECK(e8m0_to_f32(127) == 1.0f);
+    }
+    { /* int4: element j of a word at bits 4j holds q+8: nibble 8 -> 0, 15 -> 7, 0 -> -8 */
+        uint32_t d[4] = {0};
+        uint32_t nibs[8] = {8, 15, 0, 9, 7, 1, 14, 8};
+        for (int j = 0; j < 8; j++) d[0] |= nibs[j] << (4 * j);
+        uint16_t sb[1] = {0x3f80}; /* bf16 1.0 */
+        df_weight w = {.type = WT_INT4_G32, .rows = 1, .cols = 32, .data = d, .scale = sb,
+                       .scale_dtype = DT_BF16};
+        kn_dequant_row(&w, 0, out);
+        for (int j = 0; j < 8; j++) CHECK(out[j] == (float)((int)nibs[j] - 8), "nib %u: %g", nibs[j], out[j]);
+        CHECK(out[8] == -8.0f, "zero word: %g", out[8]);
+        sb[0] = 0x3f00; /* bf16 0.5 */
+        kn_dequant_row(&w, 0, out);
+        CHECK(out[1] == 3.5f && out[2] == -4.0f, "%g %g", out[1], out[2]);
+        uint16_t sh[1] = {0x3c00}; /* f16 1.0 */
+        w.scale = sh, w.scale_dtype = DT_F16;
+        kn_dequant_row(&w, 0, out);
+        CHECK(out[1] == 7.0f && out[2] == -8.0f, "%g %g", out[1], out[2]);
+        float sf[1] = {0.25f};
+        w.scale = sf, w.scale_dtype = DT_F32;
+        kn_dequant_row(&w, 0, out);
+        CHECK(out[1] == 1.75f && out[2] == -2.0f, "%g %g", out[1], out[2]);
+    }
+    { /* fp8 e4m3 with 2x2 blocks of 2x2 */
+        uint8_t d[8] = {0x38, 0xb8, 0x7e, 0x01, 0x00, 0x80, 0x7f, 0x40};
+        float s[4] = {1.0f, 2.0f, 4.0f, 8.0f};
+        df_weight w = {.type = WT_FP8_BLOCK, .rows = 2, .cols = 4, .data = d, .scale = s,
+                       .block_rows = 1, .block_cols = 2};
+        kn_dequant_row(&w, 0, out);
+        CHECK(out[0] == 1.0f && out[1] == -1.0f, "%g %g", out[0], out[1]);
+        CHECK(out[2] == 448.0f * 2 && out[3] == 0x1p-9f * 2, "%g %g", out[2], out[3]);
+        kn_dequant_row(&w, 1, out);
+        CHECK(out[0] == 0.0f && out[1] == 0.0f && signbit(out[1]), "%g %g", out[0], out[1]);
+        CHECK(isnan(out[2]) && out[3] == 2.0f * 8, "%g %g", out[2], out[3]);
+    }
+    { /* bf16, f16, i8 */
+        uint16_t b[2] = {0x3f80, 0xc040};
+        df_weight w = {.type = WT_BF16, .rows = 1, .cols = 2, .data = b};
+        kn_dequant_row(&w, 0, out);
+        CHECK(out[0] == 1.0f && out[1] == -3.0f, "%g %g", out[0], out[1]);
+        uint16_t h[3] = {0x3c00, 0x0001, 0xfbff};
+        df_weight wh = {.type = WT_F16, .rows = 1, .cols = 3, .data = h};
+        kn_dequant_row(&wh, 0, out);
+        CHECK(out[0] == 1.0f && out[1] == 0x1p-24f && out[2] == -65504.0f, "%g %g %g", out[0], out[1], out[2]);
+        int8_t q[2] = {-128, 127};
+        float s[1] = {0.5f};
+        df_weight wi = {.type = WT_I8_ROW, .rows = 1, .cols = 2, .data = q, .scale = s};
+        kn_dequant_row(&wi, 0, out);
+        CHECK(out[0] == -64.0f && out[1] == 63.5f, "%g %g", out[0], out[1]);
+    }
+}
+
+TEST(kn_fp8_nan_propagates) {
+    /* a NaN code anywhere in a row makes that row's output NaN at every level */
+    uint8_t d[2 * 40];
+    memset(d, 0x38, sizeof d);
+    d[37] = 0x7f;
+    float s[1] = {1.0f}, x[40], y[2];
+    for (int i = 0; i < 40; i++) x[i] = 1.0f;
+    df_weight w = {.type = WT_FP8_BLOCK, .rows = 2, .cols = 40, .data = d, .scale = s,
+                   .block_rows = 128, .block_cols = 128};
+    for (int lv = KN_SCALAR; lv <= (int)kn_detect(); lv++) {
+        kn_matvec((kn_level)lv, &w, x, y, 0, 2);
+        CHECK(isnan(y[0]) && y[1] == 40.0f, "%s: %g %g", kn_level_name((kn_level)lv), y[0], y[1]);
+    }
+}
+
+TEST(kn_level_capped_to_cpu) {
+    /* asking for more than the CPU has must not crash and equals the best level */
+    tmat m;
+    tmat_make(&m, WT_BF16, 5, 70, DT_UNKNOWN, 0, 0, 3);
+    float *x = rand_vec(70, 4), y1[5], y2[5];
+    kn_matvec(KN_AVX512, &m.w, x, y1, 0, 5);
+    kn_matvec(kn_detect(), &m.w, x, y2, 0, 5);
+    CHECK(memcmp(y1, y2, sizeof y1) == 0);
+    free(x);
+    tmat_free(&m);
+}
