@@ -42,10 +42,21 @@ enum { DF_ERRMSG = 1024 }; /* size of the error buffers the API fills */
 typedef struct df_engine df_engine;
 typedef struct df_session df_session;
 
+/* How routed experts reach RAM. */
+typedef enum {
+    DF_EXPERTS_DIRECT = 0, /* O_DIRECT reads into the expert cache (default) */
+    DF_EXPERTS_PREAD,      /* buffered reads into the expert cache */
+    DF_EXPERTS_MMAP        /* used in place through the page cache (for comparison) */
+} df_expert_io;
+
 typedef struct {
     int n_threads;   /* 0: one per online CPU */
-    int use_mmap;    /* 1: map shards (default); 0: read tensors into RAM with pread */
+    int use_mmap;    /* non-expert tensors: 1 map shards (default); 0 read into RAM with pread */
     int simd_level;  /* -1: best available; 0 scalar, 1 AVX2, 2 AVX-512 (capped to the CPU) */
+    int expert_io;   /* df_expert_io */
+    int64_t ram_bytes; /* expert cache budget; 0: available memory minus a 2 GiB margin */
+    int prefetch;    /* 1: router lookahead prefetch (default); never changes the output */
+    int io_depth;    /* expert reads in flight (default 32) */
 } df_engine_opts;
 
 void df_engine_opts_default(df_engine_opts *o);
@@ -82,6 +93,23 @@ const float *df_session_logits(const df_session *s);
 /* Index of the largest value; ties go to the lowest index. */
 int df_argmax(const float *v, int n);
 
+/* Counters since open or the last reset (expert cache and reads). */
+typedef struct {
+    uint64_t expert_hits;      /* experts a pass found ready in RAM */
+    uint64_t expert_misses;    /* experts a pass had to read */
+    uint64_t prefetched;       /* lookahead reads issued */
+    uint64_t prefetch_used;    /* of those, experts a pass then used */
+    uint64_t bytes_read;       /* expert bytes read from disk */
+    double io_wait_s;          /* time compute waited for expert reads */
+    int cache_slots, cache_slots_used;
+    int64_t slot_bytes;
+    int max_in_flight;         /* most reads outstanding at once */
+    const char *expert_io;     /* "direct", "pread", "mmap" */
+} df_stats;
+
+void df_engine_stats(const df_engine *e, df_stats *out);
+void df_engine_reset_stats(df_engine *e);
+
 /* ---- kernel benchmark (deltafin bench --kernels) ---- */
 typedef struct {
     char name[32];      /* weight type, e.g. "bf16" */
@@ -95,6 +123,132 @@ typedef struct {
  * returns the number filled; probe_gbps receives the probe's bandwidth. */
 int df_bench_kernels(int n_threads, double mb, double seconds, df_bench_row *rows,
                      double *probe_gbps);
+
+
+/* ---- text: tokenizers, detokenisation, sampling, chat (src/text) ----
+ *
+ * Ownership: a df_tokenizer owns its vocabulary, merges, special tokens and
+ * compiled pre-tokenisation regexes; it is immutable after loading, so one
+ * tokenizer may be shared by threads (every call takes its scratch from the
+ * caller's df_tokens or allocates it per call). A df_detok (streaming
+ * decoder), df_sampler and df_chat_parser each own their small state and
+ * borrow nothing but the tokenizer given to them (which must outlive them).
+ * df_tokens is a caller-owned growable id buffer: zero-initialise it, let
+ * calls append, free with df_tokens_free. Every _load/_new has a NULL-safe
+ * _free. Errors: df_status + one line in the caller's DF_ERRMSG buffer.
+ */
+typedef struct df_tokenizer df_tokenizer;
+
+typedef struct {
+    int32_t *ids;
+    int n, cap;
+} df_tokens;
+void df_tokens_free(df_tokens *t);                    /* frees ids, zeroes *t */
+df_status df_tokens_push(df_tokens *t, int32_t id);  /* DF_ERR_NOMEM on failure */
+
+/* Loads the tokenizer of a model directory: tiktoken.model (Kimi pattern,
+ * 256 reserved special ids after the ranks, names overridden by
+ * tokenizer_config.json added_tokens_decoder) or else tokenizer.json
+ * (Hugging Face byte-level BPE; tokenizer_config.json is not needed). */
+df_status df_tokenizer_load_dir(const char *dir, df_tokenizer **out, char err[DF_ERRMSG]);
+/* A tiktoken rank file (`base64(bytes) rank` per line). The file does not
+ * carry its pre-tokenisation pattern: pattern is a built-in name ("kimi",
+ * "o200k", "cl100k"; NULL means "kimi") unless regex (PCRE2 syntax, UTF+UCP)
+ * is given. Built-in specials: o200k/cl100k get their <|endoftext|> family,
+ * kimi the 256 reserved ids after the ranks. config_json (a
+ * tokenizer_config.json, may be NULL) overrides special token spellings. */
+df_status df_tokenizer_load_tiktoken(const char *rank_file, const char *pattern,
+                                     const char *regex, const char *config_json,
+                                     df_tokenizer **out, char err[DF_ERRMSG]);
+/* A Hugging Face tokenizer.json. Supported: model BPE over the ByteLevel
+ * alphabet, normalizer null or an empty Sequence, pre_tokenizer Split
+ * (Regex/String, behavior Isolated/Removed) and ByteLevel in a Sequence;
+ * anything else fails with DF_ERR_UNSUPPORTED naming the part. */
+df_status df_tokenizer_load_hf(const char *tokenizer_json, df_tokenizer **out,
+                               char err[DF_ERRMSG]);
+void df_tokenizer_free(df_tokenizer *t);
+
+int df_tokenizer_vocab_size(const df_tokenizer *t);  /* largest id + 1 */
+/* One line: kind, pattern, ranks, specials. Owned by the tokenizer. */
+const char *df_tokenizer_describe(const df_tokenizer *t);
+/* Id of a special token spelled exactly `text`, or -1. */
+int32_t df_tokenizer_special(const df_tokenizer *t, const char *text);
+int df_tokenizer_is_special(const df_tokenizer *t, int32_t id);
+/* The raw bytes of one token (not NUL-terminated), or NULL for an id
+ * outside the vocabulary. Owned by the tokenizer. */
+const char *df_token_bytes(const df_tokenizer *t, int32_t id, size_t *len);
+
+enum {
+    DF_TOK_SPECIAL = 1  /* recognise special token spellings in the text */
+};
+/* Appends the ids of text[0..len) to out. Without DF_TOK_SPECIAL, text that
+ * spells a special token is ordinary bytes. Fails (DF_ERR_ARG) on invalid
+ * UTF-8, naming the byte offset. On error out->n is unchanged. */
+df_status df_tokenize(const df_tokenizer *t, const char *text, size_t len, unsigned flags,
+                      df_tokens *out, char err[DF_ERRMSG]);
+/* Decodes ids into a malloc'd NUL-terminated string (*len bytes, excluding
+ * the NUL). Invalid UTF-8 produced by the ids becomes U+FFFD; special
+ * tokens are included unless skip_special. DF_ERR_ARG on an unknown id. */
+df_status df_detokenize(const df_tokenizer *t, const int32_t *ids, int n, int skip_special,
+                        char **text, size_t *len, char err[DF_ERRMSG]);
+
+/* Streaming detokenisation: push one id at a time; each push yields the
+ * text that is now complete (never a partial UTF-8 sequence: incomplete
+ * code points wait for the next token; bytes that can never form a valid
+ * sequence become U+FFFD). The text pointer is owned by the df_detok and
+ * valid until the next call. */
+typedef struct df_detok df_detok;
+df_status df_detok_new(const df_tokenizer *t, int skip_special, df_detok **out);
+void df_detok_free(df_detok *d);
+df_status df_detok_push(df_detok *d, int32_t id, const char **text, size_t *len);
+/* End of stream: pending bytes of an unfinished code point become U+FFFD. */
+void df_detok_flush(df_detok *d, const char **text, size_t *len);
+void df_detok_reset(df_detok *d);
+
+/* ---- sampling ----
+ * Order of operations on one logits row (a private copy; the input is not
+ * modified): logit bias, repetition / presence / frequency penalties over
+ * the last penalty_last_n accepted tokens, then the top-n logprobs are
+ * taken (log-softmax at temperature 1 of the adjusted logits), then either
+ * greedy (temperature <= 0: argmax, lowest id on ties) or temperature,
+ * top-k, top-p, min-p, and a draw from the renormalised distribution with
+ * the sampler's own PRNG (xoshiro256**, seeded; no global state). */
+typedef struct {
+    float temperature;         /* <= 0: greedy */
+    int top_k;                 /* 0: off */
+    float top_p;               /* >= 1: off */
+    float min_p;               /* 0: off; keep p >= min_p * p_max */
+    float repetition_penalty;  /* 1: off; logit > 0 divided, else multiplied */
+    float presence_penalty;    /* 0: off; subtracted once per seen token */
+    float frequency_penalty;   /* 0: off; subtracted per occurrence */
+    int penalty_last_n;        /* window of accepted tokens (default 64; -1: all) */
+    uint64_t seed;
+    int n_logprobs;            /* 0..20 top logprobs reported per step */
+} df_sampler_params;
+void df_sampler_params_default(df_sampler_params *p);
+
+typedef struct {
+    int32_t token;
+    float logprob;             /* of the chosen token, same distribution as top */
+    int n_top;
+    int32_t top_id[20];
+    float top_logprob[20];
+} df_sample;
+
+typedef struct df_sampler df_sampler;
+/* Allocates all scratch for vocab_size here; nothing is allocated per call. */
+df_status df_sampler_new(const df_sampler_params *p, int vocab_size, df_sampler **out,
+                         char err[DF_ERRMSG]);
+void df_sampler_free(df_sampler *s);
+/* Adds bias to a token's logit at every step (-INFINITY bans it). */
+df_status df_sampler_set_bias(df_sampler *s, int32_t id, float bias);
+/* Records a token in the penalty history (prompt tokens too, if wanted). */
+void df_sampler_accept(df_sampler *s, int32_t id);
+/* Forgets the history and reseeds the PRNG with the original seed. */
+void df_sampler_reset(df_sampler *s);
+/* Picks the next token from logits[vocab_size]; fills *info if non-NULL.
+ * Does not accept the token (call df_sampler_accept). */
+int32_t df_sampler_sample(df_sampler *s, const float *logits, df_sample *info);
 
 #ifdef __cplusplus
 }

@@ -81,7 +81,7 @@ static df_status missing(const st_set *s, const char *name, const char *why, cha
 /* ---- 3. wt_bind ------------------------------------------------------------ */
 
 static df_status bind_fp8(st_set *s, const char *base, const st_tensor *t, int64_t rows,
-                          int64_t cols, int br, int bc, df_weight *w, char *err) {
+                          int64_t cols, int br, int bc, df_weight *w, int lazy, char *err) {
     char name[512], why[128];
     if (br <= 0) br = 128;
     if (bc <= 0) bc = 128;
@@ -97,8 +97,14 @@ static df_status bind_fp8(st_set *s, const char *base, const st_tensor *t, int64
              (long long)cols, bc);
     df_status st = need_shape2(s, sc, cdiv(rows, br), cdiv(cols, bc), why, err);
     if (st != DF_OK) return st;
-    const void *d = st_data(s, t, err), *scale = d ? st_data(s, sc, err) : NULL;
-    if (!d || !scale) return DF_ERR_IO;
+    w->t_data = t;
+    w->t_scale = sc;
+    const void *d = NULL, *scale = NULL;
+    if (!lazy) {
+        d = st_data(s, t, err);
+        scale = d ? st_data(s, sc, err) : NULL;
+        if (!d || !scale) return DF_ERR_IO;
+    }
     w->type = WT_FP8_BLOCK;
     w->data = d;
     w->scale = scale;
@@ -110,7 +116,7 @@ static df_status bind_fp8(st_set *s, const char *base, const st_tensor *t, int64
 
 /* compressed-tensors: weight_packed + weight_scale (+ weight_shape). */
 static df_status bind_packed(st_set *s, const char *base, const st_tensor *p, int64_t rows,
-                             int64_t cols, df_weight *w, char *err) {
+                             int64_t cols, df_weight *w, int lazy, char *err) {
     char name[512], why[160];
     const char *path = st_shard_path(s, p->shard);
     int int4 = p->dtype == DT_I32;
@@ -167,8 +173,14 @@ static df_status bind_packed(st_set *s, const char *base, const st_tensor *p, in
                            shp->name, (long long)r0, (long long)c0, (long long)rows,
                            (long long)cols);
     }
-    const void *d = st_data(s, p, err), *scale = d ? st_data(s, sc, err) : NULL;
-    if (!d || !scale) return DF_ERR_IO;
+    w->t_data = p;
+    w->t_scale = sc;
+    const void *d = NULL, *scale = NULL;
+    if (!lazy) {
+        d = st_data(s, p, err);
+        scale = d ? st_data(s, sc, err) : NULL;
+        if (!d || !scale) return DF_ERR_IO;
+    }
     w->type = int4 ? WT_INT4_G32 : WT_MXFP4;
     w->data = d;
     w->scale = scale;
@@ -176,8 +188,8 @@ static df_status bind_packed(st_set *s, const char *base, const st_tensor *p, in
     return DF_OK;
 }
 
-df_status wt_bind(st_set *s, const char *base, int64_t rows, int64_t cols, int fp8_br,
-                  int fp8_bc, df_weight *w, char *err) {
+static df_status bind_any(st_set *s, const char *base, int64_t rows, int64_t cols, int fp8_br,
+                          int fp8_bc, df_weight *w, int lazy, char *err) {
     memset(w, 0, sizeof *w);
     w->rows = rows;
     w->cols = cols;
@@ -187,7 +199,7 @@ df_status wt_bind(st_set *s, const char *base, int64_t rows, int64_t cols, int f
     const st_tensor *t = find2(s, base, ".weight", name, sizeof name);
     if (!t) {
         const st_tensor *p = find2(s, base, ".weight_packed", name, sizeof name);
-        if (p) return bind_packed(s, base, p, rows, cols, w, err);
+        if (p) return bind_packed(s, base, p, rows, cols, w, lazy, err);
         snprintf(name, sizeof name, "%s.weight", base);
         return missing(s, name, NULL, err);
     }
@@ -204,9 +216,26 @@ df_status wt_bind(st_set *s, const char *base, int64_t rows, int64_t cols, int f
     }
     df_status st = need_shape2(s, t, rows, cols, "rows x cols from the config", err);
     if (st != DF_OK) return st;
-    if (w->type == WT_FP8_BLOCK) return bind_fp8(s, base, t, rows, cols, fp8_br, fp8_bc, w, err);
+    if (w->type == WT_FP8_BLOCK) return bind_fp8(s, base, t, rows, cols, fp8_br, fp8_bc, w, lazy, err);
+    w->t_data = t;
+    if (lazy) return DF_OK;
     w->data = st_data(s, t, err);
     return w->data ? DF_OK : DF_ERR_IO;
+}
+
+df_status wt_bind(st_set *s, const char *base, int64_t rows, int64_t cols, int fp8_br,
+                  int fp8_bc, df_weight *w, char *err) {
+    return bind_any(s, base, rows, cols, fp8_br, fp8_bc, w, 0, err);
+}
+
+df_status wt_bind_lazy(st_set *s, const char *base, int64_t rows, int64_t cols, int fp8_br,
+                       int fp8_bc, df_weight *w, char *err) {
+    return bind_any(s, base, rows, cols, fp8_br, fp8_bc, w, 1, err);
+}
+
+void wt_point(df_weight *w, const uint8_t *base, int64_t origin) {
+    if (w->t_data) w->data = base + (w->t_data->offset - origin);
+    if (w->t_scale) w->scale = base + (w->t_scale->offset - origin);
 }
 
 int wt_exists(const st_set *s, const char *base) {
@@ -220,7 +249,8 @@ int wt_exists(const st_set *s, const char *base) {
 
 /* ---- 4. vectors -------------------------------------------------------------- */
 
-df_status wt_load_vec(st_set *s, const char *name, int64_t n, float *out, char *err) {
+static df_status load_values(st_set *s, const char *name, int64_t n, float *out, int any_shape,
+                             char *err) {
     const st_tensor *t = st_find(s, name);
     if (!t) return missing(s, name, NULL, err);
     const char *path = st_shard_path(s, t->shard);
@@ -235,7 +265,7 @@ df_status wt_load_vec(st_set *s, const char *name, int64_t n, float *out, char *
         count *= t->shape[i];
         if (t->shape[i] != 1) big++;
     }
-    if (count != n || big > 1 || t->ndim == 0) {
+    if (count != n || (!any_shape && (big > 1 || t->ndim == 0))) {
         char got[128];
         fmt_shape(got, sizeof got, t->shape, t->ndim);
         return df_fail(err, DF_ERR_MISMATCH, "%s: tensor '%s' has shape %s, expected [%lld]", path,
@@ -254,4 +284,12 @@ df_status wt_load_vec(st_set *s, const char *name, int64_t n, float *out, char *
         }
     }
     return DF_OK;
+}
+
+df_status wt_load_vec(st_set *s, const char *name, int64_t n, float *out, char *err) {
+    return load_values(s, name, n, out, 0, err);
+}
+
+df_status wt_load_flat(st_set *s, const char *name, int64_t n, float *out, char *err) {
+    return load_values(s, name, n, out, 1, err);
 }

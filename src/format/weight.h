@@ -29,6 +29,8 @@ typedef struct {
     const void *scale;
     st_dtype scale_dtype;    /* WT_INT4_G32: DT_BF16, DT_F16 or DT_F32 */
     int block_rows, block_cols; /* WT_FP8_BLOCK */
+    const st_tensor *t_data;    /* the tensors behind data and scale (NULL for */
+    const st_tensor *t_scale;   /* views made by hand); the expert store reads them */
 } df_weight;
 
 const char *wt_type_name(wt_type t);
@@ -42,6 +44,16 @@ int64_t wt_bytes(const df_weight *w);
  * shape against rows x cols. Errors name the tensor and what was expected. */
 df_status wt_bind(st_set *s, const char *base, int64_t rows, int64_t cols, int fp8_br,
                   int fp8_bc, df_weight *w, char *err);
+/* Like wt_load_vec for a tensor of any shape holding n values (row-major). */
+df_status wt_load_flat(st_set *s, const char *name, int64_t n, float *out, char *err);
+/* Like wt_bind, but leaves data and scale NULL and reads no weight bytes:
+ * only t_data / t_scale are set (the expert store fills the pointers when it
+ * has the bytes in RAM). */
+df_status wt_bind_lazy(st_set *s, const char *base, int64_t rows, int64_t cols, int fp8_br,
+                       int fp8_bc, df_weight *w, char *err);
+/* Points a lazily bound view at a copy of its bytes: `base` holds the bytes
+ * of shard range [origin, ...) that contains both tensors. */
+void wt_point(df_weight *w, const uint8_t *base, int64_t origin);
 /* 1 if any tensor of `base` exists. */
 int wt_exists(const st_set *s, const char *base);
 /* Binds a 1-D f32/bf16/f16 vector `name` of n elements, converted to f32 into out. */

@@ -112,7 +112,7 @@ static void ds_close(void *p) {
     free(m);
 }
 
-static df_status bind_moe(df_engine *e, ds_model *m, const char *base, moe_layer *x, char *err) {
+static df_status bind_moe(df_engine *e, ds_model *m, int layer, const char *base, moe_layer *x, char *err) {
     const df_config *c = &e->cfg;
     char b[DF_NAME];
     df_status st;
@@ -139,9 +139,8 @@ static df_status bind_moe(df_engine *e, ds_model *m, const char *base, moe_layer
     }
     for (int i = 0; i < x->E; i++) {
         tname(b, "%sexperts.%d.", base, i);
-        if ((st = ffn_bind(e, b, ds_ffn_names, c->moe_intermediate_size, m->H, &x->experts[i], err))) return st;
-        ffn_weights *w = &x->experts[i];
-        x->expert_bytes = wt_bytes(&w->gate) + wt_bytes(&w->up) + wt_bytes(&w->down);
+        if ((st = moe_bind_expert(e, x, layer, i, b, ds_ffn_names, c->moe_intermediate_size, m->H, err)))
+            return st;
         m->expert_bytes_total += x->expert_bytes;
     }
     return DF_OK;
@@ -162,7 +161,7 @@ static df_status bind_layer(df_engine *e, ds_model *m, int l, char *err) {
     tname(b, "%slayers.%d.mlp.", c->prefix, l);
     if (!y->moe) return ffn_bind(e, b, ds_ffn_names, c->intermediate_size, m->H, &y->mlp, err);
     m->n_moe_layers++;
-    return bind_moe(e, m, b, &y->experts, err);
+    return bind_moe(e, m, l, b, &y->experts, err);
 }
 
 static df_status ds_open(df_engine *e, void **out, char *err) {
@@ -214,6 +213,7 @@ static df_status ds_open(df_engine *e, void **out, char *err) {
     sh->inv_freq = m->inv_freq;
     for (int l = 0; l < m->L; l++)
         if ((st = bind_layer(e, m, l, err)) != DF_OK) goto fail;
+    model_link_moe(e, &m->layers[0].experts, sizeof(ds_layer), m->L);
     *out = m;
     return DF_OK;
 fail:
@@ -269,7 +269,7 @@ static df_status ds_state_new(df_engine *e, int max_ctx, void **out) {
 /* ---- forward ---- */
 
 static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
-                            float *out, int all_rows) {
+                            float *out, int all_rows, char *err) {
     ds_model *m = e->prog;
     ds_state *s = state;
     int H = m->H;
@@ -283,7 +283,10 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
         mla_forward(e, &m->mla, &y->attn, s->cache + l * cstride, &s->mla, pos, n, s->xn, s->y);
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];
         for (int t = 0; t < n; t++) op_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, y->ffn_norm, H, m->eps);
-        if (y->moe) moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, s->y);
+        if (y->moe) {
+            df_status st = moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, s->y, err);
+            if (st != DF_OK) return st;
+        }
         else ffn_forward(e, &y->mlp, &m->act, s->xn, n, s->y, s->moe.g, s->moe.u);
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];
     }

@@ -6,6 +6,8 @@
  */
 #include "model.h"
 #include "../base/err.h"
+#include "../experts/store.h"
+#include "ffn.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,18 @@ void df_engine_opts_default(df_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->use_mmap = 1;
     o->simd_level = -1;
+    o->expert_io = DF_EXPERTS_DIRECT;
+    o->prefetch = 1;
+    o->io_depth = 32;
+}
+
+/* Expert cache budget when the caller gives none: available memory minus a
+ * 2 GiB margin, at least 256 MiB. */
+static int64_t default_ram(void) {
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    int64_t avail = pages > 0 && psz > 0 ? (int64_t)pages * psz : (int64_t)4 << 30;
+    int64_t r = avail - ((int64_t)2 << 30);
+    return r < ((int64_t)256 << 20) ? (int64_t)256 << 20 : r;
 }
 
 /* ---- engine open/close ---- */
@@ -62,8 +76,20 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     if (!e->pool) { st = df_fail(err, DF_ERR_NOMEM, "cannot start %d threads", nt); goto fail; }
     e->level = kn_detect();
     if (opts->simd_level >= 0 && opts->simd_level < (int)e->level) e->level = (kn_level)opts->simd_level;
+    e->opts = *opts;
+    if (opts->expert_io != DF_EXPERTS_MMAP && e->cfg.n_routed_experts > 0) {
+        xs_opts xo = {0};
+        xo.ram_bytes = opts->ram_bytes > 0 ? opts->ram_bytes : default_ram();
+        xo.direct = opts->expert_io == DF_EXPERTS_DIRECT;
+        xo.reader = XR_AUTO;
+        xo.depth = opts->io_depth > 0 ? opts->io_depth : 32;
+        xo.io_threads = 8;
+        st = xs_new(e->io, e->st, e->cfg.num_hidden_layers, e->cfg.n_routed_experts, &xo, &e->store, err);
+        if (st != DF_OK) goto fail;
+    }
     st = e->ops->open(e, &e->prog, err);
     if (st != DF_OK) goto fail;
+    if (e->store && (st = xs_finalize(e->store, err)) != DF_OK) goto fail;
     *out = e;
     return DF_OK;
 fail:
@@ -74,6 +100,7 @@ fail:
 void df_engine_close(df_engine *e) {
     if (!e) return;
     if (e->prog && e->ops) e->ops->close(e->prog);
+    xs_free(e->store);
     pool_free(e->pool);
     st_close(e->st);
     free(e->describe_text);
@@ -228,12 +255,58 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
         int last_chunk = i + m == n;
         float *out = logits ? logits + (size_t)i * V : s->logits;
         if (!logits && !last_chunk) out = NULL;
-        df_status st = e->ops->forward(e, s->state, pos + i, tokens + i, m, out, logits != NULL);
-        if (st != DF_OK) return df_fail(s->err, st, "forward pass failed at position %d", pos + i);
+        df_status st = e->ops->forward(e, s->state, pos + i, tokens + i, m, out, logits != NULL, s->err);
+        if (st != DF_OK) {
+            if (!s->err[0]) df_fail(s->err, st, "forward pass failed at position %d", pos + i);
+            if (s->e->ops->state_reset) { /* recurrent state is half-updated: start over */
+                s->e->ops->state_reset(s->e, s->state);
+                s->pos = 0;
+                size_t n2 = strlen(s->err);
+                snprintf(s->err + n2, sizeof s->err - n2, " (the session was reset: evaluate the prompt again)");
+            }
+            return st;
+        }
     }
     if (logits) memcpy(s->logits, logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
     s->pos = pos + n;
     return DF_OK;
+}
+
+/* ---- stats ---- */
+
+void df_engine_stats(const df_engine *e, df_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->expert_io = e->store ? (e->opts.expert_io == DF_EXPERTS_DIRECT ? "direct" : "pread") : "mmap";
+    if (!e->store) return;
+    xs_stats x;
+    xs_get_stats(e->store, &x);
+    out->expert_hits = x.hits;
+    out->expert_misses = x.misses;
+    out->prefetched = x.prefetched;
+    out->prefetch_used = x.prefetch_used;
+    out->bytes_read = x.bytes_read;
+    out->io_wait_s = x.wait_s;
+    out->cache_slots = x.slots;
+    out->cache_slots_used = x.slots_used;
+    out->slot_bytes = x.slot_bytes;
+    out->max_in_flight = x.max_in_flight;
+}
+
+void df_engine_reset_stats(df_engine *e) {
+    if (e->store) xs_reset_stats(e->store);
+}
+
+/* ---- MoE linking ---- */
+
+void model_link_moe(df_engine *e, struct moe_layer_s *first, size_t stride, int n_layers) {
+    moe_layer *prev = NULL;
+    for (int l = 0; l < n_layers; l++) {
+        moe_layer *m = (moe_layer *)((char *)first + (size_t)l * stride);
+        if (m->E == 0) continue;
+        m->lookahead = e->opts.prefetch;
+        if (prev) prev->next = m;
+        prev = m;
+    }
 }
 
 /* ---- small public helpers ---- */

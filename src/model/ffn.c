@@ -69,8 +69,12 @@ df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl
     s->xe = malloc(C * wide * F);
     s->ye = malloc(C * wide * F);
     s->acc = malloc(C * wide * F);
+    s->sh = malloc(C * hidden * F);
+    s->uni = malloc((size_t)E * sizeof(int));
+    s->nlog = malloc(C * E * F);
+    s->mark = calloc((size_t)E, 1);
     if (!s->g || !s->u || !s->rlog || !s->sel || !s->selw || !s->ys || !s->etok || !s->eslot ||
-        !s->xl || !s->xe || !s->ye || !s->acc) {
+        !s->xl || !s->xe || !s->ye || !s->acc || !s->sh || !s->uni || !s->nlog || !s->mark) {
         moe_scratch_free(s);
         return DF_ERR_NOMEM;
     }
@@ -81,6 +85,7 @@ void moe_scratch_free(moe_scratch *s) {
     if (!s) return;
     free(s->g); free(s->u); free(s->rlog); free(s->sel); free(s->selw); free(s->ys);
     free(s->etok); free(s->eslot); free(s->xl); free(s->xe); free(s->ye); free(s->acc);
+    free(s->sh); free(s->uni); free(s->nlog); free(s->mark);
     memset(s, 0, sizeof *s);
 }
 
@@ -142,32 +147,105 @@ void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw) {
     }
 }
 
+/* ---- binding ---- */
+
+df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const char *base,
+                          const char *const names[3], int64_t inter, int64_t hidden, char *err) {
+    ffn_weights *w = &m->experts[i];
+    df_status st;
+    if (!e->store) {
+        if ((st = ffn_bind(e, base, names, inter, hidden, w, err))) return st;
+    } else {
+        char b[DF_NAME];
+        int64_t shape[3][2] = {{inter, hidden}, {inter, hidden}, {hidden, inter}};
+        df_weight *v[3] = {&w->gate, &w->up, &w->down};
+        for (int k = 0; k < 3; k++) {
+            tname(b, "%s%s", base, names[k]);
+            if ((st = wt_bind_lazy(e->st, b, shape[k][0], shape[k][1], e->cfg.fp8_block_rows,
+                                   e->cfg.fp8_block_cols, v[k], err)))
+                return st;
+        }
+        df_weight three[3] = {w->gate, w->up, w->down};
+        if ((st = xs_register(e->store, layer, i, three, err))) return st;
+        m->store = e->store;
+        m->layer = layer;
+    }
+    m->expert_bytes = wt_bytes(&w->gate) + wt_bytes(&w->up) + wt_bytes(&w->down);
+    return DF_OK;
+}
+
 /* ---- MoE forward ---- */
 
-void moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
-                 const float *xn, int n, float *out) {
+/* Runs expert x (views w) over the chunk tokens that chose it, storing each
+ * output in its (token, slot) row of s->ys. */
+static void run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
+                       const float *xin, int n, int x, const ffn_weights *w, int dl) {
+    int K = m->K, cnt = 0;
+    for (int t = 0; t < n; t++)
+        for (int k = 0; k < K; k++)
+            if (s->sel[t * K + k] == x) { s->etok[cnt] = t; s->eslot[cnt] = k; cnt++; }
+    for (int i = 0; i < cnt; i++)
+        memcpy(s->xe + (size_t)i * dl, xin + (size_t)s->etok[i] * dl, (size_t)dl * sizeof(float));
+    ffn_forward(e, w, act, s->xe, cnt, s->ye, s->g, s->u);
+    for (int i = 0; i < cnt; i++)
+        memcpy(s->ys + ((size_t)s->etok[i] * K + s->eslot[i]) * dl, s->ye + (size_t)i * dl,
+               (size_t)dl * sizeof(float));
+}
+
+/* Router lookahead: the next MoE layer's router on this layer's input
+ * predicts most of its experts; their reads start now. Never changes which
+ * experts run. */
+static void lookahead(df_engine *e, const moe_layer *m, moe_scratch *s, const float *xn, int n) {
+    const moe_layer *nx = m->next;
+    int K = nx->K, E = nx->E;
+    int *sel = s->etok; /* free until run_expert */
+    mm(e, &nx->router, xn, n, s->nlog, E);
+    int nu = 0;
+    for (int t = 0; t < n; t++) {
+        float wt[K];
+        moe_route(nx, s->nlog + (size_t)t * E, sel, wt);
+        for (int k = 0; k < K; k++)
+            if (!s->mark[sel[k]]) { s->mark[sel[k]] = 1; s->uni[nu++] = sel[k]; }
+    }
+    for (int i = 0; i < nu; i++) s->mark[s->uni[i]] = 0;
+    xs_prefetch(nx->store, nx->layer, s->uni, nu);
+}
+
+df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
+                      const float *xn, int n, float *out, char *err) {
     int H = (int)m->router.cols, K = m->K;
     int dl = m->latent ? (int)m->lat_down.rows : H;
     mm(e, &m->router, xn, n, s->rlog, m->E);
     for (int t = 0; t < n; t++) moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K);
+    /* the union of the chunk's experts, ascending */
+    int nu = 0;
+    for (int i = 0; i < n * K; i++) s->mark[s->sel[i]] = 1;
+    for (int x = 0; x < m->E; x++)
+        if (s->mark[x]) { s->uni[nu++] = x; s->mark[x] = 0; }
+    df_status st = DF_OK;
+    if (m->store && (st = xs_begin(m->store, m->layer, s->uni, nu, err))) return st;
+    if (m->store && m->lookahead && m->next && m->next->store) lookahead(e, m, s, xn, n);
+    /* work that overlaps the reads */
     const float *xin = xn;
     if (m->latent) {
         mm(e, &m->lat_down, xn, n, s->xl, dl);
         xin = s->xl;
     }
-    /* each expert used in this chunk runs once over all its tokens */
-    for (int x = 0; x < m->E; x++) {
-        int cnt = 0;
-        for (int t = 0; t < n; t++)
-            for (int k = 0; k < K; k++)
-                if (s->sel[t * K + k] == x) { s->etok[cnt] = t; s->eslot[cnt] = k; cnt++; }
-        if (!cnt) continue;
-        for (int i = 0; i < cnt; i++)
-            memcpy(s->xe + (size_t)i * dl, xin + (size_t)s->etok[i] * dl, (size_t)dl * sizeof(float));
-        ffn_forward(e, &m->experts[x], act, s->xe, cnt, s->ye, s->g, s->u);
-        for (int i = 0; i < cnt; i++)
-            memcpy(s->ys + ((size_t)s->etok[i] * K + s->eslot[i]) * dl, s->ye + (size_t)i * dl,
-                   (size_t)dl * sizeof(float));
+    if (m->has_shared) ffn_forward(e, &m->shared, act, xn, n, s->sh, s->g, s->u);
+    /* each expert used by the chunk runs once over all its tokens, as it arrives */
+    if (!m->store) {
+        for (int i = 0; i < nu; i++) run_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
+    } else {
+        for (;;) {
+            int x;
+            df_weight w[XS_MATS];
+            if ((st = xs_next(m->store, &x, w, err)) != DF_OK) { xs_end(m->store); return st; }
+            if (x < 0) break;
+            ffn_weights fw = {w[0], w[1], w[2]};
+            run_expert(e, m, act, s, xin, n, x, &fw, dl);
+            xs_done(m->store, x);
+        }
+        xs_end(m->store);
     }
     float *acc = m->latent ? s->acc : out;
     for (int t = 0; t < n; t++) {
@@ -181,8 +259,7 @@ void moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scrat
                 op_rmsnorm(acc + (size_t)t * dl, acc + (size_t)t * dl, m->lat_norm, dl, m->lat_eps);
         mm(e, &m->lat_up, acc, n, out, H);
     }
-    if (m->has_shared) {
-        ffn_forward(e, &m->shared, act, xn, n, s->ye, s->g, s->u);
-        for (size_t i = 0; i < (size_t)n * H; i++) out[i] += s->ye[i];
-    }
+    if (m->has_shared)
+        for (size_t i = 0; i < (size_t)n * H; i++) out[i] += s->sh[i];
+    return DF_OK;
 }

@@ -14,6 +14,7 @@
 #ifndef DF_MODEL_FFN_H
 #define DF_MODEL_FFN_H
 #include "model.h"
+#include "../experts/store.h"
 
 typedef struct {
     int situ;                   /* 0 SiLU, 1 SiTU */
@@ -23,7 +24,7 @@ typedef struct {
 
 typedef struct { df_weight gate, up, down; } ffn_weights;
 
-typedef struct {
+typedef struct moe_layer_s {
     int E, K, n_group, topk_group;
     int sigmoid;                /* 1 sigmoid scores, 0 softmax */
     float group_mask;           /* value given to experts of dropped groups (0 or -inf) */
@@ -39,6 +40,10 @@ typedef struct {
     float *lat_norm;            /* [Dl] owned, NULL: no norm */
     float lat_eps;
     int64_t expert_bytes;       /* one expert, as stored */
+    xs_store *store;            /* experts come from the store (views lazily bound); NULL: mmap */
+    int layer;                  /* this layer's index in the store */
+    const struct moe_layer_s *next; /* the next MoE layer, for router lookahead; NULL at the end */
+    int lookahead;              /* prefetch the next layer's predicted experts */
 } moe_layer;
 
 typedef struct {
@@ -52,6 +57,10 @@ typedef struct {
     float *xl;                  /* [chunk][dl] latent inputs */
     float *xe, *ye;             /* [chunk][max(dl,hidden)] gathered in/out */
     float *acc;                 /* [chunk][dl] */
+    float *sh;                  /* [chunk][hidden] shared-expert output */
+    int *uni;                   /* [E] experts used by the chunk, ascending */
+    float *nlog;                /* [chunk][E] next layer's router logits (lookahead) */
+    uint8_t *mark;              /* [E] */
 } moe_scratch;
 
 /* Binds <base><names[0..2]> as gate, up, down ([inter, hidden] x2, [hidden, inter]). */
@@ -62,9 +71,14 @@ void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const f
 df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl, moe_scratch *s);
 void moe_scratch_free(moe_scratch *s);
 void moe_layer_free(moe_layer *m);
-/* out[n][hidden] = MoE(xn). */
-void moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
-                 const float *xn, int n, float *out);
+/* out[n][hidden] = MoE(xn). Fails only when expert reads fail (DF_ERR_IO,
+ * message in err); out is then undefined. */
+df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
+                      const float *xn, int n, float *out, char *err);
+/* Binds expert `i` of a MoE layer: directly (mmap views) or lazily + registered
+ * with the engine's store. Updates m->expert_bytes. */
+df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const char *base,
+                          const char *const names[3], int64_t inter, int64_t hidden, char *err);
 /* The router alone (exposed for tests): sel/selw of one token. */
 void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw);
 #endif

@@ -32,7 +32,7 @@ static df_status bindw(df_engine *e, const char *base, const char *leaf, int64_t
 static float *load_any(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
     float *v = malloc((size_t)n * sizeof(float));
     if (!v) { *st = df_fail(err, DF_ERR_NOMEM, "out of memory"); return NULL; }
-    if ((*st = wt_load_vec(e->st, name, n, v, err)) != DF_OK) { free(v); return NULL; }
+    if ((*st = wt_load_flat(e->st, name, n, v, err)) != DF_OK) { free(v); return NULL; }
     return v;
 }
 

@@ -89,7 +89,7 @@ static float *res_probe(df_engine *e, const char *norm, const char *proj, int H,
     return w;
 }
 
-static df_status bind_moe(df_engine *e, km_model *m, const char *base, moe_layer *x, char *err) {
+static df_status bind_moe(df_engine *e, km_model *m, int layer, const char *base, moe_layer *x, char *err) {
     const df_config *c = &e->cfg;
     char b[DF_NAME];
     df_status st;
@@ -130,9 +130,8 @@ static df_status bind_moe(df_engine *e, km_model *m, const char *base, moe_layer
     }
     for (int i = 0; i < x->E; i++) {
         tname(b, "%sexperts.%d.", base, i);
-        if ((st = ffn_bind(e, b, km_expert_names, c->moe_intermediate_size, dl, &x->experts[i], err))) return st;
-        ffn_weights *w = &x->experts[i];
-        x->expert_bytes = wt_bytes(&w->gate) + wt_bytes(&w->up) + wt_bytes(&w->down);
+        if ((st = moe_bind_expert(e, x, layer, i, b, km_expert_names, c->moe_intermediate_size, dl, err)))
+            return st;
         m->expert_bytes = x->expert_bytes;
         m->expert_bytes_total += x->expert_bytes;
     }
@@ -173,7 +172,7 @@ static df_status bind_layer(df_engine *e, km_model *m, int l, char *err) {
     }
     m->n_moe++;
     tname(b, "%slayers.%d.block_sparse_moe.", P, l);
-    return bind_moe(e, m, b, &y->experts, err);
+    return bind_moe(e, m, l, b, &y->experts, err);
 }
 
 static df_status km_open(df_engine *e, void **out, char *err) {
@@ -239,6 +238,7 @@ static df_status km_open(df_engine *e, void **out, char *err) {
     if (!m->layers) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto fail; }
     for (int l = 0; l < m->L; l++)
         if ((st = bind_layer(e, m, l, err))) goto fail;
+    model_link_moe(e, &m->layers[0].experts, sizeof(km_layer), m->L);
     *out = m;
     return DF_OK;
 fail:
@@ -330,7 +330,7 @@ static void attn_res(const float *anchors, int na, const float *cur, const float
 /* ---- forward ---- */
 
 static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
-                            float *out, int all_rows) {
+                            float *out, int all_rows, char *err) {
     km_model *m = e->prog;
     km_state *s = state;
     int H = m->H, A = m->max_anchors;
@@ -369,7 +369,10 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         }
         for (int t = 0; t < n; t++)
             op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->ffn_norm, H, m->eps);
-        if (y->moe) moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, s->y);
+        if (y->moe) {
+            df_status st = moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, s->y, err);
+            if (st != DF_OK) return st;
+        }
         else ffn_forward(e, &y->mlp, &m->act, s->xn, n, s->y, s->moe.g, s->moe.u);
         for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
     }

@@ -36,7 +36,7 @@ typedef struct {
     /* Runs n <= DF_CHUNK tokens at positions pos..pos+n-1. Writes logits rows
      * for every token if all_rows, else only for the last into out[0]. */
     df_status (*forward)(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
-                         float *out, int all_rows);
+                         float *out, int all_rows, char *err);
     /* Appends program-specific lines to the describe text. */
     void (*describe)(df_engine *e, char *buf, size_t cap);
 } df_program_ops;
@@ -51,6 +51,8 @@ struct df_engine {
     const df_program_ops *ops;
     void *prog;
     char *describe_text;
+    struct xs_store *store;   /* routed experts read into the RAM cache; NULL: mmap */
+    df_engine_opts opts;
 };
 
 struct df_session {
@@ -72,6 +74,12 @@ df_status model_bind(df_engine *e, const char *base, int64_t rows, int64_t cols,
 float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err);
 /* Settles cfg.prefix / cfg.lm_head on the names the tensors really use. */
 df_status model_find_prefix(df_engine *e, char *err);
+
+/* Links each MoE layer to the next one (router lookahead). `first` is the
+ * moe_layer inside layer 0's struct, `stride` the size of a layer struct;
+ * layers without experts have E == 0. */
+struct moe_layer_s;
+void model_link_moe(df_engine *e, struct moe_layer_s *first, size_t stride, int n_layers);
 
 /* Parallel y = W x over rows for n vectors: Y[i*ldy + r]. */
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);

@@ -1,0 +1,474 @@
+/* store.c — the expert store and its slot cache (see store.h).
+ *
+ * Owns: the per-expert span table, the slot pool (one allocation, pre-faulted
+ * at finalize), the shard file descriptors (direct and buffered), the reader.
+ * Refuses: experts larger than a slot (cannot happen: slots are sized from
+ * the largest registered expert), partial slots (a slot becomes READY only
+ * when every span of its expert completed without error).
+ *
+ * Sections: types; registration (spans); finalize; slots and eviction;
+ * completions; passes; prefetch; stats.
+ */
+#include "store.h"
+#include "../base/err.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- types ---- */
+
+enum { MAX_PIECES = 2 * XS_MATS, MAX_SPANS = MAX_PIECES, MERGE_GAP = 1 << 20 };
+
+typedef struct {
+    int shard;
+    int direct;           /* read through the O_DIRECT descriptor */
+    int64_t start;        /* file offset of the first byte read */
+    int64_t len;          /* bytes read */
+    int64_t pos;          /* where those bytes land in the slot */
+} span_t;
+
+typedef struct {
+    df_weight w[XS_MATS]; /* lazy views: t_data / t_scale set, pointers NULL */
+    span_t span[MAX_SPANS];
+    int8_t piece_span[MAX_PIECES]; /* span of w[i] data (2i) and scale (2i+1); -1 none */
+    uint8_t nspan, reg;
+} xs_expert;
+
+enum { SLOT_EMPTY = 0, SLOT_LOADING, SLOT_READY };
+enum { P_WAIT = 0, P_LOADING, P_QUEUED, P_HANDED, P_DONE };
+
+typedef struct {
+    int32_t key;          /* layer * E + expert, -1 when empty */
+    uint8_t state;
+    uint8_t failed;       /* a span read failed: drop when the last completes */
+    int16_t pins;
+    int16_t pending;      /* span reads outstanding */
+    uint8_t prefetch;     /* loaded by a hint and not used by a pass yet */
+    uint64_t last;        /* tick of last use (LRU) */
+} slot_t;
+
+struct xs_store {
+    const df_io *io;
+    st_set *st;
+    xs_opts o;
+    int L, E;
+    xs_expert *ex;        /* [L*E] */
+    int32_t *slot_of;     /* [L*E] slot index or -1 */
+    int n_shards;
+    int *fd_direct, *fd_buf;
+    int64_t *fsize;
+    xs_reader *rd;
+    uint8_t *pool;
+    int64_t slot_bytes, pool_bytes;
+    int n_slots;
+    slot_t *slots;
+    uint64_t tick;
+    int in_flight;        /* span reads submitted, not completed */
+    /* the current pass */
+    int pass_layer, pass_n, pass_handed, pass_err;
+    int *pass_list;       /* [E] */
+    int *pass_idx;        /* [E] index in pass_list, -1 if not in the pass */
+    uint8_t *pass_st;     /* [E] P_* by pass index */
+    int *readyq;          /* [E] */
+    int rq_head, rq_tail;
+    xs_stats stats;
+};
+
+/* ---- registration (spans) ---- */
+
+static int cmp_piece(const void *a, const void *b) {
+    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    if (x->shard != y->shard) return x->shard < y->shard ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+df_status xs_register(xs_store *x, int layer, int e, const df_weight w[XS_MATS], char *err) {
+    if (layer < 0 || layer >= x->L || e < 0 || e >= x->E)
+        return df_fail(err, DF_ERR_ARG, "expert (%d, %d) outside the store", layer, e);
+    xs_expert *ex = &x->ex[(size_t)layer * x->E + e];
+    memset(ex, 0, sizeof *ex);
+    const st_tensor *pieces[MAX_PIECES];
+    int np = 0;
+    for (int i = 0; i < XS_MATS; i++) {
+        ex->w[i] = w[i];
+        ex->w[i].data = ex->w[i].scale = NULL;
+        if (!w[i].t_data) return df_fail(err, DF_ERR_ARG, "expert (%d, %d) matrix %d has no tensor", layer, e, i);
+        pieces[np++] = w[i].t_data;
+        if (w[i].t_scale) pieces[np++] = w[i].t_scale;
+    }
+    qsort(pieces, (size_t)np, sizeof pieces[0], cmp_piece);
+    /* merge neighbours in one shard into spans */
+    for (int i = 0; i < np; i++) {
+        const st_tensor *t = pieces[i];
+        span_t *s = ex->nspan ? &ex->span[ex->nspan - 1] : NULL;
+        if (s && s->shard == t->shard && t->offset - (s->start + s->len) <= MERGE_GAP) {
+            int64_t end = t->offset + t->nbytes;
+            if (end > s->start + s->len) s->len = end - s->start;
+        } else {
+            s = &ex->span[ex->nspan++];
+            s->shard = t->shard;
+            s->start = t->offset;
+            s->len = t->nbytes;
+        }
+    }
+    for (int i = 0; i < MAX_PIECES; i++) ex->piece_span[i] = -1;
+    for (int i = 0; i < XS_MATS; i++)
+        for (int k = 0; k < 2; k++) {
+            const st_tensor *t = k ? w[i].t_scale : w[i].t_data;
+            if (!t) continue;
+            for (int s = 0; s < ex->nspan; s++)
+                if (ex->span[s].shard == t->shard && t->offset >= ex->span[s].start &&
+                    t->offset + t->nbytes <= ex->span[s].start + ex->span[s].len)
+                    ex->piece_span[2 * i + k] = (int8_t)s;
+        }
+    ex->reg = 1;
+    return DF_OK;
+}
+
+/* ---- finalize ---- */
+
+static int64_t align_down(int64_t v) { return v / XR_ALIGN * XR_ALIGN; }
+static int64_t align_up(int64_t v) { return (v + XR_ALIGN - 1) / XR_ALIGN * XR_ALIGN; }
+
+/* Turns each span into what is actually read: aligned ranges on the direct
+ * descriptor, or the exact range on the buffered one where the aligned range
+ * would pass the end of the file. Lays the spans out in the slot. */
+static int64_t plan_expert(xs_store *x, xs_expert *ex) {
+    int64_t pos = 0;
+    for (int s = 0; s < ex->nspan; s++) {
+        span_t *sp = &ex->span[s];
+        int64_t a = align_down(sp->start), b = align_up(sp->start + sp->len);
+        int direct = x->fd_direct[sp->shard] >= 0 && b <= x->fsize[sp->shard];
+        /* `start` keeps the tensor origin: views are computed from it */
+        sp->direct = direct;
+        if (direct) { sp->pos = pos + (sp->start - a); pos += b - a; }
+        else { sp->pos = pos; pos = align_up(pos + sp->len); }
+    }
+    return align_up(pos);
+}
+
+df_status xs_finalize(xs_store *x, char *err) {
+    x->n_shards = st_n_shards(x->st);
+    x->fd_direct = malloc((size_t)x->n_shards * sizeof(int));
+    x->fd_buf = malloc((size_t)x->n_shards * sizeof(int));
+    x->fsize = calloc((size_t)x->n_shards, sizeof(int64_t));
+    if (!x->fd_direct || !x->fd_buf || !x->fsize) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < x->n_shards; i++) x->fd_direct[i] = x->fd_buf[i] = -1;
+    for (int i = 0; i < x->n_shards; i++) {
+        const char *p = st_shard_path(x->st, i);
+        x->fd_buf[i] = x->io->open(p, O_RDONLY | O_CLOEXEC, 0);
+        if (x->fd_buf[i] < 0 || x->io->fsize(x->fd_buf[i], &x->fsize[i]) != 0)
+            return df_fail(err, DF_ERR_IO, "%s: cannot open for expert reads: %s", p, strerror(errno));
+        if (x->o.direct) x->fd_direct[i] = x->io->open(p, O_RDONLY | O_CLOEXEC | O_DIRECT, 0);
+    }
+    int64_t slot = XR_ALIGN;
+    int n_reg = 0;
+    for (int64_t k = 0; k < (int64_t)x->L * x->E; k++) {
+        if (!x->ex[k].reg) continue;
+        n_reg++;
+        int64_t need = plan_expert(x, &x->ex[k]);
+        if (need > slot) slot = need;
+    }
+    x->slot_bytes = slot;
+    int64_t n = x->o.ram_bytes / slot;
+    if (n > n_reg) n = n_reg;
+    if (n < 2) n = 2;
+    x->n_slots = (int)n;
+    x->pool_bytes = n * slot;
+    void *p = NULL;
+    if (posix_memalign(&p, XR_ALIGN, (size_t)x->pool_bytes) != 0)
+        return df_fail(err, DF_ERR_NOMEM, "cannot allocate the expert cache (%d slots of %.1f MB)",
+                       x->n_slots, slot / 1e6);
+    x->pool = p;
+    memset(x->pool, 0, (size_t)x->pool_bytes); /* pre-fault: no page faults on the read path */
+    x->slots = calloc((size_t)x->n_slots, sizeof(slot_t));
+    if (!x->slots) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < x->n_slots; i++) x->slots[i].key = -1;
+    int depth = x->o.depth > 0 ? x->o.depth : 32;
+    df_status st = xr_open(x->io, x->o.reader, depth, x->o.io_threads > 0 ? x->o.io_threads : 8, &x->rd, err);
+    if (st != DF_OK) return st;
+    x->stats.slots = x->n_slots;
+    x->stats.slot_bytes = slot;
+    return DF_OK;
+}
+
+df_status xs_new(const df_io *io, st_set *st, int n_layers, int n_experts, const xs_opts *o,
+                 xs_store **out, char *err) {
+    *out = NULL;
+    xs_store *x = calloc(1, sizeof *x);
+    if (!x) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    x->io = io;
+    x->st = st;
+    x->o = *o;
+    x->L = n_layers;
+    x->E = n_experts;
+    size_t n = (size_t)n_layers * n_experts;
+    x->ex = calloc(n ? n : 1, sizeof *x->ex);
+    x->slot_of = malloc((n ? n : 1) * sizeof(int32_t));
+    x->pass_list = malloc((size_t)(n_experts ? n_experts : 1) * sizeof(int));
+    x->pass_idx = malloc((size_t)(n_experts ? n_experts : 1) * sizeof(int));
+    x->pass_st = calloc((size_t)(n_experts ? n_experts : 1), 1);
+    x->readyq = malloc((size_t)(n_experts ? n_experts : 1) * sizeof(int));
+    if (!x->ex || !x->slot_of || !x->pass_list || !x->pass_idx || !x->pass_st || !x->readyq) {
+        xs_free(x);
+        return df_fail(err, DF_ERR_NOMEM, "out of memory for the expert table");
+    }
+    for (size_t i = 0; i < n; i++) x->slot_of[i] = -1;
+    for (int i = 0; i < n_experts; i++) x->pass_idx[i] = -1;
+    x->pass_layer = -1;
+    *out = x;
+    return DF_OK;
+}
+
+void xs_free(xs_store *x) {
+    if (!x) return;
+    xr_close(x->rd);
+    for (int i = 0; x->fd_buf && i < x->n_shards; i++) {
+        if (x->fd_buf[i] >= 0) x->io->close(x->fd_buf[i]);
+        if (x->fd_direct[i] >= 0) x->io->close(x->fd_direct[i]);
+    }
+    free(x->fd_direct); free(x->fd_buf); free(x->fsize);
+    free(x->pool); free(x->slots); free(x->ex); free(x->slot_of);
+    free(x->pass_list); free(x->pass_idx); free(x->pass_st); free(x->readyq);
+    free(x);
+}
+
+int64_t xs_expert_bytes(const xs_store *x) { return x->slot_bytes; }
+
+/* ---- slots and eviction ---- */
+
+/* A free slot, or the least recently used unpinned ready one; -1 if none. */
+static int take_slot(xs_store *x) {
+    int best = -1;
+    for (int i = 0; i < x->n_slots; i++) {
+        slot_t *s = &x->slots[i];
+        if (s->state == SLOT_EMPTY) return i;
+        if (s->state == SLOT_READY && s->pins == 0 && (best < 0 || s->last < x->slots[best].last)) best = i;
+    }
+    if (best >= 0) {
+        slot_t *s = &x->slots[best];
+        x->slot_of[s->key] = -1;
+        s->key = -1;
+        s->state = SLOT_EMPTY;
+    }
+    return best;
+}
+
+/* Submits the reads of expert key into a slot. Returns the slot, -1 if no
+ * slot is free, -2 if a submit failed (the slot is released). */
+static int start_load(xs_store *x, int key, int prefetch) {
+    int si = take_slot(x);
+    if (si < 0) return -1;
+    const xs_expert *ex = &x->ex[key];
+    slot_t *s = &x->slots[si];
+    uint8_t *base = x->pool + (size_t)si * x->slot_bytes;
+    s->key = key;
+    s->state = SLOT_LOADING;
+    s->failed = 0;
+    s->pins = 0;
+    s->prefetch = (uint8_t)prefetch;
+    s->pending = 0;
+    s->last = ++x->tick;
+    x->slot_of[key] = si;
+    for (int k = 0; k < ex->nspan; k++) {
+        const span_t *sp = &ex->span[k];
+        int64_t a = sp->direct ? align_down(sp->start) : sp->start;
+        int64_t len = sp->direct ? align_up(sp->start + sp->len) - a : sp->len;
+        uint8_t *dst = base + (sp->pos - (sp->start - a));
+        int fd = sp->direct ? x->fd_direct[sp->shard] : x->fd_buf[sp->shard];
+        int rc = xr_submit(x->rd, fd, sp->direct, dst, (size_t)len, a, (uint64_t)si);
+        if (rc != 0) {
+            s->failed = 1;
+            if (s->pending == 0) {
+                x->slot_of[key] = -1;
+                s->key = -1;
+                s->state = SLOT_EMPTY;
+                return -2;
+            }
+            break;
+        }
+        s->pending++;
+        x->in_flight++;
+        x->stats.bytes_read += (uint64_t)len;
+    }
+    if (x->in_flight > x->stats.max_in_flight) x->stats.max_in_flight = x->in_flight;
+    return si;
+}
+
+/* ---- completions ---- */
+
+static void pass_push_ready(xs_store *x, int pi) {
+    x->pass_st[pi] = P_QUEUED;
+    x->readyq[x->rq_tail++] = pi;
+}
+
+static void complete(xs_store *x, const xr_done *d) {
+    int si = (int)d->user;
+    slot_t *s = &x->slots[si];
+    x->in_flight--;
+    if (d->err) s->failed = 1;
+    if (--s->pending > 0) return;
+    int key = s->key, layer = key / x->E, e = key % x->E;
+    int in_pass = layer == x->pass_layer && x->pass_idx[e] >= 0;
+    if (s->failed) {
+        x->slot_of[key] = -1;
+        s->key = -1;
+        s->state = SLOT_EMPTY;
+        s->pins = 0;
+        if (in_pass) x->pass_err = d->err ? d->err : EIO;
+        return;
+    }
+    s->state = SLOT_READY;
+    if (in_pass && x->pass_st[x->pass_idx[e]] == P_LOADING) pass_push_ready(x, x->pass_idx[e]);
+}
+
+static void reap(xs_store *x, int block) {
+    xr_done d[64];
+    int n = block ? xr_wait(x->rd, d, 64) : xr_poll(x->rd, d, 64);
+    for (int i = 0; i < n; i++) complete(x, &d[i]);
+}
+
+/* ---- passes ---- */
+
+/* Submits reads for pass experts still waiting, while slots allow. */
+static void submit_waiting(xs_store *x) {
+    for (int i = 0; i < x->pass_n; i++) {
+        if (x->pass_st[i] != P_WAIT) continue;
+        int key = x->pass_layer * x->E + x->pass_list[i];
+        int si = start_load(x, key, 0);
+        if (si == -1) return;
+        if (si == -2) { x->pass_err = EIO; return; }
+        x->slots[si].pins++;
+        x->pass_st[i] = P_LOADING;
+    }
+}
+
+df_status xs_begin(xs_store *x, int layer, const int *experts, int n, char *err) {
+    if (x->pass_layer >= 0) xs_end(x);
+    x->pass_layer = layer;
+    x->pass_n = n;
+    x->pass_handed = 0;
+    x->pass_err = 0;
+    x->rq_head = x->rq_tail = 0;
+    for (int i = 0; i < n; i++) {
+        int e = experts[i], key = layer * x->E + e;
+        if (!x->ex[key].reg) {
+            x->pass_n = i;
+            xs_end(x);
+            return df_fail(err, DF_ERR_ARG, "expert %d of layer %d is not in the store", e, layer);
+        }
+        x->pass_list[i] = e;
+        x->pass_idx[e] = i;
+        x->pass_st[i] = P_WAIT;
+        int si = x->slot_of[key];
+        if (si < 0) { x->stats.misses++; continue; }
+        slot_t *s = &x->slots[si];
+        s->pins++;
+        s->last = ++x->tick;
+        if (s->prefetch) { x->stats.prefetch_used++; s->prefetch = 0; }
+        else if (s->state == SLOT_READY) x->stats.hits++;
+        if (s->state == SLOT_READY) pass_push_ready(x, i);
+        else x->pass_st[i] = P_LOADING;
+    }
+    submit_waiting(x);
+    return DF_OK;
+}
+
+df_status xs_next(xs_store *x, int *e, df_weight w[XS_MATS], char *err) {
+    *e = -1;
+    for (;;) {
+        if (x->pass_err)
+            return df_fail(err, DF_ERR_IO, "reading expert weights of layer %d failed: %s", x->pass_layer,
+                           strerror(x->pass_err));
+        if (x->rq_head < x->rq_tail) {
+            int pi = x->readyq[x->rq_head++];
+            int ex_id = x->pass_list[pi], key = x->pass_layer * x->E + ex_id;
+            const xs_expert *ex = &x->ex[key];
+            uint8_t *base = x->pool + (size_t)x->slot_of[key] * x->slot_bytes;
+            for (int i = 0; i < XS_MATS; i++) {
+                w[i] = ex->w[i];
+                int sd = ex->piece_span[2 * i], ss = ex->piece_span[2 * i + 1];
+                if (sd >= 0) w[i].data = base + ex->span[sd].pos + (w[i].t_data->offset - ex->span[sd].start);
+                if (ss >= 0) w[i].scale = base + ex->span[ss].pos + (w[i].t_scale->offset - ex->span[ss].start);
+            }
+            x->pass_st[pi] = P_HANDED;
+            x->pass_handed++;
+            *e = ex_id;
+            return DF_OK;
+        }
+        if (x->pass_handed == x->pass_n) return DF_OK;
+        submit_waiting(x);
+        if (x->pass_err) continue;
+        if (x->in_flight == 0)
+            return df_fail(err, DF_ERR_NOMEM,
+                           "expert cache too small: %d slots cannot hold the experts one layer needs at once",
+                           x->n_slots);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        reap(x, 1);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        x->stats.wait_s += (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    }
+}
+
+void xs_done(xs_store *x, int e) {
+    int pi = x->pass_idx[e];
+    if (pi < 0 || x->pass_st[pi] != P_HANDED) return;
+    x->pass_st[pi] = P_DONE;
+    int si = x->slot_of[x->pass_layer * x->E + e];
+    if (si >= 0 && x->slots[si].pins > 0) x->slots[si].pins--;
+    submit_waiting(x);
+}
+
+void xs_end(xs_store *x) {
+    if (x->pass_layer < 0) return;
+    for (int i = 0; i < x->pass_n; i++) {
+        int e = x->pass_list[i];
+        int si = x->slot_of[x->pass_layer * x->E + e];
+        if (x->pass_st[i] != P_WAIT && x->pass_st[i] != P_DONE && si >= 0 && x->slots[si].pins > 0)
+            x->slots[si].pins--;
+        x->pass_idx[e] = -1;
+    }
+    x->pass_layer = -1;
+    x->pass_n = 0;
+    x->pass_err = 0;
+    reap(x, 0);
+}
+
+/* ---- prefetch ---- */
+
+void xs_prefetch(xs_store *x, int layer, const int *experts, int n) {
+    if (layer < 0 || layer >= x->L) return;
+    reap(x, 0);
+    for (int i = 0; i < n; i++) {
+        int key = layer * x->E + experts[i];
+        if (!x->ex[key].reg || x->slot_of[key] >= 0) continue;
+        if (x->in_flight >= x->n_slots / 2) break; /* leave room for the pass itself */
+        if (start_load(x, key, 1) < 0) break;
+        x->stats.prefetched++;
+    }
+}
+
+void xs_drain(xs_store *x) {
+    while (x->in_flight > 0) reap(x, 1);
+}
+
+/* ---- stats ---- */
+
+void xs_get_stats(const xs_store *x, xs_stats *s) {
+    *s = x->stats;
+    int used = 0;
+    for (int i = 0; i < x->n_slots; i++) used += x->slots[i].state != SLOT_EMPTY;
+    s->slots_used = used;
+}
+
+void xs_reset_stats(xs_store *x) {
+    int slots = x->stats.slots;
+    int64_t sb = x->stats.slot_bytes;
+    memset(&x->stats, 0, sizeof x->stats);
+    x->stats.slots = slots;
+    x->stats.slot_bytes = sb;
+}

@@ -1,0 +1,81 @@
+/* store.h — the expert store: routed experts read on demand into a
+ * RAM-budgeted cache (prefix xs_).
+ *
+ * At open each routed expert's tensors are located in the shards (byte
+ * ranges from the safetensors index) and merged into as few spans as
+ * possible (one per expert in the K3 release layout). The cache is a pool of
+ * equal slots allocated and pre-faulted once; each slot holds one expert.
+ *
+ * A pass over a layer's experts (xs_begin / xs_next / xs_done / xs_end)
+ * pins what is cached, submits reads for the misses all at once (as many as
+ * free slots allow; the rest as slots are released), and hands experts back
+ * in the order they become ready, so compute overlaps the reads. Prefetch
+ * hints (xs_prefetch) read predicted experts ahead of their pass; they never
+ * change which experts run.
+ *
+ * What a caller sees never depends on the cache: the bytes of an expert are
+ * the file's bytes. A read error drops the slot (nothing half-read stays
+ * cached) and fails the pass with DF_ERR_IO; the store stays usable.
+ *
+ * Slot layout (each span starts at an XR_ALIGN boundary inside the slot):
+ *
+ *   slot: | span 0 (aligned file range) | pad | span 1 ... |
+ *   a tensor's bytes = slot + span_pos + (tensor.offset - span.aligned_start)
+ */
+#ifndef DF_EXPERTS_STORE_H
+#define DF_EXPERTS_STORE_H
+#include "deltafin.h"
+#include "reader.h"
+#include "../format/safetensors.h"
+#include "../format/weight.h"
+
+enum { XS_MATS = 3 };                 /* gate, up, down */
+
+typedef struct xs_store xs_store;
+
+typedef struct {
+    int64_t ram_bytes;                /* cache budget; the pool gets at most this */
+    int direct;                       /* O_DIRECT reads (fall back to buffered if refused) */
+    xr_kind reader;
+    int depth;                        /* reads in flight */
+    int io_threads;                   /* for the pread pool */
+} xs_opts;
+
+typedef struct {
+    uint64_t hits, misses;            /* experts found cached / read */
+    uint64_t prefetched, prefetch_used; /* prefetch reads issued / later used by a pass */
+    uint64_t bytes_read;
+    double wait_s;                    /* time xs_next spent waiting for reads */
+    int slots, slots_used;
+    int64_t slot_bytes;
+    int max_in_flight;
+} xs_stats;
+
+df_status xs_new(const df_io *io, st_set *st, int n_layers, int n_experts, const xs_opts *o,
+                 xs_store **out, char *err);
+void xs_free(xs_store *x);
+/* Records expert (layer, e) from its lazily bound views (wt_bind_lazy). */
+df_status xs_register(xs_store *x, int layer, int e, const df_weight w[XS_MATS], char *err);
+/* Sizes the slots from the registered experts, allocates and pre-faults the
+ * pool, opens the shard files. */
+df_status xs_finalize(xs_store *x, char *err);
+
+/* Starts a pass over `n` distinct experts of `layer`. */
+df_status xs_begin(xs_store *x, int layer, const int *experts, int n, char *err);
+/* Next ready expert of the pass: *e and its views. DF_OK with *e = -1 when
+ * every expert was handed out; DF_ERR_IO if a read failed. */
+df_status xs_next(xs_store *x, int *e, df_weight w[XS_MATS], char *err);
+/* The caller is done computing with expert e of the current pass. */
+void xs_done(xs_store *x, int e);
+/* Ends the pass (also after an error): unpins everything of it. */
+void xs_end(xs_store *x);
+/* Hint: read these experts of `layer` if free slots allow. */
+void xs_prefetch(xs_store *x, int layer, const int *experts, int n);
+/* Waits for outstanding prefetch reads (before timing-sensitive code). */
+void xs_drain(xs_store *x);
+
+void xs_get_stats(const xs_store *x, xs_stats *s);
+void xs_reset_stats(xs_store *x);
+/* Bytes of the largest expert as stored (all its tensors). */
+int64_t xs_expert_bytes(const xs_store *x);
+#endif
