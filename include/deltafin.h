@@ -109,6 +109,14 @@ typedef struct {
 
 void df_engine_stats(const df_engine *e, df_stats *out);
 void df_engine_reset_stats(df_engine *e);
+/* Measures the O_DIRECT read bandwidth of the model's largest shard with
+ * expert-sized reads at the engine's queue depth (the disk floor of a
+ * benchmark, measured in the same run). *gbps in 1e9 bytes/s. */
+df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char err[DF_ERRMSG]);
+/* Bytes of one routed expert as stored (0 without experts). */
+int64_t df_engine_expert_bytes(const df_engine *e);
+/* Routed experts per token and MoE layers: K x layers expert reads per token. */
+int df_engine_experts_per_token(const df_engine *e);
 
 /* ---- kernel benchmark (deltafin bench --kernels) ---- */
 typedef struct {

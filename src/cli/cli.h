@@ -11,6 +11,10 @@ typedef struct {
     int no_mmap;
     int simd;       /* -1 best */
     int ctx;
+    int expert_io;  /* df_expert_io */
+    int64_t ram;    /* expert cache budget, 0 = default */
+    int no_prefetch;
+    int io_depth;
 } cli_model_opts;
 
 /* Exit codes: 0 success, 1 the work failed (bad model, I/O), 2 usage error. */
@@ -23,6 +27,8 @@ extern const char cli_model_opts_help[];
 void cli_model_opts_init(cli_model_opts *o);
 /* Opens the engine, printing the error and returning NULL on failure. */
 df_engine *cli_open(const cli_model_opts *o);
+/* Parses a size like 512M, 12G, 1.5T or a byte count; -1 on error. */
+int64_t cli_parse_size(const char *s);
 /* Parses "1,2,3" (spaces allowed) into a malloc'd array; -1 on error. */
 int cli_parse_tokens(const char *s, int32_t **out);
 double cli_now(void);
@@ -32,4 +38,5 @@ int cmd_logits(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
 #endif

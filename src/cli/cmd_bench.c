@@ -1,27 +1,24 @@
-/* cmd_bench.c — `deltafin bench`: kernel throughput against a DRAM probe. */
+/* cmd_bench.c — `deltafin bench`: kernel throughput against a DRAM probe
+ * (--kernels) and decode speed against the disk floor (--decode).
+ *
+ * --decode: opens the model with the given expert I/O and cache budget,
+ * measures the disk's O_DIRECT bandwidth (expert-sized reads at the
+ * engine's queue depth) in the same run, prefills a prompt, decodes N
+ * greedy tokens and reports the median s/token of steady tokens (the first
+ * decode token is excluded), bytes read per token, hit rate, and the ratio
+ * measured / floor where floor = bytes read per token / disk GB/s.
+ */
 #include "cli.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int cmd_bench(int argc, char **argv) {
-    int kernels = 0, threads = 0;
-    double mb = 512, seconds = 1.0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("usage: deltafin bench --kernels [--threads N] [--mb SIZE] [--seconds S]\n"
-                   "  --kernels     matvec GB/s per weight type on ~SIZE MB matrices (default 512),\n"
-                   "                with a DRAM read probe measured in the same process\n");
-            return 0;
-        }
-        if (!strcmp(a, "--kernels")) kernels = 1;
-        else if (!strcmp(a, "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--mb") && i + 1 < argc) mb = atof(argv[++i]);
-        else if (!strcmp(a, "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
-        else return cli_usage("bench", "unknown or incomplete option");
-    }
-    if (!kernels) return cli_usage("bench", "say what to measure (--kernels)");
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int bench_kernels(int threads, double mb, double seconds) {
     if (threads <= 0) threads = 2;
     if (mb < 1) mb = 1;
     df_bench_row rows[16];
@@ -34,4 +31,133 @@ int cmd_bench(int argc, char **argv) {
         printf("%-8s %10.2f %9.1f%% %12.3f\n", rows[i].name, rows[i].gbps, 100.0 * rows[i].gbps / probe,
                rows[i].ms_per_call);
     return CLI_OK;
+}
+
+static int bench_decode(const cli_model_opts *mo, int ntok, int nprompt, double probe_s, int json) {
+    df_engine *e = cli_open(mo);
+    if (!e) return CLI_FAIL;
+    int rc = CLI_FAIL, V = df_engine_vocab_size(e);
+    df_session *s = NULL;
+    double *dt = calloc((size_t)ntok * 2 + 1, sizeof(double));
+    uint64_t *bytes = calloc((size_t)ntok + 1, sizeof(uint64_t));
+    int32_t *prompt = malloc((size_t)nprompt * sizeof(int32_t));
+    char err[DF_ERRMSG];
+    double disk = 0;
+    if (!dt || !bytes || !prompt) goto done;
+    if (df_engine_probe_disk(e, probe_s, &disk, err) != DF_OK) {
+        fprintf(stderr, "deltafin: disk probe failed: %s\n", err);
+        goto done;
+    }
+    for (int i = 0; i < nprompt; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
+    if (df_session_new(e, nprompt + ntok + 1, &s) != DF_OK) goto done;
+    df_stats a, b;
+    df_engine_reset_stats(e);
+    double t0 = cli_now();
+    if (df_session_eval(s, prompt, nprompt, NULL) != DF_OK) {
+        fprintf(stderr, "deltafin: %s\n", df_session_error(s));
+        goto done;
+    }
+    double prefill_s = cli_now() - t0;
+    df_engine_stats(e, &b);
+    uint64_t prefill_bytes = b.bytes_read;
+    uint64_t hits = 0, all = 0;
+    for (int i = 0; i < ntok; i++) {
+        int32_t tok = df_argmax(df_session_logits(s), V);
+        a = b;
+        double t = cli_now();
+        if (df_session_eval(s, &tok, 1, NULL) != DF_OK) {
+            fprintf(stderr, "deltafin: %s\n", df_session_error(s));
+            goto done;
+        }
+        dt[i] = cli_now() - t;
+        df_engine_stats(e, &b);
+        bytes[i] = b.bytes_read - a.bytes_read;
+        if (i > 0) {
+            uint64_t h = (b.expert_hits - a.expert_hits) + (b.prefetch_used - a.prefetch_used);
+            hits += h;
+            all += h + (b.expert_misses - a.expert_misses);
+        }
+        if (!json)
+            fprintf(stderr, "token %d: %.3f s, %.1f MB read\n", i + 1, dt[i], bytes[i] / 1e6);
+    }
+    int steady = ntok > 1 ? ntok - 1 : ntok, first = ntok > 1 ? 1 : 0;
+    double *sorted = dt + ntok, mean_bytes = 0; /* the spare tail of dt */
+    for (int i = 0; i < steady; i++) {
+        sorted[i] = dt[first + i];
+        mean_bytes += (double)bytes[first + i];
+    }
+    mean_bytes /= steady;
+    qsort(sorted, (size_t)steady, sizeof(double), cmp_double);
+    double med = steady % 2 ? sorted[steady / 2] : 0.5 * (sorted[steady / 2 - 1] + sorted[steady / 2]);
+    double floor_s = mean_bytes / (disk * 1e9);
+    double ratio = floor_s > 0 ? med / floor_s : 0;
+    double hit = all ? (double)hits / all : 1.0;
+    if (json) {
+        printf("{\"model\": \"%s\", \"expert_io\": \"%s\", \"ram_bytes\": %lld, \"threads\": %d, "
+               "\"prompt_tokens\": %d, \"decode_tokens\": %d, \"prefill_s\": %.6f, \"prefill_bytes\": %llu, "
+               "\"s_per_token\": %.6f, \"tokens_per_s\": %.4f, \"bytes_read_per_token\": %.0f, "
+               "\"hit_rate\": %.4f, \"disk_gbps\": %.4f, \"floor_s_per_token\": %.6f, \"ratio\": %.4f, "
+               "\"cache_slots\": %d, \"max_in_flight\": %d, \"prefetch\": %s}\n",
+               mo->model, b.expert_io, (long long)mo->ram, df_engine_n_threads(e), nprompt, ntok, prefill_s,
+               (unsigned long long)prefill_bytes, med, med > 0 ? 1.0 / med : 0.0, mean_bytes, hit, disk,
+               floor_s, ratio, b.cache_slots, b.max_in_flight, mo->no_prefetch ? "false" : "true");
+    } else {
+        printf("experts via %s, %d cache slots of %.1f MB, threads %d\n", b.expert_io, b.cache_slots,
+               b.slot_bytes / 1e6, df_engine_n_threads(e));
+        printf("disk (O_DIRECT, same run)   %.3f GB/s\n", disk);
+        printf("prefill %d tokens           %.3f s, %.1f MB read\n", nprompt, prefill_s, prefill_bytes / 1e6);
+        printf("decode median               %.4f s/token (%.2f tokens/s)\n", med, med > 0 ? 1 / med : 0);
+        printf("bytes read per token        %.1f MB, hit rate %.1f%%\n", mean_bytes / 1e6, hit * 100);
+        printf("floor                       %.4f s/token, ratio %.3f\n", floor_s, ratio);
+    }
+    rc = CLI_OK;
+done:
+    df_session_free(s);
+    df_engine_close(e);
+    free(dt);
+    free(bytes);
+    free(prompt);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    int kernels = 0, decode = 0, threads = 0, ntok = 8, nprompt = 8, json = 0;
+    double mb = 512, seconds = 1.0, probe_s = 2.0;
+    cli_model_opts mo;
+    cli_model_opts_init(&mo);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: deltafin bench --kernels [--threads N] [--mb SIZE] [--seconds S]\n"
+                   "       deltafin bench --decode --model DIR [--ram SIZE] [--tokens N] [--prompt-tokens N]\n"
+                   "                      [--probe-seconds S] [--json] [model options]\n"
+                   "  --kernels     matvec GB/s per weight type on ~SIZE MB matrices (default 512),\n"
+                   "                with a DRAM read probe measured in the same process\n"
+                   "  --decode      greedy decode of N tokens (default 8) after a prompt (default 8 tokens):\n"
+                   "                median s/token of steady tokens, bytes read, hit rate, the disk's O_DIRECT\n"
+                   "                bandwidth measured in the same run, floor and ratio; --json prints one object\n\n%s",
+                   cli_model_opts_help);
+            return 0;
+        }
+        int r = cli_model_opt(&mo, argc, argv, &i);
+        if (r < 0) return CLI_USAGE;
+        if (r) continue;
+        if (!strcmp(a, "--kernels")) kernels = 1;
+        else if (!strcmp(a, "--decode")) decode = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--mb") && i + 1 < argc) mb = atof(argv[++i]);
+        else if (!strcmp(a, "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
+        else if (!strcmp(a, "--probe-seconds") && i + 1 < argc) probe_s = atof(argv[++i]);
+        else if (!strcmp(a, "--tokens") && i + 1 < argc) ntok = atoi(argv[++i]);
+        else if (!strcmp(a, "--prompt-tokens") && i + 1 < argc) nprompt = atoi(argv[++i]);
+        else return cli_usage("bench", "unknown or incomplete option");
+    }
+    threads = mo.threads;
+    if (kernels) return bench_kernels(threads, mb, seconds);
+    if (decode) {
+        if (!mo.model) return cli_usage("bench", "--decode needs --model");
+        if (ntok < 1 || nprompt < 1) return cli_usage("bench", "--tokens and --prompt-tokens must be positive");
+        return bench_decode(&mo, ntok, nprompt, probe_s, json);
+    }
+    return cli_usage("bench", "say what to measure (--kernels or --decode)");
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int wants_help(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
@@ -115,33 +116,54 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deltafin: cannot allocate a session\n");
         goto done;
     }
+    int live = !stats && isatty(2);
     double t0 = cli_now();
     if (df_session_eval(s, ids, n, NULL) != DF_OK) {
         fprintf(stderr, "deltafin: %s\n", df_session_error(s));
         goto done;
     }
     double t1 = cli_now();
+    df_stats before, after;
+    df_engine_stats(e, &after);
+    if (stats)
+        fprintf(stderr, "prefill: %d tokens, %.3f s, %.1f MB of experts read\n", n, t1 - t0,
+                after.bytes_read / 1e6);
     int made = 0;
+    double tprev = t1;
     for (; made < max_new; made++) {
         int32_t tok = df_argmax(df_session_logits(s), V);
         printf(made ? " %d" : "%d", tok);
         fflush(stdout);
         if (made + 1 == max_new) { made++; break; }
+        before = after;
         if (df_session_eval(s, &tok, 1, NULL) != DF_OK) {
             printf("\n");
             fprintf(stderr, "deltafin: %s\n", df_session_error(s));
             goto done;
         }
+        double tnow = cli_now();
+        df_engine_stats(e, &after);
+        uint64_t rd = after.bytes_read - before.bytes_read;
+        uint64_t hit = (after.expert_hits - before.expert_hits) + (after.prefetch_used - before.prefetch_used);
+        uint64_t all = hit + (after.expert_misses - before.expert_misses);
+        double dt = tnow - tprev;
+        tprev = tnow;
+        if (stats || live)
+            fprintf(stderr, "%stoken %d: %.1f ms, %.2f MB read, hit %.0f%%, io wait %.1f ms, depth %d, %.2f GB/s%s",
+                    live ? "\r" : "", made + 1, dt * 1e3, rd / 1e6, all ? 100.0 * hit / all : 100.0,
+                    (after.io_wait_s - before.io_wait_s) * 1e3, after.max_in_flight, dt > 0 ? rd / dt / 1e9 : 0.0,
+                    live ? "   " : "\n");
     }
+    if (live) fprintf(stderr, "\r\033[K");
     printf("\n");
     fflush(stdout);
     double t2 = cli_now();
     if (stats) {
         int steps = made > 1 ? made - 1 : 0;
-        fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.2f tok/s, %.1f ms/token); threads %d\n",
+        fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.2f tok/s, %.1f ms/token); threads %d, experts via %s\n",
                 n, t1 - t0, n / (t1 - t0 + 1e-12), steps, t2 - t1,
                 steps ? steps / (t2 - t1 + 1e-12) : 0.0, steps ? (t2 - t1) * 1e3 / steps : 0.0,
-                df_engine_n_threads(e));
+                df_engine_n_threads(e), after.expert_io);
     }
     rc = CLI_OK;
 done:

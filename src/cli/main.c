@@ -15,6 +15,7 @@ static const char usage_text[] =
     "  logits    write float32 logits for every position of a token sequence\n"
     "  inspect   describe a model: architecture, tensors, experts, memory\n"
     "  bench     benchmarks (--kernels: matvec throughput per weight type)\n"
+    "  synth     write a random-weight checkpoint of a supported family\n"
     "\n"
     "`deltafin COMMAND --help` shows a command's options.\n";
 
@@ -23,7 +24,12 @@ const char cli_model_opts_help[] =
     "  --threads N        worker threads (default: all CPUs)\n"
     "  --ctx N            context limit of the session (default: min(model, 4096))\n"
     "  --no-mmap          read weights with pread into RAM instead of mapping them\n"
-    "  --simd LEVEL       kernel level: scalar, avx2, avx512 (default: best available)\n";
+    "  --simd LEVEL       kernel level: scalar, avx2, avx512 (default: best available)\n"
+    "  --io MODE          routed experts: direct (O_DIRECT reads into the expert cache, default),\n"
+    "                     pread (buffered reads into the cache), mmap (page cache, for comparison)\n"
+    "  --ram SIZE         expert cache budget, e.g. 8G (default: available memory - 2 GiB)\n"
+    "  --io-depth N       expert reads in flight (default 32)\n"
+    "  --no-prefetch      turn off router-lookahead prefetch (the output never changes)\n";
 
 void cli_model_opts_init(cli_model_opts *o) {
     memset(o, 0, sizeof *o);
@@ -39,10 +45,49 @@ static int parse_int(const char *s, int *out) {
     return 0;
 }
 
+int64_t cli_parse_size(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B' || *end == 'b') end++;
+    if (*end == 'B') end++;
+    if (*end) return -1;
+    return (int64_t)(v * mul);
+}
+
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(a, "--no-mmap")) { o->no_mmap = 1; return 1; }
+    if (!strcmp(a, "--no-prefetch")) { o->no_prefetch = 1; return 1; }
+    if (!strcmp(a, "--io") || !strcmp(a, "--ram") || !strcmp(a, "--io-depth")) {
+        if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
+        (*i)++;
+        if (!strcmp(a, "--io")) {
+            if (!strcmp(val, "direct")) o->expert_io = DF_EXPERTS_DIRECT;
+            else if (!strcmp(val, "pread")) o->expert_io = DF_EXPERTS_PREAD;
+            else if (!strcmp(val, "mmap")) o->expert_io = DF_EXPERTS_MMAP;
+            else { fprintf(stderr, "deltafin: --io must be direct, pread or mmap (got '%s')\n", val); return -1; }
+        } else if (!strcmp(a, "--ram")) {
+            if ((o->ram = cli_parse_size(val)) <= 0) {
+                fprintf(stderr, "deltafin: bad size for --ram: '%s' (e.g. 8G, 512M)\n", val);
+                return -1;
+            }
+        } else if (parse_int(val, &o->io_depth) || o->io_depth < 1) {
+            fprintf(stderr, "deltafin: bad value for --io-depth: '%s'\n", val);
+            return -1;
+        }
+        return 1;
+    }
     if (!strcmp(a, "--model") || !strcmp(a, "--threads") || !strcmp(a, "--ctx") || !strcmp(a, "--simd")) {
         if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
         (*i)++;
@@ -69,6 +114,10 @@ df_engine *cli_open(const cli_model_opts *o) {
     eo.n_threads = o->threads;
     eo.use_mmap = !o->no_mmap;
     eo.simd_level = o->simd;
+    eo.expert_io = o->expert_io;
+    eo.ram_bytes = o->ram;
+    eo.prefetch = !o->no_prefetch;
+    if (o->io_depth > 0) eo.io_depth = o->io_depth;
     df_engine *e = NULL;
     char err[DF_ERRMSG];
     df_status st = df_engine_open(o->model, &eo, &e, err);
@@ -127,6 +176,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);
     if (!strcmp(c, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(c, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(c, "synth")) return cmd_synth(argc - 1, argv + 1);
     fprintf(stderr, "deltafin: unknown command '%s'\n\n%s", c, usage_text);
     return CLI_USAGE;
 }

@@ -8,6 +8,7 @@
 #include "../base/err.h"
 #include "../experts/store.h"
 #include "ffn.h"
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,6 +296,29 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
 void df_engine_reset_stats(df_engine *e) {
     if (e->store) xs_reset_stats(e->store);
 }
+
+df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char err[DF_ERRMSG]) {
+    int best = 0;
+    int64_t best_size = -1;
+    for (int i = 0; i < st_n_shards(e->st); i++) {
+        int fd = e->io->open(st_shard_path(e->st, i), O_RDONLY | O_CLOEXEC, 0);
+        int64_t sz = -1;
+        if (fd >= 0) { e->io->fsize(fd, &sz); e->io->close(fd); }
+        if (sz > best_size) { best_size = sz; best = i; }
+    }
+    int64_t chunk = e->store ? xs_expert_bytes(e->store) : 0;
+    if (chunk <= 0) chunk = (int64_t)4 << 20;
+    if (chunk > best_size / 2) chunk = best_size / 2 / XR_ALIGN * XR_ALIGN;
+    if (chunk < XR_ALIGN) return df_fail(err, DF_ERR_ARG, "the model's shards are too small to probe the disk");
+    int depth = e->opts.io_depth > 0 ? e->opts.io_depth : 32;
+    return xr_probe_bandwidth(e->io, st_shard_path(e->st, best), XR_AUTO, (size_t)chunk, depth, seconds, gbps, err);
+}
+
+int64_t df_engine_expert_bytes(const df_engine *e) {
+    return e->store ? xs_expert_bytes(e->store) : 0;
+}
+
+int df_engine_experts_per_token(const df_engine *e) { return e->cfg.num_experts_per_tok; }
 
 /* ---- MoE linking ---- */
 
