@@ -57,6 +57,16 @@ typedef struct {
     int64_t ram_bytes; /* expert cache budget; 0: available memory minus a 2 GiB margin */
     int prefetch;    /* 1: router lookahead prefetch (default); never changes the output */
     int io_depth;    /* expert reads in flight (default 32) */
+    int top_k;       /* LOSSY when > 0 and below the model's: route to only this many experts */
+    const char *heat_path; /* expert heat statistics: loaded at open if present, saved at close */
+    int64_t pin_bytes; /* keep the hottest experts (by heat) resident, up to this many bytes */
+    /* Router trace: called for every token and MoE layer with the chosen
+     * experts (ascending) and their weights. */
+    void (*trace)(void *ctx, int pos, int layer, const int *experts, const float *weights, int k);
+    void *trace_ctx;
+    /* System calls used for every file access (src/base/io.h); NULL: POSIX.
+     * Tests pass tables that inject EINTR, short reads, EIO and delays. */
+    const struct df_io *io;
 } df_engine_opts;
 
 void df_engine_opts_default(df_engine_opts *o);
@@ -115,8 +125,13 @@ void df_engine_reset_stats(df_engine *e);
 df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char err[DF_ERRMSG]);
 /* Bytes of one routed expert as stored (0 without experts). */
 int64_t df_engine_expert_bytes(const df_engine *e);
-/* Routed experts per token and MoE layers: K x layers expert reads per token. */
+/* Routed experts per token (after a --top-k override). */
 int df_engine_experts_per_token(const df_engine *e);
+/* "" for exact runs; otherwise a label naming every lossy setting, e.g.
+ * "LOSSY top-k 8 of 16". Print it in every stats line. */
+const char *df_engine_lossy(const df_engine *e);
+/* Saves the heat statistics to opts.heat_path now (also done at close). */
+df_status df_engine_save_heat(df_engine *e, char err[DF_ERRMSG]);
 
 /* ---- kernel benchmark (deltafin bench --kernels) ---- */
 typedef struct {

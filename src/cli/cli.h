@@ -15,6 +15,10 @@ typedef struct {
     int64_t ram;    /* expert cache budget, 0 = default */
     int no_prefetch;
     int io_depth;
+    int top_k;              /* LOSSY override, 0 = the model's */
+    const char *trace_path; /* router trace, JSON lines */
+    const char *heat_path;
+    int64_t pin;
 } cli_model_opts;
 
 /* Exit codes: 0 success, 1 the work failed (bad model, I/O), 2 usage error. */

@@ -97,11 +97,12 @@ static int bench_decode(const cli_model_opts *mo, int ntok, int nprompt, double 
                "\"prompt_tokens\": %d, \"decode_tokens\": %d, \"prefill_s\": %.6f, \"prefill_bytes\": %llu, "
                "\"s_per_token\": %.6f, \"tokens_per_s\": %.4f, \"bytes_read_per_token\": %.0f, "
                "\"hit_rate\": %.4f, \"disk_gbps\": %.4f, \"floor_s_per_token\": %.6f, \"ratio\": %.4f, "
-               "\"cache_slots\": %d, \"max_in_flight\": %d, \"prefetch\": %s}\n",
+               "\"cache_slots\": %d, \"max_in_flight\": %d, \"prefetch\": %s, \"lossy\": \"%s\"}\n",
                mo->model, b.expert_io, (long long)mo->ram, df_engine_n_threads(e), nprompt, ntok, prefill_s,
                (unsigned long long)prefill_bytes, med, med > 0 ? 1.0 / med : 0.0, mean_bytes, hit, disk,
-               floor_s, ratio, b.cache_slots, b.max_in_flight, mo->no_prefetch ? "false" : "true");
+               floor_s, ratio, b.cache_slots, b.max_in_flight, mo->no_prefetch ? "false" : "true", df_engine_lossy(e));
     } else {
+        if (*df_engine_lossy(e)) printf("%s\n", df_engine_lossy(e));
         printf("experts via %s, %d cache slots of %.1f MB, threads %d\n", b.expert_io, b.cache_slots,
                b.slot_bytes / 1e6, df_engine_n_threads(e));
         printf("disk (O_DIRECT, same run)   %.3f GB/s\n", disk);

@@ -149,8 +149,8 @@ int cmd_run(int argc, char **argv) {
         double dt = tnow - tprev;
         tprev = tnow;
         if (stats || live)
-            fprintf(stderr, "%stoken %d: %.1f ms, %.2f MB read, hit %.0f%%, io wait %.1f ms, depth %d, %.2f GB/s%s",
-                    live ? "\r" : "", made + 1, dt * 1e3, rd / 1e6, all ? 100.0 * hit / all : 100.0,
+            fprintf(stderr, "%s%s%stoken %d: %.1f ms, %.2f MB read, hit %.0f%%, io wait %.1f ms, depth %d, %.2f GB/s%s",
+                    live ? "\r" : "", df_engine_lossy(e), *df_engine_lossy(e) ? " | " : "", made + 1, dt * 1e3, rd / 1e6, all ? 100.0 * hit / all : 100.0,
                     (after.io_wait_s - before.io_wait_s) * 1e3, after.max_in_flight, dt > 0 ? rd / dt / 1e9 : 0.0,
                     live ? "   " : "\n");
     }
@@ -160,8 +160,8 @@ int cmd_run(int argc, char **argv) {
     double t2 = cli_now();
     if (stats) {
         int steps = made > 1 ? made - 1 : 0;
-        fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.2f tok/s, %.1f ms/token); threads %d, experts via %s\n",
-                n, t1 - t0, n / (t1 - t0 + 1e-12), steps, t2 - t1,
+        fprintf(stderr, "%s%sprefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.2f tok/s, %.1f ms/token); threads %d, experts via %s\n",
+                df_engine_lossy(e), *df_engine_lossy(e) ? " | " : "", n, t1 - t0, n / (t1 - t0 + 1e-12), steps, t2 - t1,
                 steps ? steps / (t2 - t1 + 1e-12) : 0.0, steps ? (t2 - t1) * 1e3 / steps : 0.0,
                 df_engine_n_threads(e), after.expert_io);
     }

@@ -29,7 +29,11 @@ const char cli_model_opts_help[] =
     "                     pread (buffered reads into the cache), mmap (page cache, for comparison)\n"
     "  --ram SIZE         expert cache budget, e.g. 8G (default: available memory - 2 GiB)\n"
     "  --io-depth N       expert reads in flight (default 32)\n"
-    "  --no-prefetch      turn off router-lookahead prefetch (the output never changes)\n";
+    "  --no-prefetch      turn off router-lookahead prefetch (the output never changes)\n"
+    "  --heat FILE        expert heat statistics: loaded at start if present, saved at exit\n"
+    "  --pin SIZE         keep the hottest experts (by --heat) resident, up to SIZE\n"
+    "  --trace FILE       router trace: one JSON line per token and MoE layer\n"
+    "  --top-k N          LOSSY: route each token to only N experts (labelled in every stats line)\n";
 
 void cli_model_opts_init(cli_model_opts *o) {
     memset(o, 0, sizeof *o);
@@ -69,6 +73,22 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(a, "--no-mmap")) { o->no_mmap = 1; return 1; }
     if (!strcmp(a, "--no-prefetch")) { o->no_prefetch = 1; return 1; }
+    if (!strcmp(a, "--trace") || !strcmp(a, "--heat") || !strcmp(a, "--pin") || !strcmp(a, "--top-k")) {
+        if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
+        (*i)++;
+        if (!strcmp(a, "--trace")) o->trace_path = val;
+        else if (!strcmp(a, "--heat")) o->heat_path = val;
+        else if (!strcmp(a, "--pin")) {
+            if ((o->pin = cli_parse_size(val)) <= 0) {
+                fprintf(stderr, "deltafin: bad size for --pin: '%s'\n", val);
+                return -1;
+            }
+        } else if (parse_int(val, &o->top_k) || o->top_k < 1) {
+            fprintf(stderr, "deltafin: --top-k needs a positive count (got '%s')\n", val);
+            return -1;
+        }
+        return 1;
+    }
     if (!strcmp(a, "--io") || !strcmp(a, "--ram") || !strcmp(a, "--io-depth")) {
         if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
         (*i)++;
@@ -108,6 +128,17 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     return 0;
 }
 
+/* The router trace: one JSON line per token and MoE layer. The file is the
+ * CLI's (opened in cli_open, closed at exit). */
+static void trace_line(void *ctx, int pos, int layer, const int *ex, const float *w, int k) {
+    FILE *f = ctx;
+    fprintf(f, "{\"step\": %d, \"layer\": %d, \"experts\": [", pos, layer);
+    for (int i = 0; i < k; i++) fprintf(f, i ? ", %d" : "%d", ex[i]);
+    fprintf(f, "], \"weights\": [");
+    for (int i = 0; i < k; i++) fprintf(f, i ? ", %.6g" : "%.6g", w[i]);
+    fprintf(f, "]}\n");
+}
+
 df_engine *cli_open(const cli_model_opts *o) {
     df_engine_opts eo;
     df_engine_opts_default(&eo);
@@ -118,6 +149,18 @@ df_engine *cli_open(const cli_model_opts *o) {
     eo.ram_bytes = o->ram;
     eo.prefetch = !o->no_prefetch;
     if (o->io_depth > 0) eo.io_depth = o->io_depth;
+    eo.top_k = o->top_k;
+    eo.heat_path = o->heat_path;
+    eo.pin_bytes = o->pin;
+    if (o->trace_path) {
+        FILE *f = fopen(o->trace_path, "w");
+        if (!f) {
+            fprintf(stderr, "deltafin: cannot write the trace file %s\n", o->trace_path);
+            return NULL;
+        }
+        eo.trace = trace_line;
+        eo.trace_ctx = f; /* flushed and closed by the C runtime at exit */
+    }
     df_engine *e = NULL;
     char err[DF_ERRMSG];
     df_status st = df_engine_open(o->model, &eo, &e, err);
@@ -125,6 +168,7 @@ df_engine *cli_open(const cli_model_opts *o) {
         fprintf(stderr, "deltafin: cannot open model: %s\n", err);
         return NULL;
     }
+    if (*df_engine_lossy(e)) fprintf(stderr, "deltafin: %s (quality differs from the model)\n", df_engine_lossy(e));
     return e;
 }
 

@@ -11,6 +11,8 @@
  */
 #include "store.h"
 #include "../base/err.h"
+#include <jansson.h>
+#include <math.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -47,6 +49,7 @@ typedef struct {
     int16_t pins;
     int16_t pending;      /* span reads outstanding */
     uint8_t prefetch;     /* loaded by a hint and not used by a pass yet */
+    uint8_t pinned;       /* held for good (hottest experts) */
     uint64_t last;        /* tick of last use (LRU) */
 } slot_t;
 
@@ -67,6 +70,9 @@ struct xs_store {
     slot_t *slots;
     uint64_t tick;
     int in_flight;        /* span reads submitted, not completed */
+    float *heat;          /* [L*E] decayed use counts as of heat_at */
+    uint32_t *heat_at;    /* [L*E] step of the last update */
+    uint32_t step;        /* token steps so far */
     /* the current pass */
     int pass_layer, pass_n, pass_handed, pass_err;
     int *pass_list;       /* [E] */
@@ -208,11 +214,13 @@ df_status xs_new(const df_io *io, st_set *st, int n_layers, int n_experts, const
     size_t n = (size_t)n_layers * n_experts;
     x->ex = calloc(n ? n : 1, sizeof *x->ex);
     x->slot_of = malloc((n ? n : 1) * sizeof(int32_t));
+    x->heat = calloc(n ? n : 1, sizeof(float));
+    x->heat_at = calloc(n ? n : 1, sizeof(uint32_t));
     x->pass_list = malloc((size_t)(n_experts ? n_experts : 1) * sizeof(int));
     x->pass_idx = malloc((size_t)(n_experts ? n_experts : 1) * sizeof(int));
     x->pass_st = calloc((size_t)(n_experts ? n_experts : 1), 1);
     x->readyq = malloc((size_t)(n_experts ? n_experts : 1) * sizeof(int));
-    if (!x->ex || !x->slot_of || !x->pass_list || !x->pass_idx || !x->pass_st || !x->readyq) {
+    if (!x->ex || !x->slot_of || !x->heat || !x->heat_at || !x->pass_list || !x->pass_idx || !x->pass_st || !x->readyq) {
         xs_free(x);
         return df_fail(err, DF_ERR_NOMEM, "out of memory for the expert table");
     }
@@ -231,7 +239,7 @@ void xs_free(xs_store *x) {
         if (x->fd_direct[i] >= 0) x->io->close(x->fd_direct[i]);
     }
     free(x->fd_direct); free(x->fd_buf); free(x->fsize);
-    free(x->pool); free(x->slots); free(x->ex); free(x->slot_of);
+    free(x->pool); free(x->slots); free(x->ex); free(x->slot_of); free(x->heat); free(x->heat_at);
     free(x->pass_list); free(x->pass_idx); free(x->pass_st); free(x->readyq);
     free(x);
 }
@@ -362,6 +370,8 @@ df_status xs_begin(xs_store *x, int layer, const int *experts, int n, char *err)
         }
         x->pass_list[i] = e;
         x->pass_idx[e] = i;
+        x->heat[key] = x->heat[key] * (float)pow(XS_HEAT_DECAY, (double)(x->step - x->heat_at[key])) + 1.0f;
+        x->heat_at[key] = x->step;
         x->pass_st[i] = P_WAIT;
         int si = x->slot_of[key];
         if (si < 0) { x->stats.misses++; continue; }
@@ -456,6 +466,92 @@ void xs_drain(xs_store *x) {
     while (x->in_flight > 0) reap(x, 1);
 }
 
+/* ---- heat and pinning ---- */
+
+void xs_tick(xs_store *x, int steps) { x->step += (uint32_t)steps; }
+
+static float heat_now(const xs_store *x, int64_t k) {
+    return x->heat[k] * (float)pow(XS_HEAT_DECAY, (double)(x->step - x->heat_at[k]));
+}
+
+df_status xs_heat_save(const xs_store *x, const char *path, char *err) {
+    json_t *rows = json_array();
+    for (int l = 0; l < x->L; l++) {
+        json_t *r = json_array();
+        for (int e = 0; e < x->E; e++) json_array_append_new(r, json_real(heat_now(x, (int64_t)l * x->E + e)));
+        json_array_append_new(rows, r);
+    }
+    json_t *o = json_pack("{s:s, s:i, s:i, s:f, s:o}", "format", "deltafin-heat-v1", "layers", x->L, "experts",
+                          x->E, "decay_per_token", XS_HEAT_DECAY, "heat", rows);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int rc = o ? json_dump_file(o, tmp, JSON_COMPACT) : -1;
+    json_decref(o);
+    if (rc != 0 || rename(tmp, path) != 0) {
+        remove(tmp);
+        return df_fail(err, DF_ERR_IO, "%s: cannot write the heat statistics", path);
+    }
+    return DF_OK;
+}
+
+df_status xs_heat_load(xs_store *x, const char *path, char *err) {
+    if (access(path, F_OK) != 0) return DF_OK;
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    if (!o) return df_fail(err, DF_ERR_FORMAT, "%s: not valid JSON (line %d: %s)", path, je.line, je.text);
+    json_t *rows = json_object_get(o, "heat");
+    df_status st = DF_OK;
+    if ((int)json_integer_value(json_object_get(o, "layers")) != x->L ||
+        (int)json_integer_value(json_object_get(o, "experts")) != x->E || !json_is_array(rows) ||
+        (int)json_array_size(rows) != x->L) {
+        st = df_fail(err, DF_ERR_MISMATCH, "%s: heat statistics are for another model (%d layers x %d experts expected)",
+                     path, x->L, x->E);
+    } else {
+        for (int l = 0; l < x->L; l++) {
+            json_t *r = json_array_get(rows, (size_t)l);
+            for (int e = 0; e < x->E && e < (int)json_array_size(r); e++) {
+                x->heat[(int64_t)l * x->E + e] = (float)json_number_value(json_array_get(r, (size_t)e));
+                x->heat_at[(int64_t)l * x->E + e] = x->step;
+            }
+        }
+    }
+    json_decref(o);
+    return st;
+}
+
+typedef struct { float heat; int32_t key; } heat_key;
+
+static int by_heat(const void *a, const void *b) {
+    const heat_key *x = a, *y = b;
+    if (x->heat != y->heat) return x->heat > y->heat ? -1 : 1;
+    return x->key < y->key ? -1 : x->key > y->key;
+}
+
+df_status xs_pin_hottest(xs_store *x, int64_t bytes, int per_pass, char *err) {
+    int64_t n = (int64_t)x->L * x->E, cand = 0;
+    heat_key *keys = malloc((size_t)(n ? n : 1) * sizeof *keys);
+    if (!keys) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    for (int64_t k = 0; k < n; k++)
+        if (x->ex[k].reg && x->heat[k] > 0) keys[cand++] = (heat_key){heat_now(x, k), (int32_t)k};
+    qsort(keys, (size_t)cand, sizeof keys[0], by_heat);
+    int room = x->n_slots - 2 * (per_pass > 0 ? per_pass : 1);
+    int64_t want = bytes / x->slot_bytes;
+    if (want > room) want = room;
+    int pinned = 0;
+    for (int64_t i = 0; i < cand && pinned < want; i++) {
+        int si = start_load(x, keys[i].key, 0);
+        if (si < 0) break;
+        x->slots[si].pins = 1;
+        x->slots[si].pinned = 1;
+        pinned++;
+    }
+    free(keys);
+    xs_drain(x);
+    x->stats.pinned = 0;
+    for (int i = 0; i < x->n_slots; i++) x->stats.pinned += x->slots[i].pinned && x->slots[i].state == SLOT_READY;
+    return DF_OK;
+}
+
 /* ---- stats ---- */
 
 void xs_get_stats(const xs_store *x, xs_stats *s) {
@@ -466,9 +562,10 @@ void xs_get_stats(const xs_store *x, xs_stats *s) {
 }
 
 void xs_reset_stats(xs_store *x) {
-    int slots = x->stats.slots;
+    int slots = x->stats.slots, pinned = x->stats.pinned;
     int64_t sb = x->stats.slot_bytes;
     memset(&x->stats, 0, sizeof x->stats);
     x->stats.slots = slots;
     x->stats.slot_bytes = sb;
+    x->stats.pinned = pinned;
 }

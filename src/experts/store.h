@@ -49,6 +49,7 @@ typedef struct {
     int slots, slots_used;
     int64_t slot_bytes;
     int max_in_flight;
+    int pinned;                       /* slots held for good (xs_pin_hottest) */
 } xs_stats;
 
 df_status xs_new(const df_io *io, st_set *st, int n_layers, int n_experts, const xs_opts *o,
@@ -73,6 +74,16 @@ void xs_end(xs_store *x);
 void xs_prefetch(xs_store *x, int layer, const int *experts, int n);
 /* Waits for outstanding prefetch reads (before timing-sensitive code). */
 void xs_drain(xs_store *x);
+
+/* Heat: per (layer, expert) a use count decayed by XS_HEAT_DECAY per token
+ * step (xs_tick), updated by every pass. Persisted as JSON. */
+#define XS_HEAT_DECAY 0.999
+void xs_tick(xs_store *x, int steps);
+df_status xs_heat_load(xs_store *x, const char *path, char *err); /* a missing file is fine */
+df_status xs_heat_save(const xs_store *x, const char *path, char *err);
+/* Reads the hottest experts now and keeps them resident for good, up to
+ * `bytes` (never more than the cache minus room for two passes). */
+df_status xs_pin_hottest(xs_store *x, int64_t bytes, int per_pass, char *err);
 
 void xs_get_stats(const xs_store *x, xs_stats *s);
 void xs_reset_stats(xs_store *x);

@@ -55,7 +55,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     df_engine *e = calloc(1, sizeof *e);
     if (!e) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     snprintf(e->dir, sizeof e->dir, "%s", dir);
-    e->io = df_io_default();
+    e->io = opts->io ? opts->io : df_io_default();
     df_status st = cfg_load(dir, e->io, &e->cfg, err);
     if (st != DF_OK) goto fail;
     e->ops = program_for(&e->cfg);
@@ -91,6 +91,12 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     st = e->ops->open(e, &e->prog, err);
     if (st != DF_OK) goto fail;
     if (e->store && (st = xs_finalize(e->store, err)) != DF_OK) goto fail;
+    if (e->store && opts->heat_path && (st = xs_heat_load(e->store, opts->heat_path, err)) != DF_OK) goto fail;
+    if (e->store && opts->pin_bytes > 0 &&
+        (st = xs_pin_hottest(e->store, opts->pin_bytes, e->cfg.num_experts_per_tok * DF_CHUNK, err)) != DF_OK)
+        goto fail;
+    if (opts->top_k > 0 && opts->top_k < e->cfg.num_experts_per_tok)
+        snprintf(e->lossy, sizeof e->lossy, "LOSSY top-k %d of %d", opts->top_k, e->cfg.num_experts_per_tok);
     *out = e;
     return DF_OK;
 fail:
@@ -101,6 +107,10 @@ fail:
 void df_engine_close(df_engine *e) {
     if (!e) return;
     if (e->prog && e->ops) e->ops->close(e->prog);
+    if (e->store && e->opts.heat_path) {
+        char err[DF_ERRMSG];
+        df_engine_save_heat(e, err); /* best effort at close; df_engine_save_heat reports errors */
+    }
     xs_free(e->store);
     pool_free(e->pool);
     st_close(e->st);
@@ -270,6 +280,7 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
     }
     if (logits) memcpy(s->logits, logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
     s->pos = pos + n;
+    if (e->store) xs_tick(e->store, n);
     return DF_OK;
 }
 
@@ -318,7 +329,17 @@ int64_t df_engine_expert_bytes(const df_engine *e) {
     return e->store ? xs_expert_bytes(e->store) : 0;
 }
 
-int df_engine_experts_per_token(const df_engine *e) { return e->cfg.num_experts_per_tok; }
+int df_engine_experts_per_token(const df_engine *e) {
+    int k = e->cfg.num_experts_per_tok;
+    return e->opts.top_k > 0 && e->opts.top_k < k ? e->opts.top_k : k;
+}
+
+const char *df_engine_lossy(const df_engine *e) { return e->lossy; }
+
+df_status df_engine_save_heat(df_engine *e, char err[DF_ERRMSG]) {
+    if (!e->store || !e->opts.heat_path) return DF_OK;
+    return xs_heat_save(e->store, e->opts.heat_path, err);
+}
 
 /* ---- MoE linking ---- */
 
@@ -328,6 +349,10 @@ void model_link_moe(df_engine *e, struct moe_layer_s *first, size_t stride, int 
         moe_layer *m = (moe_layer *)((char *)first + (size_t)l * stride);
         if (m->E == 0) continue;
         m->lookahead = e->opts.prefetch;
+        m->trace = e->opts.trace;
+        m->trace_ctx = e->opts.trace_ctx;
+        m->trace_layer = l;
+        if (e->opts.top_k > 0 && e->opts.top_k < m->K) m->K = e->opts.top_k; /* LOSSY */
         if (prev) prev->next = m;
         prev = m;
     }

@@ -212,11 +212,14 @@ static void lookahead(df_engine *e, const moe_layer *m, moe_scratch *s, const fl
 }
 
 df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
-                      const float *xn, int n, float *out, char *err) {
+                      const float *xn, int n, int pos, float *out, char *err) {
     int H = (int)m->router.cols, K = m->K;
     int dl = m->latent ? (int)m->lat_down.rows : H;
     mm(e, &m->router, xn, n, s->rlog, m->E);
-    for (int t = 0; t < n; t++) moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K);
+    for (int t = 0; t < n; t++) {
+        moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K);
+        if (m->trace) m->trace(m->trace_ctx, pos + t, m->trace_layer, s->sel + t * K, s->selw + t * K, K);
+    }
     /* the union of the chunk's experts, ascending */
     int nu = 0;
     for (int i = 0; i < n * K; i++) s->mark[s->sel[i]] = 1;

@@ -44,6 +44,9 @@ typedef struct moe_layer_s {
     int layer;                  /* this layer's index in the store */
     const struct moe_layer_s *next; /* the next MoE layer, for router lookahead; NULL at the end */
     int lookahead;              /* prefetch the next layer's predicted experts */
+    void (*trace)(void *ctx, int pos, int layer, const int *experts, const float *weights, int k);
+    void *trace_ctx;
+    int trace_layer;            /* model layer index reported to the trace */
 } moe_layer;
 
 typedef struct {
@@ -74,7 +77,7 @@ void moe_layer_free(moe_layer *m);
 /* out[n][hidden] = MoE(xn). Fails only when expert reads fail (DF_ERR_IO,
  * message in err); out is then undefined. */
 df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
-                      const float *xn, int n, float *out, char *err);
+                      const float *xn, int n, int pos, float *out, char *err);
 /* Binds expert `i` of a MoE layer: directly (mmap views) or lazily + registered
  * with the engine's store. Updates m->expert_bytes. */
 df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const char *base,

@@ -370,7 +370,7 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         for (int t = 0; t < n; t++)
             op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->ffn_norm, H, m->eps);
         if (y->moe) {
-            df_status st = moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, s->y, err);
+            df_status st = moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, pos, s->y, err);
             if (st != DF_OK) return st;
         }
         else ffn_forward(e, &y->mlp, &m->act, s->xn, n, s->y, s->moe.g, s->moe.u);

@@ -53,6 +53,7 @@ struct df_engine {
     char *describe_text;
     struct xs_store *store;   /* routed experts read into the RAM cache; NULL: mmap */
     df_engine_opts opts;
+    char lossy[64];           /* "" or the label of the lossy settings in force */
 };
 
 struct df_session {
