@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,6 +64,7 @@ struct xs_store {
     int n_shards;
     int *fd_direct, *fd_buf;
     int64_t *fsize;
+    struct timespec *mtime; /* [n_shards] at open */
     xs_reader *rd;
     uint8_t *pool;
     int64_t slot_bytes, pool_bytes;
@@ -161,7 +163,8 @@ df_status xs_finalize(xs_store *x, char *err) {
     x->fd_direct = malloc((size_t)x->n_shards * sizeof(int));
     x->fd_buf = malloc((size_t)x->n_shards * sizeof(int));
     x->fsize = calloc((size_t)x->n_shards, sizeof(int64_t));
-    if (!x->fd_direct || !x->fd_buf || !x->fsize) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    x->mtime = calloc((size_t)x->n_shards, sizeof(struct timespec));
+    if (!x->fd_direct || !x->fd_buf || !x->fsize || !x->mtime) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     for (int i = 0; i < x->n_shards; i++) x->fd_direct[i] = x->fd_buf[i] = -1;
     for (int i = 0; i < x->n_shards; i++) {
         const char *p = st_shard_path(x->st, i);
@@ -169,6 +172,8 @@ df_status xs_finalize(xs_store *x, char *err) {
         if (x->fd_buf[i] < 0 || x->io->fsize(x->fd_buf[i], &x->fsize[i]) != 0)
             return df_fail(err, DF_ERR_IO, "%s: cannot open for expert reads: %s", p, strerror(errno));
         if (x->o.direct) x->fd_direct[i] = x->io->open(p, O_RDONLY | O_CLOEXEC | O_DIRECT, 0);
+        struct stat sb;
+        if (fstat(x->fd_buf[i], &sb) == 0) x->mtime[i] = sb.st_mtim;
     }
     int64_t slot = XR_ALIGN;
     int n_reg = 0;
@@ -238,7 +243,7 @@ void xs_free(xs_store *x) {
         if (x->fd_buf[i] >= 0) x->io->close(x->fd_buf[i]);
         if (x->fd_direct[i] >= 0) x->io->close(x->fd_direct[i]);
     }
-    free(x->fd_direct); free(x->fd_buf); free(x->fsize);
+    free(x->fd_direct); free(x->fd_buf); free(x->fsize); free(x->mtime);
     free(x->pool); free(x->slots); free(x->ex); free(x->slot_of); free(x->heat); free(x->heat_at);
     free(x->pass_list); free(x->pass_idx); free(x->pass_st); free(x->readyq);
     free(x);
@@ -551,6 +556,26 @@ df_status xs_pin_hottest(xs_store *x, int64_t bytes, int per_pass, char *err) {
     for (int i = 0; i < x->n_slots; i++) x->stats.pinned += x->slots[i].pinned && x->slots[i].state == SLOT_READY;
     return DF_OK;
 }
+
+/* ---- file checks ---- */
+
+df_status xs_check_files(const xs_store *x, char *err) {
+    for (int i = 0; i < x->n_shards; i++) {
+        int64_t sz = -1;
+        struct stat sb;
+        int changed = x->io->fsize(x->fd_buf[i], &sz) != 0 || sz != x->fsize[i];
+        if (!changed && fstat(x->fd_buf[i], &sb) == 0)
+            changed = sb.st_mtim.tv_sec != x->mtime[i].tv_sec || sb.st_mtim.tv_nsec != x->mtime[i].tv_nsec;
+        if (changed)
+            return df_fail(err, DF_ERR_IO,
+                           "%s changed while the model was open (size %lld -> %lld bytes or a new "
+                           "modification time): reopen the model",
+                           st_shard_path(x->st, i), (long long)x->fsize[i], (long long)sz);
+    }
+    return DF_OK;
+}
+
+int64_t xs_pool_bytes(const xs_store *x) { return x->pool_bytes; }
 
 /* ---- stats ---- */
 

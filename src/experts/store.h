@@ -85,6 +85,12 @@ df_status xs_heat_save(const xs_store *x, const char *path, char *err);
  * `bytes` (never more than the cache minus room for two passes). */
 df_status xs_pin_hottest(xs_store *x, int64_t bytes, int per_pass, char *err);
 
+/* Checks that no shard changed size or modification time since open;
+ * DF_ERR_IO naming the file otherwise. */
+df_status xs_check_files(const xs_store *x, char *err);
+/* Bytes of the slot pool (the expert cache as allocated). */
+int64_t xs_pool_bytes(const xs_store *x);
+
 void xs_get_stats(const xs_store *x, xs_stats *s);
 void xs_reset_stats(xs_store *x);
 /* Bytes of the largest expert as stored (all its tensors). */

@@ -137,7 +137,9 @@ const char *df_engine_describe(df_engine *e) {
                      "layers         %d (hidden %d, heads %d, vocab %d)\n"
                      "tensors        %lld in %d shard%s, %.3f GB\n"
                      "threads        %d, kernels %s\n",
-                     e->dir, e->ops->name, c->model_type,
+                     e->dir,
+                     c->arch == ARCH_KIMI_K3 ? "kimi_k3" : c->arch == ARCH_KIMI_LINEAR ? "kimi_linear" : "deepseek_v3",
+                     c->model_type,
                      c->nested_text_config ? ", nested text_config" : "", c->num_hidden_layers,
                      c->hidden_size, c->num_attention_heads, c->vocab_size,
                      (long long)st_count(e->st), st_n_shards(e->st),
@@ -145,6 +147,20 @@ const char *df_engine_describe(df_engine *e) {
                      pool_size(e->pool), kn_level_name(e->level));
     if (n < 0 || (size_t)n >= cap) return b;
     e->ops->describe(e, b + n, cap - (size_t)n);
+    size_t used = strlen(b);
+    if (e->store) {
+        xs_stats x;
+        xs_get_stats(e->store, &x);
+        snprintf(b + used, cap - used,
+                 "expert cache   %d slots x %.2f MB = %.3f GB (%s reads, %d in flight, prefetch %s)%s\n",
+                 x.slots, x.slot_bytes / 1e6, xs_pool_bytes(e->store) / 1e9,
+                 e->opts.expert_io == DF_EXPERTS_DIRECT ? "O_DIRECT" : "buffered", e->opts.io_depth,
+                 e->opts.prefetch ? "on" : "off", *e->lossy ? "" : "");
+    } else {
+        snprintf(b + used, cap - used, "expert cache   none: experts are used in place through mmap\n");
+    }
+    used = strlen(b);
+    if (*e->lossy) snprintf(b + used, cap - used, "lossy          %s\n", e->lossy);
     return b;
 }
 
@@ -260,6 +276,10 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
     if (s->pos + n > s->max_ctx)
         return df_fail(s->err, DF_ERR_CONTEXT,
                        "context full: %d positions used + %d new > limit %d", s->pos, n, s->max_ctx);
+    if (e->store) {
+        df_status cst = xs_check_files(e->store, s->err);
+        if (cst != DF_OK) return cst;
+    }
     int pos = s->pos;
     for (int i = 0; i < n; i += DF_CHUNK) {
         int m = n - i < DF_CHUNK ? n - i : DF_CHUNK;
