@@ -195,8 +195,8 @@ static void run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe
 /* Router lookahead: the next MoE layer's router on this layer's input
  * predicts most of its experts; their reads start now. Never changes which
  * experts run. */
-static void lookahead(df_engine *e, const moe_layer *m, moe_scratch *s, const float *xn, int n) {
-    const moe_layer *nx = m->next;
+void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const float *xn, int n) {
+    if (!nx || !nx->store || !nx->lookahead) return;
     int K = nx->K, E = nx->E;
     int *sel = s->etok; /* free until run_expert */
     mm(e, &nx->router, xn, n, s->nlog, E);
@@ -227,7 +227,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
         if (s->mark[x]) { s->uni[nu++] = x; s->mark[x] = 0; }
     df_status st = DF_OK;
     if (m->store && (st = xs_begin(m->store, m->layer, s->uni, nu, err))) return st;
-    if (m->store && m->lookahead && m->next && m->next->store) lookahead(e, m, s, xn, n);
+    if (m->store) moe_lookahead(e, m->next, s, xn, n);
     /* work that overlaps the reads */
     const float *xin = xn;
     if (m->latent) {

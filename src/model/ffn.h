@@ -82,6 +82,10 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
  * with the engine's store. Updates m->expert_bytes. */
 df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const char *base,
                           const char *const names[3], int64_t inter, int64_t hidden, char *err);
+/* Router lookahead: applies `next`'s router to this layer's input and starts
+ * reads of the predicted experts (no-op without a store or with prefetch
+ * off). Never changes which experts run. */
+void moe_lookahead(df_engine *e, const moe_layer *next, moe_scratch *s, const float *xn, int n);
 /* The router alone (exposed for tests): sel/selw of one token. */
 void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw);
 #endif

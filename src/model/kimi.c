@@ -373,7 +373,10 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
             df_status st = moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, pos, s->y, err);
             if (st != DF_OK) return st;
         }
-        else ffn_forward(e, &y->mlp, &m->act, s->xn, n, s->y, s->moe.g, s->moe.u);
+        else {
+            if (l + 1 < m->L && m->layers[l + 1].moe) moe_lookahead(e, &m->layers[l + 1].experts, &s->moe, s->xn, n);
+            ffn_forward(e, &y->mlp, &m->act, s->xn, n, s->y, s->moe.g, s->moe.u);
+        }
         for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
     }
     if (!out) return DF_OK;
