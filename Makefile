@@ -11,7 +11,7 @@ BUILD   ?= build
 OPT     ?= -O2
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CFLAGS  += -std=c17 $(OPT) -g $(WARN) $(WERROR) -D_GNU_SOURCE -Iinclude -pthread -fno-math-errno
-LDLIBS  += -lpcre2-8 -ljansson -lm -lpthread
+LDLIBS  += -lpcre2-8 -ljansson -luring -lm -lpthread
 
 ifeq ($(SAN),1)
 BUILD   := build-san

@@ -1,7 +1,8 @@
 /* io.c — the default POSIX I/O table and the two helpers built on it.
  *
  * Owns: df_io_default (open/close/pread/fstat/mmap/munmap as plain POSIX
- * calls), io_pread_full (exact reads: retries EINTR and short reads, EOF is
+ * calls, io_uring through liburing unless built with -DDF_NO_URING),
+ * io_pread_full (exact reads: retries EINTR and short reads, EOF is
  * EIO) and io_read_text (a whole small file, NUL-terminated).
  * Refuses: any buffering or caching; any knowledge of file formats. Every
  * caller goes through a df_io table so tests can swap in faulty functions.
@@ -20,6 +21,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifndef DF_NO_URING
+#include <liburing.h>
+#endif
 
 /* ---- 1. default table ---------------------------------------------------- */
 
@@ -51,6 +55,53 @@ static void *px_mmap(size_t len, int fd) {
 
 static int px_munmap(void *p, size_t len) { return munmap(p, len); }
 
+#ifndef DF_NO_URING
+/* df_ring is liburing's struct io_uring, heap-allocated by ring_open. */
+struct df_ring {
+    struct io_uring u;
+};
+
+static int ur_open(unsigned entries, df_ring **out) {
+    *out = NULL;
+    df_ring *r = calloc(1, sizeof *r);
+    if (!r) return -ENOMEM;
+    int rc = io_uring_queue_init(entries, &r->u, 0);
+    if (rc < 0) { /* liburing returns -errno */
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+static void ur_close(df_ring *r) {
+    if (!r) return;
+    io_uring_queue_exit(&r->u);
+    free(r);
+}
+
+static int ur_read(df_ring *r, int fd, void *buf, unsigned n, int64_t off, uint64_t tag) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->u);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_read(sqe, fd, buf, n, (uint64_t)off);
+    io_uring_sqe_set_data64(sqe, tag);
+    return 0;
+}
+
+static int ur_submit(df_ring *r) { return io_uring_submit(&r->u); }
+
+static int ur_wait(df_ring *r, int block, uint64_t *tag, int *res) {
+    struct io_uring_cqe *cqe = NULL;
+    int rc = block ? io_uring_wait_cqe(&r->u, &cqe) : io_uring_peek_cqe(&r->u, &cqe);
+    if (rc == -EAGAIN && !block) return 0;
+    if (rc < 0) return rc;
+    *tag = io_uring_cqe_get_data64(cqe);
+    *res = cqe->res;
+    io_uring_cqe_seen(&r->u, cqe);
+    return 1;
+}
+#endif
+
 static const df_io posix_io = {
     .open = px_open,
     .close = px_close,
@@ -58,6 +109,13 @@ static const df_io posix_io = {
     .fsize = px_fsize,
     .mmap = px_mmap,
     .munmap = px_munmap,
+#ifndef DF_NO_URING
+    .ring_open = ur_open,
+    .ring_close = ur_close,
+    .ring_read = ur_read,
+    .ring_submit = ur_submit,
+    .ring_wait = ur_wait,
+#endif
 };
 
 const df_io *df_io_default(void) { return &posix_io; }

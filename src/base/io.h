@@ -3,12 +3,20 @@
  * Every file access of the library goes through a df_io table so tests can
  * inject short reads, EINTR, EIO and truncated files. df_io_default() returns
  * the plain POSIX table. io_pread_full retries short reads and EINTR.
+ *
+ * The ring_* entries wrap io_uring (liburing) behind an opaque df_ring so
+ * this header does not pull in <liburing.h>; they are NULL in a table (or a
+ * build, -DDF_NO_URING) without io_uring, and callers then use pread. A tag
+ * given to ring_read comes back with that read's completion; a completion's
+ * res is the byte count or a negative errno, as the kernel reports it.
  */
 #ifndef DF_BASE_IO_H
 #define DF_BASE_IO_H
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+typedef struct df_ring df_ring; /* an io_uring instance (opaque) */
 
 typedef struct df_io {
     int (*open)(const char *path, int flags, int mode);
@@ -17,6 +25,17 @@ typedef struct df_io {
     int (*fsize)(int fd, int64_t *size);        /* 0 ok, -1 error (errno set) */
     void *(*mmap)(size_t len, int fd);          /* read-only shared map; NULL on failure */
     int (*munmap)(void *p, size_t len);
+    /* io_uring. Every int return is 0 (or a count) on success, else a
+     * negative errno; none of them sets errno. */
+    int (*ring_open)(unsigned entries, df_ring **ring); /* -EPERM/-ENOSYS under seccomp */
+    void (*ring_close)(df_ring *ring);                  /* NULL-safe */
+    /* Queues one read (not yet visible to the kernel); -EBUSY if the
+     * submission queue is full. */
+    int (*ring_read)(df_ring *ring, int fd, void *buf, unsigned n, int64_t off, uint64_t tag);
+    int (*ring_submit)(df_ring *ring);                  /* reads handed to the kernel */
+    /* One completion: 1 with *tag and *res, 0 if none is ready and block is
+     * 0, or a negative errno (-EINTR: call again). */
+    int (*ring_wait)(df_ring *ring, int block, uint64_t *tag, int *res);
 } df_io;
 
 const df_io *df_io_default(void);
