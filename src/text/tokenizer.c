@@ -1185,7 +1185,7 @@ static int sb_put(sbuf *b, const void *s, size_t n) {
         b->p = q;
         b->cap = cap;
     }
-    memcpy(b->p + b->n, s, n);
+    if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
     return 0;
