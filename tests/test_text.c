@@ -412,3 +412,34 @@ TEST(text_bad_rank_files) {
     t_sh(NULL, 0, "rm -rf '%s'", d);
     df_tokenizer_free(NULL);
 }
+
+/* ---- CLI contract: deltafin tokenize / detokenize ---- */
+
+TEST(text_cli_tokenize_detokenize) {
+    REQUIRE(load_enc("cl100k_base", "cl100k")); /* makes the rank files */
+    char rf[300], out[4096];
+    snprintf(rf, sizeof rf, "%s/cl100k_base.tiktoken", cache_dir);
+    int rc = t_sh(out, sizeof out, "printf 'Hello, world! \\344\\275\\240\\345\\245\\275' | %s tokenize --tokenizer %s --pattern cl100k",
+                  t_bin(), rf);
+    CHECK(rc == 0 && !strcmp(out, "9906 11 1917 0 220 57668 53901\n"), "rc %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s detokenize --tokenizer %s --ids '9906 11 1917 0 220 57668 53901'", t_bin(), rf);
+    CHECK(rc == 0 && !strcmp(out, "Hello, world! \xe4\xbd\xa0\xe5\xa5\xbd"), "rc %d: %s", rc, out);
+    /* special spellings are text unless --special */
+    rc = t_sh(out, sizeof out, "printf '<|endoftext|>' | %s tokenize --tokenizer %s --pattern cl100k --special", t_bin(), rf);
+    CHECK(rc == 0 && !strcmp(out, "100257\n"), "%s", out);
+    rc = t_sh(out, sizeof out, "printf '<|endoftext|>' | %s tokenize --tokenizer %s --pattern cl100k", t_bin(), rf);
+    CHECK(rc == 0 && strcmp(out, "100257\n") != 0, "%s", out);
+    /* bad input: invalid UTF-8, unknown pattern, bad ids, no tokenizer */
+    rc = t_sh(out, sizeof out, "printf 'a\\377' | %s tokenize --tokenizer %s", t_bin(), rf);
+    CHECK(rc == 1 && strstr(out, "invalid UTF-8 at byte 1"), "rc %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s tokenize --tokenizer %s --pattern nope </dev/null", t_bin(), rf);
+    CHECK(rc == 1 && strstr(out, "unknown pattern"), "rc %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s detokenize --tokenizer %s --ids '1 x'", t_bin(), rf);
+    CHECK(rc == 2, "rc %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s detokenize --tokenizer %s --ids '999999'", t_bin(), rf);
+    CHECK(rc == 1 && strstr(out, "999999"), "rc %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s tokenize --model /nonexistent </dev/null", t_bin());
+    CHECK(rc == 1 && strstr(out, "no tokenizer"), "rc %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s tokenize </dev/null", t_bin());
+    CHECK(rc == 2, "rc %d: %s", rc, out);
+}

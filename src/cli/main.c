@@ -16,6 +16,8 @@ static const char usage_text[] =
     "  inspect   describe a model: architecture, tensors, experts, memory\n"
     "  bench     benchmarks (--kernels: matvec throughput per weight type)\n"
     "  synth     write a random-weight checkpoint of a supported family\n"
+    "  tokenize  text -> token ids (tiktoken rank file, tokenizer.json, model dir)\n"
+    "  detokenize token ids -> text\n"
     "\n"
     "`deltafin COMMAND --help` shows a command's options.\n";
 
@@ -221,6 +223,8 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(c, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(c, "synth")) return cmd_synth(argc - 1, argv + 1);
+    if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(c, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
     fprintf(stderr, "deltafin: unknown command '%s'\n\n%s", c, usage_text);
     return CLI_USAGE;
 }
