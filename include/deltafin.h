@@ -67,6 +67,7 @@ typedef struct {
     /* System calls used for every file access (src/base/io.h); NULL: POSIX.
      * Tests pass tables that inject EINTR, short reads, EIO and delays. */
     const struct df_io *io;
+    int plan_only;   /* describe only: plan the expert cache without allocating it */
 } df_engine_opts;
 
 void df_engine_opts_default(df_engine_opts *o);

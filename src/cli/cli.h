@@ -19,6 +19,7 @@ typedef struct {
     const char *trace_path; /* router trace, JSON lines */
     const char *heat_path;
     int64_t pin;
+    int plan_only;          /* inspect: plan, allocate nothing */
 } cli_model_opts;
 
 /* Exit codes: 0 success, 1 the work failed (bad model, I/O), 2 usage error. */

@@ -191,6 +191,7 @@ int cmd_inspect(int argc, char **argv) {
         if (!r) return cli_usage("inspect", "unknown option");
     }
     if (!mo.model) return cli_usage("inspect", "--model is required");
+    mo.plan_only = 1;
     df_engine *e = cli_open(&mo);
     if (!e) return CLI_FAIL;
     fputs(df_engine_describe(e), stdout);

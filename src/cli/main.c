@@ -154,6 +154,7 @@ df_engine *cli_open(const cli_model_opts *o) {
     eo.top_k = o->top_k;
     eo.heat_path = o->heat_path;
     eo.pin_bytes = o->pin;
+    eo.plan_only = o->plan_only;
     if (o->trace_path) {
         FILE *f = fopen(o->trace_path, "w");
         if (!f) {

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -189,20 +190,22 @@ df_status xs_finalize(xs_store *x, char *err) {
     if (n < 2) n = 2;
     x->n_slots = (int)n;
     x->pool_bytes = n * slot;
-    void *p = NULL;
-    if (posix_memalign(&p, XR_ALIGN, (size_t)x->pool_bytes) != 0)
-        return df_fail(err, DF_ERR_NOMEM, "cannot allocate the expert cache (%d slots of %.1f MB)",
-                       x->n_slots, slot / 1e6);
-    x->pool = p;
-    memset(x->pool, 0, (size_t)x->pool_bytes); /* pre-fault: no page faults on the read path */
+    x->stats.slots = x->n_slots;
+    x->stats.slot_bytes = slot;
     x->slots = calloc((size_t)x->n_slots, sizeof(slot_t));
     if (!x->slots) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     for (int i = 0; i < x->n_slots; i++) x->slots[i].key = -1;
+    if (x->o.plan_only) return DF_OK;
+    /* one anonymous mapping, populated now: no page faults on the read path */
+    void *p = mmap(NULL, (size_t)x->pool_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED)
+        return df_fail(err, DF_ERR_NOMEM, "cannot allocate the expert cache (%d slots of %.1f MB)",
+                       x->n_slots, slot / 1e6);
+    x->pool = p;
     int depth = x->o.depth > 0 ? x->o.depth : 32;
     df_status st = xr_open(x->io, x->o.reader, depth, x->o.io_threads > 0 ? x->o.io_threads : 8, &x->rd, err);
     if (st != DF_OK) return st;
-    x->stats.slots = x->n_slots;
-    x->stats.slot_bytes = slot;
     return DF_OK;
 }
 
@@ -244,7 +247,8 @@ void xs_free(xs_store *x) {
         if (x->fd_direct[i] >= 0) x->io->close(x->fd_direct[i]);
     }
     free(x->fd_direct); free(x->fd_buf); free(x->fsize); free(x->mtime);
-    free(x->pool); free(x->slots); free(x->ex); free(x->slot_of); free(x->heat); free(x->heat_at);
+    if (x->pool) munmap(x->pool, (size_t)x->pool_bytes);
+    free(x->slots); free(x->ex); free(x->slot_of); free(x->heat); free(x->heat_at);
     free(x->pass_list); free(x->pass_idx); free(x->pass_st); free(x->readyq);
     free(x);
 }

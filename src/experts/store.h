@@ -39,6 +39,7 @@ typedef struct {
     xr_kind reader;
     int depth;                        /* reads in flight */
     int io_threads;                   /* for the pread pool */
+    int plan_only;                    /* size the cache but allocate nothing (inspect) */
 } xs_opts;
 
 typedef struct {

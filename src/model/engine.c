@@ -85,6 +85,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         xo.reader = XR_AUTO;
         xo.depth = opts->io_depth > 0 ? opts->io_depth : 32;
         xo.io_threads = 8;
+        xo.plan_only = opts->plan_only;
         st = xs_new(e->io, e->st, e->cfg.num_hidden_layers, e->cfg.n_routed_experts, &xo, &e->store, err);
         if (st != DF_OK) goto fail;
     }
@@ -92,7 +93,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     if (st != DF_OK) goto fail;
     if (e->store && (st = xs_finalize(e->store, err)) != DF_OK) goto fail;
     if (e->store && opts->heat_path && (st = xs_heat_load(e->store, opts->heat_path, err)) != DF_OK) goto fail;
-    if (e->store && opts->pin_bytes > 0 &&
+    if (e->store && !opts->plan_only && opts->pin_bytes > 0 &&
         (st = xs_pin_hottest(e->store, opts->pin_bytes, e->cfg.num_experts_per_tok * DF_CHUNK, err)) != DF_OK)
         goto fail;
     if (opts->top_k > 0 && opts->top_k < e->cfg.num_experts_per_tok)
@@ -234,6 +235,7 @@ void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64
 
 df_status df_session_new(df_engine *e, int max_ctx, df_session **out) {
     *out = NULL;
+    if (e->opts.plan_only) return DF_ERR_ARG; /* opened to describe only */
     if (max_ctx <= 0) max_ctx = e->cfg.max_position_embeddings < 4096 ? e->cfg.max_position_embeddings : 4096;
     if (max_ctx > e->cfg.max_position_embeddings) max_ctx = e->cfg.max_position_embeddings;
     df_session *s = calloc(1, sizeof *s);
