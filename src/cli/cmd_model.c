@@ -112,11 +112,15 @@ int cmd_run(int argc, char **argv) {
     if (!e) { free(ids); return CLI_FAIL; }
     int V = df_engine_vocab_size(e), rc = CLI_FAIL;
     df_session *s = NULL;
+    char *statbuf = NULL;
     if (df_session_new(e, mo.ctx > 0 ? mo.ctx : 0, &s) != DF_OK) {
         fprintf(stderr, "deltafin: cannot allocate a session\n");
         goto done;
     }
     int live = !stats && isatty(2);
+    size_t statcap = 4096;
+    statbuf = calloc(statcap, 1);
+    if (!statbuf) goto done;
     double t0 = cli_now();
     if (df_session_eval(s, ids, n, NULL) != DF_OK) {
         fprintf(stderr, "deltafin: %s\n", df_session_error(s));
@@ -126,8 +130,8 @@ int cmd_run(int argc, char **argv) {
     df_stats before, after;
     df_engine_stats(e, &after);
     if (stats)
-        fprintf(stderr, "prefill: %d tokens, %.3f s, %.1f MB of experts read\n", n, t1 - t0,
-                after.bytes_read / 1e6);
+        snprintf(statbuf, statcap, "prefill: %d tokens, %.3f s, %.1f MB of experts read\n", n, t1 - t0,
+                 after.bytes_read / 1e6);
     int made = 0;
     double tprev = t1;
     for (; made < max_new; made++) {
@@ -148,17 +152,27 @@ int cmd_run(int argc, char **argv) {
         uint64_t all = hit + (after.expert_misses - before.expert_misses);
         double dt = tnow - tprev;
         tprev = tnow;
-        if (stats || live)
-            fprintf(stderr, "%s%s%stoken %d: %.1f ms, %.2f MB read, hit %.0f%%, io wait %.1f ms, depth %d, %.2f GB/s%s",
-                    live ? "\r" : "", df_engine_lossy(e), *df_engine_lossy(e) ? " | " : "", made + 1, dt * 1e3, rd / 1e6, all ? 100.0 * hit / all : 100.0,
-                    (after.io_wait_s - before.io_wait_s) * 1e3, after.max_in_flight, dt > 0 ? rd / dt / 1e9 : 0.0,
-                    live ? "   " : "\n");
+        char line[256];
+        snprintf(line, sizeof line, "%s%stoken %d: %.1f ms, %.2f MB read, hit %.0f%%, io wait %.1f ms, depth %d, %.2f GB/s",
+                 df_engine_lossy(e), *df_engine_lossy(e) ? " | " : "", made + 1, dt * 1e3, rd / 1e6,
+                 all ? 100.0 * hit / all : 100.0, (after.io_wait_s - before.io_wait_s) * 1e3, after.max_in_flight,
+                 dt > 0 ? rd / dt / 1e9 : 0.0);
+        if (live) fprintf(stderr, "\r%s   ", line);
+        if (stats) { /* printed after the id line, so the two never interleave */
+            size_t need = strlen(statbuf) + strlen(line) + 2;
+            if (need > statcap) {
+                char *nb = realloc(statbuf, need * 2);
+                if (nb) { statbuf = nb; statcap = need * 2; }
+            }
+            if (need <= statcap) { strcat(statbuf, line); strcat(statbuf, "\n"); }
+        }
     }
     if (live) fprintf(stderr, "\r\033[K");
     printf("\n");
     fflush(stdout);
     double t2 = cli_now();
     if (stats) {
+        fputs(statbuf, stderr);
         int steps = made > 1 ? made - 1 : 0;
         fprintf(stderr, "%s%sprefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.2f tok/s, %.1f ms/token); threads %d, experts via %s\n",
                 df_engine_lossy(e), *df_engine_lossy(e) ? " | " : "", n, t1 - t0, n / (t1 - t0 + 1e-12), steps, t2 - t1,
@@ -167,6 +181,7 @@ int cmd_run(int argc, char **argv) {
     }
     rc = CLI_OK;
 done:
+    free(statbuf);
     df_session_free(s);
     df_engine_close(e);
     free(ids);
