@@ -73,9 +73,7 @@ static df_tokenizer *load_enc(const char *name, const char *pattern) {
 static int valid_utf8(const char *s, size_t n) { return tok_utf8_check(s, n) == n; }
 
 /* encode, compare with the reference, decode back, stream-decode back */
-static void check_ref_file(const char *enc, const char *pattern) {
-    df_tokenizer *t = load_enc(enc, pattern);
-    REQUIRE(t, "cannot load %s", enc);
+static void check_ref_tok(df_tokenizer *t, const char *enc) {
     char path[256];
     snprintf(path, sizeof path, TD "/ref_%s.json", enc);
     json_error_t je;
@@ -136,8 +134,110 @@ static void check_ref_file(const char *enc, const char *pattern) {
     json_decref(rows);
 }
 
+static void check_ref_file(const char *enc, const char *pattern) {
+    df_tokenizer *t = load_enc(enc, pattern);
+    REQUIRE(t, "cannot load %s", enc);
+    check_ref_tok(t, enc);
+}
+
 TEST(text_tiktoken_o200k_matches_js_tiktoken) { check_ref_file("o200k_base", "o200k"); }
 TEST(text_tiktoken_cl100k_matches_js_tiktoken) { check_ref_file("cl100k_base", "cl100k"); }
+
+/* DeepSeek-V3's tokenizer.json (Split x3 + ByteLevel, merges by pair rank)
+ * against @huggingface/transformers */
+TEST(text_hf_deepseek_v3_matches_transformers) {
+    const char *d = t_tmpdir("hf");
+    REQUIRE(d);
+    char out[512], path[300];
+    snprintf(path, sizeof path, "%s/tokenizer.json", d);
+    int rc = t_sh(out, sizeof out, "gzip -dc " TD "/deepseek_v3.tokenizer.json.gz > %s", path);
+    REQUIRE(rc == 0, "%s", out);
+    df_tokenizer *t = NULL;
+    char err[DF_ERRMSG];
+    double t0 = now_s();
+    REQUIRE(df_tokenizer_load_hf(path, &t, err) == DF_OK, "%s", err);
+    double dt = now_s() - t0;
+    CHECK(dt < 5.0, "loading took %.2f s", dt);
+    CHECK(df_tokenizer_vocab_size(t) == 128815, "vocab %d", df_tokenizer_vocab_size(t));
+    check_ref_tok(t, "deepseek_v3");
+    /* a model dir with only tokenizer.json */
+    df_tokenizer *t2 = NULL;
+    CHECK(df_tokenizer_load_dir(d, &t2, err) == DF_OK, "%s", err);
+    df_tokenizer_free(t2);
+    df_tokenizer_free(t);
+    t_sh(NULL, 0, "rm -rf '%s'", d);
+}
+
+/* Unsupported tokenizer.json parts are refused by name. */
+static void expect_hf_error(const char *tag, const char *json, const char *needle) {
+    const char *d = t_tmpdir(tag);
+    REQUIRE(d);
+    char path[300];
+    snprintf(path, sizeof path, "%s/tokenizer.json", d);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f);
+    fputs(json, f);
+    fclose(f);
+    df_tokenizer *t = NULL;
+    char err[DF_ERRMSG] = "";
+    CHECK(df_tokenizer_load_hf(path, &t, err) != DF_OK && !t, "%s: accepted", tag);
+    CHECK(strstr(err, needle) != NULL, "%s: message '%s' lacks '%s'", tag, err, needle);
+    t_sh(NULL, 0, "rm -rf '%s'", d);
+}
+
+TEST(text_hf_unsupported_parts_named) {
+    /* a tiny valid byte-level vocabulary: the 256 byte symbols */
+    static char vocab[8192];
+    uint32_t cp[256];
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        int keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+        cp[b] = keep ? (uint32_t)b : (uint32_t)(256 + n++);
+    }
+    size_t w = (size_t)sprintf(vocab, "{");
+    for (int b = 0; b < 256; b++) {
+        char u[8];
+        int k = tok_utf8_put(cp[b], u);
+        u[k] = 0;
+        if (cp[b] == '"' || cp[b] == '\\') w += (size_t)sprintf(vocab + w, "%s\"\\%s\": %d", b ? "," : "", u, b);
+        else w += (size_t)sprintf(vocab + w, "%s\"%s\": %d", b ? "," : "", u, b);
+    }
+    sprintf(vocab + w, "}");
+    char json[12000];
+#define HF(norm, pre, model_extra) \
+    (snprintf(json, sizeof json, "{\"normalizer\": %s, \"pre_tokenizer\": %s, \"model\": {\"type\": \"BPE\", \"vocab\": %s, \"merges\": []%s}}", \
+              norm, pre, vocab, model_extra), json)
+    static const char bl[] = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}";
+    /* the good one loads */
+    const char *d = t_tmpdir("hfok");
+    char path[300];
+    snprintf(path, sizeof path, "%s/tokenizer.json", d);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f);
+    fputs(HF("null", bl, ""), f);
+    fclose(f);
+    df_tokenizer *t = NULL;
+    char err[DF_ERRMSG];
+    CHECK(df_tokenizer_load_hf(path, &t, err) == DF_OK, "%s", err);
+    if (t) {
+        df_tokens ids = {0};
+        CHECK(df_tokenize(t, "hi there", 8, 0, &ids, err) == DF_OK && ids.n == 8, "n %d", ids.n);
+        df_tokens_free(&ids);
+    }
+    df_tokenizer_free(t);
+    t_sh(NULL, 0, "rm -rf '%s'", d);
+    expect_hf_error("hf_nfc", HF("{\"type\": \"NFC\"}", bl, ""), "normalizer 'NFC'");
+    expect_hf_error("hf_seqnfkc", HF("{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFKC\"}]}", bl, ""), "NFKC");
+    expect_hf_error("hf_meta", HF("null", "{\"type\": \"Metaspace\"}", ""), "pre_tokenizer type 'Metaspace'");
+    expect_hf_error("hf_prefix", HF("null", "{\"type\": \"ByteLevel\", \"add_prefix_space\": true}", ""), "add_prefix_space");
+    expect_hf_error("hf_nobl", HF("null", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"Isolated\"}", ""), "no ByteLevel");
+    expect_hf_error("hf_beh", HF("null", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"MergedWithNext\"}]}", ""), "MergedWithNext");
+    expect_hf_error("hf_drop", HF("null", bl, ", \"dropout\": 0.1"), "dropout");
+    expect_hf_error("hf_bf", HF("null", bl, ", \"byte_fallback\": true"), "byte_fallback");
+    expect_hf_error("hf_wp", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", "model type 'WordPiece'");
+    expect_hf_error("hf_json", "{\"model\": ", "line");
+#undef HF
+}
 
 /* ---- the Kimi pattern ---- */
 

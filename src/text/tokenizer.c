@@ -687,14 +687,16 @@ df_status df_tokenizer_load_hf(const char *path, df_tokenizer **out, char err[DF
     *out = NULL;
     if (!path) return df_fail(err, DF_ERR_ARG, "no tokenizer.json given");
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    if (!root) {
-        if (errno == ENOENT || strstr(je.text, "unable to open"))
-            return df_fail(err, DF_ERR_IO, "%s: %s", path, je.text);
-        return df_fail(err, DF_ERR_FORMAT, "%s: line %d: %s", path, je.line, je.text);
-    }
+    size_t flen;
     df_status st = DF_OK;
+    char *ftext = read_file(path, &flen, (size_t)1 << 30, err, &st); /* json_loadb: much faster than getc */
+    if (!ftext) return st;
+    json_t *root = json_loadb(ftext, flen, 0, &je);
+    free(ftext);
+    if (!root) return df_fail(err, DF_ERR_FORMAT, "%s: line %d: %s", path, je.line, je.text);
     df_tokenizer *t = NULL;
+    int32_t *foreign = NULL; /* vocab ids whose strings are not ByteLevel */
+    int n_foreign = 0;
     unsigned char tb[4096];
     uint32_t cp_of_byte[256];
     int byte_of_cp[512];
@@ -747,8 +749,13 @@ df_status df_tokenizer_load_hf(const char *path, df_tokenizer **out, char err[DF
         int id = (int)json_integer_value(v);
         long nb = bytelevel_decode(key, strlen(key), byte_of_cp, tb, sizeof tb);
         if (nb <= 0) {
-            st = df_fail(err, DF_ERR_UNSUPPORTED, "%s: vocab entry \"%.40s\" is not in the ByteLevel alphabet (only ByteLevel BPE is supported)", path, key);
-            goto done;
+            /* an added token listed in the vocab too (DeepSeek's <｜begin▁of▁sentence｜>):
+             * its bytes come from added_tokens below, which must name it */
+            int32_t *nv = realloc(foreign, (size_t)(n_foreign + 1) * sizeof *nv);
+            if (!nv) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto done; }
+            foreign = nv;
+            foreign[n_foreign++] = id;
+            continue;
         }
         if (t->len[id] != UINT32_MAX) { st = df_fail(err, DF_ERR_FORMAT, "%s: vocab id %d appears twice", path, id); goto done; }
         if (tk_set_bytes(t, id, tb, (size_t)nb)) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto done; }
@@ -808,6 +815,15 @@ df_status df_tokenizer_load_hf(const char *path, df_tokenizer **out, char err[DF
         if (spec_set(t, id, c, strlen(c))) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto done; }
     }
     spec_finish(t);
+    for (int i = 0; i < n_foreign; i++)
+        if (!t->special_id[foreign[i]]) {
+            const char *k2;
+            json_t *v2;
+            json_object_foreach(vocab, k2, v2) if (json_integer_value(v2) == foreign[i]) break;
+            st = df_fail(err, DF_ERR_UNSUPPORTED, "%s: vocab entry \"%.40s\" is not in the ByteLevel alphabet nor an added token (only ByteLevel BPE is supported)",
+                         path, k2 ? k2 : "?");
+            goto done;
+        }
 
     /* pre-tokenizer */
     json_t *pre = json_object_get(root, "pre_tokenizer");
@@ -834,6 +850,7 @@ df_status df_tokenizer_load_hf(const char *path, df_tokenizer **out, char err[DF
              path, t->n_ranks, nm, t->n_spec, t->n_steps);
 done:
     json_decref(root);
+    free(foreign);
     if (st != DF_OK) { df_tokenizer_free(t); return st; }
     *out = t;
     return DF_OK;
