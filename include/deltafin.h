@@ -274,6 +274,50 @@ void df_sampler_reset(df_sampler *s);
  * Does not accept the token (call df_sampler_accept). */
 int32_t df_sampler_sample(df_sampler *s, const float *logits, df_sample *info);
 
+/* ---- chat: Kimi K3 "XTML" (../shared/K3.md §2.3-2.4) ----
+ * Rendering puts special tokens only at structural places: message text,
+ * names and arguments are ordinary text even when they spell <|open|>. */
+typedef struct {
+    const char *role;          /* "system", "user", "assistant", "tool" */
+    const char *content;       /* NULL: empty */
+    const char *reasoning;     /* assistant: reasoning_content (the think channel) */
+    const char *name;          /* user/system: optional name attribute; tool: the tool's name */
+    const char *tool_calls;    /* assistant: JSON array [{"id", "function": {"name", "arguments"}}] */
+    const char *tool_call_id;  /* tool: the id of the call it answers (results are reordered to call order) */
+} df_chat_msg;
+
+typedef struct {
+    const char *tools;            /* JSON array of tool declarations, or NULL */
+    const char *reasoning_effort; /* low, medium, high, max (default); NULL or "": no effort message */
+    int thinking;                 /* 1 (default): the generation prompt opens the think channel */
+    int add_generation_prompt;    /* 1 (default) */
+} df_chat_opts;
+void df_chat_opts_default(df_chat_opts *o);
+
+/* Appends the conversation's ids to out (t may be NULL when out is NULL);
+ * *text (if non-NULL) receives the same rendering as a malloc'd string with
+ * the specials spelled out. On error out->n is unchanged. */
+df_status df_chat_render(const df_tokenizer *t, const df_chat_msg *msgs, int n, const df_chat_opts *opts,
+                         df_tokens *out, char **text, char err[DF_ERRMSG]);
+
+/* Output parsing: feed decoded model output (specials spelled, as df_detok
+ * with skip_special = 0 gives it); the parser calls emit with reasoning and
+ * content text as it becomes certain (a partial control marker at the end is
+ * held back), and one compact JSON object {"name", "arguments"} per tool
+ * call when its block closes. Structural markers are never emitted (a stray
+ * one that is not where the format puts it stays text). */
+enum { DF_CHAT_REASONING = 1, DF_CHAT_CONTENT = 2, DF_CHAT_TOOL_CALL = 3 };
+typedef void (*df_chat_emit)(void *ud, int kind, const char *text, size_t n);
+typedef struct df_chat_parser df_chat_parser;
+/* in_thinking: the prompt opened the think channel (the default prompt does). */
+df_status df_chat_parser_new(int in_thinking, df_chat_emit emit, void *ud, df_chat_parser **out);
+void df_chat_parser_free(df_chat_parser *p);
+df_status df_chat_parser_feed(df_chat_parser *p, const char *text, size_t n);
+/* End of output (EOS, length limit): held-back text is emitted as text. */
+void df_chat_parser_finish(df_chat_parser *p);
+/* 1 once the assistant message has closed. */
+int df_chat_parser_done(const df_chat_parser *p);
+
 #ifdef __cplusplus
 }
 #endif
