@@ -126,6 +126,11 @@ void df_engine_reset_stats(df_engine *e);
 df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char err[DF_ERRMSG]);
 /* Bytes of one routed expert as stored (0 without experts). */
 int64_t df_engine_expert_bytes(const df_engine *e);
+/* Weight bytes a decode step reads besides routed experts (every non-expert
+ * matrix once; the embedding counts one row). */
+int64_t df_engine_spine_bytes_per_token(const df_engine *e);
+/* Layers with routed experts. */
+int df_engine_moe_layers(const df_engine *e);
 /* Routed experts per token (after a --top-k override). */
 int df_engine_experts_per_token(const df_engine *e);
 /* "" for exact runs; otherwise a label naming every lossy setting, e.g.
@@ -147,6 +152,8 @@ typedef struct {
  * returns the number filled; probe_gbps receives the probe's bandwidth. */
 int df_bench_kernels(int n_threads, double mb, double seconds, df_bench_row *rows,
                      double *probe_gbps);
+/* The DRAM read probe alone: GB/s reading a buffer of >= mb MB with n_threads. */
+double df_dram_probe(int n_threads, double mb, double seconds);
 
 
 /* ---- text: tokenizers, detokenisation, sampling, chat (src/text) ----

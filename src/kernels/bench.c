@@ -286,3 +286,12 @@ int df_bench_kernels(int n_threads, double mb, double seconds, df_bench_row *row
     pool_free(pool);
     return n;
 }
+
+double df_dram_probe(int n_threads, double mb, double seconds) {
+    if (n_threads <= 0) n_threads = 1;
+    df_pool *pool = pool_new(n_threads);
+    if (!pool) return 0;
+    double g = probe_gbps_run(pool, mb, seconds);
+    pool_free(pool);
+    return g;
+}

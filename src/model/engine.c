@@ -358,6 +358,25 @@ int df_engine_experts_per_token(const df_engine *e) {
 
 const char *df_engine_lossy(const df_engine *e) { return e->lossy; }
 
+int df_engine_moe_layers(const df_engine *e) {
+    int n = 0;
+    for (int l = 0; l < e->cfg.num_hidden_layers; l++) n += cfg_is_moe_layer(&e->cfg, l);
+    return n;
+}
+
+int64_t df_engine_spine_bytes_per_token(const df_engine *e) {
+    /* every tensor that is not a routed expert, minus all but one row of an untied embedding */
+    int64_t total = 0;
+    for (int64_t i = 0; i < st_count(e->st); i++) {
+        const st_tensor *t = st_at(e->st, i);
+        if (strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) continue;
+        total += t->nbytes;
+        if (!e->cfg.tie_word_embeddings && strstr(t->name, "embed_tokens.weight") && t->ndim == 2 && t->shape[0] > 0)
+            total -= t->nbytes - t->nbytes / t->shape[0];
+    }
+    return total;
+}
+
 df_status df_engine_save_heat(df_engine *e, char err[DF_ERRMSG]) {
     if (!e->store || !e->opts.heat_path) return DF_OK;
     return xs_heat_save(e->store, e->opts.heat_path, err);
