@@ -68,6 +68,7 @@ typedef struct {
      * Tests pass tables that inject EINTR, short reads, EIO and delays. */
     const struct df_io *io;
     int plan_only;   /* describe only: plan the expert cache without allocating it */
+    int profile;     /* time each part of a step (df_engine_profile) */
 } df_engine_opts;
 
 void df_engine_opts_default(df_engine_opts *o);
@@ -117,6 +118,13 @@ typedef struct {
     int max_in_flight;         /* most reads outstanding at once */
     const char *expert_io;     /* "direct", "pread", "mmap" */
 } df_stats;
+
+/* Where decode time goes, seconds since open or the last reset (filled
+ * only when df_engine_opts.profile is set; otherwise zero). */
+enum { DF_PROF_EMBED = 0, DF_PROF_KDA, DF_PROF_MLA, DF_PROF_NORMS, DF_PROF_ROUTER, DF_PROF_SHARED,
+       DF_PROF_ROUTED, DF_PROF_DENSE, DF_PROF_HEAD, DF_PROF_N };
+const char *df_prof_name(int i);
+void df_engine_profile(const df_engine *e, double out[DF_PROF_N]);
 
 void df_engine_stats(const df_engine *e, df_stats *out);
 void df_engine_reset_stats(df_engine *e);

@@ -20,6 +20,7 @@ typedef struct {
     const char *heat_path;
     int64_t pin;
     int plan_only;          /* inspect: plan, allocate nothing */
+    int profile;            /* time the parts of a step */
 } cli_model_opts;
 
 /* Exit codes: 0 success, 1 the work failed (bad model, I/O), 2 usage error. */
@@ -46,4 +47,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+/* `run --prompt` (text) goes to cmd_run_text, `run --tokens` to cmd_run. */
+int cmd_run_wants_text(int argc, char **argv);
+int cmd_run_text(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 #endif

@@ -36,7 +36,8 @@ static int bench_kernels(int threads, double mb, double seconds) {
 /* MoE layers of the model: expert reads per token = K x this. */
 static int nmoe_layers(df_engine *e) { return df_engine_moe_layers(e); }
 
-static int bench_decode(const cli_model_opts *mo, int ntok, int nprompt, double probe_s, int json) {
+static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_s, int json) {
+    mo->profile = 1;
     df_engine *e = cli_open(mo);
     if (!e) return CLI_FAIL;
     int rc = CLI_FAIL, V = df_engine_vocab_size(e);
@@ -63,6 +64,8 @@ static int bench_decode(const cli_model_opts *mo, int ntok, int nprompt, double 
     double prefill_s = cli_now() - t0;
     df_engine_stats(e, &b);
     uint64_t prefill_bytes = b.bytes_read;
+    double prof0[DF_PROF_N], prof1[DF_PROF_N];
+    df_engine_profile(e, prof0);
     uint64_t hits = 0, all = 0;
     for (int i = 0; i < ntok; i++) {
         int32_t tok = df_argmax(df_session_logits(s), V);
@@ -83,6 +86,7 @@ static int bench_decode(const cli_model_opts *mo, int ntok, int nprompt, double 
         if (!json)
             fprintf(stderr, "token %d: %.3f s, %.1f MB read\n", i + 1, dt[i], bytes[i] / 1e6);
     }
+    df_engine_profile(e, prof1);
     int steady = ntok > 1 ? ntok - 1 : ntok, first = ntok > 1 ? 1 : 0;
     double *sorted = dt + ntok, mean_bytes = 0; /* the spare tail of dt */
     for (int i = 0; i < steady; i++) {
@@ -113,6 +117,10 @@ static int bench_decode(const cli_model_opts *mo, int ntok, int nprompt, double 
                (unsigned long long)prefill_bytes, med, med > 0 ? 1.0 / med : 0.0, mean_bytes, hit, disk,
                floor_s, ratio, b.cache_slots, b.max_in_flight, mo->no_prefetch ? "false" : "true", df_engine_lossy(e),
                (long long)spine, dram, mem_floor, best_floor > 0 ? med / best_floor : 0);
+        printf("{\"profile_s_per_token\": {");
+        for (int i = 0; i < DF_PROF_N; i++)
+            printf("%s\"%s\": %.6f", i ? ", " : "", df_prof_name(i), (prof1[i] - prof0[i]) / ntok);
+        printf("}}\n");
     } else {
         if (*df_engine_lossy(e)) printf("%s\n", df_engine_lossy(e));
         printf("experts via %s, %d cache slots of %.1f MB, threads %d\n", b.expert_io, b.cache_slots,
@@ -125,6 +133,12 @@ static int bench_decode(const cli_model_opts *mo, int ntok, int nprompt, double 
         printf("memory floor                %.4f s/token (%.2f GB of weights per step at %.1f GB/s DRAM)\n",
                mem_floor, touched / 1e9, dram);
         printf("ratio to the larger floor   %.3f\n", best_floor > 0 ? med / best_floor : 0);
+        printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads):\n", ntok);
+        double sum = 0;
+        for (int i = 0; i < DF_PROF_N; i++) sum += prof1[i] - prof0[i];
+        for (int i = 0; i < DF_PROF_N; i++)
+            printf("  %-22s %8.1f ms  %5.1f%%\n", df_prof_name(i), (prof1[i] - prof0[i]) / ntok * 1e3,
+                   sum > 0 ? 100 * (prof1[i] - prof0[i]) / sum : 0);
     }
     rc = CLI_OK;
 done:

@@ -18,6 +18,8 @@ static const char usage_text[] =
     "  synth     write a random-weight checkpoint of a supported family\n"
     "  tokenize  text -> token ids (tiktoken rank file, tokenizer.json, model dir)\n"
     "  detokenize token ids -> text\n"
+    "  run --prompt TEXT  stream generated text (sampling, --chat, stop strings)\n"
+    "  chat      interactive conversation in the model's chat format\n"
     "\n"
     "`deltafin COMMAND --help` shows a command's options.\n";
 
@@ -155,6 +157,7 @@ df_engine *cli_open(const cli_model_opts *o) {
     eo.heat_path = o->heat_path;
     eo.pin_bytes = o->pin;
     eo.plan_only = o->plan_only;
+    eo.profile = o->profile;
     if (o->trace_path) {
         FILE *f = fopen(o->trace_path, "w");
         if (!f) {
@@ -219,13 +222,14 @@ int main(int argc, char **argv) {
     if (argc < 2) { fputs(usage_text, stderr); return CLI_USAGE; }
     const char *c = argv[1];
     if (!strcmp(c, "--help") || !strcmp(c, "-h") || !strcmp(c, "help")) { fputs(usage_text, stdout); return 0; }
-    if (!strcmp(c, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(c, "run")) return cmd_run_wants_text(argc - 1, argv + 1) ? cmd_run_text(argc - 1, argv + 1) : cmd_run(argc - 1, argv + 1);
     if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);
     if (!strcmp(c, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(c, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(c, "synth")) return cmd_synth(argc - 1, argv + 1);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(c, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(c, "chat")) return cmd_chat(argc - 1, argv + 1);
     fprintf(stderr, "deltafin: unknown command '%s'\n\n%s", c, usage_text);
     return CLI_USAGE;
 }

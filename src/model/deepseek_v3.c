@@ -276,28 +276,36 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
     size_t nh = (size_t)n * H;
     if (n > DF_CHUNK || pos + n > s->max_ctx) return DF_ERR_ARG;
     int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
+    double pt = prof_now(e);
     for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], s->x + (size_t)t * H);
+    prof_add(e, DF_PROF_EMBED, &pt);
     for (int l = 0; l < m->L; l++) {
         ds_layer *y = &m->layers[l];
         for (int t = 0; t < n; t++) op_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, y->attn_norm, H, m->eps);
+        prof_add(e, DF_PROF_NORMS, &pt);
         mla_forward(e, &m->mla, &y->attn, s->cache + l * cstride, &s->mla, pos, n, s->xn, s->y);
+        prof_add(e, DF_PROF_MLA, &pt);
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];
         for (int t = 0; t < n; t++) op_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, y->ffn_norm, H, m->eps);
+        prof_add(e, DF_PROF_NORMS, &pt);
         if (y->moe) {
             df_status st = moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, pos, s->y, err);
             if (st != DF_OK) return st;
-        }
-        else {
+            pt = prof_now(e);
+        } else {
             if (l + 1 < m->L && m->layers[l + 1].moe) moe_lookahead(e, &m->layers[l + 1].experts, &s->moe, s->xn, n);
             ffn_forward(e, &y->mlp, &m->act, s->xn, n, s->y, s->moe.g, s->moe.u);
+            prof_add(e, DF_PROF_DENSE, &pt);
         }
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];
     }
     if (!out) return DF_OK;
+    pt = prof_now(e);
     int first = all_rows ? 0 : n - 1, rows = n - first;
     for (int t = first; t < n; t++)
         op_rmsnorm(s->xn + (size_t)(t - first) * H, s->x + (size_t)t * H, m->final_norm, H, m->eps);
     mm(e, &m->head, s->xn, rows, out, m->V);
+    prof_add(e, DF_PROF_HEAD, &pt);
     return DF_OK;
 }
 

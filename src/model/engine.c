@@ -10,6 +10,7 @@
 #include "ffn.h"
 #include <fcntl.h>
 #include <stdarg.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,6 +307,32 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
     return DF_OK;
 }
 
+/* ---- profile ---- */
+
+double prof_now(const df_engine *e) {
+    if (!e->opts.profile) return 0;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+void prof_add(df_engine *e, int part, double *t) {
+    if (!e->opts.profile) return;
+    double now = prof_now(e);
+    e->prof[part] += now - *t;
+    *t = now;
+}
+
+const char *df_prof_name(int i) {
+    static const char *names[DF_PROF_N] = {"embed", "attention KDA", "attention MLA", "norms + residuals",
+                                           "router", "shared experts", "routed experts", "dense MLP", "head"};
+    return i >= 0 && i < DF_PROF_N ? names[i] : "?";
+}
+
+void df_engine_profile(const df_engine *e, double out[DF_PROF_N]) {
+    memcpy(out, e->prof, sizeof e->prof);
+}
+
 /* ---- stats ---- */
 
 void df_engine_stats(const df_engine *e, df_stats *out) {
@@ -327,6 +354,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
 }
 
 void df_engine_reset_stats(df_engine *e) {
+    memset(e->prof, 0, sizeof e->prof);
     if (e->store) xs_reset_stats(e->store);
 }
 

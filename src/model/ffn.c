@@ -215,6 +215,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
                       const float *xn, int n, int pos, float *out, char *err) {
     int H = (int)m->router.cols, K = m->K;
     int dl = m->latent ? (int)m->lat_down.rows : H;
+    double pt = prof_now(e);
     mm(e, &m->router, xn, n, s->rlog, m->E);
     for (int t = 0; t < n; t++) {
         moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K);
@@ -228,13 +229,15 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     df_status st = DF_OK;
     if (m->store && (st = xs_begin(m->store, m->layer, s->uni, nu, err))) return st;
     if (m->store) moe_lookahead(e, m->next, s, xn, n);
+    prof_add(e, DF_PROF_ROUTER, &pt);
     /* work that overlaps the reads */
     const float *xin = xn;
+    if (m->has_shared) ffn_forward(e, &m->shared, act, xn, n, s->sh, s->g, s->u);
+    prof_add(e, DF_PROF_SHARED, &pt);
     if (m->latent) {
         mm(e, &m->lat_down, xn, n, s->xl, dl);
         xin = s->xl;
     }
-    if (m->has_shared) ffn_forward(e, &m->shared, act, xn, n, s->sh, s->g, s->u);
     /* each expert used by the chunk runs once over all its tokens, as it arrives */
     if (!m->store) {
         for (int i = 0; i < nu; i++) run_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
@@ -264,5 +267,6 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     }
     if (m->has_shared)
         for (size_t i = 0; i < (size_t)n * H; i++) out[i] += s->sh[i];
+    prof_add(e, DF_PROF_ROUTED, &pt);
     return DF_OK;
 }

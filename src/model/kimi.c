@@ -338,11 +338,14 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
     if (n > DF_CHUNK || pos + n > s->max_ctx) return DF_ERR_ARG;
     int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
     int64_t kstride = kda_state_floats(&m->kda);
+    double pt = prof_now(e);
     for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], s->h + (size_t)t * H);
+    prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0; /* anchors so far (same count for every position) */
     for (int l = 0; l < m->L; l++) {
         km_layer *y = &m->layers[l];
         int restart = 0;
+        pt = prof_now(e);
         if (m->block > 0) {
             for (int t = 0; t < n; t++) {
                 float *h = s->h + (size_t)t * H, *anc = s->anchors + (size_t)t * A * H;
@@ -356,8 +359,10 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         }
         for (int t = 0; t < n; t++)
             op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->attn_norm, H, m->eps);
+        prof_add(e, DF_PROF_NORMS, &pt);
         if (y->kda) kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, &s->kda, n, s->xn, s->y);
         else mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, &s->mla, pos, n, s->xn, s->y);
+        prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
         if (restart) memcpy(s->h, s->y, nh * sizeof(float));
         else for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
         if (m->block > 0) {
@@ -369,17 +374,21 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         }
         for (int t = 0; t < n; t++)
             op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->ffn_norm, H, m->eps);
+        prof_add(e, DF_PROF_NORMS, &pt);
         if (y->moe) {
             df_status st = moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, pos, s->y, err);
             if (st != DF_OK) return st;
-        }
-        else {
+            pt = prof_now(e);
+        } else {
             if (l + 1 < m->L && m->layers[l + 1].moe) moe_lookahead(e, &m->layers[l + 1].experts, &s->moe, s->xn, n);
             ffn_forward(e, &y->mlp, &m->act, s->xn, n, s->y, s->moe.g, s->moe.u);
+            prof_add(e, DF_PROF_DENSE, &pt);
         }
         for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
+        prof_add(e, DF_PROF_NORMS, &pt);
     }
     if (!out) return DF_OK;
+    pt = prof_now(e);
     int first = all_rows ? 0 : n - 1, rows = n - first;
     for (int t = first; t < n; t++) {
         float *x = s->h + (size_t)t * H, *xo = s->xin + (size_t)(t - first) * H;
@@ -388,6 +397,7 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         op_rmsnorm(s->xn + (size_t)(t - first) * H, xo, m->final_norm, H, m->eps);
     }
     mm(e, &m->head, s->xn, rows, out, m->V);
+    prof_add(e, DF_PROF_HEAD, &pt);
     return DF_OK;
 }
 

@@ -54,6 +54,7 @@ struct df_engine {
     struct xs_store *store;   /* routed experts read into the RAM cache; NULL: mmap */
     df_engine_opts opts;
     char lossy[64];           /* "" or the label of the lossy settings in force */
+    double prof[DF_PROF_N];   /* seconds per part of a step, when opts.profile */
 };
 
 struct df_session {
@@ -81,6 +82,11 @@ df_status model_find_prefix(df_engine *e, char *err);
  * layers without experts have E == 0. */
 struct moe_layer_s;
 void model_link_moe(df_engine *e, struct moe_layer_s *first, size_t stride, int n_layers);
+
+/* Profiling: t = prof_now(e) ... prof_add(e, DF_PROF_X, &t) adds the time
+ * since t to part X and restarts t. Both are no-ops unless opts.profile. */
+double prof_now(const df_engine *e);
+void prof_add(df_engine *e, int part, double *t);
 
 /* Parallel y = W x over rows for n vectors: Y[i*ldy + r]. */
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
