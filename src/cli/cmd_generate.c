@@ -303,7 +303,15 @@ static int turn(gen *g, const int32_t *ids, int n, int in_thinking, int *finishe
             made++;
             break;
         }
-        if (made + 1 == g->max_new || g->stopped || interrupted) { made++; break; }
+        if (made + 1 == g->max_new || g->stopped || interrupted) {
+            /* a chat session keeps what was shown: evaluate the last token too */
+            if (g->chat && room && df_session_eval(g->s, &tok, 1, NULL) != DF_OK) {
+                fprintf(stderr, "\ndeltafin: %s\n", df_session_error(g->s));
+                goto done;
+            }
+            made++;
+            break;
+        }
         if (!room) { made++; if (g->stats) fprintf(stderr, "\n[context limit reached]\n"); break; }
         if (df_session_eval(g->s, &tok, 1, NULL) != DF_OK) {
             fprintf(stderr, "\ndeltafin: %s\n", df_session_error(g->s));
