@@ -20,14 +20,27 @@
 
 /* Copies GOOD into a fresh temp dir, runs `fix` (a shell snippet run inside
  * it), then `deltafin run`; returns its exit status and output. */
-static int run_broken(const char *tag, const char *fix, char *out, size_t cap) {
+static int run_broken_from(const char *good, const char *tag, const char *fix, char *out, size_t cap) {
     const char *d = t_tmpdir(tag);
     if (!d) return -100;
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "cp -r " GOOD "/. %s/ && cd %s && %s", d, d, fix);
+    snprintf(cmd, sizeof cmd, "cp -r %s/. %s/ && cd %s && %s", good, d, d, fix);
     if (t_sh(out, cap, "%s", cmd) != 0) return -101;
     return t_sh(out, cap, "%s run --model %s --tokens " PROMPT " --max-new 2 --ids", t_bin(), d);
 }
+
+static int run_broken(const char *tag, const char *fix, char *out, size_t cap) {
+    return run_broken_from(GOOD, tag, fix, out, cap);
+}
+
+#define EXPECT_FAIL_FROM(good, tag, fix, needle1, needle2)                         \
+    do {                                                                          \
+        char out_[8192];                                                          \
+        int rc_ = run_broken_from(good, tag, fix, out_, sizeof out_);             \
+        CHECK(rc_ == 1, "%s: exit %d (want 1): %s", tag, rc_, out_);              \
+        CHECK(strstr(out_, needle1) != NULL, "%s: message lacks '%s': %s", tag, needle1, out_); \
+        CHECK(strstr(out_, needle2) != NULL, "%s: message lacks '%s': %s", tag, needle2, out_); \
+    } while (0)
 
 #define EXPECT_FAIL(tag, fix, needle1, needle2)                                    \
     do {                                                                          \
@@ -96,6 +109,36 @@ TEST(bad_unknown_dtype) {
                 "python3 -c \"p='model-00001-of-00002.safetensors';b=bytearray(open(p,'rb').read());"
                 "i=b.index(b'\\\"BF16\\\"');b[i+1:i+5]=b'BX16';open(p,'wb').write(bytes(b))\"",
                 "model-00001-of-00002.safetensors", "BX16");
+}
+
+/* ---- K3 configs: refused before any weight is read, naming the field ---- */
+
+#define K3 "tests/fixtures/kimi_k3_mxfp4"
+#define K3EDIT(code) "python3 -c \"import json;p='config.json';j=json.load(open(p));t=j['text_config'];" code ";json.dump(j,open(p,'w'))\""
+
+TEST(bad_k3_layer_lists_overlap) {
+    EXPECT_FAIL_FROM(K3, "k3overlap", K3EDIT("t['linear_attn_config']['kda_layers']=[1,2,3,4]"), "kda_layers", "twice");
+}
+
+TEST(bad_k3_layer_lists_leave_a_gap) {
+    EXPECT_FAIL_FROM(K3, "k3gap", K3EDIT("t['linear_attn_config']['kda_layers']=[1,2]"), "layer 4", "neither");
+}
+
+TEST(bad_k3_latent_size_disagrees) {
+    EXPECT_FAIL_FROM(K3, "k3latent", K3EDIT("t['routed_expert_hidden_size']=72"), "routed_expert", "expected");
+}
+
+TEST(bad_k3_unknown_activation) {
+    EXPECT_FAIL_FROM(K3, "k3act", K3EDIT("t['hidden_act']='gelu'"), "hidden_act", "gelu");
+}
+
+TEST(bad_k3_unsupported_quantization) {
+    EXPECT_FAIL_FROM(K3, "k3quant", K3EDIT("t['quantization_config']['format']='nvfp4-pack-quantized'"), "quantization",
+                     "nvfp4");
+}
+
+TEST(bad_k3_missing_linear_attn_config) {
+    EXPECT_FAIL_FROM(K3, "k3lac", K3EDIT("del t['linear_attn_config']"), "linear_attn_config", "missing");
 }
 
 TEST(bad_usage_exit_code) {

@@ -119,7 +119,11 @@ static df_status bind_moe(df_engine *e, km_model *m, int layer, const char *base
     if (c->routed_expert_hidden_size > 0) {
         x->latent = 1;
         tname(b, "%srouted_expert_down_proj", base);
-        if ((st = model_bind(e, b, dl, m->H, &x->lat_down, err))) return st;
+        if ((st = model_bind(e, b, dl, m->H, &x->lat_down, err))) {
+            size_t n = strlen(err);
+            snprintf(err + n, DF_ERRMSG - n, "; config.json field 'routed_expert_hidden_size' is %d", dl);
+            return st;
+        }
         tname(b, "%srouted_expert_up_proj", base);
         if ((st = model_bind(e, b, m->H, dl, &x->lat_up, err))) return st;
         if (c->latent_moe_use_norm) {
