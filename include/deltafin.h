@@ -137,6 +137,10 @@ int64_t df_engine_expert_bytes(const df_engine *e);
 /* Weight bytes a decode step reads besides routed experts (every non-expert
  * matrix once; the embedding counts one row). */
 int64_t df_engine_spine_bytes_per_token(const df_engine *e);
+/* The memory plan: at most this many bytes resident for a session of max_ctx
+ * positions (non-expert weights + the expert cache + session state + a
+ * fixed allowance for scratch and code). */
+int64_t df_engine_plan_bytes(const df_engine *e, int max_ctx);
 /* Layers with routed experts. */
 int df_engine_moe_layers(const df_engine *e);
 /* Routed experts per token (after a --top-k override). */

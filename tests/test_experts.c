@@ -164,3 +164,24 @@ TEST(xs_shard_changed_under_engine) {
     df_session_free(s);
     df_engine_close(e);
 }
+
+/* The process never holds more than the memory plan it printed: a model
+ * whose experts are several times the cache budget, decoded with the cache
+ * evicting all the time. */
+TEST(xs_peak_rss_within_plan) {
+    const char *d = t_tmpdir("rss");
+    char out[16384];
+    int rc = t_sh(out, sizeof out, "%s synth --arch kimi_k3 --preset tiny --experts 3000 --layers 4 --out %s --force --quiet",
+                  t_bin(), d);
+    REQUIRE(rc == 0, "synth: %s", out);
+    rc = t_sh(out, sizeof out,
+              "%s run --model %s --ram 4M --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 "
+              "--max-new 24 --ids --stats",
+              t_bin(), d);
+    REQUIRE(rc == 0, "run: %s", out);
+    const char *m = strstr(out, "peak RSS");
+    REQUIRE(m != NULL, "no memory line: %s", out);
+    double rss = 0, plan = 0;
+    CHECK(sscanf(m, "peak RSS %lf MB, plan %lf MB", &rss, &plan) == 2, "parse: %s", m);
+    CHECK(rss > 0 && rss <= plan, "peak RSS %.1f MB above the plan %.1f MB", rss, plan);
+}

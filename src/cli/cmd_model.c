@@ -173,6 +173,15 @@ int cmd_run(int argc, char **argv) {
     double t2 = cli_now();
     if (stats) {
         fputs(statbuf, stderr);
+        long hwm_kb = -1;
+        FILE *st = fopen("/proc/self/status", "r");
+        char ln[256];
+        while (st && fgets(ln, sizeof ln, st))
+            if (!strncmp(ln, "VmHWM:", 6)) hwm_kb = atol(ln + 6);
+        if (st) fclose(st);
+        if (hwm_kb >= 0)
+            fprintf(stderr, "memory: peak RSS %.1f MB, plan %.1f MB\n", hwm_kb / 1024.0,
+                    df_engine_plan_bytes(e, df_session_pos(s) > 0 ? (mo.ctx > 0 ? mo.ctx : 4096) : 4096) / 1048576.0);
         int steps = made > 1 ? made - 1 : 0;
         fprintf(stderr, "%s%sprefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.2f tok/s, %.1f ms/token); threads %d, experts via %s\n",
                 df_engine_lossy(e), *df_engine_lossy(e) ? " | " : "", n, t1 - t0, n / (t1 - t0 + 1e-12), steps, t2 - t1,
