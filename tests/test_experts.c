@@ -182,6 +182,7 @@ TEST(xs_peak_rss_within_plan) {
     const char *m = strstr(out, "peak RSS");
     REQUIRE(m != NULL, "no memory line: %s", out);
     double rss = 0, plan = 0;
-    CHECK(sscanf(m, "peak RSS %lf MB, plan %lf MB", &rss, &plan) == 2, "parse: %s", m);
+    int got = sscanf(m, "peak RSS %lf MB, plan %lf MB", &rss, &plan);
+    CHECK(got == 2, "parse: %s", m);
     CHECK(rss > 0 && rss <= plan, "peak RSS %.1f MB above the plan %.1f MB", rss, plan);
 }
