@@ -543,3 +543,10 @@ TEST(text_cli_tokenize_detokenize) {
     rc = t_sh(out, sizeof out, "%s tokenize </dev/null", t_bin());
     CHECK(rc == 2, "rc %d: %s", rc, out);
 }
+
+TEST(text_cli_bench_tokenizer) {
+    REQUIRE(load_enc("o200k_base", "o200k"));
+    char out[4096];
+    int rc = t_sh(out, sizeof out, "%s bench --tokenizer %s/o200k_base.tiktoken --pattern o200k --seconds 0.2", t_bin(), cache_dir);
+    CHECK(rc == 0 && strstr(out, "MB/s") && strstr(out, "pattern o200k"), "rc %d: %s", rc, out);
+}

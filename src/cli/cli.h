@@ -51,4 +51,7 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_run_wants_text(int argc, char **argv);
 int cmd_run_text(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+/* `bench --tokenizer` goes to cmd_bench_tokenizer (cmd_text.c). */
+int cmd_bench_wants_tokenizer(int argc, char **argv);
+int cmd_bench_tokenizer(int argc, char **argv);
 #endif

@@ -10,6 +10,10 @@
  *   deltafin detokenize (--model DIR | --tokenizer FILE) [--ids "1 2 3"] [--skip-special]
  *       reads ids (space/comma/newline separated; stdin by default) and writes
  *       the text exactly (no newline added).
+ *   deltafin bench --tokenizer FILE|DIR [--pattern P] [--text-file F] [--seconds S]
+ *       tokenisation throughput: encodes the text (default: a built-in
+ *       multilingual sample repeated to 1 MB) for S seconds (default 2), one
+ *       line: bytes, tokens, MB/s. (main.c sends `bench --tokenizer` here.)
  * Exit codes: 0 ok, 1 bad tokenizer / text / ids, 2 usage.
  */
 #include "cli.h"
@@ -17,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct {
     const char *model, *tokenizer, *pattern, *pattern_file, *config;
@@ -69,8 +74,9 @@ static df_tokenizer *open_tok(const tok_opts *o) {
     df_tokenizer *t = NULL;
     char err[DF_ERRMSG];
     df_status st;
-    if (o->model) {
-        st = df_tokenizer_load_dir(o->model, &t, err);
+    struct stat sb;
+    if (o->model || (o->tokenizer && stat(o->tokenizer, &sb) == 0 && S_ISDIR(sb.st_mode))) {
+        st = df_tokenizer_load_dir(o->model ? o->model : o->tokenizer, &t, err);
     } else {
         size_t L = strlen(o->tokenizer);
         if (L >= 5 && !strcmp(o->tokenizer + L - 5, ".json")) {
@@ -224,6 +230,77 @@ int cmd_detokenize(int argc, char **argv) {
     }
     free(text);
     df_tokens_free(&ids);
+    df_tokenizer_free(t);
+    return rc;
+}
+
+/* ---- bench --tokenizer ---- */
+
+int cmd_bench_wants_tokenizer(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--tokenizer")) return 1;
+    return 0;
+}
+
+static const char bench_sample[] =
+    "The quick brown fox jumps over the lazy dog; it's 12:45 and we've 3,141 reasons.\n"
+    "int main(void) {\n    for (int i = 0; i < n; i++) total += values[i] * 2;\n    return 0;\n}\n"
+    "\xe6\xb7\xb1\xe5\xba\xa6\xe5\xad\xa6\xe4\xb9\xa0\xe6\xa8\xa1\xe5\x9e\x8b\xe7\x9a\x84\xe6\x8e\xa8\xe7\x90\x86\xe3\x80\x82 "
+    "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9\xe3\x83\x88\xe3\x80\x82 "
+    "\xf0\x9f\x98\x80\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd   \t  spaces\n\n";
+
+int cmd_bench_tokenizer(int argc, char **argv) {
+    tok_opts o = {0};
+    const char *text_file = NULL;
+    double seconds = 2;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: deltafin bench --tokenizer FILE|DIR [--pattern P | --pattern-file F] [--text-file F] [--seconds S]\n"
+                   "Tokenisation throughput (bench/tokenizer.sh compares with js-tiktoken).\n");
+            return 0;
+        }
+        int r = tok_opt(&o, argc, argv, &i);
+        if (r < 0) return CLI_USAGE;
+        if (r) continue;
+        if (!strcmp(argv[i], "--text-file") && i + 1 < argc) text_file = argv[++i];
+        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) {
+            char *end;
+            seconds = strtod(argv[++i], &end);
+            if (*end || !(seconds > 0 && seconds < 3600)) return cli_usage("bench", "--seconds needs a positive number");
+        } else return cli_usage("bench", "unknown or incomplete option");
+    }
+    int u = check_src("bench", &o);
+    if (u) return u;
+    df_tokenizer *t = open_tok(&o);
+    if (!t) return CLI_FAIL;
+    size_t n;
+    char *text;
+    if (text_file) text = slurp(text_file, &n);
+    else {
+        size_t one = sizeof bench_sample - 1, reps = (1000000 + one - 1) / one;
+        n = one * reps;
+        text = malloc(n + 1);
+        if (text) {
+            for (size_t k = 0; k < reps; k++) memcpy(text + k * one, bench_sample, one);
+            text[n] = 0;
+        }
+    }
+    if (!text) { df_tokenizer_free(t); return CLI_FAIL; }
+    df_tokens ids = {0};
+    char err[DF_ERRMSG];
+    int passes = 0, rc = CLI_OK;
+    double t0 = cli_now(), dt = 0;
+    do {
+        ids.n = 0;
+        if (df_tokenize(t, text, n, 0, &ids, err) != DF_OK) { fprintf(stderr, "deltafin: %s\n", err); rc = CLI_FAIL; break; }
+        passes++;
+        dt = cli_now() - t0;
+    } while (dt < seconds);
+    if (rc == CLI_OK)
+        printf("tokenizer: %zu bytes -> %d tokens, %d passes in %.2f s: %.2f MB/s, %.2f M tokens/s (%s)\n", n, ids.n, passes,
+               dt, (double)n * passes / dt / 1e6, (double)ids.n * passes / dt / 1e6, df_tokenizer_describe(t));
+    df_tokens_free(&ids);
+    free(text);
     df_tokenizer_free(t);
     return rc;
 }

@@ -225,6 +225,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "run")) return cmd_run_wants_text(argc - 1, argv + 1) ? cmd_run_text(argc - 1, argv + 1) : cmd_run(argc - 1, argv + 1);
     if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);
     if (!strcmp(c, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(c, "bench") && cmd_bench_wants_tokenizer(argc - 1, argv + 1)) return cmd_bench_tokenizer(argc - 1, argv + 1);
     if (!strcmp(c, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(c, "synth")) return cmd_synth(argc - 1, argv + 1);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
