@@ -69,7 +69,14 @@ typedef struct {
     const struct df_io *io;
     int plan_only;   /* describe only: plan the expert cache without allocating it */
     int profile;     /* time each part of a step (df_engine_profile) */
+    int spine;       /* df_spine_mode: keep non-expert weights resident or stream them per layer */
 } df_engine_opts;
+
+/* Non-expert weights: mapped and resident, or streamed layer by layer
+ * through a double buffer (for models whose spine does not fit in RAM).
+ * Auto streams when those weights exceed the memory left beside the expert
+ * cache. Never changes the output. */
+typedef enum { DF_SPINE_AUTO = 0, DF_SPINE_RESIDENT, DF_SPINE_STREAM } df_spine_mode;
 
 void df_engine_opts_default(df_engine_opts *o);
 
@@ -310,6 +317,8 @@ typedef struct {
     const char *reasoning_effort; /* low, medium, high, max (default); NULL or "": no effort message */
     int thinking;                 /* 1 (default): the generation prompt opens the think channel */
     int add_generation_prompt;    /* 1 (default) */
+    const char *format;           /* "k3", "deepseek_v3" (its chat_template, reproduced), or NULL:
+                                   * deepseek_v3 when the tokenizer has <｜User｜> and no <|open|> */
 } df_chat_opts;
 void df_chat_opts_default(df_chat_opts *o);
 
@@ -336,6 +345,32 @@ df_status df_chat_parser_feed(df_chat_parser *p, const char *text, size_t n);
 void df_chat_parser_finish(df_chat_parser *p);
 /* 1 once the assistant message has closed. */
 int df_chat_parser_done(const df_chat_parser *p);
+
+/* ---- hub mirrors (src/hub; `deltafin setup`) ----
+ * A model directory made by `deltafin setup --stream` holds every file of a
+ * hub repository, its safetensors shards as sparse files at the remote
+ * offsets with routed experts fetched on first use. df_hub_stream_open
+ * registers such a directory and returns the df_io table to put in
+ * df_engine_opts.io: reads of a missing span of a shard fetch it from the hub
+ * (one HTTP range request), write it durably, record it, then read it. The
+ * table serves every registered mirror and stays valid until the last
+ * df_hub_stream_close. Routed experts must be read through the expert store
+ * (expert_io direct or pread, not mmap); O_DIRECT opens of a shard are
+ * refused so the store falls back to exact buffered reads. */
+typedef struct {
+    int64_t expert_local, expert_total; /* routed expert bytes present / in the model */
+    int64_t fetched;                    /* bytes fetched by this process */
+    int requests;                       /* range requests made by this process */
+    char last_error[DF_ERRMSG];         /* the last failed fetch, "" if none */
+} df_hub_stream_stats;
+
+/* 1 if dir is a stream-mode mirror (.deltafin-hub/manifest.json, mode stream). */
+int df_hub_is_stream(const char *dir);
+/* endpoint NULL: the one recorded at setup; token NULL: anonymous. */
+df_status df_hub_stream_open(const char *dir, const char *endpoint, const char *token,
+                             const struct df_io **io, char err[DF_ERRMSG]);
+void df_hub_stream_info(const char *dir, df_hub_stream_stats *out);
+void df_hub_stream_close(const char *dir); /* NULL-safe, unknown dirs ignored */
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
  */
 #include "model.h"
 #include "../base/err.h"
+#include "../experts/spine.h"
 #include "../experts/store.h"
 #include "ffn.h"
 #include <fcntl.h>
@@ -35,6 +36,8 @@ static int64_t default_ram(void) {
     int64_t r = avail - ((int64_t)2 << 30);
     return r < ((int64_t)256 << 20) ? (int64_t)256 << 20 : r;
 }
+
+static int64_t spine_bytes(const df_engine *e);
 
 /* ---- engine open/close ---- */
 
@@ -90,8 +93,23 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         st = xs_new(e->io, e->st, e->cfg.num_hidden_layers, e->cfg.n_routed_experts, &xo, &e->store, err);
         if (st != DF_OK) goto fail;
     }
+    e->spine_group = -1;
+    if (!opts->plan_only) {
+        int stream = opts->spine == DF_SPINE_STREAM;
+        if (opts->spine == DF_SPINE_AUTO) {
+            int64_t cache = e->store ? (opts->ram_bytes > 0 ? opts->ram_bytes : default_ram()) : 0;
+            long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+            int64_t avail = pages > 0 && psz > 0 ? (int64_t)pages * psz : 0;
+            stream = avail > 0 && spine_bytes(e) > avail - cache - ((int64_t)1 << 30);
+        }
+        if (stream && (st = sp_new(e->io, e->st, e->cfg.num_hidden_layers + 1,
+                                   opts->expert_io != DF_EXPERTS_PREAD, &e->spine, err)) != DF_OK)
+            goto fail;
+    }
     st = e->ops->open(e, &e->prog, err);
     if (st != DF_OK) goto fail;
+    e->spine_group = -1;
+    if (e->spine && (st = sp_finalize(e->spine, err)) != DF_OK) goto fail;
     if (e->store && (st = xs_finalize(e->store, err)) != DF_OK) goto fail;
     if (e->store && opts->heat_path && (st = xs_heat_load(e->store, opts->heat_path, err)) != DF_OK) goto fail;
     if (e->store && !opts->plan_only && opts->pin_bytes > 0 &&
@@ -114,6 +132,7 @@ void df_engine_close(df_engine *e) {
         df_engine_save_heat(e, err); /* best effort at close; df_engine_save_heat reports errors */
     }
     xs_free(e->store);
+    sp_free(e->spine);
     pool_free(e->pool);
     st_close(e->st);
     free(e->describe_text);
@@ -162,6 +181,12 @@ const char *df_engine_describe(df_engine *e) {
         snprintf(b + used, cap - used, "expert cache   none: experts are used in place through mmap\n");
     }
     used = strlen(b);
+    if (e->spine)
+        snprintf(b + used, cap - used, "spine          streamed per layer through 2 x %.3f GB buffers\n",
+                 sp_slot_bytes(e->spine) / 1e9);
+    else
+        snprintf(b + used, cap - used, "spine          resident (mapped), %.3f GB\n", spine_bytes(e) / 1e9);
+    used = strlen(b);
     snprintf(b + used, cap - used, "memory plan    %.3f GB for a 4096-token session (weights outside the cache + cache + state + metadata + 64 MB)\n",
              df_engine_plan_bytes(e, 4096) / 1e9);
     used = strlen(b);
@@ -181,7 +206,28 @@ void tname(char *out, const char *fmt, ...) {
 /* ---- binding helpers ---- */
 
 df_status model_bind(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w, char *err) {
+    if (!e->spine || e->spine_group < 0) return model_bind_resident(e, base, rows, cols, w, err);
+    df_status st = wt_bind_lazy(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
+    return st != DF_OK ? st : sp_register(e->spine, e->spine_group, w, err);
+}
+
+df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w,
+                              char *err) {
     return wt_bind(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
+}
+
+df_status model_enter(df_engine *e, int group, char *err) {
+    return e->spine ? sp_enter(e->spine, group, err) : DF_OK;
+}
+
+/* Bytes of the non-expert weights (what a resident spine keeps mapped). */
+static int64_t spine_bytes(const df_engine *e) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < st_count(e->st); i++) {
+        const st_tensor *t = st_at(e->st, i);
+        if (!(strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts"))) n += t->nbytes;
+    }
+    return n;
 }
 
 float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
@@ -396,6 +442,7 @@ int64_t df_engine_plan_bytes(const df_engine *e, int max_ctx) {
         if (e->store && strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) continue;
         resident += t->nbytes;
     }
+    if (e->spine) resident = resident - spine_bytes(e) + 2 * sp_slot_bytes(e->spine);
     int64_t cache = e->store ? xs_pool_bytes(e->store) : 0;
     int64_t state = e->ops->state_bytes_per_pos(e) * (int64_t)max_ctx;
     /* tensor index, expert tables and the JSON parse at open: ~640 bytes per

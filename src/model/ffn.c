@@ -154,7 +154,11 @@ df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const ch
     ffn_weights *w = &m->experts[i];
     df_status st;
     if (!e->store) {
-        if ((st = ffn_bind(e, base, names, inter, hidden, w, err))) return st;
+        int g = e->spine_group; /* mapped experts are not part of the streamed spine */
+        e->spine_group = -1;
+        st = ffn_bind(e, base, names, inter, hidden, w, err);
+        e->spine_group = g;
+        if (st) return st;
     } else {
         char b[DF_NAME];
         int64_t shape[3][2] = {{inter, hidden}, {inter, hidden}, {hidden, inter}};

@@ -25,7 +25,7 @@ static df_status bindw(df_engine *e, const char *base, const char *leaf, int64_t
                        df_weight *w, char *err) {
     char name[DF_NAME];
     tname(name, "%s%s", base, leaf);
-    return wt_bind(e->st, name, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
+    return model_bind(e, name, rows, cols, w, err);
 }
 
 /* Loads a small f32/bf16 tensor of exactly n elements whatever its shape. */

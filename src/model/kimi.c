@@ -103,7 +103,7 @@ static df_status bind_moe(df_engine *e, km_model *m, int layer, const char *base
     x->renorm = c->norm_topk_prob && x->K > 1;
     x->scale = (float)c->routed_scaling_factor;
     tname(b, "%sgate", base);
-    if ((st = model_bind(e, b, x->E, m->H, &x->router, err))) return st;
+    if ((st = model_bind_resident(e, b, x->E, m->H, &x->router, err))) return st;
     x->bias = calloc((size_t)x->E, sizeof(float));
     x->experts = calloc((size_t)x->E, sizeof(ffn_weights));
     if (!x->bias || !x->experts) return df_fail(err, DF_ERR_NOMEM, "out of memory");
@@ -143,6 +143,7 @@ static df_status bind_moe(df_engine *e, km_model *m, int layer, const char *base
 }
 
 static df_status bind_layer(df_engine *e, km_model *m, int l, char *err) {
+    e->spine_group = l; /* this layer's matrices stream together when the spine streams */
     const df_config *c = &e->cfg;
     km_layer *y = &m->layers[l];
     char b[DF_NAME], b2[DF_NAME];
@@ -225,10 +226,13 @@ static df_status km_open(df_engine *e, void **out, char *err) {
     if ((st = model_bind(e, name, m->V, m->H, &m->embed, err))) goto fail;
     if (c->tie_word_embeddings) m->head = m->embed;
     else {
+        e->spine_group = m->L; /* the head is the last streamed group */
         snprintf(name, sizeof name, "%s", c->lm_head);
         size_t n = strlen(name);
         if (n > 7 && strcmp(name + n - 7, ".weight") == 0) name[n - 7] = 0;
-        if ((st = model_bind(e, name, m->V, m->H, &m->head, err))) goto fail;
+        st = model_bind(e, name, m->V, m->H, &m->head, err);
+        e->spine_group = -1;
+        if (st) goto fail;
     }
     tname(name, "%snorm.weight", c->prefix);
     if (!(m->final_norm = model_vec(e, name, m->H, &st, err))) goto fail;
@@ -349,6 +353,8 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
     for (int l = 0; l < m->L; l++) {
         km_layer *y = &m->layers[l];
         int restart = 0;
+        df_status est = model_enter(e, l, err);
+        if (est != DF_OK) return est;
         pt = prof_now(e);
         if (m->block > 0) {
             for (int t = 0; t < n; t++) {
@@ -392,6 +398,8 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         prof_add(e, DF_PROF_NORMS, &pt);
     }
     if (!out) return DF_OK;
+    df_status hst = model_enter(e, m->L, err);
+    if (hst != DF_OK) return hst;
     pt = prof_now(e);
     int first = all_rows ? 0 : n - 1, rows = n - first;
     for (int t = first; t < n; t++) {

@@ -17,7 +17,7 @@ static df_status bind(df_engine *e, const char *base, const char *leaf, int64_t 
                       df_weight *w, char *err) {
     char name[DF_NAME];
     tname(name, "%s%s", base, leaf);
-    return wt_bind(e->st, name, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
+    return model_bind(e, name, rows, cols, w, err);
 }
 
 static float *vec(df_engine *e, const char *base, const char *leaf, int64_t n, df_status *st, char *err) {

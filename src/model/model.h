@@ -52,6 +52,8 @@ struct df_engine {
     void *prog;
     char *describe_text;
     struct xs_store *store;   /* routed experts read into the RAM cache; NULL: mmap */
+    struct sp_store *spine;   /* non-expert weights streamed per layer; NULL: resident */
+    int spine_group;          /* while binding: the group new matrices join (-1: resident) */
     df_engine_opts opts;
     char lossy[64];           /* "" or the label of the lossy settings in force */
     double prof[DF_PROF_N];   /* seconds per part of a step, when opts.profile */
@@ -72,6 +74,12 @@ void tname(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 
 /* Binding helpers shared by the model programs (engine.c). */
 df_status model_bind(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w, char *err);
+/* Like model_bind but always resident (routers: the lookahead reads them early). */
+df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w,
+                              char *err);
+/* Before computing layer group g (layers 0..L-1, the head is L): makes its
+ * streamed weights valid. DF_OK at once when the spine is resident. */
+df_status model_enter(df_engine *e, int group, char *err);
 /* A 1-D vector of n values as f32 (malloc'd); NULL with *st set on error. */
 float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err);
 /* Settles cfg.prefix / cfg.lm_head on the names the tensors really use. */
