@@ -305,3 +305,57 @@ TEST(text_chat_parse_tool_calls) {
     df_chat_parser_free(p);
     free(text);
 }
+
+/* ---- DeepSeek-V3's chat_template against transformers.js (jinja) ---- */
+
+#include <jansson.h>
+
+TEST(text_chat_deepseek_v3_matches_transformers) {
+    const char *d = t_tmpdir("dschat");
+    REQUIRE(d);
+    char out[512], path[300], err[DF_ERRMSG];
+    snprintf(path, sizeof path, "%s/tokenizer.json", d);
+    int rc = t_sh(out, sizeof out, "gzip -dc tests/text/deepseek_v3.tokenizer.json.gz > %s", path);
+    REQUIRE(rc == 0, "%s", out);
+    df_tokenizer *t = NULL;
+    REQUIRE(df_tokenizer_load_hf(path, &t, err) == DF_OK, "%s", err);
+    json_error_t je;
+    json_t *rows = json_load_file("tests/text/ref_chat_deepseek_v3.json", 0, &je);
+    REQUIRE(json_is_array(rows), "%s", je.text);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        json_t *msgs = json_object_get(r, "messages");
+        size_t n = json_array_size(msgs);
+        df_chat_msg m[16];
+        char *calls[16] = {0};
+        REQUIRE(n <= 16);
+        for (size_t k = 0; k < n; k++) {
+            json_t *x = json_array_get(msgs, k);
+            json_t *tc = json_object_get(x, "tool_calls");
+            calls[k] = tc ? json_dumps(tc, 0) : NULL;
+            m[k] = (df_chat_msg){.role = json_string_value(json_object_get(x, "role")),
+                                 .content = json_string_value(json_object_get(x, "content")),
+                                 .tool_calls = calls[k]};
+        }
+        df_chat_opts o;
+        df_chat_opts_default(&o);
+        o.add_generation_prompt = json_is_true(json_object_get(r, "add_generation_prompt"));
+        df_tokens ids = {0};
+        char *text = NULL;
+        df_status st = df_chat_render(t, m, (int)n, &o, &ids, &text, err);
+        CHECK(st == DF_OK, "conversation %zu: %s", i, err);
+        const char *want = json_string_value(json_object_get(r, "text"));
+        CHECK(text && !strcmp(text, want), "conversation %zu:\n got  %s\n want %s", i, text ? text : "", want);
+        json_t *wids = json_object_get(r, "ids");
+        int same = (size_t)ids.n == json_array_size(wids);
+        for (int k = 0; same && k < ids.n; k++) same = ids.ids[k] == json_integer_value(json_array_get(wids, (size_t)k));
+        CHECK(same, "conversation %zu: ids differ (%d vs %zu)", i, ids.n, json_array_size(wids));
+        free(text);
+        df_tokens_free(&ids);
+        for (size_t k = 0; k < n; k++) free(calls[k]);
+    }
+    json_decref(rows);
+    df_tokenizer_free(t);
+    t_sh(NULL, 0, "rm -rf '%s'", d);
+}

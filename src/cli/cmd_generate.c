@@ -12,6 +12,8 @@
  *       one user message per stdin line; /reset forgets the conversation,
  *       /stats prints the session's numbers, /quit or end of input leaves.
  *       The session keeps every turn: a turn evaluates only its new tokens.
+ * Chat formats: Kimi K3 XTML (the tokenizer has <|open|>; thinking to
+ * stderr) or DeepSeek-V3's chat_template (the tokenizer has <｜User｜>).
  * Generation stops at an end-of-sequence id (config.json eos_token_id, and
  * the tokenizer's <|end_of_msg|> / [EOS] / <|endoftext|> specials), at a stop
  * string (matched on the text across token boundaries, not printed), at
@@ -44,6 +46,7 @@ typedef struct {
     const char *stop[MAX_STOP];
     int n_stop;
     int max_new, chat, stats;
+    int k3;                /* K3 XTML (thinking + parser); else DeepSeek-V3: plain answer text */
     /* per turn */
     char *pend;            /* answer text held back: it may begin a stop string */
     size_t npend, cap;
@@ -174,7 +177,8 @@ static int setup(gen *g, gen_opts *o, int chat) {
     g->ctx = o->mo.ctx > 0 ? o->mo.ctx : (df_engine_max_context(g->e) < 4096 ? df_engine_max_context(g->e) : 4096);
     if (df_session_new(g->e, g->ctx, &g->s) != DF_OK) { fprintf(stderr, "deltafin: cannot allocate a session\n"); return CLI_FAIL; }
     if (df_sampler_new(&o->sp, g->V, &g->smp, err) != DF_OK) { fprintf(stderr, "deltafin: %s\n", err); return CLI_FAIL; }
-    if (df_detok_new(g->t, !chat, &g->dt) != DF_OK) { fprintf(stderr, "deltafin: out of memory\n"); return CLI_FAIL; }
+    g->k3 = df_tokenizer_special(g->t, "<|open|>") >= 0;
+    if (df_detok_new(g->t, !(chat && g->k3), &g->dt) != DF_OK) { fprintf(stderr, "deltafin: out of memory\n"); return CLI_FAIL; }
     config_eos(g, o->mo.model);
     static const char *const eos_names[] = {"<|end_of_msg|>", "[EOS]", "<|endoftext|>", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", NULL};
     for (int k = 0; eos_names[k] && g->n_eos < MAX_EOS; k++) {
@@ -273,7 +277,7 @@ static int turn(gen *g, const int32_t *ids, int n, int in_thinking, int *finishe
         return CLI_FAIL;
     }
     df_chat_parser *cp = NULL;
-    if (g->chat && df_chat_parser_new(in_thinking, on_chat, g, &cp) != DF_OK) return CLI_FAIL;
+    if (g->chat && g->k3 && df_chat_parser_new(in_thinking, on_chat, g, &cp) != DF_OK) return CLI_FAIL;
     df_detok_reset(g->dt);
     double t0 = cli_now();
     int rc = CLI_FAIL;
@@ -495,7 +499,8 @@ int cmd_chat(int argc, char **argv) {
         if (!finished) {
             /* cut short (length, stop string, Ctrl-C): close the message so the
              * next turn starts where the format expects it */
-            const char *close = "<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>";
+            const char *close = g.k3 ? "<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+                                     : "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
             df_tokens c = {0};
             if (df_tokenize(g.t, close, strlen(close), DF_TOK_SPECIAL, &c, err) == DF_OK &&
                 df_session_pos(g.s) + c.n <= g.ctx)

@@ -10,13 +10,15 @@
  * written as Python's json.dumps writes it by default (ensure_ascii, so
  * non-ASCII becomes \uXXXX); the tool-declare body ends with the closing
  * fence and no newline.
+ * Also renders DeepSeek-V3's chat_template (section 3b), chosen by
+ * df_chat_opts.format or by the tokenizer's specials.
  * Refuses: unknown roles, bad reasoning_effort, tool_calls / tools that are
  * not JSON arrays, a tokenizer without <|open|> <|close|> <|sep|>
  * <|end_of_msg|>. Not rendered: tool_choice and response_format system
  * messages, images, and the "## New Tools Available" dynamic declaration.
  *
  * Sections: 1. output buffer (ids + text)  2. JSON as Python writes it
- *           3. messages  4. df_chat_render  5. output parser
+ *           3. messages  3b. DeepSeek-V3  4. df_chat_render  5. output parser
  */
 #include "text.h"
 #include "../base/err.h"
@@ -31,6 +33,9 @@ typedef struct {
     df_tokens *ids;         /* may be NULL (text only) */
     char *txt;              /* the rendering, specials spelled */
     size_t n, cap;
+    size_t run;             /* txt[run..n) is text not yet tokenised: runs between
+                             * specials are tokenised whole, as a tokenizer that
+                             * splits the rendered string at its specials would */
     int32_t sp_open, sp_close, sp_sep, sp_eom;
     char *err;
     df_status st;
@@ -54,14 +59,31 @@ static void rb_text_raw(rb *b, const char *s, size_t n) {
 /* Ordinary text: never special, whatever it spells. */
 static void rb_text(rb *b, const char *s) {
     if (b->st != DF_OK || !s || !*s) return;
-    size_t n = strlen(s);
-    rb_text_raw(b, s, n);
-    if (b->ids && b->st == DF_OK) b->st = df_tokenize(b->t, s, n, 0, b->ids, b->err);
+    rb_text_raw(b, s, strlen(s));
+}
+
+/* Tokenises the pending text run. */
+static void rb_flush(rb *b) {
+    if (b->ids && b->st == DF_OK && b->n > b->run) b->st = df_tokenize(b->t, b->txt + b->run, b->n - b->run, 0, b->ids, b->err);
+    b->run = b->n;
 }
 
 static void rb_special(rb *b, int32_t id, const char *spelling) {
+    rb_flush(b);
     rb_text_raw(b, spelling, strlen(spelling));
+    b->run = b->n;
     if (b->ids && b->st == DF_OK && df_tokens_push(b->ids, id) != DF_OK) b->st = df_fail(b->err, DF_ERR_NOMEM, "out of memory");
+}
+
+/* A special token by its spelling (DeepSeek-V3's names) */
+static void rb_sp(rb *b, const char *spelling) {
+    if (b->st != DF_OK) return;
+    int32_t id = b->t ? df_tokenizer_special(b->t, spelling) : 0;
+    if (id < 0) {
+        b->st = df_fail(b->err, DF_ERR_UNSUPPORTED, "chat: the tokenizer has no %s special token", spelling);
+        return;
+    }
+    rb_special(b, id, spelling);
 }
 
 #define OPEN(b) rb_special(b, (b)->sp_open, "<|open|>")
@@ -314,6 +336,103 @@ static void render_tool_run(rb *b, const df_chat_msg *m, int n, const call_list 
     free(slot);
 }
 
+/* ---- 3b. DeepSeek-V3 ----------------------------------------------------------------
+ * The chat_template of DeepSeek-V3's tokenizer_config.json, reproduced
+ * statement by statement (tests compare with transformers.js running the
+ * jinja itself), including its quirks: system messages are joined with a
+ * blank line right after BOS; the first tool call of the conversation opens
+ * <｜tool▁calls▁begin｜>, each later call is preceded by "\n" and followed by
+ * <｜tool▁calls▁end｜><｜end▁of▁sentence｜> (so a single call is never
+ * closed); the "first output" flag is never reset. No other jinja is
+ * interpreted: this is the only template besides K3's XTML that renders. */
+#define DS(x) "<\xef\xbd\x9c" x "\xef\xbd\x9c>"
+#define DS_BOS DS("begin\xe2\x96\x81of\xe2\x96\x81sentence")
+#define DS_EOS DS("end\xe2\x96\x81of\xe2\x96\x81sentence")
+#define DS_USER DS("User")
+#define DS_ASSISTANT DS("Assistant")
+#define DS_CALLS_BEGIN DS("tool\xe2\x96\x81" "calls\xe2\x96\x81" "begin")
+#define DS_CALLS_END DS("tool\xe2\x96\x81" "calls\xe2\x96\x81" "end")
+#define DS_CALL_BEGIN DS("tool\xe2\x96\x81" "call\xe2\x96\x81" "begin")
+#define DS_CALL_END DS("tool\xe2\x96\x81" "call\xe2\x96\x81" "end")
+#define DS_SEP DS("tool\xe2\x96\x81" "sep")
+#define DS_OUTS_BEGIN DS("tool\xe2\x96\x81outputs\xe2\x96\x81" "begin")
+#define DS_OUTS_END DS("tool\xe2\x96\x81outputs\xe2\x96\x81" "end")
+#define DS_OUT_BEGIN DS("tool\xe2\x96\x81output\xe2\x96\x81" "begin")
+#define DS_OUT_END DS("tool\xe2\x96\x81output\xe2\x96\x81" "end")
+
+static void ds_call(rb *b, json_t *call, int later) {
+    json_t *fn = json_object_get(call, "function");
+    const char *type = json_string_value(json_object_get(call, "type"));
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    json_t *a = json_object_get(fn, "arguments");
+    if (!name) { b->st = df_fail(b->err, DF_ERR_ARG, "chat: a tool call has no function name"); return; }
+    char *args = json_is_string(a) ? strdup(json_string_value(a)) : a ? py_dumps(a, 0) : strdup("");
+    size_t n = strlen(name) + (args ? strlen(args) : 0) + 32;
+    char *body = malloc(n);
+    if (!args || !body) { free(args); free(body); b->st = df_fail(b->err, DF_ERR_NOMEM, "out of memory"); return; }
+    snprintf(body, n, "%s\n```json\n%s\n```", name, args);
+    if (later) rb_text(b, "\n");
+    else { rb_sp(b, DS_ASSISTANT); rb_sp(b, DS_CALLS_BEGIN); }
+    rb_sp(b, DS_CALL_BEGIN);
+    rb_text(b, type ? type : "function");
+    rb_sp(b, DS_SEP);
+    rb_text(b, body);
+    rb_sp(b, DS_CALL_END);
+    if (later) { rb_sp(b, DS_CALLS_END); rb_sp(b, DS_EOS); }
+    free(args);
+    free(body);
+}
+
+static void render_deepseek(rb *b, const df_chat_msg *m, int n, const df_chat_opts *o) {
+    int is_first = 0, is_tool = 0, is_output_first = 1;
+    rb_sp(b, DS_BOS);
+    int first_sp = 1;
+    for (int i = 0; i < n; i++) /* the system prompt, joined with blank lines */
+        if (!strcmp(m[i].role, "system")) {
+            if (!first_sp) rb_text(b, "\n\n");
+            rb_text(b, m[i].content);
+            first_sp = 0;
+        }
+    for (int i = 0; i < n && b->st == DF_OK; i++) {
+        const df_chat_msg *x = &m[i];
+        if (!strcmp(x->role, "user")) {
+            is_tool = 0;
+            rb_sp(b, DS_USER);
+            rb_text(b, x->content);
+        } else if (!strcmp(x->role, "assistant") && !x->content) {
+            is_tool = 0;
+            json_t *calls = x->tool_calls ? json_loads(x->tool_calls, 0, NULL) : NULL;
+            if (x->tool_calls && !json_is_array(calls)) {
+                json_decref(calls);
+                b->st = df_fail(b->err, DF_ERR_ARG, "chat: tool_calls must be a JSON array");
+                return;
+            }
+            for (size_t k = 0; k < json_array_size(calls) && b->st == DF_OK; k++) {
+                ds_call(b, json_array_get(calls, k), is_first);
+                is_first = 1;
+            }
+            json_decref(calls);
+        } else if (!strcmp(x->role, "assistant")) {
+            if (is_tool) rb_sp(b, DS_OUTS_END);
+            else rb_sp(b, DS_ASSISTANT);
+            rb_text(b, x->content);
+            rb_sp(b, DS_EOS);
+            is_tool = 0;
+        } else if (!strcmp(x->role, "tool")) {
+            is_tool = 1;
+            if (is_output_first) {
+                rb_sp(b, DS_OUTS_BEGIN);
+                is_output_first = 0;
+            } else rb_text(b, "\n");
+            rb_sp(b, DS_OUT_BEGIN);
+            rb_text(b, x->content);
+            rb_sp(b, DS_OUT_END);
+        }
+    }
+    if (is_tool) rb_sp(b, DS_OUTS_END);
+    if (o->add_generation_prompt && !is_tool) rb_sp(b, DS_ASSISTANT);
+}
+
 /* ---- 4. df_chat_render ---------------------------------------------------------------- */
 
 void df_chat_opts_default(df_chat_opts *o) {
@@ -338,6 +457,18 @@ df_status df_chat_render(const df_tokenizer *t, const df_chat_msg *msgs, int n, 
     if (!opts) { df_chat_opts_default(&dflt); opts = &dflt; }
     rb b = {.t = t, .ids = out, .err = err, .st = DF_OK};
     int n0 = out ? out->n : 0;
+    const char *fmt = opts->format;
+    if (!fmt) fmt = t && df_tokenizer_special(t, "<|open|>") < 0 && df_tokenizer_special(t, DS_USER) >= 0 ? "deepseek_v3" : "k3";
+    if (!strcmp(fmt, "deepseek_v3")) {
+        for (int i = 0; i < n; i++) {
+            const char *r = msgs[i].role;
+            if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool")))
+                return df_fail(err, DF_ERR_ARG, "chat: message %d has role '%s' (system, user, assistant, tool)", i, r ? r : "(none)");
+        }
+        render_deepseek(&b, msgs, n, opts);
+        goto finish;
+    }
+    if (strcmp(fmt, "k3")) return df_fail(err, DF_ERR_ARG, "chat: unknown format '%s' (k3, deepseek_v3)", fmt);
     b.sp_open = need_special(&b, "<|open|>");
     b.sp_close = need_special(&b, "<|close|>");
     b.sp_sep = need_special(&b, "<|sep|>");
@@ -385,6 +516,8 @@ df_status df_chat_render(const df_tokenizer *t, const df_chat_msg *msgs, int n, 
         rb_tag(&b, "message", attrs, 1);
         rb_tag(&b, opts->thinking ? "think" : "response", NULL, 0);
     }
+finish:
+    rb_flush(&b);
     if (b.st != DF_OK) {
         free(b.txt);
         if (out) out->n = n0;
