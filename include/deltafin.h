@@ -129,7 +129,7 @@ typedef struct {
 /* Where decode time goes, seconds since open or the last reset (filled
  * only when df_engine_opts.profile is set; otherwise zero). */
 enum { DF_PROF_EMBED = 0, DF_PROF_KDA, DF_PROF_MLA, DF_PROF_NORMS, DF_PROF_ROUTER, DF_PROF_SHARED,
-       DF_PROF_ROUTED, DF_PROF_DENSE, DF_PROF_HEAD, DF_PROF_N };
+       DF_PROF_ROUTED, DF_PROF_DENSE, DF_PROF_HEAD, DF_PROF_SPINE_WAIT, DF_PROF_N };
 const char *df_prof_name(int i);
 void df_engine_profile(const df_engine *e, double out[DF_PROF_N]);
 

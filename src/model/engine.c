@@ -217,7 +217,11 @@ df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int6
 }
 
 df_status model_enter(df_engine *e, int group, char *err) {
-    return e->spine ? sp_enter(e->spine, group, err) : DF_OK;
+    if (!e->spine) return DF_OK;
+    double t = prof_now(e);
+    df_status st = sp_enter(e->spine, group, err);
+    prof_add(e, DF_PROF_SPINE_WAIT, &t);
+    return st;
 }
 
 /* Bytes of the non-expert weights (what a resident spine keeps mapped). */
@@ -374,7 +378,8 @@ void prof_add(df_engine *e, int part, double *t) {
 
 const char *df_prof_name(int i) {
     static const char *names[DF_PROF_N] = {"embed", "attention KDA", "attention MLA", "norms + residuals",
-                                           "router", "shared experts", "routed experts", "dense MLP", "head"};
+                                           "router", "shared experts", "routed experts", "dense MLP", "head",
+                                           "waiting for spine reads"};
     return i >= 0 && i < DF_PROF_N ? names[i] : "?";
 }
 
