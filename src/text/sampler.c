@@ -111,18 +111,26 @@ static void select_top(const float *v, int32_t *idx, int n, int k) {
     }
 }
 
-static const float *sort_vals;
-static int cmp_desc(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return better(sort_vals, x, y) ? -1 : better(sort_vals, y, x) ? 1 : 0;
+/* Sorts idx[0..n) best first: heapsort with the values passed along (no
+ * file-scope key for qsort, so samplers on different threads share nothing). */
+static void sift_down(const float *v, int32_t *idx, int root, int n) {
+    for (;;) {
+        int c = 2 * root + 1;
+        if (c >= n) return;
+        /* a min-heap by "better": the worst candidate sits at the root */
+        if (c + 1 < n && better(v, idx[c], idx[c + 1])) c++;
+        if (!better(v, idx[root], idx[c])) return;
+        int32_t t = idx[root]; idx[root] = idx[c]; idx[c] = t;
+        root = c;
+    }
 }
 
-/* Sorts idx[0..n) best first. (qsort with a file-scope key: the sampler is
- * not meant to be shared between threads, and this is only set and read
- * within one call.) */
 static void sort_top(const float *v, int32_t *idx, int n) {
-    sort_vals = v;
-    qsort(idx, (size_t)n, sizeof *idx, cmp_desc);
+    for (int i = n / 2 - 1; i >= 0; i--) sift_down(v, idx, i, n);
+    for (int end = n - 1; end > 0; end--) {
+        int32_t t = idx[0]; idx[0] = idx[end]; idx[end] = t; /* the worst goes last */
+        sift_down(v, idx, 0, end);
+    }
 }
 
 /* ---- 3. lifecycle and history --------------------------------------------------- */
