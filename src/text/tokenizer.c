@@ -809,9 +809,9 @@ df_status df_tokenizer_load_hf(const char *path, df_tokenizer **out, char err[DF
             goto done;
         }
         int id = (int)json_integer_value(idv);
-        if (id < t->n_ranks && t->len[id] != UINT32_MAX) {
-            /* also in the BPE vocab: keep the BPE bytes unless they spell the same text */
-        }
+        /* an added token that is also a BPE vocab entry keeps its vocab entry
+         * for BPE; its decoded bytes become the added spelling (the same text
+         * for every tokenizer.json seen) */
         if (spec_set(t, id, c, strlen(c))) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto done; }
     }
     spec_finish(t);
