@@ -112,39 +112,8 @@ static void ds_close(void *p) {
     free(m);
 }
 
-static df_status bind_moe(df_engine *e, ds_model *m, int layer, const char *base, moe_layer *x, char *err) {
-    const df_config *c = &e->cfg;
-    char b[DF_NAME];
-    df_status st;
-    x->E = c->n_routed_experts;
-    x->K = c->num_experts_per_tok;
-    x->n_group = c->n_group;
-    x->topk_group = c->topk_group;
-    x->sigmoid = c->scoring_sigmoid;
-    x->group_mask = 0.0f; /* transformers' DeepseekV3 masks dropped groups with 0.0 */
-    x->renorm = c->norm_topk_prob;
-    x->scale = (float)c->routed_scaling_factor;
-    tname(b, "%sgate", base);
-    if ((st = model_bind_resident(e, b, x->E, m->H, &x->router, err))) return st;
-    x->bias = calloc((size_t)x->E, sizeof(float));
-    x->experts = calloc((size_t)x->E, sizeof(ffn_weights));
-    if (!x->bias || !x->experts) return df_fail(err, DF_ERR_NOMEM, "out of memory");
-    tname(b, "%sgate.e_score_correction_bias", base);
-    if (st_find(e->st, b) && (st = wt_load_vec(e->st, b, x->E, x->bias, err))) return st;
-    if (c->n_shared_experts > 0) {
-        x->has_shared = 1;
-        tname(b, "%sshared_experts.", base);
-        if ((st = ffn_bind(e, b, ds_ffn_names, (int64_t)c->moe_intermediate_size * c->n_shared_experts, m->H, &x->shared, err)))
-            return st;
-    }
-    for (int i = 0; i < x->E; i++) {
-        tname(b, "%sexperts.%d.", base, i);
-        if ((st = moe_bind_expert(e, x, layer, i, b, ds_ffn_names, c->moe_intermediate_size, m->H, err)))
-            return st;
-        m->expert_bytes_total += x->expert_bytes;
-    }
-    return DF_OK;
-}
+/* transformers' DeepseekV3 masks dropped groups with 0.0 and renormalises at any top-k */
+static const moe_flavour ds_moe = {ds_ffn_names, ds_ffn_names, 0.0f, 1};
 
 static df_status bind_layer(df_engine *e, ds_model *m, int l, char *err) {
     e->spine_group = l; /* this layer's matrices stream together when the spine streams */
@@ -162,7 +131,7 @@ static df_status bind_layer(df_engine *e, ds_model *m, int l, char *err) {
     tname(b, "%slayers.%d.mlp.", c->prefix, l);
     if (!y->moe) return ffn_bind(e, b, ds_ffn_names, c->intermediate_size, m->H, &y->mlp, err);
     m->n_moe_layers++;
-    return bind_moe(e, m, l, b, &y->experts, err);
+    return moe_bind(e, l, b, &ds_moe, &y->experts, &m->expert_bytes_total, err);
 }
 
 static df_status ds_open(df_engine *e, void **out, char *err) {

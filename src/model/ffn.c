@@ -5,6 +5,7 @@
 #include "ffn.h"
 #include "../base/err.h"
 #include "../kernels/ops.h"
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,60 @@ df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const ch
         m->layer = layer;
     }
     m->expert_bytes = wt_bytes(&w->gate) + wt_bytes(&w->up) + wt_bytes(&w->down);
+    return DF_OK;
+}
+
+df_status moe_bind(df_engine *e, int layer, const char *base, const moe_flavour *f, moe_layer *x,
+                   int64_t *expert_bytes_total, char *err) {
+    const df_config *c = &e->cfg;
+    char b[DF_NAME];
+    df_status st;
+    int H = c->hidden_size;
+    int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : H;
+    x->E = c->n_routed_experts;
+    x->K = c->num_experts_per_tok;
+    x->n_group = c->n_group;
+    x->topk_group = c->topk_group;
+    x->sigmoid = c->scoring_sigmoid;
+    x->group_mask = f->group_mask;
+    x->renorm = c->norm_topk_prob && (x->K > 1 || f->renorm_single);
+    x->scale = (float)c->routed_scaling_factor;
+    tname(b, "%sgate", base);
+    if ((st = model_bind_resident(e, b, x->E, H, &x->router, err))) return st;
+    x->bias = calloc((size_t)x->E, sizeof(float));
+    x->experts = calloc((size_t)x->E, sizeof(ffn_weights));
+    if (!x->bias || !x->experts) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    tname(b, "%sgate.e_score_correction_bias", base);
+    if (st_find(e->st, b) && (st = wt_load_vec(e->st, b, x->E, x->bias, err))) return st;
+    if (c->n_shared_experts > 0) {
+        x->has_shared = 1;
+        tname(b, "%sshared_experts.", base);
+        if ((st = ffn_bind(e, b, f->shared_names, (int64_t)c->moe_intermediate_size * c->n_shared_experts, H,
+                           &x->shared, err)))
+            return st;
+    }
+    if (c->routed_expert_hidden_size > 0) {
+        x->latent = 1;
+        tname(b, "%srouted_expert_down_proj", base);
+        if ((st = model_bind(e, b, dl, H, &x->lat_down, err))) {
+            size_t n = strlen(err);
+            snprintf(err + n, DF_ERRMSG - n, "; config.json field 'routed_expert_hidden_size' is %d", dl);
+            return st;
+        }
+        tname(b, "%srouted_expert_up_proj", base);
+        if ((st = model_bind(e, b, H, dl, &x->lat_up, err))) return st;
+        if (c->latent_moe_use_norm) {
+            tname(b, "%srouted_expert_norm.weight", base);
+            if (!(x->lat_norm = model_vec(e, b, dl, &st, err))) return st;
+        }
+        x->lat_eps = (float)c->rms_norm_eps;
+    }
+    for (int i = 0; i < x->E; i++) {
+        tname(b, "%sexperts.%d.", base, i);
+        if ((st = moe_bind_expert(e, x, layer, i, b, f->expert_names, c->moe_intermediate_size, dl, err)))
+            return st;
+        *expert_bytes_total += x->expert_bytes;
+    }
     return DF_OK;
 }
 

@@ -78,6 +78,20 @@ void moe_layer_free(moe_layer *m);
  * message in err); out is then undefined. */
 df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
                       const float *xn, int n, int pos, float *out, char *err);
+/* What differs between the families that share this MoE block. */
+typedef struct {
+    const char *const *shared_names;  /* gate, up, down leaf names of the shared experts */
+    const char *const *expert_names;  /* ... of the routed experts (w1, w3, w2 for Kimi) */
+    float group_mask;                 /* value for experts of dropped groups */
+    int renorm_single;                /* renormalise also when top-k is 1 */
+} moe_flavour;
+
+/* Binds the MoE block at `base` (e.g. "model.layers.3.mlp."): router
+ * (resident), correction bias, shared experts, latent projections when
+ * routed_expert_hidden_size is set, and every routed expert. Adds the
+ * experts' bytes to *expert_bytes_total. */
+df_status moe_bind(df_engine *e, int layer, const char *base, const moe_flavour *f, moe_layer *x,
+                   int64_t *expert_bytes_total, char *err);
 /* Binds expert `i` of a MoE layer: directly (mmap views) or lazily + registered
  * with the engine's store. Updates m->expert_bytes. */
 df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const char *base,

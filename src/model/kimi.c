@@ -89,58 +89,8 @@ static float *res_probe(df_engine *e, const char *norm, const char *proj, int H,
     return w;
 }
 
-static df_status bind_moe(df_engine *e, km_model *m, int layer, const char *base, moe_layer *x, char *err) {
-    const df_config *c = &e->cfg;
-    char b[DF_NAME];
-    df_status st;
-    int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
-    x->E = c->n_routed_experts;
-    x->K = c->num_experts_per_tok;
-    x->n_group = c->n_group;
-    x->topk_group = c->topk_group;
-    x->sigmoid = c->scoring_sigmoid;
-    x->group_mask = -INFINITY; /* Moonshot masks dropped groups with -inf */
-    x->renorm = c->norm_topk_prob && x->K > 1;
-    x->scale = (float)c->routed_scaling_factor;
-    tname(b, "%sgate", base);
-    if ((st = model_bind_resident(e, b, x->E, m->H, &x->router, err))) return st;
-    x->bias = calloc((size_t)x->E, sizeof(float));
-    x->experts = calloc((size_t)x->E, sizeof(ffn_weights));
-    if (!x->bias || !x->experts) return df_fail(err, DF_ERR_NOMEM, "out of memory");
-    tname(b, "%sgate.e_score_correction_bias", base);
-    if (st_find(e->st, b) && (st = wt_load_vec(e->st, b, x->E, x->bias, err))) return st;
-    if (c->n_shared_experts > 0) {
-        x->has_shared = 1;
-        tname(b, "%sshared_experts.", base);
-        if ((st = ffn_bind(e, b, km_mlp_names, (int64_t)c->moe_intermediate_size * c->n_shared_experts, m->H,
-                           &x->shared, err)))
-            return st;
-    }
-    if (c->routed_expert_hidden_size > 0) {
-        x->latent = 1;
-        tname(b, "%srouted_expert_down_proj", base);
-        if ((st = model_bind(e, b, dl, m->H, &x->lat_down, err))) {
-            size_t n = strlen(err);
-            snprintf(err + n, DF_ERRMSG - n, "; config.json field 'routed_expert_hidden_size' is %d", dl);
-            return st;
-        }
-        tname(b, "%srouted_expert_up_proj", base);
-        if ((st = model_bind(e, b, m->H, dl, &x->lat_up, err))) return st;
-        if (c->latent_moe_use_norm) {
-            tname(b, "%srouted_expert_norm.weight", base);
-            if (!(x->lat_norm = model_vec(e, b, dl, &st, err))) return st;
-        }
-        x->lat_eps = (float)c->rms_norm_eps;
-    }
-    for (int i = 0; i < x->E; i++) {
-        tname(b, "%sexperts.%d.", base, i);
-        if ((st = moe_bind_expert(e, x, layer, i, b, km_expert_names, c->moe_intermediate_size, dl, err)))
-            return st;
-        m->expert_bytes = x->expert_bytes;
-        m->expert_bytes_total += x->expert_bytes;
-    }
-    return DF_OK;
-}
+/* Moonshot masks dropped groups with -inf and renormalises only when top-k > 1 */
+static const moe_flavour km_moe = {km_mlp_names, km_expert_names, -INFINITY, 0};
 
 static df_status bind_layer(df_engine *e, km_model *m, int l, char *err) {
     e->spine_group = l; /* this layer's matrices stream together when the spine streams */
@@ -177,7 +127,9 @@ static df_status bind_layer(df_engine *e, km_model *m, int l, char *err) {
     }
     m->n_moe++;
     tname(b, "%slayers.%d.block_sparse_moe.", P, l);
-    return bind_moe(e, m, l, b, &y->experts, err);
+    df_status mst = moe_bind(e, l, b, &km_moe, &y->experts, &m->expert_bytes_total, err);
+    m->expert_bytes = y->experts.expert_bytes;
+    return mst;
 }
 
 static df_status km_open(df_engine *e, void **out, char *err) {
