@@ -164,21 +164,7 @@ static df_status ds_open(df_engine *e, void **out, char *err) {
     sh->rope_interleave = c->rope_interleave;
     sh->latent_eps = 1e-6f;
     m->act.situ = 0;
-    char name[DF_NAME];
-    tname(name, "%sembed_tokens", c->prefix);
-    if ((st = model_bind(e, name, m->V, m->H, &m->embed, err)) != DF_OK) goto fail;
-    if (c->tie_word_embeddings) m->head = m->embed;
-    else {
-        e->spine_group = m->L; /* the head is the last streamed group */
-        tname(name, "%s", c->lm_head);
-        size_t n = strlen(name);
-        if (n > 7 && strcmp(name + n - 7, ".weight") == 0) name[n - 7] = 0;
-        st = model_bind(e, name, m->V, m->H, &m->head, err);
-        e->spine_group = -1;
-        if (st != DF_OK) goto fail;
-    }
-    tname(name, "%snorm.weight", c->prefix);
-    if (!(m->final_norm = model_vec(e, name, m->H, &st, err))) goto fail;
+    if ((st = model_bind_ends(e, &m->embed, &m->head, &m->final_norm, err))) goto fail;
     m->inv_freq = calloc((size_t)(sh->dr / 2 + 1), sizeof(float));
     m->layers = calloc((size_t)m->L, sizeof(ds_layer));
     if (!m->inv_freq || !m->layers) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto fail; }

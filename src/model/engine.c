@@ -242,6 +242,27 @@ float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char 
     return v;
 }
 
+df_status model_bind_ends(df_engine *e, df_weight *embed, df_weight *head, float **final_norm, char *err) {
+    const df_config *c = &e->cfg;
+    char name[DF_NAME];
+    df_status st;
+    tname(name, "%sembed_tokens", c->prefix);
+    if ((st = model_bind(e, name, c->vocab_size, c->hidden_size, embed, err))) return st;
+    if (c->tie_word_embeddings) *head = *embed;
+    else {
+        tname(name, "%s", c->lm_head);
+        size_t n = strlen(name);
+        if (n > 7 && strcmp(name + n - 7, ".weight") == 0) name[n - 7] = 0;
+        e->spine_group = c->num_hidden_layers; /* the head is the last streamed group */
+        st = model_bind(e, name, c->vocab_size, c->hidden_size, head, err);
+        e->spine_group = -1;
+        if (st) return st;
+    }
+    tname(name, "%snorm.weight", c->prefix);
+    *final_norm = model_vec(e, name, c->hidden_size, &st, err);
+    return *final_norm ? DF_OK : st;
+}
+
 df_status model_find_prefix(df_engine *e, char *err) {
     df_config *c = &e->cfg;
     static const char *cands[] = {"model.", "language_model.model."};

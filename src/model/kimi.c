@@ -174,20 +174,7 @@ static df_status km_open(df_engine *e, void **out, char *err) {
     m->act.linear_beta = (float)c->situ_linear_beta;
 
     char name[DF_NAME];
-    tname(name, "%sembed_tokens", c->prefix);
-    if ((st = model_bind(e, name, m->V, m->H, &m->embed, err))) goto fail;
-    if (c->tie_word_embeddings) m->head = m->embed;
-    else {
-        e->spine_group = m->L; /* the head is the last streamed group */
-        snprintf(name, sizeof name, "%s", c->lm_head);
-        size_t n = strlen(name);
-        if (n > 7 && strcmp(name + n - 7, ".weight") == 0) name[n - 7] = 0;
-        st = model_bind(e, name, m->V, m->H, &m->head, err);
-        e->spine_group = -1;
-        if (st) goto fail;
-    }
-    tname(name, "%snorm.weight", c->prefix);
-    if (!(m->final_norm = model_vec(e, name, m->H, &st, err))) goto fail;
+    if ((st = model_bind_ends(e, &m->embed, &m->head, &m->final_norm, err))) goto fail;
     if (m->block > 0) {
         char n2[DF_NAME];
         tname(name, "%soutput_attn_res_norm.weight", c->prefix);

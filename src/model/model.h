@@ -82,6 +82,10 @@ df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int6
 df_status model_enter(df_engine *e, int group, char *err);
 /* A 1-D vector of n values as f32 (malloc'd); NULL with *st set on error. */
 float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err);
+/* Binds the ends of the decoder: embedding (resident; read a row at a time),
+ * lm_head (the embedding when tied; else the last streamed group) and the
+ * final norm (f32 copy, malloc'd into *final_norm). */
+df_status model_bind_ends(df_engine *e, df_weight *embed, df_weight *head, float **final_norm, char *err);
 /* Settles cfg.prefix / cfg.lm_head on the names the tensors really use. */
 df_status model_find_prefix(df_engine *e, char *err);
 
