@@ -67,6 +67,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     double prof0[DF_PROF_N], prof1[DF_PROF_N];
     df_engine_profile(e, prof0);
     uint64_t hits = 0, all = 0;
+    df_stats dec0 = b; /* counters at the start of decode */
     for (int i = 0; i < ntok; i++) {
         int32_t tok = df_argmax(df_session_logits(s), V);
         a = b;
@@ -87,6 +88,12 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
             fprintf(stderr, "token %d: %.3f s, %.1f MB read\n", i + 1, dt[i], bytes[i] / 1e6);
     }
     df_engine_profile(e, prof1);
+    /* lookahead quality over the decode: precision = prefetched experts a pass
+     * then used; recall = share of the experts a pass would have missed that
+     * the prefetch had already started */
+    uint64_t pf = b.prefetched - dec0.prefetched, pu = b.prefetch_used - dec0.prefetch_used;
+    uint64_t miss = b.expert_misses - dec0.expert_misses;
+    double pf_precision = pf ? (double)pu / pf : 0, pf_recall = pu + miss ? (double)pu / (pu + miss) : 0;
     int steady = ntok > 1 ? ntok - 1 : ntok, first = ntok > 1 ? 1 : 0;
     double *sorted = dt + ntok, mean_bytes = 0; /* the spare tail of dt */
     for (int i = 0; i < steady; i++) {
@@ -112,11 +119,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                "\"hit_rate\": %.4f, \"disk_gbps\": %.4f, \"floor_s_per_token\": %.6f, \"ratio\": %.4f, "
                "\"cache_slots\": %d, \"max_in_flight\": %d, \"prefetch\": %s, \"lossy\": \"%s\", "
                "\"spine_bytes_per_token\": %lld, \"dram_gbps\": %.3f, \"memory_floor_s_per_token\": %.6f, "
-               "\"ratio_to_larger_floor\": %.4f}\n",
+               "\"ratio_to_larger_floor\": %.4f, \"prefetch_precision\": %.4f, \"prefetch_recall\": %.4f}\n",
                mo->model, b.expert_io, (long long)mo->ram, df_engine_n_threads(e), nprompt, ntok, prefill_s,
                (unsigned long long)prefill_bytes, med, med > 0 ? 1.0 / med : 0.0, mean_bytes, hit, disk,
                floor_s, ratio, b.cache_slots, b.max_in_flight, mo->no_prefetch ? "false" : "true", df_engine_lossy(e),
-               (long long)spine, dram, mem_floor, best_floor > 0 ? med / best_floor : 0);
+               (long long)spine, dram, mem_floor, best_floor > 0 ? med / best_floor : 0, pf_precision, pf_recall);
         printf("{\"profile_s_per_token\": {");
         for (int i = 0; i < DF_PROF_N; i++)
             printf("%s\"%s\": %.6f", i ? ", " : "", df_prof_name(i), (prof1[i] - prof0[i]) / ntok);
@@ -129,6 +136,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         printf("prefill %d tokens           %.3f s, %.1f MB read\n", nprompt, prefill_s, prefill_bytes / 1e6);
         printf("decode median               %.4f s/token (%.2f tokens/s)\n", med, med > 0 ? 1 / med : 0);
         printf("bytes read per token        %.1f MB, hit rate %.1f%%\n", mean_bytes / 1e6, hit * 100);
+        printf("router lookahead            precision %.1f%%, recall %.1f%% (of would-be misses)\n",
+               pf_precision * 100, pf_recall * 100);
         printf("disk floor                  %.4f s/token, ratio %.3f\n", floor_s, ratio);
         printf("memory floor                %.4f s/token (%.2f GB of weights per step at %.1f GB/s DRAM)\n",
                mem_floor, touched / 1e9, dram);
