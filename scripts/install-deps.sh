@@ -3,7 +3,7 @@
 # need. Idempotent and quiet when nothing is missing. Needs root (or sudo)
 # only when something is missing.
 set -e
-PKGS="build-essential clang libjansson-dev liburing-dev libpcre2-dev python3"
+PKGS="build-essential clang libjansson-dev liburing-dev libpcre2-dev libcurl4-openssl-dev python3"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

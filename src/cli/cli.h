@@ -47,6 +47,12 @@ int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_setup(int argc, char **argv);
+int cmd_fetch_experts(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
+/* If model is a stream-mode hub mirror, opens it and sets eo->io (printing
+ * what is local); 0, or -1 after printing why not (cmd_hub.c). */
+int cli_hub_attach(const char *model, int expert_io, df_engine_opts *eo);
 /* `run --prompt` (text) goes to cmd_run_text, `run --tokens` to cmd_run. */
 int cmd_run_wants_text(int argc, char **argv);
 int cmd_run_text(int argc, char **argv);

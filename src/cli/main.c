@@ -18,6 +18,9 @@ static const char usage_text[] =
     "  synth     write a random-weight checkpoint of a supported family\n"
     "  tokenize  text -> token ids (tiktoken rank file, tokenizer.json, model dir)\n"
     "  detokenize token ids -> text\n"
+    "  setup     install a model from a Hugging Face-compatible hub (full or stream)\n"
+    "  fetch-experts complete a stream-mode mirror (all, or --layers)\n"
+    "  doctor    offline health check of a mirror made by setup\n"
     "  run --prompt TEXT  stream generated text (sampling, --chat, stop strings)\n"
     "  chat      interactive conversation in the model's chat format\n"
     "\n"
@@ -167,6 +170,7 @@ df_engine *cli_open(const cli_model_opts *o) {
         eo.trace = trace_line;
         eo.trace_ctx = f; /* flushed and closed by the C runtime at exit */
     }
+    if (cli_hub_attach(o->model, o->expert_io, &eo) != 0) return NULL;
     df_engine *e = NULL;
     char err[DF_ERRMSG];
     df_status st = df_engine_open(o->model, &eo, &e, err);
@@ -230,6 +234,9 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "synth")) return cmd_synth(argc - 1, argv + 1);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(c, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(c, "setup")) return cmd_setup(argc - 1, argv + 1);
+    if (!strcmp(c, "fetch-experts")) return cmd_fetch_experts(argc - 1, argv + 1);
+    if (!strcmp(c, "doctor")) return cmd_doctor(argc - 1, argv + 1);
     if (!strcmp(c, "chat")) return cmd_chat(argc - 1, argv + 1);
     fprintf(stderr, "deltafin: unknown command '%s'\n\n%s", c, usage_text);
     return CLI_USAGE;

@@ -1,0 +1,201 @@
+/* hub.h — installing models from a Hugging Face-compatible hub (prefix hub_).
+ *
+ * Three layers, one file each:
+ *   http.c    the hub client on libcurl: list a repository at a revision,
+ *             download a whole file (resume, sha256, atomic rename), read
+ *             one byte range; bounded retries with backoff; hub errors
+ *             (401, 403 gated, 404) named by repo and file.
+ *   spans.c   a set of present byte spans of one file and its crash-safe
+ *             log on disk (append-only records, each checked; a torn tail
+ *             is ignored), plus sha256.
+ *   mirror.c  a local mirror of a repository in a model directory: full or
+ *             stream mode, the manifest, filling gaps, the offline check,
+ *             and the stream-mode df_io table that fetches missing spans
+ *             of a shard on first read.
+ *
+ * Mirror layout (DIR is an ordinary model directory; the safetensors reader
+ * needs nothing else):
+ *
+ *   DIR/config.json, tokenizer files, *.safetensors.index.json   whole files
+ *   DIR/model-0000k-of-0000n.safetensors    full: whole file; stream: a sparse
+ *                                           file of the remote size, bytes at
+ *                                           the remote offsets, holes elsewhere
+ *   DIR/.deltafin-hub/manifest.json         endpoint, repo, commit, mode, files
+ *   DIR/.deltafin-hub/spans/NAME.spans      stream: present spans of shard NAME
+ *
+ * Crash safety of a fetched span: the bytes are written at their offset and
+ * fdatasync'd before the span's record is appended to the log (and the log
+ * fdatasync'd). A crash at any moment leaves every recorded span on disk; a
+ * span written but not recorded is fetched again.
+ */
+#ifndef DF_HUB_H
+#define DF_HUB_H
+#include "deltafin.h"
+#include "../base/io.h"
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- sha256 (spans.c) ---- */
+typedef struct {
+    uint32_t h[8];
+    uint64_t len;        /* bytes hashed so far */
+    uint8_t buf[64];
+    size_t nbuf;
+} hub_sha256;
+void hub_sha256_init(hub_sha256 *c);
+void hub_sha256_update(hub_sha256 *c, const void *p, size_t n);
+void hub_sha256_hex(hub_sha256 *c, char hex[65]); /* finishes c */
+/* sha256 of a file's bytes [0, len) as hex; 0, or -1 with errno. */
+int hub_sha256_file(const char *path, int64_t len, char hex[65]);
+
+/* Git's blob id (sha1 of "blob <size>\0" + bytes): the hub's check for files
+ * not stored in LFS. */
+typedef struct {
+    uint32_t h[5];
+    uint64_t len;
+    uint8_t buf[64];
+    size_t nbuf;
+} hub_sha1;
+void hub_sha1_init(hub_sha1 *c);
+void hub_sha1_update(hub_sha1 *c, const void *p, size_t n);
+void hub_sha1_hex(hub_sha1 *c, char hex[41]); /* finishes c */
+void hub_git_blob_init(hub_sha1 *c, int64_t size); /* sha1 primed with the blob header */
+
+/* ---- span sets and their log (spans.c) ---- */
+typedef struct { int64_t a, b; } hub_span; /* [a, b) */
+
+typedef struct {
+    hub_span *v;         /* sorted, disjoint, never adjacent (merged) */
+    int n, cap;
+} hub_spans;
+
+void hub_spans_free(hub_spans *s);
+int hub_spans_add(hub_spans *s, int64_t a, int64_t b);          /* 0, or -1 (no memory) */
+void hub_spans_remove(hub_spans *s, int64_t a, int64_t b);      /* never allocates more than one */
+int hub_spans_covers(const hub_spans *s, int64_t a, int64_t b); /* [a, b) all present */
+int hub_spans_overlaps(const hub_spans *s, int64_t a, int64_t b);
+/* Appends the parts of [a, b) not in s to out. 0, or -1 (no memory). */
+int hub_spans_missing(const hub_spans *s, int64_t a, int64_t b, hub_spans *out);
+int64_t hub_spans_bytes(const hub_spans *s);
+
+/* The on-disk log: a 16-byte header ("DFSPANS1" + file size) then 24-byte
+ * records {start, end, check}. hub_log_open loads every valid record (a torn
+ * or foreign tail ends the log: it is truncated away) and compacts a long log
+ * (temp file, fsync, rename). */
+typedef struct {
+    int fd;
+    char *path;
+    int64_t file_size;   /* size of the shard it describes */
+    int records;
+} hub_log;
+df_status hub_log_open(const char *path, int64_t file_size, hub_spans *present, hub_log *log,
+                       char *err);
+/* Appends [a, b) and fdatasyncs the log. The caller made the bytes durable. */
+df_status hub_log_append(hub_log *log, int64_t a, int64_t b, char *err);
+void hub_log_close(hub_log *log);
+/* Reads the spans recorded in a log without opening it for writing
+ * (doctor, tests). A missing log is an empty set. */
+df_status hub_log_read(const char *path, hub_spans *present, int64_t *file_size, char *err);
+
+/* ---- the hub client (http.c) ---- */
+typedef struct {
+    int64_t done, total;  /* bytes of this file */
+    double rate;          /* bytes/s since the transfer started */
+    const char *file;
+    int finished;         /* 1 on the last call for this file */
+    int attempt;          /* 1-based */
+} hub_progress;
+typedef void (*hub_progress_fn)(void *ctx, const hub_progress *p);
+
+typedef struct {
+    const char *endpoint; /* e.g. https://huggingface.co (no trailing slash needed) */
+    const char *token;    /* NULL: anonymous */
+    int retries;          /* further attempts after a failure (default 5) */
+    int retry_ms;         /* first backoff, doubled per attempt, capped at 30 s (default 500) */
+    int timeout_s;        /* a transfer below 1 byte/s for this long fails (default 60) */
+    hub_progress_fn progress;
+    void *progress_ctx;
+} hub_client;
+
+typedef struct {
+    char *path;           /* repo-relative name */
+    int64_t size;
+    char sha256[65];      /* LFS oid; "" for plain git files */
+    char git[41];         /* git blob id of a plain file; "" if unknown */
+} hub_file;
+
+typedef struct {
+    char *commit;         /* the revision's commit sha */
+    hub_file *files;
+    int n_files;
+} hub_listing;
+void hub_listing_free(hub_listing *l);
+
+/* GET {endpoint}/api/models/{repo}/revision/{rev}?blobs=true. */
+df_status hub_list(const hub_client *c, const char *repo, const char *rev, hub_listing *out,
+                   char *err);
+/* {endpoint}/{repo}/resolve/{rev}/{path}, malloc'd. */
+char *hub_resolve_url(const hub_client *c, const char *repo, const char *rev, const char *path);
+
+/* Downloads f to dest: bytes go to dest.part (resumed with Range if it
+ * exists), are checked against f->sha256 (or the size), fsync'd and renamed
+ * onto dest. On error dest is untouched and dest.part keeps what arrived
+ * intact (a corrupt download is deleted). *fetched counts bytes received. */
+df_status hub_download(const hub_client *c, const char *repo, const char *rev, const hub_file *f,
+                       const char *dest, int64_t *fetched, char *err);
+
+/* One connection (a curl easy handle, kept for keep-alive reuse). */
+typedef struct hub_conn hub_conn;
+hub_conn *hub_conn_new(void);
+void hub_conn_free(hub_conn *h);
+/* Reads bytes [off, off + len) of url into buf with a Range request; the
+ * whole range or an error (retried as above). etag: if non-NULL and the
+ * server names the file's sha256 in ETag / X-Linked-Etag, they must match. */
+df_status hub_get_range(hub_conn *h, const hub_client *c, const char *url, const char *what,
+                        int64_t off, int64_t len, void *buf, const char *etag, char *err);
+
+/* ---- mirrors (mirror.c) ---- */
+typedef enum { HUB_AUTO = 0, HUB_FULL, HUB_STREAM } hub_mode;
+
+typedef struct {
+    hub_client client;
+    const char *repo;
+    const char *revision;  /* default "main" */
+    const char *dir;
+    hub_mode mode;
+    int dry_run;
+    int workers;           /* parallel transfers (default 4) */
+    int64_t free_bytes;    /* > 0: use this instead of statvfs (tests) */
+    /* One line of news (plan, a file done, a choice made). */
+    void (*note)(void *ctx, const char *line);
+    void *note_ctx;
+} hub_setup_opts;
+
+typedef struct {
+    int64_t total_bytes, shard_bytes, expert_bytes;   /* of the repository */
+    int64_t local_bytes, local_expert_bytes;          /* present in the mirror */
+    int64_t fetched_bytes;                            /* received by this call */
+    int requests;                                     /* range requests / files fetched */
+    hub_mode mode;                                    /* chosen */
+} hub_report;
+
+df_status hub_setup(const hub_setup_opts *o, hub_report *rep, char *err);
+
+/* Fills the missing spans of a stream mirror: every missing span, or only
+ * the routed experts of the listed layers (layers: bitmap of n_layers, NULL =
+ * everything), coalesced into requests of up to 64 MiB, `workers` at a time.
+ * A shard found complete is checked against its sha256; a complete mirror
+ * becomes mode full. */
+df_status hub_fill(const char *dir, const hub_client *c, const uint8_t *layers, int n_layers,
+                   int workers, int dry_run, hub_report *rep, char *err);
+
+/* Offline check. Writes one line per finding through note; returns DF_OK if
+ * the mirror is healthy. hash: also hash complete files against sha256. */
+df_status hub_doctor(const char *dir, int hash, void (*note)(void *, const char *), void *ctx,
+                     hub_report *rep, char *err);
+
+/* 1 if name is a routed expert tensor ("...experts.<n>...", not shared);
+ * *layer gets the number after "layers." or -1. */
+int hub_is_expert_tensor(const char *name, int *layer);
+#endif
