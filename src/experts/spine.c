@@ -33,7 +33,7 @@ typedef struct {
 struct sp_store {
     const df_io *io;
     st_set *st;
-    int n_groups, direct;
+    int n_groups, direct, plan_only;
     sp_group *g;
     int n_shards;
     int *fd_direct, *fd_buf;
@@ -49,7 +49,8 @@ struct sp_store {
 
 /* ---- registration ---- */
 
-df_status sp_new(const df_io *io, st_set *st, int n_groups, int direct, sp_store **out, char *err) {
+df_status sp_new(const df_io *io, st_set *st, int n_groups, int direct, int plan_only, sp_store **out,
+                 char *err) {
     *out = NULL;
     sp_store *s = calloc(1, sizeof *s);
     if (!s) return df_fail(err, DF_ERR_NOMEM, "out of memory");
@@ -57,6 +58,7 @@ df_status sp_new(const df_io *io, st_set *st, int n_groups, int direct, sp_store
     s->st = st;
     s->n_groups = n_groups;
     s->direct = direct;
+    s->plan_only = plan_only;
     s->g = calloc((size_t)n_groups, sizeof(sp_group));
     s->held[0] = s->held[1] = -1;
     if (!s->g) { free(s); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
@@ -161,6 +163,7 @@ df_status sp_finalize(sp_store *s, char *err) {
         if ((st = plan_group(s, &s->g[i], err))) return st;
         if (s->g[i].bytes > s->slot_bytes) s->slot_bytes = s->g[i].bytes;
     }
+    if (s->plan_only) return DF_OK;
     for (int k = 0; k < 2; k++) {
         void *p = mmap(NULL, (size_t)s->slot_bytes, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);

@@ -24,7 +24,9 @@
 
 typedef struct sp_store sp_store;
 
-df_status sp_new(const df_io *io, st_set *st, int n_groups, int direct, sp_store **out, char *err);
+/* plan_only: size the buffers at finalize but allocate and open nothing. */
+df_status sp_new(const df_io *io, st_set *st, int n_groups, int direct, int plan_only, sp_store **out,
+                 char *err);
 void sp_free(sp_store *s);
 /* Registers a lazily bound view (its address must stay valid) with a group. */
 df_status sp_register(sp_store *s, int group, df_weight *w, char *err);

@@ -94,7 +94,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         if (st != DF_OK) goto fail;
     }
     e->spine_group = -1;
-    if (!opts->plan_only) {
+    {
         int stream = opts->spine == DF_SPINE_STREAM;
         if (opts->spine == DF_SPINE_AUTO) {
             int64_t cache = e->store ? (opts->ram_bytes > 0 ? opts->ram_bytes : default_ram()) : 0;
@@ -103,7 +103,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
             stream = avail > 0 && spine_bytes(e) > avail - cache - ((int64_t)1 << 30);
         }
         if (stream && (st = sp_new(e->io, e->st, e->cfg.num_hidden_layers + 1,
-                                   opts->expert_io != DF_EXPERTS_PREAD, &e->spine, err)) != DF_OK)
+                                   opts->expert_io != DF_EXPERTS_PREAD, opts->plan_only, &e->spine, err)) != DF_OK)
             goto fail;
     }
     st = e->ops->open(e, &e->prog, err);
@@ -213,7 +213,9 @@ df_status model_bind(df_engine *e, const char *base, int64_t rows, int64_t cols,
 
 df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w,
                               char *err) {
-    return wt_bind(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
+    df_status st = wt_bind(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
+    if (st == DF_OK) e->resident_bound += wt_bytes(w);
+    return st;
 }
 
 df_status model_enter(df_engine *e, int group, char *err) {
@@ -237,6 +239,7 @@ static int64_t spine_bytes(const df_engine *e) {
 float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
     float *v = malloc((size_t)n * sizeof(float));
     if (!v) { *st = df_fail(err, DF_ERR_NOMEM, "out of memory"); return NULL; }
+    e->resident_bound += n * (int64_t)sizeof(float);
     *st = wt_load_vec(e->st, name, n, v, err);
     if (*st != DF_OK) { free(v); return NULL; }
     return v;
@@ -468,9 +471,11 @@ int64_t df_engine_plan_bytes(const df_engine *e, int max_ctx) {
         if (e->store && strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) continue;
         resident += t->nbytes;
     }
-    if (e->spine) resident = resident - spine_bytes(e) + 2 * sp_slot_bytes(e->spine);
+    /* streamed spine: what was bound resident (routers, embedding, norms) + the two buffers */
+    if (e->spine) resident = e->resident_bound + 2 * sp_slot_bytes(e->spine);
     int64_t cache = e->store ? xs_pool_bytes(e->store) : 0;
-    int64_t state = e->ops->state_bytes_per_pos(e) * (int64_t)max_ctx;
+    int64_t state = e->ops->state_bytes_per_pos(e) * (int64_t)max_ctx +
+                    (e->ops->state_fixed_bytes ? e->ops->state_fixed_bytes(e) : 0);
     /* tensor index, expert tables and the JSON parse at open: ~640 bytes per
      * tensor, measured on the full K3 inventory (497k tensors, 298 MB peak) */
     int64_t meta = st_count(e->st) * 640;

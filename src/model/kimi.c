@@ -213,6 +213,11 @@ static int64_t km_state_bytes_per_pos(const df_engine *e) {
     return (int64_t)n_mla * (c->kv_lora_rank + c->qk_rope_head_dim) * (int64_t)sizeof(float);
 }
 
+static int64_t km_state_fixed_bytes(const df_engine *e) {
+    const km_model *m = e->prog;
+    return (int64_t)m->n_kda * kda_state_floats(&m->kda) * (int64_t)sizeof(float);
+}
+
 static void km_state_free(void *p) {
     km_state *s = p;
     if (!s) return;
@@ -389,6 +394,7 @@ const df_program_ops kimi_program = {
     .open = km_open,
     .close = km_close,
     .state_bytes_per_pos = km_state_bytes_per_pos,
+    .state_fixed_bytes = km_state_fixed_bytes,
     .state_new = km_state_new,
     .state_free = km_state_free,
     .state_reset = km_state_reset,

@@ -27,6 +27,8 @@ typedef struct {
     void (*close)(void *prog);
     /* Bytes of per-session state per context position, and fixed per session. */
     int64_t (*state_bytes_per_pos)(const df_engine *e);
+    /* Bytes of per-session state that do not grow with the context (NULL: 0). */
+    int64_t (*state_fixed_bytes)(const df_engine *e);
     /* Allocates session state for max_ctx positions (owned by the session). */
     df_status (*state_new)(df_engine *e, int max_ctx, void **state);
     void (*state_free)(void *state);
@@ -54,6 +56,7 @@ struct df_engine {
     struct xs_store *store;   /* routed experts read into the RAM cache; NULL: mmap */
     struct sp_store *spine;   /* non-expert weights streamed per layer; NULL: resident */
     int spine_group;          /* while binding: the group new matrices join (-1: resident) */
+    int64_t resident_bound;   /* bytes of matrices bound resident and of f32 copies made at open */
     df_engine_opts opts;
     char lossy[64];           /* "" or the label of the lossy settings in force */
     double prof[DF_PROF_N];   /* seconds per part of a step, when opts.profile */
