@@ -31,7 +31,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test demo deps help clean bench cuda check-warnings
+.PHONY: all test demo deps help clean bench cuda test-cuda check-warnings
 all: $(BUILD)/deltafin $(BUILD)/libdeltafin.a
 
 help:
@@ -42,6 +42,9 @@ help:
 	@echo "  bench           kernel benchmark (deltafin bench --kernels)"
 	@echo "  deps            install the Debian packages the build needs"
 	@echo "  check-warnings  build with gcc and clang, -Werror"
+	@echo "  cuda            CUDA backend (nvcc, sm_90 + PTX): build/libdeltafin_cuda.a,"
+	@echo "                  build/run_cuda_tests, build/cuda_bench; needs no GPU to build"
+	@echo "  test-cuda       make cuda, then run the CUDA tests (they skip without a GPU)"
 	@echo "  clean           remove build outputs"
 	@echo "options: SAN=1 (ASan+UBSan in build-san/), CC=clang, OPT=-O3"
 
@@ -87,7 +90,37 @@ check-warnings:
 	$(MAKE) BUILD=build-gcc CC=gcc WERROR=-Werror all build-gcc/run_tests
 	$(MAKE) BUILD=build-clang CC=clang WERROR=-Werror all build-clang/run_tests
 
+# ---- CUDA backend: src/cuda/*.cu. The CPU build never needs CUDA; the tests
+# link the CPU scalar kernels (their oracle) from the objects below.
+NVCC      ?= $(or $(shell command -v nvcc 2>/dev/null),/usr/local/cuda/bin/nvcc)
+CUDA_ARCH := -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVFLAGS   := -O3 -std=c++17 $(CUDA_ARCH) -Iinclude -lineinfo -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+CUDA_SRC  := $(sort $(wildcard src/cuda/*.cu))
+CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matvec.o \
+               kernels/matvec_avx2.o kernels/matvec_avx512.o kernels/ops.o)
+
+cuda: $(BUILD)/libdeltafin_cuda.a $(BUILD)/run_cuda_tests $(BUILD)/cuda_bench
+
+$(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/libdeltafin_cuda.a: $(CUDA_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/run_cuda_tests: $(BUILD)/tests/test_main.o $(BUILD)/tests/cuda/test_cuda.o \
+                         $(BUILD)/libdeltafin_cuda.a $(CUDA_ORACLE)
+	$(NVCC) $(CUDA_ARCH) -o $@ $^ -lpthread -lm
+
+$(BUILD)/cuda_bench: bench/cuda_bench.cu $(BUILD)/libdeltafin_cuda.a $(wildcard src/cuda/*.h)
+	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libdeltafin_cuda.a
+
+test-cuda: cuda
+	./$(BUILD)/run_cuda_tests
+
 clean:
 	rm -rf build build-san build-gcc build-clang
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/tests/cuda/test_cuda.d

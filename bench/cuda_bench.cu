@@ -1,0 +1,270 @@
+/* cuda_bench.cu — bandwidth of the CUDA kernels against the device's own
+ * measured ceilings (built by `make cuda` as build/cuda_bench).
+ *
+ *   build/cuda_bench [GB per matrix, default 2]
+ *
+ * Measures, in one process: device-to-device copy (bytes read + written),
+ * a read-only probe kernel, host-to-device from pinned and from pageable
+ * memory; then gpu_matmul per weight type on a cols = 7168 matrix of the
+ * given size (far larger than L2) at n = 1, 8, 64, and a K3-shaped MXFP4
+ * expert (7168 x 1536, 17.55 MB) over 64 distinct experts. Weights are
+ * random (never zeros). Times are medians of CUDA-event-timed repeats after
+ * a warm-up. GB = 1e9 bytes.
+ */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
+
+#include "../src/cuda/gpu.h"
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        cudaError_t e_ = (x);                                                              \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+#define DK(x)                                                                              \
+    do {                                                                                   \
+        df_status s_ = (x);                                                                \
+        if (s_ != DF_OK) {                                                                 \
+            fprintf(stderr, "%s:%d: %s: status %d %s\n", __FILE__, __LINE__, #x, (int)s_,  \
+                    gpu_last_error());                                                     \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+/* Median seconds of fn() over reps, after warm-ups, timed with events. */
+template <class F> static double time_it(F fn, int warm, int reps) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < warm; i++) fn();
+    CK(cudaDeviceSynchronize());
+    std::vector<double> t;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a));
+        fn();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms * 1e-3);
+    }
+    CK(cudaGetLastError());
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return median(t);
+}
+
+static __device__ uint32_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
+enum { F_RAW, F_BF16, F_FP8, F_E8M0, F_BF16SCALE, F_F32SCALE, F_FLOAT };
+
+/* Random but valid contents: finite bf16 in (-1, 1), fp8 without NaN codes,
+ * e8m0 in [118, 129], positive small scales. */
+__global__ void k_fill(uint32_t *p, size_t n, uint64_t seed, int mode) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t r = mix(seed * 0x9e3779b97f4a7c15ull + i);
+        uint32_t v = r;
+        switch (mode) {
+        case F_BF16: { /* two bf16: sign, exponent 118..125, random mantissa */
+            uint32_t lo = (r & 0x807f) | ((118 + (r >> 8) % 8) << 7);
+            uint32_t r2 = mix(i ^ 0x1234567ull ^ seed);
+            uint32_t hi = (r2 & 0x807f) | ((118 + (r2 >> 8) % 8) << 7);
+            v = lo | (hi << 16);
+            break;
+        }
+        case F_FP8: v = r & ~0x01010101u; break; /* low mantissa bit 0: never 0x7f/0xff */
+        case F_E8M0: {
+            v = 0;
+            for (int k = 0; k < 4; k++) v |= (118u + ((r >> (8 * k)) & 0xff) % 12) << (8 * k);
+            break;
+        }
+        case F_BF16SCALE: v = 0x3c003c00u | (r & 0x007f007fu); break; /* ~0.0078..0.0156 */
+        case F_F32SCALE: v = 0x3b800000u | (r & 0x007fffffu); break;
+        case F_FLOAT: v = __float_as_uint((float)(r >> 8) * 0x1p-23f - 1.0f); break;
+        default: break;
+        }
+        p[i] = v;
+    }
+}
+
+static void fill(void *p, size_t bytes, uint64_t seed, int mode) {
+    k_fill<<<4096, 256>>>((uint32_t *)p, bytes / 4, seed, mode);
+    CK(cudaGetLastError());
+}
+
+/* Reads every 16 bytes of p; writes only if the xor of all is a magic value. */
+__global__ void k_read(const uint4 *p, size_t n, uint32_t *sink) {
+    uint32_t acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+static void make_weight(wt_type t, int64_t rows, int64_t cols, gpu_weight *g, uint64_t seed) {
+    df_weight w;
+    memset(&w, 0, sizeof w);
+    w.type = t;
+    w.rows = rows;
+    w.cols = cols;
+    w.scale_dtype = DT_BF16;
+    w.block_rows = w.block_cols = 128;
+    char err[DF_ERRMSG] = "";
+    if (gpu_weight_alloc(&w, g, err)) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
+    int dm = t == WT_BF16 ? F_BF16 : t == WT_FP8_BLOCK ? F_FP8 : F_RAW;
+    fill(g->data, (size_t)g->data_bytes, seed, dm);
+    if (g->scale_bytes) {
+        int sm = t == WT_MXFP4 ? F_E8M0 : t == WT_FP8_BLOCK ? F_F32SCALE : F_BF16SCALE;
+        fill(g->scale, (size_t)g->scale_bytes, seed + 1, sm);
+    }
+}
+
+static const char *tname(wt_type t) {
+    return t == WT_BF16 ? "bf16" : t == WT_FP8_BLOCK ? "fp8-block" : t == WT_INT4_G32 ? "int4-g32" : "mxfp4";
+}
+
+int main(int argc, char **argv) {
+    double gb = argc > 1 ? atof(argv[1]) : 2.0;
+    int quick = argc > 2 && strcmp(argv[2], "quick") == 0; /* ceilings + n=1 only */
+    char why[256];
+    if (!gpu_probe(why, sizeof why)) {
+        printf("cuda_bench: %s\n", why);
+        return 0;
+    }
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    int memclk = 0, busw = 0;
+    cudaDeviceGetAttribute(&memclk, cudaDevAttrMemoryClockRate, 0);
+    cudaDeviceGetAttribute(&busw, cudaDevAttrGlobalMemoryBusWidth, 0);
+    printf("device: %s, %d SMs, L2 %.0f MB, %.1f GB, bus %d bit, mem clock %d MHz\n", p.name,
+           p.multiProcessorCount, p.l2CacheSize / 1e6, p.totalGlobalMem / 1e9, busw, memclk / 1000);
+
+    /* ---- ceilings ---- */
+    const size_t cb = (size_t)2 << 30;
+    void *a, *b;
+    uint32_t *sink;
+    CK(cudaMalloc(&a, cb));
+    CK(cudaMalloc(&b, cb));
+    CK(cudaMalloc(&sink, 4));
+    fill(a, cb, 1, F_RAW);
+    double tc = time_it([&] { CK(cudaMemcpyAsync(b, a, cb, cudaMemcpyDeviceToDevice)); }, 2, 15);
+    double copy_gbps = 2.0 * cb / tc / 1e9;
+    int nsm = p.multiProcessorCount;
+    double tr = time_it([&] { k_read<<<nsm * 8, 512>>>((const uint4 *)a, cb / 16, sink); }, 2, 15);
+    double read_gbps = cb / tr / 1e9;
+    printf("D2D copy  %.2f GiB: %7.1f GB/s (read + write)\n", cb / 1073741824.0, copy_gbps);
+    printf("read probe %.2f GiB: %7.1f GB/s (read only)\n", cb / 1073741824.0, read_gbps);
+    CK(cudaFree(b));
+
+    const size_t hb = (size_t)1 << 30;
+    if (quick) goto kernels;
+    {
+    void *pin, *pag = malloc(hb);
+    CK(cudaMallocHost(&pin, hb));
+    memset(pin, 1, hb);
+    memset(pag, 1, hb);
+    double th_pin = time_it([&] { CK(cudaMemcpyAsync(a, pin, hb, cudaMemcpyHostToDevice)); }, 1, 5);
+    double th_pag = time_it([&] { CK(cudaMemcpy(a, pag, hb, cudaMemcpyHostToDevice)); }, 1, 5);
+    double td_pin = time_it([&] { CK(cudaMemcpyAsync(pin, a, hb, cudaMemcpyDeviceToHost)); }, 1, 5);
+    printf("H2D 1 GiB pinned:   %6.1f GB/s\n", hb / th_pin / 1e9);
+    printf("H2D 1 GiB pageable: %6.1f GB/s\n", hb / th_pag / 1e9);
+    printf("D2H 1 GiB pinned:   %6.1f GB/s\n", hb / td_pin / 1e9);
+    CK(cudaFreeHost(pin));
+    free(pag);
+    }
+kernels:
+    CK(cudaFree(a));
+
+    /* ---- matvec / matmul ---- */
+    const int64_t cols = 7168;
+    const wt_type types[] = {WT_MXFP4, WT_INT4_G32, WT_FP8_BLOCK, WT_BF16};
+    float *dX, *dY;
+    CK(cudaMalloc(&dX, 64 * cols * 4));
+    fill(dX, 64 * cols * 4, 7, F_FLOAT);
+    printf("\n%-10s %9s %9s | %9s %6s %6s | %9s %8s | %9s %8s\n", "type", "rows", "GB", "n=1 GB/s",
+           "%copy", "%read", "n=8 GB/s", "TFLOP/s", "n=64 GB/s", "TFLOP/s");
+    for (wt_type t : types) {
+        df_weight w;
+        memset(&w, 0, sizeof w);
+        w.type = t;
+        w.rows = 1;
+        w.cols = cols;
+        w.scale_dtype = DT_BF16;
+        w.block_rows = w.block_cols = 128;
+        double row_bytes = t == WT_BF16 ? cols * 2.0 : t == WT_FP8_BLOCK ? cols + cols / 128.0 * 4 / 128
+                         : t == WT_INT4_G32 ? cols / 2.0 + cols / 16.0 : cols / 2.0 + cols / 32.0;
+        int64_t rows = (int64_t)(gb * 1e9 / row_bytes) / 128 * 128;
+        gpu_weight g;
+        make_weight(t, rows, cols, &g, 100 + t);
+        CK(cudaMalloc(&dY, rows * 64 * 4));
+        double bytes = (double)(g.data_bytes + g.scale_bytes);
+        double t1 = time_it([&] { DK(gpu_matmul(&g, dX, 1, dY, rows, 0, rows, NULL)); }, 3, 21);
+        double t8 = quick ? 1 : time_it([&] { DK(gpu_matmul(&g, dX, 8, dY, rows, 0, rows, NULL)); }, 1, 5);
+        double t64 = quick ? 1 : time_it([&] { DK(gpu_matmul(&g, dX, 64, dY, rows, 0, rows, NULL)); }, 1, 3);
+        double fl = 2.0 * rows * cols;
+        printf("%-10s %9lld %9.3f | %9.1f %5.1f%% %5.1f%% | %9.1f %8.2f | %9.1f %8.2f\n", tname(t),
+               (long long)rows, bytes / 1e9, bytes / t1 / 1e9, 100 * bytes / t1 / 1e9 / copy_gbps,
+               100 * bytes / t1 / 1e9 / read_gbps, bytes / t8 / 1e9, fl * 8 / t8 / 1e12,
+               bytes / t64 / 1e9, fl * 64 / t64 / 1e12);
+        CK(cudaFree(dY));
+        gpu_weight_free(&g);
+    }
+
+    if (quick) return 0;
+    /* ---- K3-shaped MXFP4 experts ---- */
+    enum { NE = 64, HID = 7168, INTER = 1536 };
+    std::vector<gpu_weight> eg(NE), eu(NE), ed(NE);
+    for (int e = 0; e < NE; e++) {
+        make_weight(WT_MXFP4, INTER, HID, &eg[e], 1000 + 3 * e);
+        make_weight(WT_MXFP4, INTER, HID, &eu[e], 1001 + 3 * e);
+        make_weight(WT_MXFP4, HID, INTER, &ed[e], 1002 + 3 * e);
+    }
+    double ebytes = (double)(eg[0].data_bytes + eg[0].scale_bytes) * 3;
+    float *dH, *dO;
+    CK(cudaMalloc(&dH, 64 * INTER * 4));
+    CK(cudaMalloc(&dO, 64 * HID * 4));
+    gpu_act act = {1, 10.0f, 10.0f};
+    printf("\nexpert MXFP4 %dx%d (%.2f MB), %d distinct experts per pass (%.2f GB)\n", HID, INTER,
+           ebytes / 1e6, NE, ebytes * NE / 1e9);
+    const int ens[] = {1, 4, 16};
+    for (int n : ens) {
+        double te = time_it([&] {
+            for (int e = 0; e < NE; e++) DK(gpu_expert(&eg[e], &eu[e], &ed[e], &act, dX, n, dH, dO, NULL));
+        }, 1, 7);
+        printf("  n=%-3d %8.1f us/expert  %7.1f GB/s  %5.1f%% of copy\n", n, te / NE * 1e6,
+               ebytes * NE / te / 1e9, 100 * ebytes * NE / te / 1e9 / copy_gbps);
+    }
+    for (int e = 0; e < NE; e++) {
+        gpu_weight_free(&eg[e]);
+        gpu_weight_free(&eu[e]);
+        gpu_weight_free(&ed[e]);
+    }
+    CK(cudaFree(dH));
+    CK(cudaFree(dO));
+    CK(cudaFree(dX));
+    CK(cudaFree(sink));
+    return 0;
+}

@@ -1,0 +1,521 @@
+/* test_cuda.c — the CUDA kernels (src/cuda, gpu_) against the CPU oracles.
+ *
+ * Built by `make cuda` into build/run_cuda_tests with the shared runner
+ * (tests/test_main.c); every test skips, saying why, when no usable GPU is
+ * present, so CI machines with nvcc but no GPU pass.
+ *
+ * Oracles and bounds (fresh random data each test; outputs poisoned with NaN
+ * bytes before every launch, so an unwritten element fails):
+ *  - matvec / matmul (n = 1..64), per weight type: against the float64 dot of
+ *    kn_dequant_row with x, |y - exact| <= (cols + 2) * 2^-24 * sum_c |w x|
+ *    (the bound kn_matvec itself meets); against kn_matmul at KN_SCALAR,
+ *    twice that. Row i of gpu_matmul bit-equal to gpu_matvec of vector i, a
+ *    sub-range of rows bit-equal to the full range, and one-hot vectors
+ *    reproduce kn_dequant_row bit for bit (edge scales included).
+ *  - fused expert vs kn_matmul (scalar) + the ffn.c activation on the CPU:
+ *    ||gpu - cpu|| / ||cpu|| <= 1e-5 per token vector.
+ *  - RMSNorm vs op_rmsnorm: |d| <= 2^-22 |ref| per element.
+ *  - router vs a copy of moe_route (ffn.c): identical ids, weights within
+ *    1e-5 relative (CUDA's expf differs from glibc's by an ulp or two).
+ * Each test prints the largest error it saw, as a fraction of its bound.
+ */
+#include "../test.h"
+#include "../../src/cuda/gpu.h"
+#include "../../src/kernels/kernels.h"
+#include "../../src/kernels/ops.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static int need_gpu(void) {
+    static int state = -1;
+    static char why[256];
+    if (state < 0) state = gpu_probe(why, sizeof why);
+    if (!state) t_skip(why);
+    return state;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+static float frand(uint64_t *s) { return (float)((double)(rng_next(s) >> 11) * 0x1p-52 - 1.0); }
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static uint16_t f16_bits(float f) { /* normal-range values, truncating */
+    uint32_t u = f32_bits(f);
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    if (e <= 0) return sign;
+    if (e >= 31) e = 30;
+    return (uint16_t)(sign | (e << 10) | ((u >> 13) & 0x3ff));
+}
+static uint64_t seed_of(const char *tag) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *tag; tag++) h = (h ^ (uint8_t)*tag) * 1099511628211ull;
+    return h | 1;
+}
+
+typedef struct {
+    df_weight w;
+    void *data, *scale;
+} hmat;
+
+static void hmat_free(hmat *m) { free(m->data); free(m->scale); }
+
+/* Random matrix; scales kept in a range where no product under- or overflows. */
+static void hmat_make(hmat *m, wt_type t, int64_t rows, int64_t cols, st_dtype sdt, uint64_t seed) {
+    uint64_t s = seed;
+    memset(m, 0, sizeof *m);
+    m->w.type = t;
+    m->w.rows = rows;
+    m->w.cols = cols;
+    size_t n = (size_t)(rows * cols);
+    switch (t) {
+    case WT_BF16: {
+        uint16_t *d = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) d[i] = (uint16_t)(f32_bits(frand(&s)) >> 16);
+        m->data = d;
+        break;
+    }
+    case WT_FP8_BLOCK: {
+        m->w.block_rows = 128;
+        m->w.block_cols = 128;
+        int64_t nbr = (rows + 127) / 128, nbc = (cols + 127) / 128;
+        uint8_t *d = malloc(n);
+        for (size_t i = 0; i < n; i++) {
+            uint8_t b = (uint8_t)rng_next(&s);
+            d[i] = (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b; /* no NaN codes */
+        }
+        float *sc = malloc((size_t)(nbr * nbc) * 4);
+        for (int64_t i = 0; i < nbr * nbc; i++) sc[i] = ldexpf(1.0f + 0.5f * frand(&s), -8);
+        m->data = d;
+        m->scale = sc;
+        break;
+    }
+    case WT_INT4_G32:
+    case WT_MXFP4: {
+        uint8_t *d = malloc(n / 2);
+        for (size_t i = 0; i < n / 2; i++) d[i] = (uint8_t)rng_next(&s);
+        size_t ns = (size_t)(rows * (cols / 32));
+        m->data = d;
+        if (t == WT_MXFP4) {
+            uint8_t *sc = malloc(ns);
+            for (size_t i = 0; i < ns; i++) sc[i] = (uint8_t)(118 + rng_next(&s) % 12);
+            m->scale = sc;
+        } else {
+            m->w.scale_dtype = sdt;
+            if (sdt == DT_F32) {
+                float *sc = malloc(ns * 4);
+                for (size_t i = 0; i < ns; i++) sc[i] = 0.01f + 0.05f * (frand(&s) + 1.0f);
+                m->scale = sc;
+            } else {
+                uint16_t *sc = malloc(ns * 2);
+                for (size_t i = 0; i < ns; i++) {
+                    float v = 0.01f + 0.05f * (frand(&s) + 1.0f);
+                    sc[i] = sdt == DT_BF16 ? (uint16_t)(f32_bits(v) >> 16) : f16_bits(v);
+                }
+                m->scale = sc;
+            }
+        }
+        break;
+    }
+    default: break;
+    }
+    m->w.data = m->data;
+    m->w.scale = m->scale;
+}
+
+/* ---- matvec / matmul ---------------------------------------------------------- */
+
+enum { NMAX = 64 };
+
+static void check_type(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, const char *tag) {
+    if (!need_gpu()) return;
+    uint64_t s = seed_of(tag);
+    hmat m;
+    hmat_make(&m, t, rows, cols, sdt, s);
+    const df_weight *w = &m.w;
+    gpu_weight g;
+    char err[DF_ERRMSG] = "";
+    df_status st = gpu_weight_upload(w, &g, err);
+    REQUIRE(st == DF_OK, "upload: %s", err);
+
+    float *deq = malloc((size_t)(rows * cols) * 4);
+    float *X = malloc((size_t)(NMAX * cols) * 4);
+    float *Y = malloc((size_t)(NMAX * rows) * 4), *Yv = malloc((size_t)(NMAX * rows) * 4);
+    float *Ys = malloc((size_t)(NMAX * rows) * 4);
+    float *dX = gpu_malloc((size_t)(NMAX * cols) * 4), *dY = gpu_malloc((size_t)(NMAX * rows) * 4);
+    REQUIRE(deq && X && Y && Yv && Ys && dX && dY);
+    for (int64_t r = 0; r < rows; r++) kn_dequant_row(w, r, deq + r * cols);
+    for (int64_t i = 0; i < NMAX * cols; i++) X[i] = frand(&s);
+    REQUIRE(gpu_put(dX, X, (size_t)(NMAX * cols) * 4) == DF_OK);
+
+    /* reference matvec of every vector, one launch each */
+    for (int i = 0; i < NMAX; i++) {
+        REQUIRE(gpu_fill(dY, 0xff, (size_t)rows * 4) == DF_OK);
+        REQUIRE(gpu_matmul(&g, dX + i * cols, 1, dY, rows, 0, rows, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_get(Yv + i * rows, dY, (size_t)rows * 4) == DF_OK, "%s", gpu_last_error());
+    }
+    kn_matmul(KN_SCALAR, w, X, NMAX, Ys, rows, 0, rows);
+
+    double worst_exact = 0, worst_scalar = 0;
+    int bad = 0;
+    for (int i = 0; i < NMAX && bad < 5; i++)
+        for (int64_t r = 0; r < rows && bad < 5; r++) {
+            double ex = 0, mag = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                double p = (double)deq[r * cols + c] * X[i * cols + c];
+                ex += p;
+                mag += fabs(p);
+            }
+            double bound = (double)(cols + 2) * 0x1p-24 * mag;
+            double y = Yv[i * rows + r];
+            double e1 = fabs(y - ex), e2 = fabs(y - Ys[i * rows + r]);
+            if (!(e1 <= bound) || !(e2 <= 2 * bound)) {
+                bad++;
+                CHECK(0, "%s n=1 vec %d row %lld: gpu %.9g exact %.9g scalar %.9g bound %.3g", tag, i,
+                      (long long)r, y, ex, Ys[i * rows + r], bound);
+            }
+            if (bound > 0) {
+                if (e1 / bound > worst_exact) worst_exact = e1 / bound;
+                if (e2 / bound > worst_scalar) worst_scalar = e2 / bound;
+            }
+        }
+
+    /* matmul for several n: bit-equal to the per-vector matvec */
+    static const int ns[] = {2, 3, 4, 5, 8, 17, 64};
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        int n = ns[k];
+        REQUIRE(gpu_fill(dY, 0xff, (size_t)(n * rows) * 4) == DF_OK);
+        REQUIRE(gpu_matmul(&g, dX, n, dY, rows, 0, rows, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_get(Y, dY, (size_t)(n * rows) * 4) == DF_OK, "%s", gpu_last_error());
+        CHECK(memcmp(Y, Yv, (size_t)(n * rows) * 4) == 0, "%s: matmul n=%d differs from matvec", tag, n);
+    }
+    /* a sub-range of rows with a wider ldy */
+    {
+        int64_t r0 = rows / 7, r1 = rows - rows / 5, ldy = rows + 3;
+        int n = 3;
+        REQUIRE(gpu_fill(dY, 0xff, (size_t)(n * ldy) * 4) == DF_OK);
+        REQUIRE(gpu_matmul(&g, dX, n, dY, ldy, r0, r1, NULL) == DF_OK);
+        REQUIRE(gpu_get(Y, dY, (size_t)(n * ldy) * 4) == DF_OK);
+        for (int i = 0; i < n; i++)
+            CHECK(memcmp(Y + i * ldy, Yv + i * rows + r0, (size_t)(r1 - r0) * 4) == 0,
+                  "%s: rows [%lld,%lld) vec %d differ from the full range", tag, (long long)r0, (long long)r1, i);
+    }
+    /* one-hot vectors decode the weights exactly */
+    {
+        int n = NMAX;
+        int cidx[NMAX];
+        memset(X, 0, (size_t)(n * cols) * 4);
+        for (int i = 0; i < n; i++) {
+            int64_t c = i == 0 ? 0 : i == 1 ? cols - 1 : i == 2 ? 31 % cols : (int64_t)(rng_next(&s) % (uint64_t)cols);
+            cidx[i] = (int)c;
+            X[i * cols + c] = 1.0f;
+        }
+        REQUIRE(gpu_put(dX, X, (size_t)(n * cols) * 4) == DF_OK);
+        REQUIRE(gpu_fill(dY, 0xff, (size_t)(n * rows) * 4) == DF_OK);
+        REQUIRE(gpu_matmul(&g, dX, n, dY, rows, 0, rows, NULL) == DF_OK);
+        REQUIRE(gpu_get(Y, dY, (size_t)(n * rows) * 4) == DF_OK);
+        int wrong = 0;
+        for (int i = 0; i < n; i++)
+            for (int64_t r = 0; r < rows; r++) {
+                float a = Y[i * rows + r], b = deq[r * cols + cidx[i]];
+                if (f32_bits(a) != f32_bits(b) && !(a == 0 && b == 0) && wrong++ < 3)
+                    CHECK(0, "%s one-hot col %d row %lld: gpu %a, dequant %a", tag, cidx[i], (long long)r, a, b);
+            }
+        CHECK(wrong == 0, "%s: %d one-hot mismatches", tag, wrong);
+    }
+    fprintf(stderr, "[%s %lldx%lld: worst error %.3f of the bound vs exact, %.3f vs scalar] ", tag,
+            (long long)rows, (long long)cols, worst_exact, worst_scalar);
+    gpu_free(dX);
+    gpu_free(dY);
+    free(deq); free(X); free(Y); free(Yv); free(Ys);
+    gpu_weight_free(&g);
+    hmat_free(&m);
+}
+
+TEST(cuda_matvec_bf16) { check_type(WT_BF16, DT_UNKNOWN, 301, 1000, "bf16"); }
+TEST(cuda_matvec_fp8_block) { check_type(WT_FP8_BLOCK, DT_UNKNOWN, 300, 2064, "fp8"); }
+TEST(cuda_matvec_int4_bf16) { check_type(WT_INT4_G32, DT_BF16, 259, 2144, "int4-bf16"); }
+TEST(cuda_matvec_int4_f16) { check_type(WT_INT4_G32, DT_F16, 130, 1024, "int4-f16"); }
+TEST(cuda_matvec_int4_f32) { check_type(WT_INT4_G32, DT_F32, 77, 7168, "int4-f32"); }
+TEST(cuda_matvec_mxfp4) { check_type(WT_MXFP4, DT_UNKNOWN, 263, 2144, "mxfp4"); }
+TEST(cuda_matvec_mxfp4_wide) { check_type(WT_MXFP4, DT_UNKNOWN, 67, 7168, "mxfp4-7168"); }
+/* row counts that are not a multiple of the rows-per-warp of the n = 1 path */
+TEST(cuda_matvec_tall_bf16) { check_type(WT_BF16, DT_UNKNOWN, 16411, 64, "bf16-tall"); }
+TEST(cuda_matvec_tall_fp8) { check_type(WT_FP8_BLOCK, DT_UNKNOWN, 16395, 160, "fp8-tall"); }
+TEST(cuda_matvec_tall_int4) { check_type(WT_INT4_G32, DT_BF16, 16397, 96, "int4-tall"); }
+TEST(cuda_matvec_tall_mxfp4) { check_type(WT_MXFP4, DT_UNKNOWN, 16389, 128, "mxfp4-tall"); }
+
+/* e8m0 edges (2^-127, 2^-126, 2^0, 2^127) and every e2m1 code, one-hot
+ * decoded; then a NaN scale (255) makes its whole row NaN, as kn_matvec. */
+TEST(cuda_mxfp4_edge_scales) {
+    if (!need_gpu()) return;
+    enum { R = 4, C = 64 };
+    uint8_t data[R * C / 2], sc[R * C / 32];
+    for (int i = 0; i < R * C / 2; i++) data[i] = (uint8_t)(i * 37 + 11);
+    static const uint8_t edge[] = {0, 127, 254, 1, 128, 200, 60, 2};
+    for (int i = 0; i < R * C / 32; i++) sc[i] = edge[i % 8];
+    df_weight w = {.type = WT_MXFP4, .rows = R, .cols = C, .data = data, .scale = sc};
+    gpu_weight g;
+    char err[DF_ERRMSG] = "";
+    REQUIRE(gpu_weight_upload(&w, &g, err) == DF_OK, "%s", err);
+    float X[C * C], Y[C * R], deq[C];
+    memset(X, 0, sizeof X);
+    for (int i = 0; i < C; i++) X[i * C + i] = 1.0f;
+    float *dX = gpu_malloc(sizeof X), *dY = gpu_malloc(sizeof Y);
+    REQUIRE(dX && dY);
+    REQUIRE(gpu_put(dX, X, sizeof X) == DF_OK);
+    REQUIRE(gpu_matmul(&g, dX, C, dY, R, 0, R, NULL) == DF_OK);
+    REQUIRE(gpu_get(Y, dY, sizeof Y) == DF_OK);
+    for (int r = 0; r < R; r++) {
+        kn_dequant_row(&w, r, deq);
+        for (int c = 0; c < C; c++) {
+            float a = Y[c * R + r], b = deq[c];
+            int same = f32_bits(a) == f32_bits(b) || (a == 0 && b == 0);
+            CHECK(same, "row %d col %d scale %d: gpu %a dequant %a", r, c, sc[r * 2 + c / 32], a, b);
+        }
+    }
+    /* NaN scale in row 1 */
+    gpu_weight_free(&g);
+    sc[2] = 255;
+    REQUIRE(gpu_weight_upload(&w, &g, err) == DF_OK, "%s", err);
+    float x[C], ys[R];
+    for (int c = 0; c < C; c++) x[c] = 0.25f * (float)(c % 7) - 0.5f;
+    REQUIRE(gpu_put(dX, x, sizeof x) == DF_OK);
+    REQUIRE(gpu_matvec(&g, dX, dY, NULL) == DF_OK);
+    REQUIRE(gpu_get(Y, dY, R * sizeof(float)) == DF_OK);
+    kn_matvec(KN_SCALAR, &w, x, ys, 0, R);
+    for (int r = 0; r < R; r++)
+        CHECK(isnan(Y[r]) == isnan(ys[r]) && (r == 1) == !!isnan(Y[r]), "row %d: gpu %g scalar %g", r, Y[r], ys[r]);
+    gpu_free(dX);
+    gpu_free(dY);
+    gpu_weight_free(&g);
+}
+
+TEST(cuda_weight_refused) {
+    char err[DF_ERRMSG] = "";
+    df_weight w = {.type = WT_F16, .rows = 4, .cols = 64};
+    CHECK(gpu_weight_check(&w, err) == DF_ERR_UNSUPPORTED && strstr(err, "f16"), "%s", err);
+    w.type = WT_MXFP4;
+    w.cols = 48;
+    CHECK(gpu_weight_check(&w, err) == DF_ERR_UNSUPPORTED, "%s", err);
+    w.type = WT_BF16;
+    w.cols = 12;
+    CHECK(gpu_weight_check(&w, err) == DF_ERR_UNSUPPORTED, "%s", err);
+    gpu_weight g;
+    memset(&g, 0x5a, sizeof g);
+    CHECK(gpu_weight_alloc(&w, &g, err) == DF_ERR_UNSUPPORTED && g.data == NULL,
+          "a refused alloc leaves the view zeroed");
+    gpu_weight_free(NULL);
+}
+
+/* ---- fused expert ------------------------------------------------------------- */
+
+static void act_cpu(const gpu_act *a, float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) { /* ffn.c act_apply */
+        if (!a->situ) { g[i] = op_silu(g[i]) * u[i]; continue; }
+        float b = a->beta, lb = a->linear_beta;
+        float s = b * tanhf(g[i] / b) * op_sigmoid(g[i]);
+        float up = lb > 0 ? lb * tanhf(u[i] / lb) : u[i];
+        g[i] = s * up;
+    }
+}
+
+static void check_expert(wt_type t, st_dtype sdt, const char *tag) {
+    if (!need_gpu()) return;
+    enum { HID = 1024, INTER = 384, N = 9 };
+    uint64_t s = seed_of(tag);
+    hmat mg, mu, md;
+    hmat_make(&mg, t, INTER, HID, sdt, s + 1);
+    hmat_make(&mu, t, INTER, HID, sdt, s + 2);
+    hmat_make(&md, t, HID, INTER, sdt, s + 3);
+    gpu_weight gg, gu, gd;
+    char err[DF_ERRMSG] = "";
+    REQUIRE(gpu_weight_upload(&mg.w, &gg, err) == DF_OK, "%s", err);
+    REQUIRE(gpu_weight_upload(&mu.w, &gu, err) == DF_OK, "%s", err);
+    REQUIRE(gpu_weight_upload(&md.w, &gd, err) == DF_OK, "%s", err);
+    static float X[N * HID], G[N * INTER], U[N * INTER], ref[N * HID], out[N * HID];
+    for (int i = 0; i < N * HID; i++) X[i] = 2.0f * frand(&s);
+    float *dX = gpu_malloc(sizeof X), *dH = gpu_malloc(sizeof G), *dO = gpu_malloc(sizeof out);
+    REQUIRE(dX && dH && dO);
+    REQUIRE(gpu_put(dX, X, sizeof X) == DF_OK);
+    const gpu_act acts[2] = {{0, 0, 0}, {1, 3.0f, 2.0f}};
+    static const int ns[] = {1, 3, N};
+    double worst = 0;
+    for (int a = 0; a < 2; a++)
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int n = ns[k];
+            kn_matmul(KN_SCALAR, &mg.w, X, n, G, INTER, 0, INTER);
+            kn_matmul(KN_SCALAR, &mu.w, X, n, U, INTER, 0, INTER);
+            act_cpu(&acts[a], G, U, (int64_t)n * INTER);
+            kn_matmul(KN_SCALAR, &md.w, G, n, ref, HID, 0, HID);
+            REQUIRE(gpu_fill(dO, 0xff, sizeof out) == DF_OK);
+            REQUIRE(gpu_expert(&gg, &gu, &gd, &acts[a], dX, n, dH, dO, NULL) == DF_OK, "%s", gpu_last_error());
+            REQUIRE(gpu_get(out, dO, sizeof out) == DF_OK, "%s", gpu_last_error());
+            for (int i = 0; i < n; i++) {
+                double d2 = 0, r2 = 0;
+                for (int j = 0; j < HID; j++) {
+                    double d = (double)out[i * HID + j] - ref[i * HID + j];
+                    d2 += d * d;
+                    r2 += (double)ref[i * HID + j] * ref[i * HID + j];
+                }
+                double rel = sqrt(d2 / r2);
+                if (!(rel <= 1e-5))
+                    CHECK(0, "%s %s n=%d token %d: relative error %.3g > 1e-5", tag,
+                          acts[a].situ ? "situ" : "silu", n, i, rel);
+                if (rel > worst) worst = rel;
+            }
+        }
+    fprintf(stderr, "[%s: worst normwise relative error %.2e, bound 1e-5] ", tag, worst);
+    gpu_free(dX); gpu_free(dH); gpu_free(dO);
+    gpu_weight_free(&gg); gpu_weight_free(&gu); gpu_weight_free(&gd);
+    hmat_free(&mg); hmat_free(&mu); hmat_free(&md);
+}
+
+TEST(cuda_expert_mxfp4) { check_expert(WT_MXFP4, DT_UNKNOWN, "expert-mxfp4"); }
+TEST(cuda_expert_int4) { check_expert(WT_INT4_G32, DT_BF16, "expert-int4"); }
+TEST(cuda_expert_fp8) { check_expert(WT_FP8_BLOCK, DT_UNKNOWN, "expert-fp8"); }
+TEST(cuda_expert_bf16) { check_expert(WT_BF16, DT_UNKNOWN, "expert-bf16"); }
+
+/* ---- rmsnorm ------------------------------------------------------------------ */
+
+TEST(cuda_rmsnorm) {
+    if (!need_gpu()) return;
+    static const int dims[] = {7168, 1000, 5};
+    enum { N = 3, DMAX = 7168 };
+    static float x[N * DMAX], w[DMAX], ref[N * DMAX], out[N * DMAX];
+    uint64_t s = seed_of("rmsnorm");
+    float *dx = gpu_malloc(sizeof x), *dw = gpu_malloc(sizeof w), *dout = gpu_malloc(sizeof out);
+    REQUIRE(dx && dw && dout);
+    int exact = 0, total = 0;
+    for (size_t k = 0; k < 3; k++)
+        for (int withw = 0; withw < 2; withw++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                int d = dims[k];
+                for (int i = 0; i < N * d; i++) x[i] = 3.0f * frand(&s);
+                for (int i = 0; i < d; i++) w[i] = 1.0f + 0.5f * frand(&s);
+                for (int i = 0; i < N; i++) op_rmsnorm(ref + i * d, x + i * d, withw ? w : NULL, d, 1e-6f);
+                REQUIRE(gpu_put(dx, x, (size_t)(N * d) * 4) == DF_OK);
+                REQUIRE(gpu_put(dw, w, (size_t)d * 4) == DF_OK);
+                float *dst = inplace ? dx : dout;
+                if (!inplace) REQUIRE(gpu_fill(dout, 0xff, (size_t)(N * d) * 4) == DF_OK);
+                REQUIRE(gpu_rmsnorm(dst, dx, withw ? dw : NULL, N, d, 1e-6f, NULL) == DF_OK);
+                REQUIRE(gpu_get(out, dst, (size_t)(N * d) * 4) == DF_OK, "%s", gpu_last_error());
+                for (int i = 0; i < N * d; i++) {
+                    total++;
+                    exact += out[i] == ref[i];
+                    if (!(fabsf(out[i] - ref[i]) <= 0x1p-22f * fabsf(ref[i])))
+                        CHECK(0, "dim %d elem %d: gpu %.9g cpu %.9g", d, i, out[i], ref[i]);
+                }
+            }
+    fprintf(stderr, "[%d of %d elements bit-equal to op_rmsnorm] ", exact, total);
+    gpu_free(dx); gpu_free(dw); gpu_free(dout);
+}
+
+/* ---- router ------------------------------------------------------------------- */
+
+/* moe_route (src/model/ffn.c), copied: the model library is not linked here. */
+static void route_cpu(const gpu_router *m, const float *bias, const float *logit, int *sel, float *selw) {
+    int E = m->E, K = m->K, G = m->n_group > 0 ? m->n_group : 1, per = E / G;
+    float score[1024], choice[1024];
+    if (m->sigmoid) {
+        for (int x = 0; x < E; x++) score[x] = op_sigmoid(logit[x]);
+    } else {
+        memcpy(score, logit, sizeof(float) * (size_t)E);
+        op_softmax(score, E);
+    }
+    for (int x = 0; x < E; x++) choice[x] = score[x] + (bias ? bias[x] : 0.0f);
+    if (G > 1 && m->topk_group < G) {
+        float gs[32];
+        int keep[32];
+        for (int g = 0; g < G; g++) {
+            float a = -INFINITY, b = -INFINITY;
+            for (int x = g * per; x < (g + 1) * per; x++) {
+                if (choice[x] > a) { b = a; a = choice[x]; }
+                else if (choice[x] > b) b = choice[x];
+            }
+            gs[g] = per > 1 ? a + b : a;
+            keep[g] = 0;
+        }
+        for (int k = 0; k < m->topk_group; k++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+            keep[best] = 1;
+        }
+        for (int x = 0; x < E; x++)
+            if (!keep[x / per]) choice[x] = m->group_mask;
+    }
+    int taken[1024] = {0};
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int x = 0; x < E; x++)
+            if (!taken[x] && (best < 0 || choice[x] > choice[best])) best = x;
+        taken[best] = 1;
+    }
+    float sum = 0.0f;
+    for (int x = 0, k = 0; x < E; x++)
+        if (taken[x]) { sel[k] = x; selw[k] = score[x]; sum += score[x]; k++; }
+    for (int k = 0; k < K; k++) {
+        if (m->renorm) selw[k] /= (sum + 1e-20f);
+        selw[k] *= m->scale;
+    }
+}
+
+static void check_route(gpu_router r, int with_bias, const char *tag) {
+    if (!need_gpu()) return;
+    enum { N = 64 };
+    uint64_t s = seed_of(tag);
+    static float logit[N * 1024], bias[1024], selw[N * 32], rw[32];
+    static int sel[N * 32], rs[32];
+    for (int i = 0; i < N * r.E; i++) logit[i] = 4.0f * frand(&s);
+    for (int i = 0; i < r.E; i++) bias[i] = 0.1f * frand(&s);
+    float *dl = gpu_malloc(sizeof logit), *db = gpu_malloc(sizeof bias), *dw = gpu_malloc(sizeof selw);
+    int *ds = gpu_malloc(sizeof sel);
+    REQUIRE(dl && db && dw && ds);
+    REQUIRE(gpu_put(dl, logit, sizeof logit) == DF_OK);
+    REQUIRE(gpu_put(db, bias, sizeof bias) == DF_OK);
+    r.bias = with_bias ? db : NULL;
+    REQUIRE(gpu_fill(ds, 0xff, sizeof sel) == DF_OK);
+    REQUIRE(gpu_route(&r, dl, N, ds, dw, NULL) == DF_OK, "%s", gpu_last_error());
+    REQUIRE(gpu_get(sel, ds, sizeof sel) == DF_OK, "%s", gpu_last_error());
+    REQUIRE(gpu_get(selw, dw, sizeof selw) == DF_OK);
+    double worst = 0;
+    int bad = 0;
+    for (int t = 0; t < N; t++) {
+        route_cpu(&r, with_bias ? bias : NULL, logit + t * r.E, rs, rw);
+        for (int k = 0; k < r.K; k++) {
+            if (sel[t * r.K + k] != rs[k] && bad++ < 3)
+                CHECK(0, "%s token %d slot %d: gpu expert %d, cpu %d", tag, t, k, sel[t * r.K + k], rs[k]);
+            double rel = fabs((double)selw[t * r.K + k] - rw[k]) / fabs(rw[k]);
+            if (!(rel <= 1e-5) && bad++ < 3) CHECK(0, "%s token %d slot %d: weight %.9g vs %.9g", tag, t, k, selw[t * r.K + k], rw[k]);
+            if (rel > worst) worst = rel;
+        }
+    }
+    CHECK(bad == 0, "%s: %d mismatches", tag, bad);
+    fprintf(stderr, "[%s: worst weight relative error %.2e, bound 1e-5] ", tag, worst);
+    gpu_free(dl); gpu_free(db); gpu_free(dw); gpu_free(ds);
+}
+
+TEST(cuda_route_k2_grouped) { /* DeepSeek-V3 / Kimi-K2 shape */
+    gpu_router r = {.E = 384, .K = 8, .n_group = 8, .topk_group = 4, .sigmoid = 1,
+                    .group_mask = 0.0f, .renorm = 1, .scale = 2.827f};
+    check_route(r, 1, "route-k2");
+}
+TEST(cuda_route_k3) { /* 896 experts, top-16, sigmoid */
+    gpu_router r = {.E = 896, .K = 16, .n_group = 1, .topk_group = 1, .sigmoid = 1,
+                    .group_mask = -INFINITY, .renorm = 1, .scale = 1.5f};
+    check_route(r, 1, "route-k3");
+}
+TEST(cuda_route_softmax_masked) {
+    gpu_router r = {.E = 64, .K = 6, .n_group = 8, .topk_group = 3, .sigmoid = 0,
+                    .group_mask = -INFINITY, .renorm = 0, .scale = 1.0f};
+    check_route(r, 0, "route-softmax");
+}
