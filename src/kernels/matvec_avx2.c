@@ -255,8 +255,41 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, const float *xp, 
                         (char)0xc0, (char)0xbc, /* -8 .. -1 */
                         0x00, 0x3c, 0x40, 0x42, 0x44, 0x45, 0x46, 0x47); /* 0 .. 7 */
     const __m128i m0f = _mm_set1_epi8(0x0f), hi8 = _mm_set1_epi16((short)0xff00);
+    /* group scales are decoded 8 groups at a time per row, in vectors: e8m0
+     * by exponent construction (0 -> 2^-127 and 255 -> NaN, as the scalar
+     * reference), bf16 by a shift, f16 by vcvtph2ps */
+    float sbuf[NR][8];
+    const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
     for (int64_t g = 0; g < ng; g++) {
         const int64_t c = g * 32;
+        if ((g & 7) == 0) {
+            UNROLL for (int j = 0; j < nr; j++) {
+                const uint8_t *sp = (const uint8_t *)w->scale + (si[j] + g) * ssz;
+                uint8_t tmp[32] = {0};
+                if (g + 8 > ng) {
+                    memcpy(tmp, sp, (size_t)((ng - g) * ssz));
+                    sp = tmp;
+                }
+                __m256 v;
+                if (k == N_MX) {
+                    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sp));
+                    __m256i bits = _mm256_slli_epi32(e, 23);
+                    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000),
+                                              _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+                    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000),
+                                              _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
+                    v = _mm256_castsi256_ps(bits);
+                } else if (k == N_I4_BF16) {
+                    v = _mm256_castsi256_ps(
+                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)sp)), 16));
+                } else if (k == N_I4_F16) {
+                    v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sp));
+                } else {
+                    v = _mm256_loadu_ps((const float *)sp);
+                }
+                _mm256_storeu_ps(sbuf[j], v);
+            }
+        }
         __m256 x0 = _mm256_loadu_ps(xp + c), x1 = _mm256_loadu_ps(xp + c + 8);
         __m256 x2 = _mm256_loadu_ps(xp + c + 16), x3 = _mm256_loadu_ps(xp + c + 24);
         UNROLL for (int j = 0; j < nr; j++) {
@@ -269,7 +302,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, const float *xp, 
             __m256 w3 = _mm256_cvtph_ps(_mm_and_si128(th, hi8));   /* 4m+3 */
             __m256 p0 = _mm256_fmadd_ps(w2, x2, _mm256_mul_ps(w0, x0));
             __m256 p1 = _mm256_fmadd_ps(w3, x3, _mm256_mul_ps(w1, x1));
-            __m256 s = _mm256_set1_ps(nib_scale(k, w->scale, si[j] + g));
+            __m256 s = _mm256_broadcast_ss(&sbuf[j][g & 7]);
             a0[j] = _mm256_fmadd_ps(p0, s, a0[j]);
             a1[j] = _mm256_fmadd_ps(p1, s, a1[j]);
         }
