@@ -4,6 +4,10 @@
 # only when something is missing.
 set -e
 PKGS="build-essential clang libjansson-dev liburing-dev libpcre2-dev libcurl4-openssl-dev python3"
+# deltafin serve: libmicrohttpd (HTTP server library); its tests use curl and
+# node (the openai npm client; npm ships with some nodejs builds, else apart)
+PKGS="$PKGS libmicrohttpd-dev curl nodejs"
+command -v npm >/dev/null 2>&1 || PKGS="$PKGS npm"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

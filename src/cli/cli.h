@@ -47,6 +47,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_setup(int argc, char **argv);
 int cmd_fetch_experts(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);

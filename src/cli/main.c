@@ -18,6 +18,7 @@ static const char usage_text[] =
     "  synth     write a random-weight checkpoint of a supported family\n"
     "  tokenize  text -> token ids (tiktoken rank file, tokenizer.json, model dir)\n"
     "  detokenize token ids -> text\n"
+    "  serve     OpenAI-compatible HTTP server (chat, completions, streaming, metrics)\n"
     "  setup     install a model from a Hugging Face-compatible hub (full or stream)\n"
     "  fetch-experts complete a stream-mode mirror (all, or --layers)\n"
     "  doctor    offline health check of a mirror made by setup\n"
@@ -234,6 +235,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "synth")) return cmd_synth(argc - 1, argv + 1);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(c, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(c, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(c, "setup")) return cmd_setup(argc - 1, argv + 1);
     if (!strcmp(c, "fetch-experts")) return cmd_fetch_experts(argc - 1, argv + 1);
     if (!strcmp(c, "doctor")) return cmd_doctor(argc - 1, argv + 1);
