@@ -21,6 +21,7 @@ typedef struct {
     int64_t pin;
     int plan_only;          /* inspect: plan, allocate nothing */
     int profile;            /* time the parts of a step */
+    int spine;              /* df_spine_mode */
 } cli_model_opts;
 
 /* Exit codes: 0 success, 1 the work failed (bad model, I/O), 2 usage error. */
@@ -31,6 +32,9 @@ enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
 extern const char cli_model_opts_help[];
 void cli_model_opts_init(cli_model_opts *o);
+/* Engine options from the shared model options (trace file, stream-mode hub
+ * table included); -1 after printing why not. */
+int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo);
 /* Opens the engine, printing the error and returning NULL on failure. */
 df_engine *cli_open(const cli_model_opts *o);
 /* Parses a size like 512M, 12G, 1.5T or a byte count; -1 on error. */

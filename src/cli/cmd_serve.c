@@ -91,17 +91,7 @@ int cmd_serve(int argc, char **argv) {
     if (mo.trace_path) return cli_usage("serve", "--trace is not available in serve");
     so.model_dir = mo.model;
     so.ctx = mo.ctx;
-    df_engine_opts *eo = &so.engine;
-    eo->n_threads = mo.threads;
-    eo->use_mmap = !mo.no_mmap;
-    eo->simd_level = mo.simd;
-    eo->expert_io = mo.expert_io;
-    eo->ram_bytes = mo.ram;
-    eo->prefetch = !mo.no_prefetch;
-    if (mo.io_depth > 0) eo->io_depth = mo.io_depth;
-    eo->top_k = mo.top_k;
-    eo->heat_path = mo.heat_path;
-    eo->pin_bytes = mo.pin;
+    if (cli_engine_opts(&mo, &so.engine) != 0) return CLI_FAIL;
     so.log = log_line;
 
     /* Signals: every thread the server starts inherits this mask, so

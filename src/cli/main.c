@@ -37,6 +37,8 @@ const char cli_model_opts_help[] =
     "                     pread (buffered reads into the cache), mmap (page cache, for comparison)\n"
     "  --ram SIZE         expert cache budget, e.g. 8G (default: available memory - 2 GiB)\n"
     "  --io-depth N       expert reads in flight (default 32)\n"
+    "  --spine MODE       non-expert weights: auto (default: stream when they do not fit beside the\n"
+    "                     expert cache), resident, stream (per layer through a double buffer)\n"
     "  --no-prefetch      turn off router-lookahead prefetch (the output never changes)\n"
     "  --heat FILE        expert heat statistics: loaded at start if present, saved at exit\n"
     "  --pin SIZE         keep the hottest experts (by --heat) resident, up to SIZE\n"
@@ -97,6 +99,15 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         }
         return 1;
     }
+    if (!strcmp(a, "--spine")) {
+        if (!val) { fprintf(stderr, "deltafin: --spine needs a value\n"); return -1; }
+        (*i)++;
+        if (!strcmp(val, "auto")) o->spine = DF_SPINE_AUTO;
+        else if (!strcmp(val, "resident")) o->spine = DF_SPINE_RESIDENT;
+        else if (!strcmp(val, "stream")) o->spine = DF_SPINE_STREAM;
+        else { fprintf(stderr, "deltafin: --spine must be auto, resident or stream (got '%s')\n", val); return -1; }
+        return 1;
+    }
     if (!strcmp(a, "--io") || !strcmp(a, "--ram") || !strcmp(a, "--io-depth")) {
         if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
         (*i)++;
@@ -147,31 +158,36 @@ static void trace_line(void *ctx, int pos, int layer, const int *ex, const float
     fprintf(f, "]}\n");
 }
 
-df_engine *cli_open(const cli_model_opts *o) {
-    df_engine_opts eo;
-    df_engine_opts_default(&eo);
-    eo.n_threads = o->threads;
-    eo.use_mmap = !o->no_mmap;
-    eo.simd_level = o->simd;
-    eo.expert_io = o->expert_io;
-    eo.ram_bytes = o->ram;
-    eo.prefetch = !o->no_prefetch;
-    if (o->io_depth > 0) eo.io_depth = o->io_depth;
-    eo.top_k = o->top_k;
-    eo.heat_path = o->heat_path;
-    eo.pin_bytes = o->pin;
-    eo.plan_only = o->plan_only;
-    eo.profile = o->profile;
+int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
+    df_engine_opts_default(eo);
+    eo->n_threads = o->threads;
+    eo->use_mmap = !o->no_mmap;
+    eo->simd_level = o->simd;
+    eo->expert_io = o->expert_io;
+    eo->ram_bytes = o->ram;
+    eo->prefetch = !o->no_prefetch;
+    if (o->io_depth > 0) eo->io_depth = o->io_depth;
+    eo->top_k = o->top_k;
+    eo->heat_path = o->heat_path;
+    eo->pin_bytes = o->pin;
+    eo->plan_only = o->plan_only;
+    eo->profile = o->profile;
+    eo->spine = o->spine;
     if (o->trace_path) {
         FILE *f = fopen(o->trace_path, "w");
         if (!f) {
             fprintf(stderr, "deltafin: cannot write the trace file %s\n", o->trace_path);
-            return NULL;
+            return -1;
         }
-        eo.trace = trace_line;
-        eo.trace_ctx = f; /* flushed and closed by the C runtime at exit */
+        eo->trace = trace_line;
+        eo->trace_ctx = f; /* flushed and closed by the C runtime at exit */
     }
-    if (cli_hub_attach(o->model, o->expert_io, &eo) != 0) return NULL;
+    return cli_hub_attach(o->model, o->expert_io, eo) != 0 ? -1 : 0;
+}
+
+df_engine *cli_open(const cli_model_opts *o) {
+    df_engine_opts eo;
+    if (cli_engine_opts(o, &eo) != 0) return NULL;
     df_engine *e = NULL;
     char err[DF_ERRMSG];
     df_status st = df_engine_open(o->model, &eo, &e, err);

@@ -560,6 +560,9 @@ df_status df_chat_parser_new(int in_thinking, df_chat_emit emit, void *ud, df_ch
     p->state = in_thinking ? ST_THINK : ST_RESPONSE;
     p->emit = emit;
     p->ud = ud;
+    p->cap = 256; /* never NULL: memmem must not see a null buffer, even before any text */
+    p->buf = malloc(p->cap);
+    if (!p->buf) { free(p); return DF_ERR_NOMEM; }
     *out = p;
     return DF_OK;
 }
