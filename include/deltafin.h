@@ -70,6 +70,7 @@ typedef struct {
     int plan_only;   /* describe only: plan the expert cache without allocating it */
     int profile;     /* time each part of a step (df_engine_profile) */
     int spine;       /* df_spine_mode: keep non-expert weights resident or stream them per layer */
+    int evict_heat;  /* expert cache eviction: 0 least recently used (default), 1 lowest decayed heat */
 } df_engine_opts;
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer

@@ -327,18 +327,19 @@ TEST(model_expert_io_budget_prefetch_bit_identical) {
         float *ref = ref_e ? all_logits(ref_e, &f) : NULL;
         CHECK(ref != NULL, "%s mmap", f.dir);
         df_engine_close(ref_e);
-        struct { int io; int64_t ram; int prefetch; int spine; const char *what; } v[] = {
-            {DF_EXPERTS_DIRECT, 1, 1, DF_SPINE_RESIDENT, "direct, 2 slots"},
-            {DF_EXPERTS_DIRECT, (int64_t)1 << 30, 1, DF_SPINE_RESIDENT, "direct, 1 GiB"},
-            {DF_EXPERTS_PREAD, 1, 0, DF_SPINE_RESIDENT, "pread, 2 slots, no prefetch"},
-            {DF_EXPERTS_DIRECT, 300000, 0, DF_SPINE_STREAM, "direct, ~300 kB, no prefetch, spine streamed"},
-            {DF_EXPERTS_MMAP, 0, 1, DF_SPINE_STREAM, "mmap experts, spine streamed"},
+        struct { int io; int64_t ram; int prefetch; int spine; int heat; const char *what; } v[] = {
+            {DF_EXPERTS_DIRECT, 1, 1, DF_SPINE_RESIDENT, 0, "direct, 2 slots"},
+            {DF_EXPERTS_DIRECT, (int64_t)1 << 30, 1, DF_SPINE_RESIDENT, 0, "direct, 1 GiB"},
+            {DF_EXPERTS_PREAD, 1, 0, DF_SPINE_RESIDENT, 0, "pread, 2 slots, no prefetch"},
+            {DF_EXPERTS_DIRECT, 300000, 0, DF_SPINE_STREAM, 1, "direct, ~300 kB, heat eviction, spine streamed"},
+            {DF_EXPERTS_MMAP, 0, 1, DF_SPINE_STREAM, 0, "mmap experts, spine streamed"},
         };
         for (size_t k = 0; ref && k < sizeof v / sizeof v[0]; k++) {
             o.expert_io = v[k].io;
             o.ram_bytes = v[k].ram;
             o.prefetch = v[k].prefetch;
             o.spine = v[k].spine;
+            o.evict_heat = v[k].heat;
             df_engine *e = open_opts(f.dir, &o);
             float *lg = e ? all_logits(e, &f) : NULL;
             CHECK(lg && memcmp(lg, ref, (size_t)f.n_tokens * f.vocab * sizeof(float)) == 0,

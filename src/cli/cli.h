@@ -22,6 +22,7 @@ typedef struct {
     int plan_only;          /* inspect: plan, allocate nothing */
     int profile;            /* time the parts of a step */
     int spine;              /* df_spine_mode */
+    int evict_heat;
 } cli_model_opts;
 
 /* Exit codes: 0 success, 1 the work failed (bad model, I/O), 2 usage error. */

@@ -40,6 +40,7 @@ const char cli_model_opts_help[] =
     "  --spine MODE       non-expert weights: auto (default: stream when they do not fit beside the\n"
     "                     expert cache), resident, stream (per layer through a double buffer)\n"
     "  --no-prefetch      turn off router-lookahead prefetch (the output never changes)\n"
+    "  --evict POLICY     expert cache eviction: lru (default) or heat (lowest decayed use count)\n"
     "  --heat FILE        expert heat statistics: loaded at start if present, saved at exit\n"
     "  --pin SIZE         keep the hottest experts (by --heat) resident, up to SIZE\n"
     "  --trace FILE       router trace: one JSON line per token and MoE layer\n"
@@ -97,6 +98,15 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
             fprintf(stderr, "deltafin: --top-k needs a positive count (got '%s')\n", val);
             return -1;
         }
+        return 1;
+    }
+    if (!strcmp(a, "--evict")) {
+        if (!val || (strcmp(val, "lru") && strcmp(val, "heat"))) {
+            fprintf(stderr, "deltafin: --evict must be lru or heat\n");
+            return -1;
+        }
+        (*i)++;
+        o->evict_heat = !strcmp(val, "heat");
         return 1;
     }
     if (!strcmp(a, "--spine")) {
@@ -173,6 +183,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     eo->plan_only = o->plan_only;
     eo->profile = o->profile;
     eo->spine = o->spine;
+    eo->evict_heat = o->evict_heat;
     if (o->trace_path) {
         FILE *f = fopen(o->trace_path, "w");
         if (!f) {

@@ -258,12 +258,24 @@ int64_t xs_expert_bytes(const xs_store *x) { return x->slot_bytes; }
 /* ---- slots and eviction ---- */
 
 /* A free slot, or the least recently used unpinned ready one; -1 if none. */
+static float heat_now(const xs_store *x, int64_t k);
+
+/* Eviction order: LRU evicts the least recently used; HEAT the expert with
+ * the lowest decayed use count (ties to the least recent). */
+static int colder(const xs_store *x, const slot_t *a, const slot_t *b) {
+    if (x->o.evict == XS_EVICT_HEAT) {
+        float ha = heat_now(x, a->key), hb = heat_now(x, b->key);
+        if (ha != hb) return ha < hb;
+    }
+    return a->last < b->last;
+}
+
 static int take_slot(xs_store *x) {
     int best = -1;
     for (int i = 0; i < x->n_slots; i++) {
         slot_t *s = &x->slots[i];
         if (s->state == SLOT_EMPTY) return i;
-        if (s->state == SLOT_READY && s->pins == 0 && (best < 0 || s->last < x->slots[best].last)) best = i;
+        if (s->state == SLOT_READY && s->pins == 0 && (best < 0 || colder(x, s, &x->slots[best]))) best = i;
     }
     if (best >= 0) {
         slot_t *s = &x->slots[best];

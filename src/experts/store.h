@@ -40,7 +40,10 @@ typedef struct {
     int depth;                        /* reads in flight */
     int io_threads;                   /* for the pread pool */
     int plan_only;                    /* size the cache but allocate nothing (inspect) */
+    int evict;                        /* XS_EVICT_LRU or XS_EVICT_HEAT */
 } xs_opts;
+
+enum { XS_EVICT_LRU = 0, XS_EVICT_HEAT };
 
 typedef struct {
     uint64_t hits, misses;            /* experts found cached / read */

@@ -90,6 +90,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         xo.depth = opts->io_depth > 0 ? opts->io_depth : 32;
         xo.io_threads = 8;
         xo.plan_only = opts->plan_only;
+        xo.evict = opts->evict_heat ? XS_EVICT_HEAT : XS_EVICT_LRU;
         st = xs_new(e->io, e->st, e->cfg.num_hidden_layers, e->cfg.n_routed_experts, &xo, &e->store, err);
         if (st != DF_OK) goto fail;
     }
