@@ -1,12 +1,11 @@
 /* test_server.c — `deltafin serve` end to end (suite server_).
  *
  * Builds a tiny K3 model directory that runs the whole text path: `deltafin
- * synth --arch kimi_k3 --vocab 1280` (synth writes no tokenizer, so the test
- * adds one: the first 1024 ranks of cl100k from tests/text as
- * tiktoken.model, and a tokenizer_config.json naming K3's chat specials at
- * the ids synth's config expects: 1024 [BOS], 1025 [EOS], 1026
- * <|end_of_msg|> (= eos_token_id), 1027 <|open|>, 1028 <|close|>, 1029
- * <|sep|>). Starts two servers on free loopback ports: "main" (--api-key,
+ * synth --arch kimi_k3 --vocab 1280 --tokenizer cl100k` (cl100k's rank file
+ * from tests/text, decompressed): the first 1024 ranks as tiktoken.model and
+ * a tokenizer_config.json naming K3's specials at the ids config.json uses:
+ * 1024 [BOS], 1025 [EOS], 1026 <|end_of_msg|> (= eos_token_id), 1027
+ * <|open|>, 1028 <|close|>, 1029 <|sep|>, ... 1279 [PAD]. Starts two servers on free loopback ports: "main" (--api-key,
  * --max-request-bytes 64K) and "slow" (--test-delay-ms, --queue 1) for the
  * queue and disconnect tests. Then:
  *   server_1_*  unit checks of the stop-string filter, tool-call conversion
@@ -60,12 +59,10 @@ static int make_model(void) {
     snprintf(model_dir, sizeof model_dir, "%s", d);
     char out[4096];
     int rc = t_sh(out, sizeof out,
-                  "%s synth --arch kimi_k3 --vocab 1280 --out %s --force --quiet && "
-                  "gzip -dc tests/text/cl100k_base.tiktoken.gz | head -n 1024 > %s/tiktoken.model && printf '%%s' "
-                  "'{\"added_tokens_decoder\": {\"1024\": {\"content\": \"[BOS]\"}, \"1025\": {\"content\": \"[EOS]\"},"
-                  "\"1026\": {\"content\": \"<|end_of_msg|>\"}, \"1027\": {\"content\": \"<|open|>\"},"
-                  "\"1028\": {\"content\": \"<|close|>\"}, \"1029\": {\"content\": \"<|sep|>\"}}}' > %s/tokenizer_config.json",
-                  t_bin(), d, d, d);
+                  "gzip -dc tests/text/cl100k_base.tiktoken.gz > %s.cl100k && "
+                  "%s synth --arch kimi_k3 --vocab 1280 --tokenizer %s.cl100k --out %s --force --quiet; "
+                  "r=$?; rm -f %s.cl100k; exit $r",
+                  d, t_bin(), d, d, d);
     if (rc) fprintf(stderr, "    %s\n", out);
     return rc ? -1 : 0;
 }

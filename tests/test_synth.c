@@ -463,3 +463,165 @@ TEST(synth_write_failure_leaves_no_config) {
     rm_rf(d);
     rm_rf(d2);
 }
+
+/* ---- --tokenizer: the text path on a synthetic model ---- */
+
+/* config.json's integer key (root object, else text_config), -1 if absent. */
+static int config_int(const char *dir, const char *key) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    json_t *v = json_object_get(j, key);
+    if (!v) v = json_object_get(json_object_get(j, "text_config"), key);
+    int r = json_is_integer(v) ? (int)json_integer_value(v) : -1;
+    json_decref(j);
+    return r;
+}
+
+/* Loads dir's tokenizer and checks what a synth --tokenizer promises: vocab
+ * = config's, the K3 specials at config's bos/eos/pad ids and right after
+ * them, every text round-trips with ids below the ordinary ranks. */
+static void check_tokenizer(const char *dir, int V, const char *eos_name) {
+    char err[DF_ERRMSG];
+    df_tokenizer *t;
+    df_status st = df_tokenizer_load_dir(dir, &t, err);
+    REQUIRE(st == DF_OK, "%s: %s", dir, err);
+    CHECK(config_int(dir, "vocab_size") == V, "%s: config vocab %d", dir, config_int(dir, "vocab_size"));
+    CHECK(df_tokenizer_vocab_size(t) == V, "%s: tokenizer vocab %d, want %d", dir, df_tokenizer_vocab_size(t), V);
+    int R = V - 256, bos = config_int(dir, "bos_token_id"), eos = config_int(dir, "eos_token_id"),
+        pad = config_int(dir, "pad_token_id");
+    CHECK(df_tokenizer_special(t, "[BOS]") == bos && bos == R, "%s: [BOS] %d, config bos %d", dir,
+          df_tokenizer_special(t, "[BOS]"), bos);
+    CHECK(df_tokenizer_special(t, eos_name) == eos, "%s: %s %d, config eos %d", dir, eos_name,
+          df_tokenizer_special(t, eos_name), eos);
+    CHECK(df_tokenizer_special(t, "[PAD]") == pad && pad == V - 1, "%s: [PAD] %d, config pad %d", dir,
+          df_tokenizer_special(t, "[PAD]"), pad);
+    static const char *const chat[] = {"[EOS]", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>"};
+    for (int k = 0; k < 5; k++)
+        CHECK(df_tokenizer_special(t, chat[k]) == R + 1 + k, "%s: %s at %d", dir, chat[k], df_tokenizer_special(t, chat[k]));
+    for (int32_t id = 0; id < V; id++)
+        if (df_tokenizer_is_special(t, id) != (id >= R)) {
+            CHECK(0, "%s: id %d special %d", dir, id, df_tokenizer_is_special(t, id));
+            break;
+        }
+    static const char *const texts[] = {
+        "Hello, world! The quick brown fox jumps over the lazy dog.",
+        "def f(x):\n    return x * 2  # tabs\tand   spaces\n\n",
+        "\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c \xe3\x81\x93\xe3\x82\x93\xe3\x81\xab\xe3\x81\xa1\xe3\x81\xaf \xf0\x9f\x98\x80\xf0\x9f\x9a\x80",
+        "user text spelling <|open|> stays bytes",
+    };
+    for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+        df_tokens ids = {0};
+        st = df_tokenize(t, texts[k], strlen(texts[k]), 0, &ids, err);
+        CHECK(st == DF_OK, "%s: tokenize: %s", dir, err);
+        int ok = ids.n > 0;
+        for (int i = 0; i < ids.n; i++) ok &= ids.ids[i] >= 0 && ids.ids[i] < R;
+        CHECK(ok, "%s: text %zu: %d ids, some outside 0..%d", dir, k, ids.n, R - 1);
+        char *back = NULL;
+        size_t n = 0;
+        st = df_detokenize(t, ids.ids, ids.n, 0, &back, &n, err);
+        CHECK(st == DF_OK && back && n == strlen(texts[k]) && !memcmp(back, texts[k], n), "%s: text %zu round trip: %s",
+              dir, k, back ? back : err);
+        free(back);
+        df_tokens_free(&ids);
+    }
+    df_tokenizer_free(t);
+}
+
+TEST(synth_tokenizer_k3_text_path) {
+    char out[16384], d[256], rf[300];
+    const char *td = t_tmpdir("tok-k3");
+    REQUIRE(td);
+    snprintf(d, sizeof d, "%s/model", td);
+    snprintf(rf, sizeof rf, "%s/cl100k.tiktoken", td);
+    int rc = t_sh(out, sizeof out, "gzip -dc tests/text/cl100k_base.tiktoken.gz > %s && %s synth --arch kimi_k3 --tokenizer %s --out %s",
+                  rf, t_bin(), rf, d);
+    REQUIRE(rc == 0, "synth rc %d: %s", rc, out);
+    CHECK(strstr(out, "768 ranks") && strstr(out, "eos 770 <|end_of_msg|>"), "describe: %s", out);
+    check_tokenizer(d, 1024, "<|end_of_msg|>");
+    /* a cl100k source whose bytes are its first 256 ranks: the first 768 ranks, verbatim */
+    rc = t_sh(out, sizeof out, "head -n 768 %s | cmp - %s/tiktoken.model && echo same", rf, d);
+    CHECK(rc == 0 && strstr(out, "same"), "tiktoken.model is not cl100k's first 768 ranks: %s", out);
+    /* text -> XTML template -> tokens -> model -> text */
+    rc = t_sh(out, sizeof out, "%s run --model %s --prompt Hello --chat --max-new 16 --ignore-eos --stats 2>&1", t_bin(), d);
+    CHECK(rc == 0 && strstr(out, "generated 16 tokens"), "run --chat rc %d: %s", rc, out);
+    const char *stats = strstr(out, "prompt ");
+    CHECK(stats && stats - out > 8, "run --chat printed no text before the stats: %s", out);
+    /* a plain continuation (no template), sampled */
+    rc = t_sh(out, sizeof out, "%s run --model %s --prompt Hello --max-new 8 --ignore-eos --temperature 0.8 --seed 3 2>/dev/null | wc -c", t_bin(), d);
+    CHECK(rc == 0 && atoi(out) > 0, "run --prompt printed nothing: rc %d: %s", rc, out);
+    /* chat through a pipe: one turn, then EOF */
+    rc = t_sh(out, sizeof out, "printf 'Hi there\\n' | %s chat --model %s --max-new 8 2>&1", t_bin(), d);
+    CHECK(rc == 0, "chat rc %d: %s", rc, out);
+    /* --force again with the tokenizer: same files, a stale tokenizer.json removed */
+    rc = t_sh(out, sizeof out, "touch %s/tokenizer.json && %s synth --arch kimi_k3 --tokenizer %s --out %s --force --quiet && ls %s",
+              d, t_bin(), rf, d, d);
+    CHECK(rc == 0 && !strstr(out, "tokenizer.json") && strstr(out, "tiktoken.model"), "after --force: rc %d: %s", rc, out);
+    rm_rf(td);
+}
+
+TEST(synth_tokenizer_sources_and_families) {
+    char out[16384], src[256], json[300], a[300], b[300], c[300];
+    const char *td = t_tmpdir("tok-src");
+    REQUIRE(td);
+    snprintf(src, sizeof src, "%s/o200k.tiktoken", td);
+    snprintf(json, sizeof json, "%s/ds.tokenizer.json", td);
+    snprintf(a, sizeof a, "%s/linear", td);
+    snprintf(b, sizeof b, "%s/k2", td);
+    snprintf(c, sizeof c, "%s/k3-from-dir", td);
+    int rc = t_sh(out, sizeof out, "gzip -dc tests/text/o200k_base.tiktoken.gz > %s && gzip -dc tests/text/deepseek_v3.tokenizer.json.gz > %s",
+                  src, json);
+    REQUIRE(rc == 0, "%s", out);
+    /* a tokenizer.json source (DeepSeek-V3's: its single bytes are not its first ids) */
+    rc = t_sh(out, sizeof out, "%s synth --arch kimi_linear --vocab 2048 --tokenizer %s --out %s --quiet", t_bin(), json, a);
+    CHECK(rc == 0, "kimi_linear from tokenizer.json: rc %d: %s", rc, out);
+    if (!rc) check_tokenizer(a, 2048, "<|end_of_msg|>");
+    /* K2's eos is [EOS] (V - 255); a rank file source */
+    rc = t_sh(out, sizeof out, "%s synth --arch kimi_k2 --vocab 1536 --tokenizer %s --out %s --quiet", t_bin(), src, b);
+    CHECK(rc == 0, "kimi_k2 from o200k: rc %d: %s", rc, out);
+    if (!rc) check_tokenizer(b, 1536, "[EOS]");
+    /* a model directory source: the smaller model's ranks are the source's first ones */
+    rc = t_sh(out, sizeof out, "%s synth --arch kimi_k3 --vocab 768 --tokenizer %s --out %s --quiet && head -n 512 %s/tiktoken.model | cmp - %s/tiktoken.model && echo same",
+              t_bin(), b, c, b, c);
+    CHECK(rc == 0 && strstr(out, "same"), "kimi_k3 from a model dir: rc %d: %s", rc, out);
+    if (!rc) check_tokenizer(c, 768, "<|end_of_msg|>");
+    rc = t_sh(out, sizeof out, "%s run --model %s --prompt 'Say hi' --chat --max-new 6 --ignore-eos 2>&1", t_bin(), a);
+    CHECK(rc == 0, "run --chat on kimi_linear: rc %d: %s", rc, out);
+    rm_rf(td);
+}
+
+TEST(synth_tokenizer_refusals_write_nothing) {
+    char out[8192], d[256], src[300];
+    const char *td = t_tmpdir("tok-bad");
+    REQUIRE(td);
+    snprintf(d, sizeof d, "%s/out", td);
+    snprintf(src, sizeof src, "%s/cl100k.tiktoken", td);
+    int rc0 = t_sh(out, sizeof out, "gzip -dc tests/text/cl100k_base.tiktoken.gz | head -n 600 > %s", src);
+    REQUIRE(rc0 == 0, "%s", out);
+    static const struct {
+        const char *args, *want;
+        int rc;
+    } cases[] = {
+        {"--arch deepseek_v3 --tokenizer SRC", "Kimi families", 2},
+        {"--arch kimi_k3 --vocab 300 --tokenizer SRC", "--vocab 512", 2},
+        {"--arch kimi_k3 --vocab 1024 --tokenizer SRC", "use --vocab 856 or less", 2},
+        {"--arch kimi_k3 --tokenizer tests/text/cl100k_base.tiktoken.gz", "gzip", 2},
+        {"--arch kimi_k3 --tokenizer /nonexistent/tok", "/nonexistent/tok", 1},
+        {"--arch kimi_k3 --tokenizer tests/text/corpus.json", "corpus.json", 1},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char args[512];
+        const char *s = strstr(cases[k].args, "SRC");
+        if (s) snprintf(args, sizeof args, "%.*s%s", (int)(s - cases[k].args), cases[k].args, src);
+        else snprintf(args, sizeof args, "%s", cases[k].args);
+        int rc = t_sh(out, sizeof out, "%s synth %s --out %s --quiet; echo rc=$?; ls %s 2>/dev/null | wc -l", t_bin(), args, d, d);
+        char want_rc[16];
+        snprintf(want_rc, sizeof want_rc, "rc=%d\n0", cases[k].rc);
+        CHECK(rc == 0 && strstr(out, cases[k].want) && strstr(out, want_rc), "%s: %s", args, out);
+    }
+    /* 600 ranks are enough for --vocab 856 */
+    int rc = t_sh(out, sizeof out, "%s synth --arch kimi_k3 --vocab 856 --tokenizer %s --out %s --quiet", t_bin(), src, d);
+    CHECK(rc == 0, "--vocab 856 from 600 ranks: rc %d: %s", rc, out);
+    if (!rc) check_tokenizer(d, 856, "<|end_of_msg|>");
+    rm_rf(td);
+}

@@ -3,6 +3,7 @@
  * prints the plan and the write rate).
  *
  *   deltafin synth --arch kimi_k3 --preset k3-slice --gb 4 --out /tmp/k3s
+ *   deltafin synth --arch kimi_k3 --tokenizer cl100k_base.tiktoken --out /tmp/k3t
  */
 #include "cli.h"
 #include "../synth/synth.h"
@@ -37,6 +38,12 @@ static const char synth_help[] =
     "  --sparse           write headers only; data regions stay holes (plumbing tests)\n"
     "  --dtype T          bf16 (default) or f32 for the unquantised weights\n"
     "  --threads N        writer threads (default: all CPUs)\n"
+    "  --tokenizer SRC    also write a tokenizer that fits the vocabulary (Kimi families):\n"
+    "                     SRC is a tiktoken rank file (plain, not .gz), a tokenizer.json\n"
+    "                     or a model directory; its 256 bytes and lowest ids fill ids\n"
+    "                     0..vocab-257 (tiktoken.model), K3's special tokens the last 256\n"
+    "                     ids where config.json's bos/eos/pad point (tokenizer_config.json),\n"
+    "                     so run --prompt/--chat and chat work (K3's XTML template)\n"
     "  --force            replace a checkpoint already in DIR\n"
     "  --quiet            print nothing on success\n";
 
@@ -76,7 +83,7 @@ static int parse_count(const char *s, int lo, int hi, int *out) {
 int cmd_synth(int argc, char **argv) {
     sy_opts o;
     memset(&o, 0, sizeof o);
-    const char *out = NULL;
+    const char *out = NULL, *tokenizer = NULL;
     int quiet = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -89,6 +96,7 @@ int cmd_synth(int argc, char **argv) {
         int bad = 0;
         if (!strcmp(a, "--arch")) bad = !(o.arch = sy_arch_from_name(v));
         else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--tokenizer")) tokenizer = v;
         else if (!strcmp(a, "--preset")) bad = !(o.preset = sy_preset_from_name(v));
         else if (!strcmp(a, "--gb")) {
             char *end;
@@ -123,6 +131,11 @@ int cmd_synth(int argc, char **argv) {
     df_status st = sy_plan_new(&o, &p, err);
     if (st != DF_OK) {
         fprintf(stderr, "deltafin synth: %s\n", err);
+        return st == DF_ERR_ARG ? CLI_USAGE : CLI_FAIL;
+    }
+    if (tokenizer && (st = sy_plan_tokenizer(p, tokenizer, err)) != DF_OK) {
+        fprintf(stderr, "deltafin synth: %s\n", err);
+        sy_plan_free(p);
         return st == DF_ERR_ARG ? CLI_USAGE : CLI_FAIL;
     }
     char desc[4096];

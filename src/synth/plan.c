@@ -936,6 +936,8 @@ void sy_plan_free(sy_plan *p) {
     free(p->order);
     free(p->shards);
     free(p->config);
+    free(p->tok_ranks);
+    free(p->tok_config);
     while (p->arena) {
         sy_arena *n = p->arena->next;
         free(p->arena);
@@ -975,5 +977,6 @@ void sy_plan_describe(const sy_plan *p, char *buf, size_t cap) {
     PUT("tensors        %lld in %d shard%s (shard size %.3f GB), %.3f GB\n", (long long)s->n_tensors, s->n_shards,
         s->n_shards == 1 ? "" : "s", s->shard_size / 1e9, s->total_bytes / 1e9);
     if (s->notes[0]) PUT("adjusted       %s\n", s->notes);
+    if (p->tok_ranks) PUT("tokenizer      %s\n", p->tok_note);
 #undef PUT
 }

@@ -11,6 +11,10 @@
  *                 full tensor inventory: names, dtypes, shapes, how each
  *                 tensor's values are drawn, and which shard holds it at
  *                 which offset. No I/O.
+ *   sy_plan_tokenizer (optional) picks a source tokenizer's tokens that fit
+ *                 the vocabulary and K3's special tokens at config.json's
+ *                 ids (vocab.c); sy_write then writes tiktoken.model and
+ *                 tokenizer_config.json too, so the text path runs.
  *   sy_write      creates the directory and streams every shard out in
  *                 fixed chunks (never a full-size buffer), on a thread pool;
  *                 with `sparse` only the headers (and the 16-byte int4
@@ -94,6 +98,13 @@ void sy_plan_describe(const sy_plan *p, char *buf, size_t cap);
 /* The config.json text. */
 const char *sy_plan_config(const sy_plan *p);
 
+/* Adds a tokenizer to the plan (vocab.c): src is a tiktoken rank file, a
+ * tokenizer.json or a model directory; its 256 single bytes and lowest
+ * multi-byte ids fill ids 0..vocab-257, K3's special tokens the last 256
+ * ids, where config.json's bos/eos/pad ids point. Kimi families only. On
+ * error the plan is unchanged and err names the option or the file. */
+df_status sy_plan_tokenizer(sy_plan *p, const char *src, char *err);
+
 /* Writer I/O (SQLite-style indirection so tests can inject failures). */
 typedef struct {
     int (*open)(const char *path, int flags, int mode);
@@ -107,7 +118,9 @@ const sy_io *sy_io_default(void);
 
 /* Writes the checkpoint into dir (created if absent). Refuses a directory
  * that already holds a config.json or *.safetensors unless opts.overwrite,
- * which first removes those files and the index. *data_bytes (optional)
+ * which first removes those files and the index (and a tokenizer.json when
+ * the plan has a tokenizer, which replaces tiktoken.model and
+ * tokenizer_config.json). *data_bytes (optional)
  * receives the tensor bytes generated (0 when sparse). On error the
  * directory holds a partial checkpoint without config.json (written last),
  * which the engine refuses to open. */
@@ -159,6 +172,10 @@ struct sy_plan {
     sy_shard *shards;
     struct sy_arena *arena;
     int oom;              /* set when an allocation failed while building */
+    char *tok_ranks;      /* tiktoken.model text (malloc'd), NULL: no tokenizer */
+    size_t tok_ranks_n;
+    char *tok_config;     /* tokenizer_config.json text (malloc'd) */
+    char tok_note[512];   /* one line for sy_plan_describe */
 };
 
 /* Bytes [chunk * SY_CHUNK, chunk * SY_CHUNK + nbytes) of tensor t into out.

@@ -11,6 +11,8 @@
  * stays at threads x 4 MiB whatever the model size. With sparse nothing but
  * the headers (and int4 weight_shape vectors) is written and the data
  * regions stay holes (zeros on read).
+ * A plan with a tokenizer (vocab.c) adds tiktoken.model and
+ * tokenizer_config.json after the shards and the index.
  * config.json is written last: a failed or interrupted write leaves a
  * directory the engine refuses to open.
  *
@@ -21,7 +23,7 @@
  * Every I/O call goes through an sy_io table (tests inject failures).
  *
  * Sections: 1. random numbers  2. generators  3. I/O table  4. directory
- *           5. shards  6. index and config  7. sy_write
+ *           5. shards  6. index, tokenizer and config  7. sy_write
  */
 #include "synth.h"
 #include "../base/err.h"
@@ -429,7 +431,7 @@ static df_status write_data(writer *w, char *err) {
     return DF_OK;
 }
 
-/* ---- 6. index and config ---------------------------------------------------- */
+/* ---- 6. index, tokenizer and config ------------------------------------------- */
 
 static int by_name(const void *a, const void *b, void *ctx) {
     const sy_plan *p = ctx;
@@ -502,6 +504,15 @@ df_status sy_write(const sy_plan *p, const char *dir, const sy_io *io, int64_t *
     free(w.jobs);
     pthread_mutex_destroy(&w.mu);
     if (st == DF_OK && ns > 1) st = write_index(p, io, dir, err);
+    if (st == DF_OK && p->tok_ranks) {
+        /* a tokenizer.json left from before would contradict the new files */
+        char path[4096];
+        if (p->o.overwrite && join(path, sizeof path, dir, "tokenizer.json") == 0 && io->unlink(path) != 0 && errno != ENOENT)
+            st = df_fail(err, DF_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+        if (st == DF_OK) st = write_file(io, dir, "tiktoken.model", p->tok_ranks, p->tok_ranks_n, err);
+        if (st == DF_OK)
+            st = write_file(io, dir, "tokenizer_config.json", p->tok_config, strlen(p->tok_config), err);
+    }
     if (st == DF_OK) st = write_file(io, dir, "config.json", p->config, strlen(p->config), err);
     return st;
 }
