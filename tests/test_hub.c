@@ -490,3 +490,194 @@ TEST(hub_stream_corrupt_span_detected) {
     CHECK(rc == 1 && strstr(out, "sha256"), "a corrupt range is caught when the shard completes: %s", out);
     emu_stop(&e);
 }
+
+/* ---- the cache limit, warm, the measured rate ---- */
+
+#define EP "HF_ENDPOINT=http://127.0.0.1:%d DF_HUB_RETRY_MS=5 "
+
+/* Allocated bytes (st_blocks) of the mirror's two shards. */
+static int64_t shard_blocks(const char *dir) {
+    int64_t t = 0;
+    for (int i = 1; i <= 2; i++) {
+        char p[400];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/model-0000%d-of-00002.safetensors", dir, i);
+        if (stat(p, &sb) != 0) return -1;
+        t += (int64_t)sb.st_blocks * 512;
+    }
+    return t;
+}
+
+/* Eviction records (bit 63 of the start) in the two span logs. */
+static int log_evictions(const char *dir) {
+    int n = 0;
+    for (int i = 1; i <= 2; i++) {
+        char p[400];
+        snprintf(p, sizeof p, "%s/.deltafin-hub/spans/model-0000%d-of-00002.safetensors.spans", dir, i);
+        FILE *f = fopen(p, "rb");
+        if (!f) return -1;
+        uint8_t r[24];
+        fseek(f, 16, SEEK_SET);
+        while (fread(r, 1, 24, f) == 24) n += (r[7] & 0x80) != 0;
+        fclose(f);
+    }
+    return n;
+}
+
+TEST(hub_stream_cache_limit) {
+    const char *src = src_model();
+    REQUIRE(src, "synth failed");
+    emu e;
+    REQUIRE(emu_start(&e, "hubemu8", src, NULL) == 0);
+    const char *d = t_tmpdir("hubcache");
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/k3", d);
+    enum { LIMIT = 40 << 10 }; /* about a third of the experts this prompt uses */
+    int rc = t_sh(out, sizeof out, EP "%s setup deltafin/tiny-k3 --dir %s --stream --cache-limit 40K", e.port, t_bin(), dir);
+    REQUIRE(rc == 0, "setup: %s", out);
+    int64_t base = shard_blocks(dir);
+    rc = t_sh(out, sizeof out, "%s logits --model %s --tokens %s --out %s/ref.bin", t_bin(), src, TOKS, d);
+    REQUIRE(rc == 0, "reference logits: %s", out);
+    char a[400], b[400], tr[400];
+    snprintf(a, sizeof a, "%s/ref.bin", d);
+    snprintf(tr, sizeof tr, "%s/trace.jsonl", d);
+    /* an ext4 inode holds 4 extents; a shard with more holes gets one 4 KiB
+     * extent block: file system metadata the budget cannot see */
+    const int64_t meta = 2 * 4096;
+    for (int run = 0; run < 2; run++) {
+        rc = t_sh(out, sizeof out, EP "%s logits --model %s --tokens %s --out %s/s%d.bin --trace %s", e.port, t_bin(), dir,
+                  TOKS, d, run, tr);
+        snprintf(b, sizeof b, "%s/s%d.bin", d, run);
+        CHECK(rc == 0 && files_equal(a, b), "run %d: logits under a cache limit differ: %s", run, out);
+        CHECK(strstr(out, "cache limit"), "the start-up line names the limit: %s", out);
+        int64_t grown = shard_blocks(dir) - base;
+        CHECK(grown <= LIMIT + meta, "run %d: experts hold %lld bytes of disk, limit %d", run, (long long)grown, LIMIT);
+        int64_t p;
+        CHECK(mirror_consistent(src, dir, &p) == 0, "run %d: a span recorded present holds other bytes", run);
+    }
+    int64_t used = used_expert_bytes(src, tr);
+    CHECK(used > 2 * LIMIT, "the prompt uses %lld bytes of experts: too few to need eviction", (long long)used);
+    CHECK(log_evictions(dir) > 0, "no eviction recorded");
+    /* the measured rate is kept for the next start-up line */
+    rc = t_sh(out, sizeof out, EP "%s logits --model %s --tokens 1 --out %s/one.bin", e.port, t_bin(), dir, d);
+    CHECK(rc == 0 && strstr(out, "MB/s last measured"), "start-up estimate: %s", out);
+    /* overridden at run: no limit, the mirror grows past it; same logits */
+    rc = t_sh(out, sizeof out, EP "%s logits --model %s --tokens %s --out %s/s9.bin --cache-limit 0", e.port, t_bin(), dir, TOKS, d);
+    snprintf(b, sizeof b, "%s/s9.bin", d);
+    CHECK(rc == 0 && files_equal(a, b) && !strstr(out, "cache limit"), "without the limit: %s", out);
+    CHECK(shard_blocks(dir) - base > LIMIT + meta, "--cache-limit 0 lifts the budget");
+    /* lowered again at run: evicted down at open */
+    rc = t_sh(out, sizeof out, EP "%s logits --model %s --tokens 1 --out %s/one.bin --cache-limit 8K", e.port, t_bin(), dir, d);
+    CHECK(rc == 0 && shard_blocks(dir) - base <= 8192 + 8192 + meta, "a lower limit evicts at start: %lld",
+          (long long)(shard_blocks(dir) - base));
+    /* completing the mirror cannot fit: refused before fetching */
+    int before = log_lines(&e), n;
+    rc = t_sh(out, sizeof out, EP "%s fetch-experts %s", e.port, t_bin(), dir);
+    CHECK(rc == 1 && strstr(out, "cache limit") && log_bytes(&e, before, "/cdn/", &n) == 0, "fill over the limit: %s", out);
+    rc = t_sh(out, sizeof out, "%s doctor %s", t_bin(), dir);
+    CHECK(rc == 0, "doctor after evictions: %s", out);
+    emu_stop(&e);
+}
+
+/* The most selected (layer, expert) of a trace, ties by summed weight, then
+ * layer, expert: the ranking `warm` promises. */
+static int trace_top(const char *trace, int *layer, int *expert) {
+    static double cnt[64][512], ws[64][512];
+    memset(cnt, 0, sizeof cnt);
+    memset(ws, 0, sizeof ws);
+    FILE *f = fopen(trace, "r");
+    if (!f) return -1;
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        int L = (int)json_integer_value(json_object_get(j, "layer"));
+        json_t *ex = json_object_get(j, "experts"), *w = json_object_get(j, "weights");
+        for (size_t i = 0; i < json_array_size(ex); i++) {
+            int x = (int)json_integer_value(json_array_get(ex, i));
+            if (L >= 0 && L < 64 && x >= 0 && x < 512) {
+                cnt[L][x] += 1;
+                ws[L][x] += json_number_value(json_array_get(w, i));
+            }
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    *layer = *expert = -1;
+    double bc = 0, bw = 0;
+    for (int l = 0; l < 64; l++)
+        for (int x = 0; x < 512; x++)
+            if (cnt[l][x] > bc || (cnt[l][x] == bc && cnt[l][x] > 0 && ws[l][x] > bw)) {
+                bc = cnt[l][x];
+                bw = ws[l][x];
+                *layer = l;
+                *expert = x;
+            }
+    return *layer >= 0 ? 0 : -1;
+}
+
+/* 1 if every tensor of (layer, expert) is recorded present in the mirror. */
+static int expert_local(const char *src, const char *dir, int layer, int expert) {
+    st_set *st;
+    char err[DF_ERRMSG];
+    if (st_open_dir(src, df_io_default(), 0, &st, err) != DF_OK) return -1;
+    int ok = 1, seen = 0;
+    for (int64_t i = 0; i < st_count(st); i++) {
+        const st_tensor *te = st_at(st, i);
+        int L;
+        if (!hub_is_expert_tensor(te->name, &L) || L != layer) continue;
+        const char *p = strstr(te->name, ".experts.");
+        if (!p || atoi(p + 9) != expert) continue;
+        seen++;
+        const char *sp = st_shard_path(st, te->shard), *base = strrchr(sp, '/') ? strrchr(sp, '/') + 1 : sp;
+        char lp[600];
+        snprintf(lp, sizeof lp, "%s/.deltafin-hub/spans/%s.spans", dir, base);
+        hub_spans s = {0};
+        int64_t fs;
+        ok &= hub_log_read(lp, &s, &fs, err) == DF_OK && hub_spans_covers(&s, te->offset, te->offset + te->nbytes);
+        hub_spans_free(&s);
+    }
+    st_close(st);
+    return seen && ok;
+}
+
+TEST(hub_warm_from_trace_and_heat) {
+    const char *src = src_model();
+    REQUIRE(src, "synth failed");
+    const char *d = t_tmpdir("hubwarm");
+    char tr[400], heat[400];
+    snprintf(tr, sizeof tr, "%s/trace.jsonl", d);
+    snprintf(heat, sizeof heat, "%s/heat.json", d);
+    int rc = t_sh(out, sizeof out, "%s logits --model %s --tokens %s --out %s/ref.bin --trace %s --heat %s", t_bin(), src,
+                  TOKS, d, tr, heat);
+    REQUIRE(rc == 0, "reference run: %s", out);
+    int tl, tx;
+    REQUIRE(trace_top(tr, &tl, &tx) == 0);
+    emu e;
+    char dir[300];
+    REQUIRE(stream_setup(&e, "hubemu9", dir, sizeof dir) == 0, "stream setup: %s", out);
+    int before = log_lines(&e), n;
+    rc = t_sh(out, sizeof out, EP "%s warm %s --trace %s --fetch 5 --dry-run", e.port, t_bin(), dir, tr);
+    CHECK(rc == 0 && strstr(out, "would fetch 5 experts") && log_bytes(&e, before, "/cdn/", &n) == 0, "dry run: %s", out);
+    rc = t_sh(out, sizeof out, EP "%s warm %s --trace %s --fetch 5", e.port, t_bin(), dir, tr);
+    CHECK(rc == 0 && strstr(out, "warmed 5 experts"), "warm: %s", out);
+    int64_t got = log_bytes(&e, before, "/cdn/", &n);
+    CHECK(got == 5 * 3264, "5 experts of 3264 bytes, fetched %lld in %d requests", (long long)got, n);
+    CHECK(expert_local(src, dir, tl, tx) == 1, "the most used expert (layer %d, %d) is local", tl, tx);
+    /* again: they are local, the next 5 come */
+    before = log_lines(&e);
+    rc = t_sh(out, sizeof out, EP "%s warm %s --heat %s --fetch 3", e.port, t_bin(), dir, heat);
+    got = log_bytes(&e, before, "/cdn/", &n);
+    CHECK(rc == 0 && got == 3 * 3264, "warm from heat fetched %lld: %s", (long long)got, out);
+    /* under a cache limit only what fits is fetched */
+    rc = t_sh(out, sizeof out, EP "%s warm %s --trace %s --fetch 30 --cache-limit 100K --dry-run", e.port, t_bin(), dir, tr);
+    CHECK(rc == 0 && strstr(out, "fewer than asked"), "capped by the limit: %s", out);
+    /* the warmed mirror still gives the local copy's logits */
+    rc = t_sh(out, sizeof out, EP "%s logits --model %s --tokens %s --out %s/w.bin", e.port, t_bin(), dir, TOKS, d);
+    char a[400], b[400];
+    snprintf(a, sizeof a, "%s/ref.bin", d);
+    snprintf(b, sizeof b, "%s/w.bin", d);
+    CHECK(rc == 0 && files_equal(a, b), "logits after warm: %s", out);
+    rc = t_sh(out, sizeof out, "%s warm %s --trace %s/nope.jsonl --fetch 1", t_bin(), dir, d);
+    CHECK(rc == 1 && strstr(out, "nope.jsonl"), "a missing trace is named: %s", out);
+    emu_stop(&e);
+}

@@ -23,6 +23,7 @@ typedef struct {
     int profile;            /* time the parts of a step */
     int spine;              /* df_spine_mode */
     int evict_heat;
+    int64_t cache_limit;    /* stream mirrors: expert disk budget; -1 = the mirror's, 0 = none */
 } cli_model_opts;
 
 /* Exit codes: 0 success, 1 the work failed (bad model, I/O), 2 usage error. */
@@ -56,9 +57,11 @@ int cmd_serve(int argc, char **argv);
 int cmd_setup(int argc, char **argv);
 int cmd_fetch_experts(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
+int cmd_warm(int argc, char **argv);
 /* If model is a stream-mode hub mirror, opens it and sets eo->io (printing
- * what is local); 0, or -1 after printing why not (cmd_hub.c). */
-int cli_hub_attach(const char *model, int expert_io, df_engine_opts *eo);
+ * what is local); cache_limit as cli_model_opts; 0, or -1 after printing why
+ * not (cmd_hub.c). */
+int cli_hub_attach(const char *model, int expert_io, int64_t cache_limit, df_engine_opts *eo);
 /* `run --prompt` (text) goes to cmd_run_text, `run --tokens` to cmd_run. */
 int cmd_run_wants_text(int argc, char **argv);
 int cmd_run_text(int argc, char **argv);

@@ -1,8 +1,9 @@
-/* cmd_hub.c — the hub subcommands: setup, fetch-experts, doctor; and the
- * hook that lets every model command open a stream-mode mirror.
+/* cmd_hub.c — the hub subcommands: setup, fetch-experts, warm, doctor; and
+ * the hook that lets every model command open a stream-mode mirror.
  *
- *   deltafin setup moonshotai/Kimi-K3 --dir /models/k3 [--stream]
+ *   deltafin setup moonshotai/Kimi-K3 --dir /models/k3 [--stream] [--cache-limit 200G]
  *   deltafin fetch-experts /models/k3 --layers 1-40,45 --workers 8
+ *   deltafin warm /models/k3 --trace chat.jsonl --fetch 2000
  *   deltafin doctor /models/k3 [--hash]
  *
  * Environment (read here, never by the library): HF_ENDPOINT (default
@@ -96,6 +97,10 @@ static const char setup_help[] =
     "                 default: --full when it fits the free disk with a 5%% margin\n"
     "  --dry-run      print the plan only\n"
     "  --workers N    parallel transfers (default 4)\n"
+    "  --cache-limit SIZE  stream: disk budget for fetched routed experts (e.g. 150G); when\n"
+    "                 a fetch would pass it, the least recently used experts are evicted\n"
+    "                 (holes punched); kept in the mirror, 0 = none; `run --cache-limit`\n"
+    "                 overrides it for one process\n"
     "Run it again to resume; on a stream mirror, --full fills the gaps.\n";
 
 int cmd_setup(int argc, char **argv) {
@@ -104,6 +109,7 @@ int cmd_setup(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     client_from_env(&o.client);
     o.workers = 4;
+    o.cache_limit = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--full")) o.mode = HUB_FULL;
@@ -111,6 +117,10 @@ int cmd_setup(int argc, char **argv) {
         else if (!strcmp(a, "--dry-run")) o.dry_run = 1;
         else if (!strcmp(a, "--dir") && v) { o.dir = v; i++; }
         else if (!strcmp(a, "--revision") && v) { o.revision = v; i++; }
+        else if (!strcmp(a, "--cache-limit") && v) {
+            if ((o.cache_limit = cli_parse_size(v)) < 0) return cli_usage("setup", "--cache-limit needs a size, e.g. 150G");
+            i++;
+        }
         else if (!strcmp(a, "--workers") && v) {
             if (parse_count(v, &o.workers)) return cli_usage("setup", "--workers needs a count 1..1024");
             i++;
@@ -167,18 +177,24 @@ static int parse_layers(const char *s, uint8_t *bits, int n) {
 
 int cmd_fetch_experts(int argc, char **argv) {
     if (wants_help(argc, argv)) {
-        printf("usage: deltafin fetch-experts DIR [--layers 1-40,45] [--dry-run] [--workers N]\n"
+        printf("usage: deltafin fetch-experts DIR [--layers 1-40,45] [--dry-run] [--workers N] [--cache-limit SIZE]\n"
                "Completes a stream-mode mirror: fetches the missing spans (only the routed experts\n"
                "of --layers if given), adjacent spans coalesced into requests of up to 64 MiB.\n"
-               "Resumable; a complete mirror is checked against the hub's sha256 and becomes full.\n");
+               "Resumable; a complete mirror is checked against the hub's sha256 and becomes full.\n"
+               "With a cache limit (set at setup, or --cache-limit here) a fetch that cannot fit fails first.\n");
         return CLI_OK;
     }
     const char *dir = NULL, *layers = NULL;
     int dry = 0, workers = 4;
+    int64_t limit = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--dry-run")) dry = 1;
         else if (!strcmp(a, "--layers") && v) { layers = v; i++; }
+        else if (!strcmp(a, "--cache-limit") && v) {
+            if ((limit = cli_parse_size(v)) < 0) return cli_usage("fetch-experts", "--cache-limit needs a size");
+            i++;
+        }
         else if (!strcmp(a, "--workers") && v) {
             if (parse_count(v, &workers)) return cli_usage("fetch-experts", "--workers needs a count 1..1024");
             i++;
@@ -198,7 +214,7 @@ int cmd_fetch_experts(int argc, char **argv) {
     hub_report rep;
     char err[DF_ERRMSG];
     double t0 = cli_now();
-    df_status st = hub_fill(dir, &c, bits, bits ? MAXL : 0, workers, dry, &rep, err);
+    df_status st = hub_fill(dir, &c, bits, bits ? MAXL : 0, workers, dry, limit, &rep, err);
     free(bits);
     if (st != DF_OK) {
         fprintf(stderr, "deltafin fetch-experts: %s\n", err);
@@ -211,6 +227,79 @@ int cmd_fetch_experts(int argc, char **argv) {
     else
         printf("%s: fetched %.3f MB in %d requests (%.1f s, %.1f MB/s); mirror is %s\n", dir, rep.fetched_bytes / 1e6,
                rep.requests, dt, dt > 0 ? rep.fetched_bytes / 1e6 / dt : 0.0, rep.mode == HUB_FULL ? "full" : "stream");
+    return CLI_OK;
+}
+
+/* ---- warm ---- */
+
+int cmd_warm(int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        printf("usage: deltafin warm DIR (--trace FILE | --heat FILE) --fetch N [--dry-run] [--workers N]\n"
+               "                          [--cache-limit SIZE]\n"
+               "Fetches the N most-used routed experts of a stream-mode mirror that are not local yet,\n"
+               "ranked from a router trace (`--trace FILE` of run/logits/serve: one JSON line per token\n"
+               "and MoE layer; by selections, then summed weight) or heat statistics (`--heat FILE`).\n"
+               "Adjacent experts are fetched in one request. With a cache limit, only as many as fit\n"
+               "are fetched, and the ranked experts are marked used so the hottest are evicted last.\n"
+               "  --dry-run   print what would be fetched\n");
+        return CLI_OK;
+    }
+    const char *dir = NULL, *trace = NULL, *heat = NULL;
+    int dry = 0, workers = 4, n = -1;
+    int64_t limit = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--dry-run")) dry = 1;
+        else if (!strcmp(a, "--trace") && v) { trace = v; i++; }
+        else if (!strcmp(a, "--heat") && v) { heat = v; i++; }
+        else if (!strcmp(a, "--fetch") && v) {
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (*end || end == v || x < 0 || x > 1 << 30) return cli_usage("warm", "--fetch needs a count");
+            n = (int)x;
+            i++;
+        } else if (!strcmp(a, "--workers") && v) {
+            if (parse_count(v, &workers)) return cli_usage("warm", "--workers needs a count 1..1024");
+            i++;
+        } else if (!strcmp(a, "--cache-limit") && v) {
+            if ((limit = cli_parse_size(v)) < 0) return cli_usage("warm", "--cache-limit needs a size");
+            i++;
+        } else if (a[0] != '-' && !dir) dir = a;
+        else return cli_usage("warm", "unknown or incomplete option");
+    }
+    if (!dir) return cli_usage("warm", "DIR is required");
+    if (!trace == !heat) return cli_usage("warm", "give one of --trace FILE or --heat FILE");
+    if (n < 0) return cli_usage("warm", "--fetch N is required");
+    hub_rank *r = NULL;
+    int nr = 0, unknown = 0;
+    char err[DF_ERRMSG];
+    df_status st = trace ? hub_rank_trace(trace, &r, &nr, err) : hub_rank_heat(heat, &r, &nr, err);
+    if (st != DF_OK) {
+        fprintf(stderr, "deltafin warm: %s\n", err);
+        return CLI_FAIL;
+    }
+    hub_client c;
+    client_from_env(&c);
+    if (!getenv("HF_ENDPOINT")) c.endpoint = NULL; /* the mirror's own */
+    hub_report rep;
+    double t0 = cli_now();
+    st = hub_warm(dir, &c, r, nr, n, workers, dry, limit, &rep, &unknown, err);
+    free(r);
+    if (st != DF_OK) {
+        fprintf(stderr, "deltafin warm: %s\n", err);
+        return CLI_FAIL;
+    }
+    if (unknown)
+        fprintf(stderr, "deltafin warm: %d of the %d ranked experts are not in %s (a trace of another model?)\n",
+                unknown, nr, dir);
+    double dt = cli_now() - t0;
+    const char *capped = rep.requests < n ? " (fewer than asked: the other ranked experts are local, or do not fit the cache limit)" : "";
+    if (dry)
+        printf("%s: would fetch %d experts, %.3f MB%s; experts %.3f of %.3f MB local\n", dir, rep.requests,
+               rep.total_bytes / 1e6, capped, rep.local_expert_bytes / 1e6, rep.expert_bytes / 1e6);
+    else
+        printf("%s: warmed %d experts, fetched %.3f MB (%.1f s)%s; experts %.3f of %.3f MB local\n", dir, rep.requests,
+               rep.fetched_bytes / 1e6, dt, capped, rep.local_expert_bytes / 1e6, rep.expert_bytes / 1e6);
     return CLI_OK;
 }
 
@@ -253,9 +342,13 @@ static void report_fetch_error(void) {
     df_hub_stream_stats s;
     df_hub_stream_info(attached, &s);
     if (s.last_error[0]) fprintf(stderr, "deltafin: fetching from the hub failed: %s\n", s.last_error);
+    hub_meta mt;
+    hub_stream_meta(attached, &mt);
+    if (mt.evict_err[0]) fprintf(stderr, "deltafin: --cache-limit could not be kept: %s\n", mt.evict_err);
+    hub_stream_flush(attached); /* the use clock and the measured rate, for the next run */
 }
 
-int cli_hub_attach(const char *model, int expert_io, df_engine_opts *eo) {
+int cli_hub_attach(const char *model, int expert_io, int64_t cache_limit, df_engine_opts *eo) {
     if (!model || !df_hub_is_stream(model)) return 0;
     if (expert_io == DF_EXPERTS_MMAP) {
         fprintf(stderr, "deltafin: %s is a stream-mode mirror: routed experts must be read with --io direct or "
@@ -270,12 +363,29 @@ int cli_hub_attach(const char *model, int expert_io, df_engine_opts *eo) {
         return -1;
     }
     eo->io = io;
+    if (cache_limit >= 0 && hub_stream_set_limit(model, cache_limit, err) != DF_OK)
+        fprintf(stderr, "deltafin: --cache-limit: %s\n", err);
     df_hub_stream_stats s;
+    hub_meta mt;
     df_hub_stream_info(model, &s);
+    hub_stream_meta(model, &mt);
     double pct = s.expert_total ? 100.0 * (double)s.expert_local / (double)s.expert_total : 100.0;
-    fprintf(stderr, "deltafin: stream mirror: routed experts %.3f of %.3f GB local (%.0f%%); missing ones are "
-                    "fetched on first use; completing needs %.3f GB (`deltafin fetch-experts %s`)\n",
-            s.expert_local / 1e9, s.expert_total / 1e9, pct, (s.expert_total - s.expert_local) / 1e9, model);
+    int64_t missing = s.expert_total - s.expert_local;
+    char eta[96] = "";
+    if (missing > 0 && mt.rate > 0) {
+        char t[32];
+        fmt_eta(t, sizeof t, (double)missing / mt.rate);
+        snprintf(eta, sizeof eta, ", about %s at the %.1f MB/s last measured", t, mt.rate / 1e6);
+    } else if (missing > 0) {
+        snprintf(eta, sizeof eta, ", time unknown until a fetch is measured");
+    }
+    char lim[128] = "";
+    if (mt.cache_limit > 0)
+        snprintf(lim, sizeof lim, "; cache limit %.3f GB (%.3f GB used), coldest experts evicted", mt.cache_limit / 1e9,
+                 mt.cache_used / 1e9);
+    fprintf(stderr, "deltafin: stream mirror: routed experts %.3f of %.3f GB local (%.0f%%)%s; missing ones are "
+                    "fetched on first use; completing needs %.3f GB%s (`deltafin fetch-experts %s`)\n",
+            s.expert_local / 1e9, s.expert_total / 1e9, pct, lim, missing / 1e9, eta, model);
     snprintf(attached, sizeof attached, "%s", model);
     atexit(report_fetch_error);
     return 0;

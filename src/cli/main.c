@@ -22,6 +22,7 @@ static const char usage_text[] =
     "  setup     install a model from a Hugging Face-compatible hub (full or stream)\n"
     "  fetch-experts complete a stream-mode mirror (all, or --layers)\n"
     "  doctor    offline health check of a mirror made by setup\n"
+    "  warm      fetch the most-used missing experts of a stream mirror (--trace / --heat)\n"
     "  run --prompt TEXT  stream generated text (sampling, --chat, stop strings)\n"
     "  chat      interactive conversation in the model's chat format\n"
     "\n"
@@ -44,11 +45,14 @@ const char cli_model_opts_help[] =
     "  --heat FILE        expert heat statistics: loaded at start if present, saved at exit\n"
     "  --pin SIZE         keep the hottest experts (by --heat) resident, up to SIZE\n"
     "  --trace FILE       router trace: one JSON line per token and MoE layer\n"
-    "  --top-k N          LOSSY: route each token to only N experts (labelled in every stats line)\n";
+    "  --top-k N          LOSSY: route each token to only N experts (labelled in every stats line)\n"
+    "  --cache-limit SIZE stream-mode mirror: disk budget for fetched experts, coldest evicted\n"
+    "                     (default: the one set at setup; 0 = none)\n";
 
 void cli_model_opts_init(cli_model_opts *o) {
     memset(o, 0, sizeof *o);
     o->simd = -1;
+    o->cache_limit = -1;
 }
 
 static int parse_int(const char *s, int *out) {
@@ -107,6 +111,14 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         }
         (*i)++;
         o->evict_heat = !strcmp(val, "heat");
+        return 1;
+    }
+    if (!strcmp(a, "--cache-limit")) {
+        if (!val || (o->cache_limit = cli_parse_size(val)) < 0) {
+            fprintf(stderr, "deltafin: --cache-limit needs a size, e.g. 200G (0 = none)\n");
+            return -1;
+        }
+        (*i)++;
         return 1;
     }
     if (!strcmp(a, "--spine")) {
@@ -193,7 +205,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
         eo->trace = trace_line;
         eo->trace_ctx = f; /* flushed and closed by the C runtime at exit */
     }
-    return cli_hub_attach(o->model, o->expert_io, eo) != 0 ? -1 : 0;
+    return cli_hub_attach(o->model, o->expert_io, o->cache_limit, eo) != 0 ? -1 : 0;
 }
 
 df_engine *cli_open(const cli_model_opts *o) {
@@ -266,6 +278,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "setup")) return cmd_setup(argc - 1, argv + 1);
     if (!strcmp(c, "fetch-experts")) return cmd_fetch_experts(argc - 1, argv + 1);
     if (!strcmp(c, "doctor")) return cmd_doctor(argc - 1, argv + 1);
+    if (!strcmp(c, "warm")) return cmd_warm(argc - 1, argv + 1);
     if (!strcmp(c, "chat")) return cmd_chat(argc - 1, argv + 1);
     fprintf(stderr, "deltafin: unknown command '%s'\n\n%s", c, usage_text);
     return CLI_USAGE;

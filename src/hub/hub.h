@@ -9,9 +9,12 @@
  *             log on disk (append-only records, each checked; a torn tail
  *             is ignored), plus sha256.
  *   mirror.c  a local mirror of a repository in a model directory: full or
- *             stream mode, the manifest, filling gaps, the offline check,
- *             and the stream-mode df_io table that fetches missing spans
- *             of a shard on first read.
+ *             stream mode, the manifest (with the cache limit and the last
+ *             measured rate), filling gaps, warming, the offline check, the
+ *             cache limit (LRU eviction by hole punching), and the
+ *             stream-mode df_io table that fetches missing spans of a shard
+ *             on first read.
+ *   warm.c    ranking experts from router traces or heat statistics.
  *
  * Mirror layout (DIR is an ordinary model directory; the safetensors reader
  * needs nothing else):
@@ -22,6 +25,8 @@
  *                                           the remote offsets, holes elsewhere
  *   DIR/.deltafin-hub/manifest.json         endpoint, repo, commit, mode, files
  *   DIR/.deltafin-hub/spans/NAME.spans      stream: present spans of shard NAME
+ *   DIR/.deltafin-hub/access                stream: last use of each routed expert
+ *                                           (a hint for --cache-limit eviction)
  *
  * Crash safety of a fetched span: the bytes are written at their offset and
  * fdatasync'd before the span's record is appended to the log (and the log
@@ -93,6 +98,9 @@ df_status hub_log_open(const char *path, int64_t file_size, hub_spans *present, 
                        char *err);
 /* Appends [a, b) and fdatasyncs the log. The caller made the bytes durable. */
 df_status hub_log_append(hub_log *log, int64_t a, int64_t b, char *err);
+/* Appends "[a, b) is gone" and fdatasyncs the log: called BEFORE the bytes
+ * are punched out, so a crash never leaves a hole recorded present. */
+df_status hub_log_remove(hub_log *log, int64_t a, int64_t b, char *err);
 void hub_log_close(hub_log *log);
 /* Reads the spans recorded in a log without opening it for writing
  * (doctor, tests). A missing log is an empty set. */
@@ -167,6 +175,7 @@ typedef struct {
     int dry_run;
     int workers;           /* parallel transfers (default 4) */
     int64_t free_bytes;    /* > 0: use this instead of statvfs (tests) */
+    int64_t cache_limit;   /* stream: disk budget for routed experts; < 0 keep the mirror's, 0 none */
     /* One line of news (plan, a file done, a choice made). */
     void (*note)(void *ctx, const char *line);
     void *note_ctx;
@@ -186,14 +195,50 @@ df_status hub_setup(const hub_setup_opts *o, hub_report *rep, char *err);
  * the routed experts of the listed layers (layers: bitmap of n_layers, NULL =
  * everything), coalesced into requests of up to 64 MiB, `workers` at a time.
  * A shard found complete is checked against its sha256; a complete mirror
- * becomes mode full. */
+ * becomes mode full. cache_limit: < 0 the mirror's (set at setup), 0 none;
+ * with a limit, a fill that cannot fit in it fails before fetching anything.
+ * The rate measured is recorded in the manifest. */
 df_status hub_fill(const char *dir, const hub_client *c, const uint8_t *layers, int n_layers,
-                   int workers, int dry_run, hub_report *rep, char *err);
+                   int workers, int dry_run, int64_t cache_limit, hub_report *rep, char *err);
+
+/* `warm`: the routed experts ranked hottest first, (layer, expert) pairs. */
+typedef struct { int layer, expert; double score; } hub_rank;
+/* Ranks the experts of a router trace (JSON lines {"step","layer","experts",
+ * "weights"}: by count of selections, then summed weight) or of heat
+ * statistics (deltafin-heat-v1). *out is malloc'd; on error nothing is. */
+df_status hub_rank_trace(const char *path, hub_rank **out, int *n, char *err);
+df_status hub_rank_heat(const char *path, hub_rank **out, int *n, char *err);
+/* Fetches the n_fetch highest-ranked experts that are not local (fewer if
+ * the cache limit cannot hold them: rep->requests then says how many were
+ * chosen), coalesced, `workers` at a time, and marks the ranked local experts
+ * used hottest-last so eviction takes colder ones first. rep: total_bytes =
+ * bytes chosen, fetched_bytes, requests = experts chosen; *unknown = ranked
+ * pairs the mirror does not have. */
+df_status hub_warm(const char *dir, const hub_client *c, const hub_rank *r, int n_rank, int n_fetch,
+                   int workers, int dry_run, int64_t cache_limit, hub_report *rep, int *unknown, char *err);
 
 /* Offline check. Writes one line per finding through note; returns DF_OK if
  * the mirror is healthy. hash: also hash complete files against sha256. */
 df_status hub_doctor(const char *dir, int hash, void (*note)(void *, const char *), void *ctx,
                      hub_report *rep, char *err);
+
+/* ---- the cache limit and the measured rate of an open stream mirror ---- */
+typedef struct {
+    double rate;           /* bytes/s measured by the last fetch (manifest), 0 = none yet */
+    int64_t rate_at;       /* when, unix seconds */
+    int64_t cache_limit;   /* in effect, 0 = none */
+    int64_t cache_used;    /* blocks (bytes) held by present routed experts */
+    int64_t evicted;       /* bytes evicted by this process */
+    int evictions;         /* experts evicted by this process */
+    char evict_err[DF_ERRMSG]; /* why eviction stopped, "" */
+} hub_meta;
+/* After df_hub_stream_open: the limit for this process (limit < 0: the one
+ * set at setup, 0: none); evicts at once down to it. DF_OK, or why eviction
+ * is impossible (then the limit is off). */
+df_status hub_stream_set_limit(const char *dir, int64_t limit, char *err);
+void hub_stream_meta(const char *dir, hub_meta *out);
+/* Saves the use clock and the measured rate (df_hub_stream_close does too). */
+void hub_stream_flush(const char *dir);
 
 /* 1 if name is a routed expert tensor ("...experts.<n>...", not shared);
  * *layer gets the number after "layers." or -1. */

@@ -20,9 +20,13 @@
  *   lock: present += piece; append it to the log (fdatasync'd);
  *         inflight -= missing; wake waiters
  *
- * Sections: 1. manifest  2. safetensors headers  3. the open mirror and
- *           mirror_ensure  4. setup  5. fill  6. doctor  7. the stream io
- *           table and the public df_hub_* calls
+ * Cache limit (`--cache-limit`): the fetch that would pass the budget first
+ * evicts the least recently used routed experts (section 3b); the span log
+ * records them absent before their bytes are punched out.
+ *
+ * Sections: 1. manifest  2. safetensors headers  3. the open mirror
+ *           3b. the cache limit and mirror_ensure  4. setup  5. fill
+ *           5b. warm  6. doctor  7. the stream io table and the public calls
  */
 #include "hub.h"
 #include "../base/err.h"
@@ -35,6 +39,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #define HUB_DIR ".deltafin-hub"
@@ -50,6 +55,9 @@ typedef struct {
     hub_file *files;
     uint8_t *verified;   /* [n_files] whole file checked against sha256 / size */
     int n_files;
+    double rate;         /* bytes/s of the last fetch that measured one; 0 = none yet */
+    int64_t rate_at;     /* when (unix seconds) */
+    int64_t cache_limit; /* stream: disk budget for routed experts, 0 = none */
 } manifest;
 
 static int is_shard(const char *p) {
@@ -111,6 +119,11 @@ static df_status manifest_save(const char *dir, const manifest *m, char *err) {
     json_object_set_new(root, "commit", json_string(m->commit));
     json_object_set_new(root, "mode", json_string(mode_name(m->mode)));
     json_object_set_new(root, "ready", json_boolean(m->ready));
+    if (m->rate > 0) {
+        json_object_set_new(root, "rate_bytes_per_s", json_real(m->rate));
+        json_object_set_new(root, "rate_at", json_integer(m->rate_at));
+    }
+    if (m->cache_limit > 0) json_object_set_new(root, "cache_limit", json_integer(m->cache_limit));
     for (int i = 0; i < m->n_files; i++) {
         json_t *f = json_object();
         json_object_set_new(f, "path", json_string(m->files[i].path));
@@ -177,6 +190,11 @@ static df_status manifest_load(const char *dir, manifest *m, char *err) {
     m->commit = jstrdup(root, "commit");
     m->mode = !strcmp(mode, "stream") ? HUB_STREAM : HUB_FULL;
     m->ready = json_is_true(json_object_get(root, "ready"));
+    m->rate = json_number_value(json_object_get(root, "rate_bytes_per_s"));
+    m->rate_at = (int64_t)json_integer_value(json_object_get(root, "rate_at"));
+    m->cache_limit = (int64_t)json_integer_value(json_object_get(root, "cache_limit"));
+    if (m->rate < 0) m->rate = 0;
+    if (m->cache_limit < 0) m->cache_limit = 0;
     size_t n = json_array_size(files);
     m->files = calloc(n ? n : 1, sizeof *m->files);
     m->verified = calloc(n ? n : 1, 1);
@@ -205,7 +223,27 @@ static df_status manifest_load(const char *dir, manifest *m, char *err) {
 
 /* ---- 2. safetensors headers ----------------------------------------------------- */
 
-typedef struct { int64_t a, b; int layer; uint8_t expert; } tspan; /* absolute [a, b) */
+typedef struct {
+    int64_t a, b;        /* absolute [a, b) */
+    int layer;           /* after "layers.", -1 if none */
+    int eid;             /* routed expert number, -1 if not a routed expert */
+    int unit;            /* index in mshard.u (routed experts), -1 otherwise */
+    uint8_t expert;      /* a routed expert tensor */
+} tspan;
+
+static int by_offset(const void *x, const void *y) {
+    const tspan *a = x, *b = y;
+    return a->a < b->a ? -1 : a->a > b->a;
+}
+
+/* The number after the routed "experts." of a tensor name, or -1. */
+static int expert_number(const char *name) {
+    for (const char *p = name; (p = strstr(p, "experts.")) != NULL; p += 8) {
+        if (p > name && p[-1] != '.') continue;
+        if (p[8] >= '0' && p[8] <= '9') return atoi(p + 8);
+    }
+    return -1;
+}
 
 int hub_is_expert_tensor(const char *name, int *layer) {
     *layer = -1;
@@ -253,18 +291,28 @@ static df_status parse_header(const char *path, const char *hdr, int64_t n, int6
         int layer;
         v[k].expert = (uint8_t)hub_is_expert_tensor(key, &layer);
         v[k].layer = layer;
+        v[k].eid = v[k].expert ? expert_number(key) : -1;
+        v[k].unit = -1;
         v[k].a = a;
         v[k].b = b;
         k++;
     }
     json_decref(root);
     if (st != DF_OK) { free(v); return st; }
+    qsort(v, (size_t)k, sizeof *v, by_offset);
     *out = v;
     *nout = k;
     return DF_OK;
 }
 
 /* ---- 3. the open mirror ------------------------------------------------------------- */
+
+/* One routed expert of one shard: the unit of eviction and of `warm`. */
+typedef struct {
+    int layer, eid;
+    int t0, nt;          /* its tensors: mshard.ut[t0 .. t0 + nt) */
+    uint64_t tick;       /* last use (mirror tick), 0 = never seen */
+} munit;
 
 typedef struct {
     int file;            /* index in the manifest */
@@ -276,9 +324,16 @@ typedef struct {
     int wfd;
     hub_spans present, inflight;
     hub_log log;
-    tspan *t;            /* tensors, once the header is local */
+    tspan *t;            /* tensors, once the header is local, sorted by offset */
     int nt;
+    hub_spans fixed;     /* header + non-expert tensors: never evicted */
+    munit *u;            /* routed experts (eviction units) */
+    int nu;
+    int *ut;             /* tensor indexes grouped by unit: u[i].t0 .. + u[i].nt */
+    int64_t bs;          /* file system block size (punching frees whole blocks) */
 } mshard;
+
+typedef struct { int sh; int64_t a, b; } mpin;
 
 typedef struct hub_mirror {
     char *dir;
@@ -294,6 +349,19 @@ typedef struct hub_mirror {
     int64_t fetched;
     int requests;
     char last_err[DF_ERRMSG];
+    /* the cache limit (section 3b) */
+    int64_t limit;         /* budget for routed expert blocks in effect, 0 = none */
+    int64_t pending;       /* blocks (in bytes) claimed by fetches in flight */
+    uint64_t tick;         /* use clock of munit.tick */
+    mpin *pins;            /* byte ranges being read: never evicted */
+    int n_pins, cap_pins;
+    int64_t evicted;       /* bytes punched out by this process */
+    int evictions;         /* units evicted by this process */
+    char evict_err[DF_ERRMSG]; /* why eviction stopped, "" if it did not */
+    /* the measured rate */
+    int active;            /* fetches in flight */
+    double busy_since, busy_s; /* wall time with at least one fetch in flight */
+    double saved_at;       /* last access-file save (monotonic seconds) */
 } hub_mirror;
 
 static void mirror_close(hub_mirror *m) {
@@ -304,9 +372,11 @@ static void mirror_close(hub_mirror *m) {
         hub_log_close(&s->log);
         hub_spans_free(&s->present);
         hub_spans_free(&s->inflight);
-        free(s->path); free(s->url); free(s->what); free(s->t);
+        hub_spans_free(&s->fixed);
+        free(s->path); free(s->url); free(s->what); free(s->t); free(s->u); free(s->ut);
     }
     free(m->sh);
+    free(m->pins);
     for (int i = 0; i < m->n_idle; i++) hub_conn_free(m->idle[i]);
     manifest_free(&m->man);
     free(m->dir); free(m->endpoint); free(m->token);
@@ -444,16 +514,296 @@ static df_status fetch_piece(hub_mirror *m, mshard *s, int64_t a, int64_t b, cha
     return st;
 }
 
-/* Makes bytes [a, b) of shard s local (see the protocol at the top). On
- * error nothing that failed is marked present. */
-static df_status mirror_ensure(hub_mirror *m, mshard *s, int64_t a, int64_t b, char *err) {
+/* ---- 3b. the cache limit: use clock, pins, eviction ----------------------------------------
+ *
+ * The budget counts file system blocks, as st_blocks does: a block holding
+ * any present routed-expert byte and no header or non-expert byte (those are
+ * always local) counts whole. Eviction takes the least recently used expert
+ * (its tick: the last read through the stream table, or its fetch) that no
+ * reader holds (pins) and no fetch is writing, records it absent in the span
+ * log (fdatasync'd) and only then punches its bytes out, widened to whole
+ * blocks where the rest of the block holds nothing present or in flight:
+ *
+ *   block:   |....A....|..A..B...|....B....|      evict A (B present):
+ *   punched: |<-- hole -->|zeroed|            the shared block stays, zeroed
+ *                                             over A's bytes only
+ */
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int block_fixed(const mshard *s, int64_t blk) {
+    return hub_spans_overlaps(&s->fixed, blk * s->bs, (blk + 1) * s->bs);
+}
+
+/* Blocks (in bytes) that the present routed-expert bytes of s occupy. */
+static int64_t footprint(const mshard *s) {
+    if (!s->t || s->bs <= 0) return 0;
+    hub_spans ex = {0};
+    for (int i = 0; i < s->present.n; i++)
+        if (hub_spans_missing(&s->fixed, s->present.v[i].a, s->present.v[i].b, &ex) != 0) break;
+    int64_t blocks = 0, prev = -1;
+    for (int i = 0; i < ex.n; i++) {
+        int64_t f = ex.v[i].a / s->bs, l = (ex.v[i].b - 1) / s->bs;
+        int64_t n = l - f + 1;
+        if (f == prev || block_fixed(s, f)) n--;
+        if (l != f && block_fixed(s, l)) n--;
+        blocks += n;
+        prev = l;
+    }
+    hub_spans_free(&ex);
+    return blocks * s->bs;
+}
+
+static int64_t footprint_all(const hub_mirror *m) {
+    int64_t t = 0;
+    for (int i = 0; i < m->n_sh; i++) t += footprint(&m->sh[i]);
+    return t;
+}
+
+/* Blocks (in bytes) that fetching the pieces in miss can add, at most. */
+static int64_t need_of(const mshard *s, const hub_spans *miss) {
+    if (s->bs <= 0) return 0;
+    int64_t n = 0;
+    for (int i = 0; i < miss->n; i++) {
+        hub_spans ex = {0};
+        if (hub_spans_missing(&s->fixed, miss->v[i].a, miss->v[i].b, &ex) == 0)
+            for (int k = 0; k < ex.n; k++) n += (ex.v[k].b - 1) / s->bs - ex.v[k].a / s->bs + 1;
+        hub_spans_free(&ex);
+    }
+    return n * s->bs;
+}
+
+static int pin_add(hub_mirror *m, int sh, int64_t a, int64_t b) {
+    if (m->n_pins == m->cap_pins) {
+        int cap = m->cap_pins ? m->cap_pins * 2 : 16;
+        mpin *np = realloc(m->pins, (size_t)cap * sizeof *np);
+        if (!np) return -1;
+        m->pins = np;
+        m->cap_pins = cap;
+    }
+    m->pins[m->n_pins++] = (mpin){sh, a, b};
+    return 0;
+}
+
+static void pin_drop(hub_mirror *m, int sh, int64_t a, int64_t b) {
+    for (int i = 0; i < m->n_pins; i++)
+        if (m->pins[i].sh == sh && m->pins[i].a == a && m->pins[i].b == b) {
+            m->pins[i] = m->pins[--m->n_pins];
+            return;
+        }
+}
+
+static int unit_overlaps(const mshard *s, const munit *u, int64_t a, int64_t b) {
+    for (int k = 0; k < u->nt; k++) {
+        const tspan *t = &s->t[s->ut[u->t0 + k]];
+        if (t->a < b && a < t->b) return 1;
+    }
+    return 0;
+}
+
+static int unit_present(const mshard *s, const munit *u) {
+    for (int k = 0; k < u->nt; k++) {
+        const tspan *t = &s->t[s->ut[u->t0 + k]];
+        if (hub_spans_overlaps(&s->present, t->a, t->b)) return 1;
+    }
+    return 0;
+}
+
+static int unit_missing(const mshard *s, const munit *u) {
+    for (int k = 0; k < u->nt; k++) {
+        const tspan *t = &s->t[s->ut[u->t0 + k]];
+        if (!hub_spans_covers(&s->present, t->a, t->b)) return 1;
+    }
+    return 0;
+}
+
+/* Marks the experts overlapping [a, b) of shard s used now. */
+static void touch(hub_mirror *m, mshard *s, int64_t a, int64_t b) {
+    if (!s->t) return;
+    int lo = 0, hi = s->nt;
+    while (lo < hi) { /* first tensor ending after a */
+        int mid = (lo + hi) / 2;
+        if (s->t[mid].b <= a) lo = mid + 1; else hi = mid;
+    }
+    uint64_t tk = ++m->tick;
+    for (int i = lo; i < s->nt && s->t[i].a < b; i++)
+        if (s->t[i].unit >= 0) s->u[s->t[i].unit].tick = tk;
+}
+
+/* Evicts expert u of shard s (m->mu held). On a log error nothing changed;
+ * on a punch error the expert is absent (and refetched when used) but its
+ * blocks may stay allocated. */
+static df_status evict_unit(hub_mirror *m, mshard *s, munit *u, char *err) {
+    hub_spans gone = {0};
+    df_status st = DF_OK;
+    for (int k = 0; k < u->nt && st == DF_OK; k++) { /* its present bytes */
+        const tspan *t = &s->t[s->ut[u->t0 + k]];
+        hub_spans miss = {0};
+        if (hub_spans_missing(&s->present, t->a, t->b, &miss) != 0) st = df_fail(err, DF_ERR_NOMEM, "out of memory");
+        int64_t at = t->a;
+        for (int i = 0; st == DF_OK && i <= miss.n; i++) {
+            int64_t e = i < miss.n ? miss.v[i].a : t->b;
+            if (e > at && hub_spans_add(&gone, at, e) != 0) st = df_fail(err, DF_ERR_NOMEM, "out of memory");
+            if (i < miss.n) at = miss.v[i].b;
+        }
+        hub_spans_free(&miss);
+    }
+    /* 1. absent in the log, durably; 2. absent in memory; 3. punched */
+    for (int i = 0; st == DF_OK && i < gone.n; i++) {
+        st = hub_log_remove(&s->log, gone.v[i].a, gone.v[i].b, err);
+        if (st == DF_OK) hub_spans_remove(&s->present, gone.v[i].a, gone.v[i].b);
+    }
+    for (int i = 0; st == DF_OK && i < gone.n; i++) {
+        int64_t a = gone.v[i].a, b = gone.v[i].b;
+        int64_t fa = a / s->bs * s->bs, fb = (b + s->bs - 1) / s->bs * s->bs;
+        if (fb > s->size) fb = s->size;
+        if (fa < a && !hub_spans_overlaps(&s->present, fa, a) && !hub_spans_overlaps(&s->inflight, fa, a)) a = fa;
+        if (fb > b && !hub_spans_overlaps(&s->present, b, fb) && !hub_spans_overlaps(&s->inflight, b, fb)) b = fb;
+        struct timespec ts[2] = {{0, UTIME_OMIT}, s->mtime};
+        if (fallocate(s->wfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, a, b - a) != 0)
+            st = df_fail(err, DF_ERR_IO, "%s: cannot punch a hole (the file system must support it for --cache-limit): %s",
+                         s->path, strerror(errno));
+        else
+            futimens(s->wfd, ts);
+        m->evicted += gone.v[i].b - gone.v[i].a;
+    }
+    if (st == DF_OK) m->evictions++;
+    hub_spans_free(&gone);
+    return st;
+}
+
+/* Evicts the coldest experts until the present ones plus those in flight
+ * plus `need` fit the limit, or nothing evictable is left (m->mu held). A
+ * failure turns eviction off for this process (m->evict_err says why). */
+static void make_room(hub_mirror *m, int64_t need) {
+    if (m->limit <= 0) return;
+    int64_t used = footprint_all(m);
+    while (used + m->pending + need > m->limit) {
+        mshard *bs = NULL;
+        munit *bu = NULL;
+        for (int i = 0; i < m->n_sh; i++) {
+            mshard *s = &m->sh[i];
+            for (int k = 0; k < s->nu; k++) {
+                munit *u = &s->u[k];
+                if (bu && u->tick >= bu->tick) continue;
+                if (!unit_present(s, u)) continue;
+                int busy = 0;
+                for (int p = 0; p < m->n_pins && !busy; p++)
+                    busy = m->pins[p].sh == i && unit_overlaps(s, u, m->pins[p].a, m->pins[p].b);
+                for (int t = 0; t < u->nt && !busy; t++) {
+                    const tspan *x = &s->t[s->ut[u->t0 + t]];
+                    busy = hub_spans_overlaps(&s->inflight, x->a, x->b);
+                }
+                if (busy) continue;
+                bs = s;
+                bu = u;
+            }
+        }
+        if (!bu) return;
+        char err[DF_ERRMSG];
+        if (evict_unit(m, bs, bu, err) != DF_OK) {
+            snprintf(m->evict_err, sizeof m->evict_err, "%s", err);
+            m->limit = 0;
+            return;
+        }
+        used = footprint_all(m);
+    }
+}
+
+static void busy_begin(hub_mirror *m) {
+    if (m->active++ == 0) m->busy_since = now_s();
+}
+static void busy_end(hub_mirror *m) {
+    if (--m->active == 0) m->busy_s += now_s() - m->busy_since;
+}
+
+/* The use clock survives the process in DIR/.deltafin-hub/access, a hint
+ * (not fsync'd; a missing or foreign file means "all equally cold"):
+ *   "DFACCES1" | u32 shards | per shard: u32 units, u64 tick per unit */
+static char *access_path(const hub_mirror *m) { return pjoin(m->dir, HUB_DIR "/access"); }
+
+static void access_save(hub_mirror *m) {
+    size_t n = 12;
+    for (int i = 0; i < m->n_sh; i++) n += 4 + (size_t)m->sh[i].nu * 8;
+    uint8_t *p = malloc(n);
+    char *path = access_path(m), *tmp = path ? malloc(strlen(path) + 5) : NULL;
+    if (!p || !tmp) { free(p); free(path); free(tmp); return; }
+    memcpy(p, "DFACCES1", 8);
+    size_t at = 8;
+    uint32_t ns = (uint32_t)m->n_sh;
+    memcpy(p + at, &ns, 4), at += 4;
+    for (int i = 0; i < m->n_sh; i++) {
+        uint32_t nu = (uint32_t)m->sh[i].nu;
+        memcpy(p + at, &nu, 4), at += 4;
+        for (int k = 0; k < m->sh[i].nu; k++) memcpy(p + at, &m->sh[i].u[k].tick, 8), at += 8;
+    }
+    sprintf(tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int ok = fd >= 0 && write_at(fd, p, n, 0) == 0;
+    if (fd >= 0) close(fd);
+    if (ok) rename(tmp, path); else unlink(tmp);
+    free(p); free(path); free(tmp);
+}
+
+/* Loads the use clock (every shard's header parsed). */
+static void access_load(hub_mirror *m) {
+    char *path = access_path(m);
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    free(path);
+    if (!f) return;
+    char mg[8];
+    uint32_t ns = 0;
+    int ok = fread(mg, 1, 8, f) == 8 && !memcmp(mg, "DFACCES1", 8) && fread(&ns, 4, 1, f) == 1 && ns == (uint32_t)m->n_sh;
+    for (int i = 0; ok && i < m->n_sh; i++) {
+        uint32_t nu = 0;
+        ok = fread(&nu, 4, 1, f) == 1 && nu == (uint32_t)m->sh[i].nu;
+        for (int k = 0; ok && k < m->sh[i].nu; k++) {
+            uint64_t t;
+            ok = fread(&t, 8, 1, f) == 1;
+            if (ok) {
+                m->sh[i].u[k].tick = t;
+                if (t > m->tick) m->tick = t;
+            }
+        }
+    }
+    fclose(f);
+}
+
+/* Records the rate this process measured (bytes over the time a fetch was in
+ * flight) in the manifest, for the next start-up estimate. */
+static void rate_save(hub_mirror *m) {
+    if (m->fetched <= 0 || m->busy_s <= 0) return;
+    manifest man;
+    if (manifest_load(m->dir, &man, NULL) != DF_OK) return;
+    man.rate = (double)m->fetched / m->busy_s;
+    man.rate_at = (int64_t)time(NULL);
+    manifest_save(m->dir, &man, NULL);
+    manifest_free(&man);
+}
+
+/* Makes bytes [a, b) of shard s local (see the protocol at the top) and
+ * marks the experts there used. keep_pin: on success [a, b) stays pinned
+ * (never evicted) until the caller's pin_drop under m->mu. On error nothing
+ * that failed is marked present and nothing stays pinned. */
+static df_status mirror_ensure_pin(hub_mirror *m, mshard *s, int64_t a, int64_t b, int keep_pin, char *err) {
     if (a < 0) a = 0;
     if (b > s->size) b = s->size;
     if (b <= a) return DF_OK;
+    int si = (int)(s - m->sh);
     hub_spans miss = {0};
     pthread_mutex_lock(&m->mu);
     for (;;) {
-        if (hub_spans_covers(&s->present, a, b)) { pthread_mutex_unlock(&m->mu); return DF_OK; }
+        if (hub_spans_covers(&s->present, a, b)) {
+            touch(m, s, a, b);
+            int pe = keep_pin && pin_add(m, si, a, b) != 0;
+            pthread_mutex_unlock(&m->mu);
+            hub_spans_free(&miss);
+            return pe ? df_fail(err, DF_ERR_NOMEM, "out of memory") : DF_OK;
+        }
         miss.n = 0;
         if (hub_spans_missing(&s->present, a, b, &miss) != 0) {
             pthread_mutex_unlock(&m->mu);
@@ -466,8 +816,18 @@ static df_status mirror_ensure(hub_mirror *m, mshard *s, int64_t a, int64_t b, c
         pthread_cond_wait(&m->cv, &m->mu);
     }
     df_status st = DF_OK;
-    for (int i = 0; i < miss.n; i++)
-        if (hub_spans_add(&s->inflight, miss.v[i].a, miss.v[i].b) != 0) st = df_fail(err, DF_ERR_NOMEM, "out of memory");
+    int claimed = 0;
+    /* the present parts of [a, b) must survive the eviction this fetch may cause */
+    if (pin_add(m, si, a, b) != 0) st = df_fail(err, DF_ERR_NOMEM, "out of memory");
+    for (; st == DF_OK && claimed < miss.n; claimed++)
+        if (hub_spans_add(&s->inflight, miss.v[claimed].a, miss.v[claimed].b) != 0) st = df_fail(err, DF_ERR_NOMEM, "out of memory");
+    int64_t need = st == DF_OK && m->limit > 0 ? need_of(s, &miss) : 0;
+    if (st == DF_OK) {
+        make_room(m, need);
+        m->pending += need;
+        busy_begin(m);
+    }
+    int fetching = st == DF_OK;
     pthread_mutex_unlock(&m->mu);
     uint8_t *ok = calloc((size_t)miss.n + 1, 1);
     if (!ok) st = df_fail(err, DF_ERR_NOMEM, "out of memory");
@@ -476,7 +836,7 @@ static df_status mirror_ensure(hub_mirror *m, mshard *s, int64_t a, int64_t b, c
         if (st == DF_OK) ok[i] = 1;
     }
     pthread_mutex_lock(&m->mu);
-    for (int i = 0; i < miss.n; i++) {
+    for (int i = 0; i < claimed; i++) {
         if (ok && ok[i]) {
             df_status ls = hub_log_append(&s->log, miss.v[i].a, miss.v[i].b, st == DF_OK ? err : NULL);
             if (ls == DF_OK) {
@@ -490,12 +850,72 @@ static df_status mirror_ensure(hub_mirror *m, mshard *s, int64_t a, int64_t b, c
         }
         hub_spans_remove(&s->inflight, miss.v[i].a, miss.v[i].b);
     }
+    if (fetching) {
+        m->pending -= need;
+        busy_end(m);
+    }
+    touch(m, s, a, b);
+    if (st != DF_OK || !keep_pin) pin_drop(m, si, a, b);
     if (st != DF_OK && err) snprintf(m->last_err, sizeof m->last_err, "%s", err);
+    int save = m->limit > 0 && now_s() - m->saved_at > 2.0;
+    if (save) {
+        m->saved_at = now_s();
+        access_save(m);
+    }
     pthread_cond_broadcast(&m->cv);
     pthread_mutex_unlock(&m->mu);
     free(ok);
     hub_spans_free(&miss);
     return st;
+}
+
+static df_status mirror_ensure(hub_mirror *m, mshard *s, int64_t a, int64_t b, char *err) {
+    return mirror_ensure_pin(m, s, a, b, 0, err);
+}
+
+static const tspan *g_sort_t; /* qsort context of by_unit (under g_sort_mu) */
+static pthread_mutex_t g_sort_mu = PTHREAD_MUTEX_INITIALIZER;
+static int by_unit(const void *x, const void *y) {
+    const tspan *a = &g_sort_t[*(const int *)x], *b = &g_sort_t[*(const int *)y];
+    if (a->layer != b->layer) return a->layer < b->layer ? -1 : 1;
+    if (a->eid != b->eid) return a->eid < b->eid ? -1 : 1;
+    return a->a < b->a ? -1 : a->a > b->a;
+}
+
+/* After the header is parsed: the never-evicted bytes (header, non-expert
+ * tensors), the block size, and one unit per routed expert of the shard. */
+static df_status build_units(mshard *s, int64_t header_end, char *err) {
+    struct stat sb;
+    s->bs = s->wfd >= 0 && fstat(s->wfd, &sb) == 0 && sb.st_blksize > 0 ? (int64_t)sb.st_blksize : 4096;
+    if (hub_spans_add(&s->fixed, 0, header_end) != 0) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    int ne = 0;
+    for (int i = 0; i < s->nt; i++) {
+        if (s->t[i].expert && s->t[i].eid >= 0) { ne++; continue; }
+        if (hub_spans_add(&s->fixed, s->t[i].a, s->t[i].b) != 0) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    }
+    s->ut = malloc((size_t)(ne ? ne : 1) * sizeof *s->ut);
+    s->u = calloc((size_t)(ne ? ne : 1), sizeof *s->u);
+    if (!s->ut || !s->u) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int i = 0; i < s->nt; i++) if (s->t[i].expert && s->t[i].eid >= 0) s->ut[k++] = i;
+    pthread_mutex_lock(&g_sort_mu);
+    g_sort_t = s->t;
+    qsort(s->ut, (size_t)ne, sizeof *s->ut, by_unit);
+    pthread_mutex_unlock(&g_sort_mu);
+    s->nu = 0;
+    for (int i = 0; i < ne; i++) {
+        tspan *t = &s->t[s->ut[i]];
+        munit *u = s->nu ? &s->u[s->nu - 1] : NULL;
+        if (!u || u->layer != t->layer || u->eid != t->eid) {
+            u = &s->u[s->nu++];
+            u->layer = t->layer;
+            u->eid = t->eid;
+            u->t0 = i;
+        }
+        u->nt++;
+        t->unit = (int)(u - s->u);
+    }
+    return DF_OK;
 }
 
 /* Makes the header of shard s local and parses it into s->t. */
@@ -523,6 +943,7 @@ static df_status shard_header(hub_mirror *m, mshard *s, int fetch, char *err) {
     }
     st = parse_header(s->path, h, (int64_t)n, s->size, &s->t, &s->nt, err);
     free(h);
+    if (st == DF_OK) st = build_units(s, 8 + (int64_t)n, err);
     return st;
 }
 
@@ -720,6 +1141,9 @@ df_status hub_setup(const hub_setup_opts *o, hub_report *rep, char *err) {
     char oerr[DF_ERRMSG];
     hub_mode old_mode = HUB_AUTO;
     if (manifest_load(o->dir, &old, oerr) == DF_OK) {
+        man.cache_limit = old.cache_limit;
+        man.rate = old.rate;
+        man.rate_at = old.rate_at;
         if (!strcmp(old.repo, man.repo) && !strcmp(old.commit, man.commit)) {
             old_mode = old.mode;
             for (int i = 0; i < man.n_files; i++)
@@ -729,6 +1153,7 @@ df_status hub_setup(const hub_setup_opts *o, hub_report *rep, char *err) {
         }
         manifest_free(&old);
     }
+    if (o->cache_limit >= 0) man.cache_limit = o->cache_limit;
     int64_t have = 0;
     for (int i = 0; i < man.n_files; i++) if (man.verified[i]) have += man.files[i].size;
     int64_t freeb = free_disk(o->dir, o->free_bytes);
@@ -782,8 +1207,15 @@ df_status hub_setup(const hub_setup_opts *o, hub_report *rep, char *err) {
         memset(&man, 0, sizeof man);
     }
     for (int i = 0; i < x.man->n_files; i++) x.jobs[x.n_jobs++] = i;
+    double t0 = now_s();
     st = run_jobs(&x, o->workers, err);
     if (st == DF_OK) {
+        double dt = now_s() - t0;
+        int64_t got = x.fetched + (x.m ? x.m->fetched : 0);
+        if (got > 0 && dt > 0) {
+            x.man->rate = (double)got / dt;
+            x.man->rate_at = (int64_t)time(NULL);
+        }
         x.man->ready = 1;
         st = manifest_save(o->dir, x.man, err);
     }
@@ -798,7 +1230,7 @@ df_status hub_setup(const hub_setup_opts *o, hub_report *rep, char *err) {
     if (x.m) { mirror_close(x.m); x.m = NULL; }
     if (st == DF_OK && upgrade) {
         hub_report fr;
-        st = hub_fill(o->dir, &o->client, NULL, 0, o->workers, 0, &fr, err);
+        st = hub_fill(o->dir, &o->client, NULL, 0, o->workers, 0, 0, &fr, err);
         rep->fetched_bytes += fr.fetched_bytes;
         rep->requests += fr.requests;
         rep->mode = HUB_FULL;
@@ -840,8 +1272,34 @@ static void *fill_worker(void *arg) {
     }
 }
 
+/* Fetches the pieces x->p with `workers` threads; the first error. */
+static df_status run_pieces(fill_ctx *x, int workers, char *err) {
+    if (workers < 1) workers = 4;
+    if (workers > 32) workers = 32;
+    pthread_t th[32];
+    int started = 0;
+    for (int i = 0; i < workers && i < x->n; i++)
+        if (pthread_create(&th[i], NULL, fill_worker, x) == 0) started++;
+    if (!started) fill_worker(x);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (x->st != DF_OK) return df_fail(err, x->st, "%s", x->err);
+    return DF_OK;
+}
+
+static int add_piece(fill_ctx *x, int *cap, int sh, int64_t a, int64_t b) {
+    if (x->n == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        piece *np = realloc(x->p, (size_t)nc * sizeof *np);
+        if (!np) return -1;
+        x->p = np;
+        *cap = nc;
+    }
+    x->p[x->n++] = (piece){sh, a, b};
+    return 0;
+}
+
 df_status hub_fill(const char *dir, const hub_client *c, const uint8_t *layers, int n_layers, int workers,
-                   int dry_run, hub_report *rep, char *err) {
+                   int dry_run, int64_t cache_limit, hub_report *rep, char *err) {
     memset(rep, 0, sizeof *rep);
     hub_mirror *m;
     df_status st = mirror_open(dir, c, 0, &m, err);
@@ -874,30 +1332,41 @@ df_status hub_fill(const char *dir, const hub_client *c, const uint8_t *layers, 
         /* adjacent pieces merged by the set; split into requests of <= CHUNK_MAX */
         for (int i = 0; st == DF_OK && i < want.n; i++)
             for (int64_t a = want.v[i].a; a < want.v[i].b; a += CHUNK_MAX) {
-                if (x.n == cap) {
-                    cap = cap ? cap * 2 : 64;
-                    piece *np = realloc(x.p, (size_t)cap * sizeof *np);
-                    if (!np) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); break; }
-                    x.p = np;
-                }
                 int64_t b = want.v[i].b - a > CHUNK_MAX ? a + CHUNK_MAX : want.v[i].b;
-                x.p[x.n++] = (piece){si, a, b};
+                if (add_piece(&x, &cap, si, a, b) != 0) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); break; }
                 rep->total_bytes += b - a; /* bytes to fetch */
             }
         hub_spans_free(&want);
     }
     rep->requests = x.n;
+    if (st == DF_OK) {
+        access_load(m);
+        m->limit = cache_limit < 0 ? m->man.cache_limit : cache_limit;
+        /* all the experts must fit: fetching more than the budget would evict what it just fetched */
+        int64_t need = 0;
+        for (int i = 0; m->limit > 0 && i < x.n; i++) {
+            hub_spans one = {0};
+            if (hub_spans_add(&one, x.p[i].a, x.p[i].b) == 0) need += need_of(&m->sh[x.p[i].sh], &one);
+            hub_spans_free(&one);
+        }
+        if (m->limit > 0 && need > m->limit)
+            st = df_fail(err, DF_ERR_ARG,
+                         "%s: fetching these experts needs %.3f MB but the cache limit is %.3f MB: fetch fewer "
+                         "layers, or raise the limit (--cache-limit SIZE, 0 = none)",
+                         dir, need / 1e6, m->limit / 1e6);
+    }
     if (st == DF_OK && !dry_run && x.n) {
-        if (workers < 1) workers = 4;
-        if (workers > 32) workers = 32;
-        pthread_t th[32];
-        int started = 0;
-        for (int i = 0; i < workers && i < x.n; i++)
-            if (pthread_create(&th[i], NULL, fill_worker, &x) == 0) started++;
-        if (!started) fill_worker(&x);
-        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-        if (x.st != DF_OK) st = df_fail(err, x.st, "%s", x.err);
+        st = run_pieces(&x, workers, err);
         rep->fetched_bytes = m->fetched;
+        pthread_mutex_lock(&m->mu);
+        access_save(m);
+        pthread_mutex_unlock(&m->mu);
+        if (m->fetched > 0 && m->busy_s > 0) {
+            m->man.rate = (double)m->fetched / m->busy_s;
+            m->man.rate_at = (int64_t)time(NULL);
+            df_status s2 = manifest_save(dir, &m->man, st == DF_OK ? err : NULL);
+            if (st == DF_OK) st = s2;
+        }
     }
     /* complete shards: check the whole file; a complete mirror becomes full */
     if (st == DF_OK && !dry_run) {
@@ -925,6 +1394,155 @@ df_status hub_fill(const char *dir, const hub_client *c, const uint8_t *layers, 
     }
     pthread_mutex_destroy(&x.mu);
     free(x.p);
+    mirror_close(m);
+    return st;
+}
+
+/* ---- 5b. warm ----------------------------------------------------------------------------- */
+
+typedef struct { int layer, eid, sh, u; } uref; /* an expert's unit in one shard */
+
+static int by_ref(const void *x, const void *y) {
+    const uref *a = x, *b = y;
+    if (a->layer != b->layer) return a->layer < b->layer ? -1 : 1;
+    return a->eid < b->eid ? -1 : a->eid > b->eid;
+}
+
+/* Every unit of the mirror sorted by (layer, expert); malloc'd. */
+static uref *unit_index(const hub_mirror *m, int *n) {
+    int t = 0;
+    for (int i = 0; i < m->n_sh; i++) t += m->sh[i].nu;
+    uref *v = malloc((size_t)(t ? t : 1) * sizeof *v);
+    if (!v) return NULL;
+    *n = 0;
+    for (int i = 0; i < m->n_sh; i++)
+        for (int k = 0; k < m->sh[i].nu; k++) v[(*n)++] = (uref){m->sh[i].u[k].layer, m->sh[i].u[k].eid, i, k};
+    qsort(v, (size_t)*n, sizeof *v, by_ref);
+    return v;
+}
+
+/* The units of (layer, expert): *first and the count. */
+static int unit_find(const uref *v, int n, int layer, int eid, int *first) {
+    int lo = 0, hi = n;
+    uref key = {layer, eid, 0, 0};
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (by_ref(&v[mid], &key) < 0) lo = mid + 1; else hi = mid;
+    }
+    int k = lo;
+    while (k < n && v[k].layer == layer && v[k].eid == eid) k++;
+    *first = lo;
+    return k - lo;
+}
+
+df_status hub_warm(const char *dir, const hub_client *c, const hub_rank *r, int n_rank, int n_fetch, int workers,
+                   int dry_run, int64_t cache_limit, hub_report *rep, int *unknown, char *err) {
+    memset(rep, 0, sizeof *rep);
+    *unknown = 0;
+    hub_mirror *m;
+    df_status st = mirror_open(dir, c, 0, &m, err);
+    if (st != DF_OK) return st;
+    rep->mode = m->man.mode;
+    if (!m->man.ready) {
+        mirror_close(m);
+        return df_fail(err, DF_ERR_ARG, "%s: setup did not finish: run `deltafin setup` again first", dir);
+    }
+    for (int si = 0; st == DF_OK && si < m->n_sh; si++) {
+        st = shard_header(m, &m->sh[si], 0, err);
+        if (st == DF_OK) expert_bytes(&m->sh[si], &rep->local_expert_bytes, &rep->expert_bytes);
+    }
+    if (st != DF_OK) { mirror_close(m); return st; }
+    access_load(m);
+    m->limit = cache_limit < 0 ? m->man.cache_limit : cache_limit;
+    /* the chosen experts in rank order: (shard, unit); one expert may span shards */
+    typedef struct { int sh, u, rank; } pick;
+    pick *pk = malloc((size_t)(n_rank > 0 ? n_rank : 1) * 2 * sizeof *pk);
+    int npk = 0, chosen = 0, cap = 0;
+    int64_t need = 0;
+    fill_ctx x = {0};
+    x.m = m;
+    pthread_mutex_init(&x.mu, NULL);
+    int nidx = 0;
+    uref *idx = unit_index(m, &nidx);
+    if (!pk || !idx) st = df_fail(err, DF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == DF_OK && i < n_rank && chosen < n_fetch; i++) {
+        int missing = 0, f0;
+        int64_t add = 0;
+        int found = unit_find(idx, nidx, r[i].layer, r[i].expert, &f0);
+        for (int q = f0; q < f0 + found; q++) {
+            mshard *s = &m->sh[idx[q].sh];
+            int k = idx[q].u;
+            {
+                if (!unit_missing(s, &s->u[k])) continue;
+                missing = 1;
+                hub_spans miss = {0};
+                for (int t = 0; t < s->u[k].nt; t++) {
+                    const tspan *ts = &s->t[s->ut[s->u[k].t0 + t]];
+                    hub_spans_missing(&s->present, ts->a, ts->b, &miss);
+                }
+                add += need_of(s, &miss);
+                hub_spans_free(&miss);
+            }
+        }
+        if (!found) { (*unknown)++; continue; }
+        if (!missing) continue;
+        if (m->limit > 0 && need + add > m->limit) break; /* the budget holds no more */
+        need += add;
+        chosen++;
+        for (int q = f0; q < f0 + found; q++) {
+            mshard *s = &m->sh[idx[q].sh];
+            if (unit_missing(s, &s->u[idx[q].u]) && npk < 2 * n_rank) pk[npk++] = (pick){idx[q].sh, idx[q].u, i};
+        }
+    }
+    /* the missing bytes of the chosen, per shard; adjacent ones coalesce */
+    for (int si = 0; st == DF_OK && si < m->n_sh; si++) {
+        mshard *s = &m->sh[si];
+        hub_spans want = {0};
+        for (int p = 0; p < npk; p++) {
+            if (pk[p].sh != si) continue;
+            munit *u = &s->u[pk[p].u];
+            for (int t = 0; t < u->nt; t++) {
+                const tspan *ts = &s->t[s->ut[u->t0 + t]];
+                if (hub_spans_missing(&s->present, ts->a, ts->b, &want) != 0) st = df_fail(err, DF_ERR_NOMEM, "out of memory");
+            }
+        }
+        for (int i = 0; st == DF_OK && i < want.n; i++)
+            for (int64_t a = want.v[i].a; a < want.v[i].b; a += CHUNK_MAX) {
+                int64_t b = want.v[i].b - a > CHUNK_MAX ? a + CHUNK_MAX : want.v[i].b;
+                if (add_piece(&x, &cap, si, a, b) != 0) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); break; }
+                rep->total_bytes += b - a;
+            }
+        hub_spans_free(&want);
+    }
+    rep->requests = chosen;
+    if (st == DF_OK && !dry_run) {
+        if (x.n) st = run_pieces(&x, workers, err);
+        rep->fetched_bytes = m->fetched;
+        /* the ranked local experts used coldest first: the hottest are evicted last */
+        pthread_mutex_lock(&m->mu);
+        for (int i = n_rank - 1; i >= 0; i--) {
+            uint64_t tk = ++m->tick;
+            int f0, nf = unit_find(idx, nidx, r[i].layer, r[i].expert, &f0);
+            for (int q = f0; q < f0 + nf; q++) {
+                munit *u = &m->sh[idx[q].sh].u[idx[q].u];
+                if (unit_present(&m->sh[idx[q].sh], u)) u->tick = tk;
+            }
+        }
+        access_save(m);
+        pthread_mutex_unlock(&m->mu);
+        if (m->fetched > 0 && m->busy_s > 0) {
+            m->man.rate = (double)m->fetched / m->busy_s;
+            m->man.rate_at = (int64_t)time(NULL);
+            df_status s2 = manifest_save(dir, &m->man, st == DF_OK ? err : NULL);
+            if (st == DF_OK) st = s2;
+        }
+        rep->local_expert_bytes = rep->expert_bytes = 0;
+        for (int si = 0; si < m->n_sh; si++) expert_bytes(&m->sh[si], &rep->local_expert_bytes, &rep->expert_bytes);
+    }
+    pthread_mutex_destroy(&x.mu);
+    free(x.p);
+    free(pk);
+    free(idx);
     mirror_close(m);
     return st;
 }
@@ -1017,7 +1635,8 @@ df_status hub_doctor(const char *dir, int hash, void (*fn)(void *, const char *)
             dnote(fn, ctx, "%s: %d spans, routed experts %.3f of %.3f MB local", f->path, s.present.n, loc / 1e6, tot / 1e6);
         }
         if (s.wfd >= 0) close(s.wfd);
-        free(s.t);
+        free(s.t); free(s.u); free(s.ut);
+        hub_spans_free(&s.fixed);
         hub_spans_free(&s.present);
         free(p);
     }
@@ -1087,14 +1706,27 @@ static ssize_t s_pread(int fd, void *buf, size_t n, off_t off) {
     pthread_mutex_lock(&g_mu);
     fd_entry e = fd >= 0 && fd < g_fdcap ? g_fd[fd] : (fd_entry){NULL, 0};
     pthread_mutex_unlock(&g_mu);
-    if (e.m) {
-        char err[DF_ERRMSG];
-        if (mirror_ensure(e.m, &e.m->sh[e.sh], (int64_t)off, (int64_t)off + (int64_t)n, err) != DF_OK) {
-            errno = EIO;
-            return -1;
-        }
+    if (!e.m) return df_io_default()->pread(fd, buf, n, off);
+    /* pinned from the check to the end of the read: an eviction for another
+     * fetch cannot punch these bytes out under us */
+    char err[DF_ERRMSG];
+    int64_t a = (int64_t)off, b = (int64_t)off + (int64_t)n;
+    mshard *s = &e.m->sh[e.sh];
+    if (a < 0) a = 0;
+    if (b > s->size) b = s->size;
+    if (mirror_ensure_pin(e.m, s, a, b, 1, err) != DF_OK) {
+        errno = EIO;
+        return -1;
     }
-    return df_io_default()->pread(fd, buf, n, off);
+    ssize_t r = df_io_default()->pread(fd, buf, n, off);
+    int er = errno;
+    if (b > a) {
+        pthread_mutex_lock(&e.m->mu);
+        pin_drop(e.m, e.sh, a, b);
+        pthread_mutex_unlock(&e.m->mu);
+    }
+    errno = er;
+    return r;
 }
 
 int df_hub_is_stream(const char *dir) {
@@ -1123,6 +1755,11 @@ df_status df_hub_stream_open(const char *dir, const char *endpoint, const char *
     }
     for (int i = 0; i < m->n_sh; i++)
         if ((st = shard_header(m, &m->sh[i], 0, err)) != DF_OK) { mirror_close(m); return st; }
+    access_load(m);
+    m->limit = m->man.cache_limit;
+    pthread_mutex_lock(&m->mu);
+    make_room(m, 0); /* a budget lowered since the last run */
+    pthread_mutex_unlock(&m->mu);
     pthread_mutex_lock(&g_mu);
     int slot = -1;
     for (int i = 0; i < MAX_MIRRORS; i++) if (!g_mirrors[i]) { slot = i; break; }
@@ -1162,9 +1799,58 @@ void df_hub_stream_info(const char *dir, df_hub_stream_stats *out) {
     pthread_mutex_unlock(&g_mu);
 }
 
+static void flush(hub_mirror *m) {
+    pthread_mutex_lock(&m->mu);
+    access_save(m);
+    pthread_mutex_unlock(&m->mu);
+    rate_save(m);
+}
+
+void hub_stream_flush(const char *dir) {
+    pthread_mutex_lock(&g_mu);
+    hub_mirror *m = registered(dir);
+    if (m) flush(m);
+    pthread_mutex_unlock(&g_mu);
+}
+
+df_status hub_stream_set_limit(const char *dir, int64_t limit, char *err) {
+    pthread_mutex_lock(&g_mu);
+    hub_mirror *m = registered(dir);
+    df_status st = DF_OK;
+    if (!m) st = df_fail(err, DF_ERR_ARG, "%s: not an open stream mirror", dir);
+    else {
+        pthread_mutex_lock(&m->mu);
+        m->limit = limit < 0 ? m->man.cache_limit : limit;
+        make_room(m, 0);
+        if (m->evict_err[0]) st = df_fail(err, DF_ERR_IO, "%s", m->evict_err);
+        pthread_mutex_unlock(&m->mu);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return st;
+}
+
+void hub_stream_meta(const char *dir, hub_meta *out) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&g_mu);
+    hub_mirror *m = registered(dir);
+    if (m) {
+        pthread_mutex_lock(&m->mu);
+        out->rate = m->man.rate;
+        out->rate_at = m->man.rate_at;
+        out->cache_limit = m->limit;
+        out->cache_used = footprint_all(m);
+        out->evicted = m->evicted;
+        out->evictions = m->evictions;
+        snprintf(out->evict_err, sizeof out->evict_err, "%s", m->evict_err);
+        pthread_mutex_unlock(&m->mu);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
 void df_hub_stream_close(const char *dir) {
     pthread_mutex_lock(&g_mu);
     hub_mirror *m = registered(dir);
+    if (m) flush(m);
     for (int i = 0; m && i < MAX_MIRRORS; i++) if (g_mirrors[i] == m) g_mirrors[i] = NULL;
     for (int i = 0; m && i < g_fdcap; i++) if (g_fd[i].m == m) g_fd[i].m = NULL;
     int any = 0;

@@ -10,6 +10,9 @@
  *
  *   | "DFSPANS1" | u64 file size | {u64 a, u64 b, u64 check} ... |
  *   check = FNV-1a-64 over (a, b) xor LOG_SALT
+ *   a with bit 63 set: [a & ~bit63, b) was evicted (--cache-limit); the
+ *   records replay in order, so a later fetch of the same bytes adds it back.
+ *   (An older reader sees a > b, takes it for a torn tail and believes less.)
  *
  * Sections: 1. sha256  2. span sets  3. the log
  */
@@ -278,6 +281,7 @@ int64_t hub_spans_bytes(const hub_spans *s) {
 
 #define LOG_MAGIC "DFSPANS1"
 #define LOG_SALT UINT64_C(0x9e3779b97f4a7c15)
+#define LOG_GONE (UINT64_C(1) << 63) /* an eviction record */
 enum { LOG_HDR = 16, LOG_REC = 24 };
 
 static void put64(uint8_t *p, uint64_t v) {
@@ -318,8 +322,12 @@ static int64_t parse_log(const uint8_t *p, int64_t n, int64_t *file_size, hub_sp
     *records = 0;
     for (; at + LOG_REC <= n; at += LOG_REC) {
         uint64_t a = get64(p + at), b = get64(p + at + 8), c = get64(p + at + 16);
-        if (c != rec_check(a, b) || a >= b || (int64_t)b > *file_size) break;
-        if (hub_spans_add(present, (int64_t)a, (int64_t)b) != 0) return -2;
+        uint64_t gone = a & LOG_GONE;
+        if (c != rec_check(a, b)) break;
+        a &= ~LOG_GONE;
+        if (a >= b || (int64_t)b > *file_size) break;
+        if (gone) hub_spans_remove(present, (int64_t)a, (int64_t)b);
+        else if (hub_spans_add(present, (int64_t)a, (int64_t)b) != 0) return -2;
         (*records)++;
     }
     return at;
@@ -466,16 +474,24 @@ df_status hub_log_open(const char *path, int64_t file_size, hub_spans *present, 
     return DF_OK;
 }
 
-df_status hub_log_append(hub_log *log, int64_t a, int64_t b, char *err) {
+static df_status log_put(hub_log *log, uint64_t a, uint64_t b, char *err) {
     uint8_t r[LOG_REC];
-    put64(r, (uint64_t)a);
-    put64(r + 8, (uint64_t)b);
-    put64(r + 16, rec_check((uint64_t)a, (uint64_t)b));
+    put64(r, a);
+    put64(r + 8, b);
+    put64(r + 16, rec_check(a, b));
     int64_t at = LOG_HDR + (int64_t)log->records * LOG_REC;
     if (write_all(log->fd, r, LOG_REC, at) != 0 || fdatasync(log->fd) != 0)
         return df_fail(err, DF_ERR_IO, "%s: cannot append: %s", log->path, strerror(errno));
     log->records++;
     return DF_OK;
+}
+
+df_status hub_log_append(hub_log *log, int64_t a, int64_t b, char *err) {
+    return log_put(log, (uint64_t)a, (uint64_t)b, err);
+}
+
+df_status hub_log_remove(hub_log *log, int64_t a, int64_t b, char *err) {
+    return log_put(log, (uint64_t)a | LOG_GONE, (uint64_t)b, err);
 }
 
 void hub_log_close(hub_log *log) {
