@@ -9,7 +9,7 @@
 CC      ?= gcc
 BUILD   ?= build
 OPT     ?= -O2
-WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes
 CFLAGS  += -std=c17 $(OPT) -g $(WARN) $(WERROR) -D_GNU_SOURCE -Iinclude -pthread -fno-math-errno
 LDLIBS  += -lmicrohttpd -lpcre2-8 -ljansson -luring -lcurl -lm -lpthread
 

@@ -208,6 +208,7 @@ static df_io fx_io(void) {
 }
 
 static int fx_ring_open_eperm(unsigned entries, df_ring **ring) {
+    (void)entries;
     *ring = NULL;
     return -EPERM;
 }

@@ -47,6 +47,7 @@ static void fmt_eta(char *b, size_t n, double s) {
 /* Progress of one file: a redrawn bar on a terminal, a plain line every few
  * seconds (and at the end) otherwise. */
 static void on_progress(void *ctx, const hub_progress *p) {
+    (void)ctx;
     static double last_line;
     double t = cli_now();
     char eta[32];
@@ -69,6 +70,7 @@ static void on_progress(void *ctx, const hub_progress *p) {
 }
 
 static void on_note(void *ctx, const char *line) {
+    (void)ctx;
     pthread_mutex_lock(&out_mu);
     fprintf(stderr, "%s%s\n", progress_tty ? "\r\033[K" : "", line);
     pthread_mutex_unlock(&out_mu);
@@ -305,7 +307,10 @@ int cmd_warm(int argc, char **argv) {
 
 /* ---- doctor ---- */
 
-static void doctor_line(void *ctx, const char *line) { printf("%s\n", line); }
+static void doctor_line(void *ctx, const char *line) {
+    (void)ctx;
+    printf("%s\n", line);
+}
 
 int cmd_doctor(int argc, char **argv) {
     if (wants_help(argc, argv)) {

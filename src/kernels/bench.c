@@ -100,6 +100,7 @@ static void probe_once(void *vctx) {
 }
 
 static void fill_part(void *vctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
     probe_ctx *p = vctx;
     int64_t a = i0 * PROBE_CHUNK, b = i1 * PROBE_CHUNK;
     if (b > p->words) b = p->words;
@@ -159,6 +160,7 @@ typedef struct {
 /* Random bytes made valid for the type: finite floats of moderate size, no
  * fp8 NaN codes; every nibble code is valid for int4 / mxfp4. */
 static void fill_data(void *vctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
     fill_ctx *f = vctx;
     int64_t a = i0 * FILL_CHUNK, b = i1 * FILL_CHUNK;
     if (b > f->n) b = f->n;
@@ -226,6 +228,7 @@ typedef struct {
 } mv_ctx;
 
 static void mv_part(void *vctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
     mv_ctx *m = vctx;
     kn_matvec(m->lv, m->w, m->x, m->y + i0, i0, i1);
 }

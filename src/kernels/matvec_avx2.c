@@ -207,29 +207,6 @@ AI void fp8_tile(const df_weight *w, int64_t r, int nr, const float *x, float *y
 
 enum { N_I4_BF16, N_I4_F16, N_I4_F32, N_MX };
 
-AI float e8m0(uint8_t s) {
-    if (s == 0) return 0x1p-127f;
-    if (s == 255) return __builtin_nanf("");
-    uint32_t u = (uint32_t)s << 23;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-AI float nib_scale(int k, const void *scale, int64_t idx) {
-    switch (k) {
-    case N_I4_BF16: {
-        uint32_t u = (uint32_t)((const uint16_t *)scale)[idx] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    case N_I4_F16: return _cvtsh_ss(((const uint16_t *)scale)[idx]);
-    case N_I4_F32: return ((const float *)scale)[idx];
-    default: return e8m0(((const uint8_t *)scale)[idx]);
-    }
-}
-
 /* A 32-column group is 16 bytes. Every code value (int4 q - 8 in -8..7, e2m1)
  * is an f16 whose low byte is 0, so vpshufb maps nibbles straight to f16 high
  * bytes: tl = codes of columns 2k (low nibbles), th = columns 2k+1. Read as

@@ -300,6 +300,7 @@ typedef struct {
 } mm_job;
 
 static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
     mm_job *j = ctx;
     if (j->n == 1) kn_matvec(j->e->level, j->w, j->X, j->Y + r0, r0, r1);
     else kn_matmul(j->e->level, j->w, j->X, j->n, j->Y + r0, j->ldy, r0, r1);

@@ -156,6 +156,7 @@ typedef struct {
 /* y_t = SiLU(sum_j w[j] src[t + j]) over src = [last W-1 inputs | x_0..x_{n-1}],
  * in place over x, one channel (of q, k or v) per index. */
 static void conv_channels(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
     job *j = ctx;
     int W = j->sh->W, P = j->sh->H * j->sh->D;
     for (int64_t i = i0; i < i1; i++) {
@@ -190,6 +191,7 @@ static void l2norm(float *x, int n) {
 
 /* One head per index: runs its n tokens in order through S. */
 static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
+    (void)tid;
     job *j = ctx;
     const kda_shape *sh = j->sh;
     const kda_layer *k = j->k;

@@ -139,6 +139,7 @@ static void attend(void *ctx, int64_t i0, int64_t i1, int tid) {
 
 /* attn[t][h*dv..] = W_UV[h] o_lat[h][t], one head per index. */
 static void lift_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
+    (void)tid;
     job *j = ctx;
     const mla_shape *sh = j->sh;
     for (int64_t h = h0; h < h1; h++) {

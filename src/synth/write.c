@@ -351,6 +351,7 @@ static void fail_once(writer *w, df_status st, const char *msg) {
 
 /* One per thread: pulls chunk jobs until none are left or one failed. */
 static void write_worker(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)i0; (void)i1; (void)tid;
     writer *w = ctx;
     const sy_plan *p = w->p;
     uint8_t *buf = malloc(SY_CHUNK);
