@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -320,7 +321,71 @@ static df_status add_tensor(st_set *s, const char *name, const st_tensor *t, cha
 
 /* Opens dir/fname as shard number s->n_shards, checks its header and adds its
  * tensors. On error the shard is still recorded (st_close releases it). */
-static df_status open_shard(st_set *s, const char *fname, char *err) {
+/* What reading one shard's header yields; made by read_header, possibly on
+ * another thread (it touches nothing shared but the I/O table), then folded
+ * into the set in shard order by open_shard. */
+typedef struct {
+    const char *fname;
+    char *path;
+    int fd;
+    int64_t size, hlen;
+    json_t *root;
+    df_status st;
+    char err[DF_ERRMSG];
+} pre_shard;
+
+static df_status read_header(const st_set *s, pre_shard *p) {
+    char *err = p->err;
+    const char *path = p->path;
+    p->fd = s->io->open(path, O_RDONLY, 0);
+    if (p->fd < 0)
+        return df_fail(err, DF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (s->io->fsize(p->fd, &p->size) != 0)
+        return df_fail(err, DF_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    if (p->size < 8)
+        return df_fail(err, DF_ERR_FORMAT,
+                       "%s: file is %lld bytes, too short for the 8-byte header length", path,
+                       (long long)p->size);
+    uint8_t lb[8];
+    if (io_pread_full(s->io, p->fd, lb, 8, 0) != 0)
+        return df_fail(err, DF_ERR_IO, "%s: cannot read the header length: %s", path,
+                       strerror(errno));
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | lb[i];
+    if (n > (uint64_t)ST_MAX_HEADER)
+        return df_fail(err, DF_ERR_FORMAT, "%s: header length %llu exceeds the %lld-byte limit",
+                       path, (unsigned long long)n, (long long)ST_MAX_HEADER);
+    if (8 + (int64_t)n > p->size)
+        return df_fail(err, DF_ERR_FORMAT,
+                       "%s: header length %llu runs past the end of the file (%lld bytes): "
+                       "truncated?",
+                       path, (unsigned long long)n, (long long)p->size);
+    char *hdr = malloc((size_t)n + 1);
+    if (!hdr) return df_fail(err, DF_ERR_NOMEM, "%s: out of memory for the header", path);
+    if (io_pread_full(s->io, p->fd, hdr, (size_t)n, 8) != 0) {
+        int e = errno;
+        free(hdr);
+        return df_fail(err, DF_ERR_IO, "%s: cannot read the %llu-byte header: %s", path,
+                       (unsigned long long)n, strerror(e));
+    }
+    hdr[n] = 0;
+    json_error_t je;
+    p->root = json_loadb(hdr, (size_t)n, JSON_REJECT_DUPLICATES, &je);
+    free(hdr);
+    if (!p->root)
+        return df_fail(err, DF_ERR_FORMAT, "%s: header is not valid JSON (line %d, column %d: %s)",
+                       path, je.line, je.column, je.text);
+    if (!json_is_object(p->root))
+        return df_fail(err, DF_ERR_FORMAT, "%s: header is %s, expected a JSON object", path,
+                       jtype(p->root));
+    p->hlen = (int64_t)n;
+    return DF_OK;
+}
+
+/* Folds a read header into the set as the next shard (which then owns the
+ * path and descriptor). On error the shard is still recorded, with fd -1
+ * when the file could not be opened. */
+static df_status open_shard(st_set *s, pre_shard *p, char *err) {
     if (s->n_shards == s->cap_shards) {
         int cap = s->cap_shards ? s->cap_shards * 2 : 16;
         st_shard *ns = realloc(s->shards, (size_t)cap * sizeof *ns);
@@ -330,57 +395,19 @@ static df_status open_shard(st_set *s, const char *fname, char *err) {
     }
     int si = s->n_shards;
     st_shard *sh = &s->shards[si];
-    sh->path = join_path(s->dir, fname);
-    sh->fd = -1;
+    sh->path = p->path;
+    sh->fd = p->fd;
     sh->map = NULL;
-    sh->size = 0;
+    sh->size = p->size;
+    p->path = NULL;
+    p->fd = -1;
     if (!sh->path) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     s->n_shards++;
     const char *path = sh->path;
-
-    sh->fd = s->io->open(path, O_RDONLY, 0);
-    if (sh->fd < 0)
-        return df_fail(err, DF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (s->io->fsize(sh->fd, &sh->size) != 0)
-        return df_fail(err, DF_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    if (sh->size < 8)
-        return df_fail(err, DF_ERR_FORMAT,
-                       "%s: file is %lld bytes, too short for the 8-byte header length", path,
-                       (long long)sh->size);
-    uint8_t lb[8];
-    if (io_pread_full(s->io, sh->fd, lb, 8, 0) != 0)
-        return df_fail(err, DF_ERR_IO, "%s: cannot read the header length: %s", path,
-                       strerror(errno));
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = (n << 8) | lb[i];
-    if (n > (uint64_t)ST_MAX_HEADER)
-        return df_fail(err, DF_ERR_FORMAT, "%s: header length %llu exceeds the %lld-byte limit",
-                       path, (unsigned long long)n, (long long)ST_MAX_HEADER);
-    if (8 + (int64_t)n > sh->size)
-        return df_fail(err, DF_ERR_FORMAT,
-                       "%s: header length %llu runs past the end of the file (%lld bytes): "
-                       "truncated?",
-                       path, (unsigned long long)n, (long long)sh->size);
-    char *hdr = malloc((size_t)n + 1);
-    if (!hdr) return df_fail(err, DF_ERR_NOMEM, "%s: out of memory for the header", path);
-    if (io_pread_full(s->io, sh->fd, hdr, (size_t)n, 8) != 0) {
-        int e = errno;
-        free(hdr);
-        return df_fail(err, DF_ERR_IO, "%s: cannot read the %llu-byte header: %s", path,
-                       (unsigned long long)n, strerror(e));
-    }
-    hdr[n] = 0;
-    json_error_t je;
-    json_t *root = json_loadb(hdr, (size_t)n, JSON_REJECT_DUPLICATES, &je);
-    free(hdr);
-    if (!root)
-        return df_fail(err, DF_ERR_FORMAT, "%s: header is not valid JSON (line %d, column %d: %s)",
-                       path, je.line, je.column, je.text);
-    if (!json_is_object(root)) {
-        df_fail(err, DF_ERR_FORMAT, "%s: header is %s, expected a JSON object", path, jtype(root));
-        json_decref(root);
-        return DF_ERR_FORMAT;
-    }
+    if (p->st != DF_OK) return df_fail(err, p->st, "%s", p->err);
+    json_t *root = p->root;
+    p->root = NULL;
+    int64_t n = p->hlen;
     int64_t data_start = 8 + (int64_t)n, data_size = sh->size - data_start;
     int64_t first = s->n_tensors;
     df_status st = DF_OK;
@@ -451,6 +478,63 @@ static int safe_relpath(const char *f) {
     return 1;
 }
 
+typedef struct {
+    const st_set *s;
+    pre_shard *pre;
+    size_t n, stride, first;
+} header_job;
+
+static void *header_worker(void *arg) {
+    header_job *j = arg;
+    for (size_t i = j->first; i < j->n; i += j->stride) {
+        pre_shard *p = &j->pre[i];
+        if (p->path) p->st = read_header(j->s, p);
+    }
+    return NULL;
+}
+
+/* Opens the named shards: headers are read and parsed on up to one thread per
+ * CPU (jansson parses separate documents safely once its hash seed is set),
+ * then folded into the set in order, so errors and shard numbers do not
+ * depend on the threads. *failed (if given) receives the index of a shard
+ * that failed. */
+static df_status open_shards(st_set *s, const char *const *names, size_t n, size_t *failed, char *err) {
+    pre_shard *pre = calloc(n, sizeof *pre);
+    if (!pre) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        pre[i].fname = names[i];
+        pre[i].path = join_path(s->dir, names[i]);
+        pre[i].fd = -1;
+        pre[i].st = pre[i].path ? DF_OK : df_fail(pre[i].err, DF_ERR_NOMEM, "out of memory");
+    }
+    json_object_seed(0);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t T = cpus > 1 ? (size_t)cpus : 1;
+    if (T > 8) T = 8;
+    if (T > n) T = n;
+    header_job jobs[8];
+    pthread_t th[8];
+    int running[8] = {0};
+    for (size_t t = 0; t < T; t++) jobs[t] = (header_job){s, pre, n, T, t};
+    for (size_t t = 1; t < T; t++) running[t] = pthread_create(&th[t], NULL, header_worker, &jobs[t]) == 0;
+    header_worker(&jobs[0]);
+    for (size_t t = 1; t < T; t++) {
+        if (running[t]) pthread_join(th[t], NULL);
+        else header_worker(&jobs[t]); /* no thread: do its share here */
+    }
+    df_status st = DF_OK;
+    size_t i = 0;
+    for (; i < n && st == DF_OK; i++) st = open_shard(s, &pre[i], err);
+    if (st != DF_OK && failed) *failed = i - 1;
+    for (size_t k = 0; k < n; k++) { /* what was not folded in */
+        if (pre[k].fd >= 0) s->io->close(pre[k].fd);
+        free(pre[k].path);
+        if (pre[k].root) json_decref(pre[k].root);
+    }
+    free(pre);
+    return st;
+}
+
 static df_status open_indexed(st_set *s, const char *ipath, char *err) {
     size_t len = 0;
     char *text = io_read_text(s->io, ipath, ST_MAX_INDEX, &len);
@@ -501,10 +585,12 @@ static df_status open_indexed(st_set *s, const char *ipath, char *err) {
     size_t nu = 0;
     for (size_t i = 0; i < nf; i++)
         if (nu == 0 || strcmp(files[nu - 1], files[i]) != 0) files[nu++] = files[i];
-    for (size_t i = 0; i < nu; i++) {
-        st = open_shard(s, files[i], err);
+    size_t bad = 0;
+    st = open_shards(s, files, nu, &bad, err);
+    {
+        size_t i = bad;
         if (st != DF_OK) {
-            if (st == DF_ERR_IO && s->shards[s->n_shards - 1].fd < 0) {
+            if (st == DF_ERR_IO && s->n_shards > 0 && s->shards[s->n_shards - 1].fd < 0) {
                 /* the shard itself is absent: say which index entry wanted it */
                 const char *who = "?";
                 json_object_foreach(wm, key, v) {
@@ -550,7 +636,8 @@ static df_status open_glob(st_set *s, char *err) {
     df_status st = DF_OK;
     if (n == 0)
         st = df_fail(err, DF_ERR_IO, "%s: no %s and no *.safetensors files", s->dir, INDEX_NAME);
-    for (size_t i = 0; i < n && st == DF_OK; i++) st = open_shard(s, names[i], err);
+    else
+        st = open_shards(s, (const char *const *)names, n, NULL, err);
     io_free_names(names, n);
     return st;
 }
