@@ -100,7 +100,20 @@ CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matvec.o \
                kernels/matvec_avx2.o kernels/matvec_avx512.o kernels/ops.o)
 
-cuda: $(BUILD)/libdeltafin_cuda.a $(BUILD)/run_cuda_tests $(BUILD)/cuda_bench
+CUDA_LIBDIR := $(dir $(NVCC))../lib64
+CUDA_CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/cuda-cli/%.o)
+
+cuda: $(BUILD)/libdeltafin_cuda.a $(BUILD)/run_cuda_tests $(BUILD)/cuda_bench $(BUILD)/deltafin-cuda
+
+# The CLI again with -DDF_WITH_CUDA (--device auto|cpu|cuda, --gpu-mem), linked
+# with the CUDA backend; build/deltafin itself never needs CUDA.
+$(BUILD)/cuda-cli/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DDF_WITH_CUDA -MMD -MP -c $< -o $@
+
+$(BUILD)/deltafin-cuda: $(CUDA_CLI_OBJ) $(BUILD)/libdeltafin.a $(BUILD)/libdeltafin_cuda.a
+	$(CC) $(LDFLAGS) -pthread -o $@ $(CUDA_CLI_OBJ) $(BUILD)/libdeltafin.a $(BUILD)/libdeltafin_cuda.a \
+	    -L$(CUDA_LIBDIR) -Wl,-rpath,$(abspath $(CUDA_LIBDIR)) -lcudart -lstdc++ $(LDLIBS)
 
 $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.h)
 	@mkdir -p $(dir $@)
@@ -110,7 +123,7 @@ $(BUILD)/libdeltafin_cuda.a: $(CUDA_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/run_cuda_tests: $(BUILD)/tests/test_main.o $(BUILD)/tests/cuda/test_cuda.o \
+$(BUILD)/run_cuda_tests: $(BUILD)/tests/test_main.o $(BUILD)/tests/cuda/test_cuda.o $(BUILD)/tests/cuda/test_cuda_engine.o \
                          $(BUILD)/libdeltafin_cuda.a $(CUDA_ORACLE)
 	$(NVCC) $(CUDA_ARCH) -o $@ $^ -lpthread -lm
 
@@ -118,9 +131,10 @@ $(BUILD)/cuda_bench: bench/cuda_bench.cu $(BUILD)/libdeltafin_cuda.a $(wildcard 
 	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libdeltafin_cuda.a
 
 test-cuda: cuda
-	./$(BUILD)/run_cuda_tests
+	DF_CUDA_BIN=$(BUILD)/deltafin-cuda ./$(BUILD)/run_cuda_tests
 
 clean:
 	rm -rf build build-san build-gcc build-clang
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/tests/cuda/test_cuda.d
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/tests/cuda/test_cuda.d \
+	$(BUILD)/tests/cuda/test_cuda_engine.d $(CUDA_CLI_OBJ:.o=.d)

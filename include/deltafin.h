@@ -71,7 +71,37 @@ typedef struct {
     int profile;     /* time each part of a step (df_engine_profile) */
     int spine;       /* df_spine_mode: keep non-expert weights resident or stream them per layer */
     int evict_heat;  /* expert cache eviction: 0 least recently used (default), 1 lowest decayed heat */
+    /* Optional accelerator (struct df_accel below): NULL runs every matrix
+     * on the CPU. Borrowed: it must outlive the engine. */
+    const struct df_accel *accel;
 } df_engine_opts;
+
+/* An accelerator for the matrix products (deltafin-cuda: src/cuda/gpu_accel.h).
+ * The engine uploads each matrix bound resident once at open; matrices whose
+ * bytes come and go (routed experts from the expert cache, a streamed spine)
+ * go through an LRU cache of device copies keyed by their tensor, bounded by
+ * `budget` bytes for all device copies together; one that does not fit is
+ * uploaded for the call and released after it. Matrices the accelerator
+ * refuses (a type or shape it has no kernel for) stay on the CPU. Every
+ * other part of a step (attention, norms, routing, the absorbed MLA products)
+ * stays on the CPU. The results differ from the CPU kernels only by
+ * summation order (tests bound the logits and require the same greedy ids).
+ * Calls come from one thread at a time. */
+typedef struct df_accel {
+    const char *name;  /* one line for inspect, e.g. "cuda: NVIDIA H200 (sm_90, 132 SMs)" */
+    void *ctx;
+    int64_t budget;    /* bytes of device memory for matrices */
+    /* A device copy of one matrix: `weight` is a const df_weight * (the
+     * layout of src/format/weight.h: data + scale). NULL with the reason in
+     * err (DF_ERRMSG) when refused or out of memory; *refused is set to 1
+     * when the type or shape has no kernel (then retrying is pointless). */
+    void *(*upload)(void *ctx, const void *weight, int *refused, char *err);
+    void (*release)(void *ctx, void *handle);
+    /* Y[i*ldy + (r - row0)] = sum_c W[r][c] * X[i*cols + c] for i < n,
+     * r in [row0, row1); X and Y in host memory; synchronous. */
+    df_status (*matmul)(void *ctx, void *handle, const float *X, int n, float *Y, int64_t ldy,
+                        int64_t row0, int64_t row1, char *err);
+} df_accel;
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer
  * through a double buffer (for models whose spine does not fit in RAM).
@@ -135,6 +165,17 @@ const char *df_prof_name(int i);
 void df_engine_profile(const df_engine *e, double out[DF_PROF_N]);
 
 void df_engine_stats(const df_engine *e, df_stats *out);
+
+/* Accelerator counters (all zero without df_engine_opts.accel). */
+typedef struct {
+    int64_t resident_mats, resident_bytes; /* uploaded at open, kept */
+    int64_t cpu_mats;                      /* refused: computed on the CPU */
+    int64_t cached_bytes;                  /* device copies in the LRU cache now */
+    uint64_t calls, cpu_calls;             /* matrix products on the device / on the CPU */
+    uint64_t cache_hits, cache_uploads, cache_evictions, transient_uploads;
+    uint64_t upload_bytes;                 /* host-to-device weight bytes since open or reset */
+} df_accel_stats;
+void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);
 /* Measures the O_DIRECT read bandwidth of the model's largest shard with
  * expert-sized reads at the engine's queue depth (the disk floor of a

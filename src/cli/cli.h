@@ -24,7 +24,11 @@ typedef struct {
     int spine;              /* df_spine_mode */
     int evict_heat;
     int64_t cache_limit;    /* stream mirrors: expert disk budget; -1 = the mirror's, 0 = none */
+    int device;             /* CLI_DEV_*: --device auto|cpu|cuda */
+    int64_t gpu_mem;        /* --gpu-mem: device memory for matrices, 0 = free memory - 2 GiB */
 } cli_model_opts;
+
+enum { CLI_DEV_AUTO = 0, CLI_DEV_CPU, CLI_DEV_CUDA };
 
 /* Exit codes: 0 success, 1 the work failed (bad model, I/O), 2 usage error. */
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };

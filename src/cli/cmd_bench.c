@@ -150,6 +150,16 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         printf("memory floor                %.4f s/token (%.2f GB of weights per step at %.1f GB/s DRAM)\n",
                mem_floor, touched / 1e9, dram);
         printf("ratio to the larger floor   %.3f\n", best_floor > 0 ? med / best_floor : 0);
+        df_accel_stats ac;
+        df_engine_accel_stats(e, &ac);
+        if (ac.calls || ac.resident_mats || ac.cpu_calls)
+            printf("device (prefill + decode)   %llu products on the device, %llu on the CPU; %lld matrices\n"
+                   "                            resident (%.3f GB), cache %.3f GB: %llu hits, %llu uploads,\n"
+                   "                            %llu evictions, %llu transient; %.3f GB weights uploaded\n",
+                   (unsigned long long)ac.calls, (unsigned long long)ac.cpu_calls, (long long)ac.resident_mats,
+                   ac.resident_bytes / 1e9, ac.cached_bytes / 1e9, (unsigned long long)ac.cache_hits,
+                   (unsigned long long)ac.cache_uploads, (unsigned long long)ac.cache_evictions,
+                   (unsigned long long)ac.transient_uploads, ac.upload_bytes / 1e9);
         printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads):\n", ntok);
         double sum = 0;
         for (int i = 0; i < DF_PROF_N; i++) sum += prof1[i] - prof0[i];

@@ -1,6 +1,9 @@
 /* main.c — `deltafin` entry point: subcommand dispatch, shared options and
  * helpers (model options, token lists, timing). */
 #include "cli.h"
+#ifdef DF_WITH_CUDA
+#include "../cuda/gpu_accel.h"
+#endif
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +52,16 @@ const char cli_model_opts_help[] =
     "  --trace FILE       router trace: one JSON line per token and MoE layer\n"
     "  --top-k N          LOSSY: route each token to only N experts (labelled in every stats line)\n"
     "  --cache-limit SIZE stream-mode mirror: disk budget for fetched experts, coldest evicted\n"
-    "                     (default: the one set at setup; 0 = none)\n";
+    "                     (default: the one set at setup; 0 = none)\n"
+#ifdef DF_WITH_CUDA
+    "  --device DEV       auto (default: cuda when a GPU is present), cpu, cuda: matrix products on\n"
+    "                     the GPU (attention, norms and routing stay on the CPU)\n"
+    "  --gpu-mem SIZE     device memory for matrices (default: free memory - 2 GiB); routed experts\n"
+    "                     beyond it are cached LRU or uploaded per use\n"
+#else
+    "  --device DEV       cpu (this build has no CUDA: build/deltafin-cuda from `make cuda` has cuda)\n"
+#endif
+    ;
 
 void cli_model_opts_init(cli_model_opts *o) {
     memset(o, 0, sizeof *o);
@@ -113,6 +125,30 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         }
         (*i)++;
         o->evict_heat = !strcmp(val, "heat");
+        return 1;
+    }
+    if (!strcmp(a, "--device")) {
+        if (!val || (strcmp(val, "auto") && strcmp(val, "cpu") && strcmp(val, "cuda"))) {
+            fprintf(stderr, "deltafin: --device must be auto, cpu or cuda\n");
+            return -1;
+        }
+        (*i)++;
+        o->device = !strcmp(val, "cpu") ? CLI_DEV_CPU : !strcmp(val, "cuda") ? CLI_DEV_CUDA : CLI_DEV_AUTO;
+#ifndef DF_WITH_CUDA
+        if (o->device == CLI_DEV_CUDA) {
+            fprintf(stderr, "deltafin: --device cuda: this build has no CUDA backend; use build/deltafin-cuda "
+                            "(make cuda)\n");
+            return -1;
+        }
+#endif
+        return 1;
+    }
+    if (!strcmp(a, "--gpu-mem")) {
+        if (!val || (o->gpu_mem = cli_parse_size(val)) <= 0) {
+            fprintf(stderr, "deltafin: --gpu-mem needs a size, e.g. 40G\n");
+            return -1;
+        }
+        (*i)++;
         return 1;
     }
     if (!strcmp(a, "--cache-limit")) {
@@ -198,6 +234,19 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     eo->profile = o->profile;
     eo->spine = o->spine;
     eo->evict_heat = o->evict_heat;
+#ifdef DF_WITH_CUDA
+    /* one accelerator per process, closed at exit by the C runtime's teardown */
+    static const df_accel *accel;
+    if (o->device != CLI_DEV_CPU && !accel) {
+        char err[DF_ERRMSG];
+        accel = gpu_accel_open(0, o->gpu_mem, err);
+        if (!accel && o->device == CLI_DEV_CUDA) {
+            fprintf(stderr, "deltafin: --device cuda: %s\n", err);
+            return -1;
+        }
+    }
+    if (o->device != CLI_DEV_CPU) eo->accel = accel;
+#endif
     if (o->trace_path) {
         FILE *f = fopen(o->trace_path, "w");
         if (!f) {

@@ -82,6 +82,10 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     e->level = kn_detect();
     if (opts->simd_level >= 0 && opts->simd_level < (int)e->level) e->level = (kn_level)opts->simd_level;
     e->opts = *opts;
+    if (opts->accel && !(e->acc = acc_new(opts->accel))) {
+        st = df_fail(err, DF_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     if (opts->expert_io != DF_EXPERTS_MMAP && e->cfg.n_routed_experts > 0) {
         xs_opts xo = {0};
         xo.ram_bytes = opts->ram_bytes > 0 ? opts->ram_bytes : default_ram();
@@ -128,6 +132,7 @@ fail:
 void df_engine_close(df_engine *e) {
     if (!e) return;
     if (e->prog && e->ops) e->ops->close(e->prog);
+    acc_free(e->acc);
     if (e->store && e->opts.heat_path) {
         char err[DF_ERRMSG];
         df_engine_save_heat(e, err); /* best effort at close; df_engine_save_heat reports errors */
@@ -191,6 +196,13 @@ const char *df_engine_describe(df_engine *e) {
     snprintf(b + used, cap - used, "memory plan    %.3f GB for a 4096-token session (weights outside the cache + cache + state + metadata + 64 MB)\n",
              df_engine_plan_bytes(e, 4096) / 1e9);
     used = strlen(b);
+    if (e->acc) acc_describe(e->acc, b + used, cap - used);
+    else if (e->opts.accel)
+        snprintf(b + used, cap - used, "device         %s (budget %.3f GB): matrices go to it on first use\n",
+                 e->opts.accel->name ? e->opts.accel->name : "accelerator", e->opts.accel->budget / 1e9);
+    else
+        snprintf(b + used, cap - used, "device         cpu\n");
+    used = strlen(b);
     if (*e->lossy) snprintf(b + used, cap - used, "lossy          %s\n", e->lossy);
     return b;
 }
@@ -216,6 +228,7 @@ df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int6
                               char *err) {
     df_status st = wt_bind(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
     if (st == DF_OK) e->resident_bound += wt_bytes(w);
+    if (st == DF_OK && e->acc) acc_bind(e->acc, w);
     return st;
 }
 
@@ -307,6 +320,7 @@ static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
 }
 
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
+    if (e->acc && acc_mm(e->acc, w, X, n, Y, ldy)) return;
     mm_job j = {e, w, X, n, Y, ldy};
     pool_for(e->pool, w->rows, 16, mm_rows, &j);
 }
@@ -433,8 +447,11 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->max_in_flight = x.max_in_flight;
 }
 
+void df_engine_accel_stats(const df_engine *e, df_accel_stats *out) { acc_get_stats(e->acc, out); }
+
 void df_engine_reset_stats(df_engine *e) {
     memset(e->prof, 0, sizeof e->prof);
+    acc_reset_stats(e->acc);
     if (e->store) xs_reset_stats(e->store);
 }
 

@@ -60,6 +60,7 @@ struct df_engine {
     df_engine_opts opts;
     char lossy[64];           /* "" or the label of the lossy settings in force */
     double prof[DF_PROF_N];   /* seconds per part of a step, when opts.profile */
+    struct acc_table *acc;    /* device copies when opts.accel is set (accel.c); NULL: CPU only */
 };
 
 struct df_session {
@@ -105,6 +106,19 @@ void prof_add(df_engine *e, int part, double *t);
 
 /* Parallel y = W x over rows for n vectors: Y[i*ldy + r]. */
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
+
+/* The accelerator table (accel.c): bound matrices are registered at open
+ * and uploaded on first use; acc_mm returns 1 when the accelerator computed
+ * the product, 0 when the caller must use the CPU kernels. */
+typedef struct acc_table acc_table;
+acc_table *acc_new(const df_accel *a);
+void acc_free(acc_table *t);
+void acc_bind(acc_table *t, const df_weight *w);
+int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
+void acc_get_stats(const acc_table *t, df_accel_stats *out);
+void acc_reset_stats(acc_table *t);
+void acc_describe(const acc_table *t, char *buf, size_t cap);
+const char *acc_last_error(const acc_table *t);
 
 extern const df_program_ops dsv3_program;
 extern const df_program_ops kimi_program;

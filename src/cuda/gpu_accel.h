@@ -1,0 +1,30 @@
+/* gpu_accel.h — the CUDA df_accel (include/deltafin.h) over the gpu_ kernels.
+ *
+ * Owns: one CUDA stream, pinned host staging for activations and results,
+ * device activation buffers (grown on demand), and the device copies it
+ * hands out as handles. Matrix products use gpu_matmul (bf16, fp8 block,
+ * int4 g32, MXFP4); other types are refused (the engine keeps them on the
+ * CPU). Weight bytes are copied from wherever the engine has them (mapped
+ * shards, expert cache slots) with cudaMemcpy.
+ */
+#ifndef DF_CUDA_GPU_ACCEL_H
+#define DF_CUDA_GPU_ACCEL_H
+#include "deltafin.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Opens device `device`. gpu_mem: bytes of device memory for matrices
+ * (0: free memory minus 2 GiB). NULL with one line in err (DF_ERRMSG) when
+ * there is no usable device. */
+const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err);
+/* Frees everything the accelerator holds (NULL-safe). Close engines first. */
+void gpu_accel_close(const df_accel *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

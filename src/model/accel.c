@@ -1,0 +1,233 @@
+/* accel.c — the engine's side of an optional accelerator (df_engine_opts.accel).
+ *
+ * Owns a table of device copies keyed by the tensor behind a matrix
+ * (df_weight.t_data, else its data pointer), so copies of a view (a tied
+ * head, the expert store's per-pass views over RAM slots) find the same
+ * entry. States:
+ *   PENDING   bound resident at open; uploaded on first use, then RESIDENT
+ *             (kept; the embedding of an untied model is never uploaded)
+ *   RESIDENT  device copy kept until close
+ *   CACHED    device copy in the LRU cache (routed experts, streamed spine,
+ *             resident matrices that did not fit the budget)
+ *   ABSENT    known, no device copy now (evicted, or never fitted)
+ *   CPU       the accelerator refused it (type or shape): CPU kernels
+ * Budget: resident + cached bytes <= accel->budget; a matrix that cannot fit
+ * even after evicting every cached copy is uploaded for the call and
+ * released after it (transient). Any device failure falls back to the CPU
+ * kernels for that call, so a failure never changes the result's meaning.
+ */
+#include "model.h"
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+
+enum { A_PENDING = 0, A_RESIDENT, A_CACHED, A_ABSENT, A_CPU };
+
+typedef struct {
+    const void *key;
+    void *h;
+    int64_t bytes;
+    uint64_t used; /* LRU clock */
+    int state;
+} acc_ent;
+
+struct acc_table {
+    const df_accel *a;
+    acc_ent *ent;
+    size_t cap, n; /* open addressing, power-of-two capacity, no deletions */
+    uint64_t clock;
+    int64_t planned_bytes; /* PENDING + RESIDENT */
+    df_accel_stats st;
+    char err[DF_ERRMSG];
+    char last_err[DF_ERRMSG];
+};
+
+static const void *key_of(const df_weight *w) { return w->t_data ? (const void *)w->t_data : w->data; }
+
+static size_t slot_of(const void *k, size_t cap) {
+    uint64_t x = (uint64_t)(uintptr_t)k;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static acc_ent *find(acc_table *t, const void *k) {
+    for (size_t i = slot_of(k, t->cap);; i = (i + 1) & (t->cap - 1)) {
+        if (t->ent[i].key == k) return &t->ent[i];
+        if (!t->ent[i].key) return NULL;
+    }
+}
+
+static acc_ent *insert(acc_table *t, const void *k, int64_t bytes, int state) {
+    if ((t->n + 1) * 2 > t->cap) {
+        size_t nc = t->cap * 2;
+        acc_ent *ne = calloc(nc, sizeof *ne);
+        if (!ne) return NULL;
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->ent[i].key) continue;
+            size_t j = slot_of(t->ent[i].key, nc);
+            while (ne[j].key) j = (j + 1) & (nc - 1);
+            ne[j] = t->ent[i];
+        }
+        free(t->ent);
+        t->ent = ne;
+        t->cap = nc;
+    }
+    size_t i = slot_of(k, t->cap);
+    while (t->ent[i].key) i = (i + 1) & (t->cap - 1);
+    acc_ent *e = &t->ent[i];
+    memset(e, 0, sizeof *e);
+    e->key = k;
+    e->bytes = bytes;
+    e->state = state;
+    t->n++;
+    return e;
+}
+
+acc_table *acc_new(const df_accel *a) {
+    acc_table *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->a = a;
+    t->cap = 1024;
+    t->ent = calloc(t->cap, sizeof *t->ent);
+    if (!t->ent) { free(t); return NULL; }
+    return t;
+}
+
+void acc_free(acc_table *t) {
+    if (!t) return;
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->ent[i].h) t->a->release(t->a->ctx, t->ent[i].h);
+    free(t->ent);
+    free(t);
+}
+
+void acc_bind(acc_table *t, const df_weight *w) {
+    const void *k = key_of(w);
+    if (!t || !k || find(t, k)) return;
+    if (insert(t, k, wt_bytes(w), A_PENDING)) t->planned_bytes += wt_bytes(w);
+}
+
+static int64_t used_bytes(const acc_table *t) { return t->st.resident_bytes + t->st.cached_bytes; }
+
+/* Evicts least recently used cached copies until `need` more bytes fit. */
+static int make_room(acc_table *t, int64_t need) {
+    if (need > t->a->budget - t->st.resident_bytes) return 0;
+    while (used_bytes(t) + need > t->a->budget) {
+        acc_ent *v = NULL;
+        for (size_t i = 0; i < t->cap; i++)
+            if (t->ent[i].state == A_CACHED && (!v || t->ent[i].used < v->used)) v = &t->ent[i];
+        if (!v) return 0;
+        t->a->release(t->a->ctx, v->h);
+        v->h = NULL;
+        v->state = A_ABSENT;
+        t->st.cached_bytes -= v->bytes;
+        t->st.cache_evictions++;
+    }
+    return 1;
+}
+
+/* Uploads w for entry e (state decides resident or cached). 1 if e->h is set. */
+static int upload(acc_table *t, acc_ent *e, const df_weight *w, int resident) {
+    if (!make_room(t, e->bytes)) return 0;
+    int refused = 0;
+    void *h = t->a->upload(t->a->ctx, w, &refused, t->err);
+    if (!h) {
+        if (refused) {
+            if (e->state == A_PENDING) t->planned_bytes -= e->bytes;
+            e->state = A_CPU;
+            t->st.cpu_mats++;
+        } else {
+            snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        }
+        return 0;
+    }
+    e->h = h;
+    t->st.upload_bytes += (uint64_t)e->bytes;
+    if (resident) {
+        e->state = A_RESIDENT;
+        t->st.resident_mats++;
+        t->st.resident_bytes += e->bytes;
+    } else {
+        e->state = A_CACHED;
+        t->st.cached_bytes += e->bytes;
+        t->st.cache_uploads++;
+    }
+    return 1;
+}
+
+static int run(acc_table *t, void *h, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
+    if (t->a->matmul(t->a->ctx, h, X, n, Y, ldy, 0, w->rows, t->err) != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        return 0;
+    }
+    t->st.calls++;
+    return 1;
+}
+
+int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
+    const void *k = key_of(w);
+    if (!k || !w->data) return 0;
+    acc_ent *e = find(t, k);
+    if (!e && !(e = insert(t, k, wt_bytes(w), A_ABSENT))) return 0;
+    if (e->state == A_CPU) { t->st.cpu_calls++; return 0; }
+    e->used = ++t->clock;
+    if (e->state == A_PENDING) {
+        if (!upload(t, e, w, 1) && e->state == A_PENDING) {
+            t->planned_bytes -= e->bytes; /* did not fit: cached from now on */
+            e->state = A_ABSENT;
+        }
+    } else if (e->state == A_ABSENT) {
+        upload(t, e, w, 0);
+    } else {
+        t->st.cache_hits += e->state == A_CACHED;
+    }
+    if (e->state == A_CPU) { t->st.cpu_calls++; return 0; }
+    if (e->h) {
+        if (run(t, e->h, w, X, n, Y, ldy)) return 1;
+        t->st.cpu_calls++;
+        return 0;
+    }
+    /* no room: upload for this call only */
+    int refused = 0;
+    void *h = t->a->upload(t->a->ctx, w, &refused, t->err);
+    if (!h) {
+        if (refused) { e->state = A_CPU; t->st.cpu_mats++; }
+        t->st.cpu_calls++;
+        return 0;
+    }
+    t->st.transient_uploads++;
+    t->st.upload_bytes += (uint64_t)e->bytes;
+    int ok = run(t, h, w, X, n, Y, ldy);
+    t->a->release(t->a->ctx, h);
+    if (!ok) t->st.cpu_calls++;
+    return ok;
+}
+
+void acc_get_stats(const acc_table *t, df_accel_stats *out) {
+    if (!t) { memset(out, 0, sizeof *out); return; }
+    *out = t->st;
+}
+
+void acc_reset_stats(acc_table *t) {
+    if (!t) return;
+    t->st.calls = t->st.cpu_calls = t->st.cache_hits = t->st.cache_uploads = 0;
+    t->st.cache_evictions = t->st.transient_uploads = t->st.upload_bytes = 0;
+}
+
+void acc_describe(const acc_table *t, char *b, size_t cap) {
+    if (!t) return;
+    const df_accel_stats *s = &t->st;
+    snprintf(b, cap,
+             "device         %s\n"
+             "gpu placement  budget %.3f GB: non-expert matrices resident on first use (%.3f GB bound%s),\n"
+             "               the rest (routed experts, streamed spine) in an LRU cache of device copies;\n"
+             "               now %lld resident (%.3f GB), %.3f GB cached, %lld matrices on the CPU (no kernel);\n"
+             "               attention, norms, routing and the absorbed MLA products run on the CPU\n",
+             t->a->name ? t->a->name : "accelerator", t->a->budget / 1e9, t->planned_bytes / 1e9,
+             t->planned_bytes > t->a->budget ? ", more than the budget: the excess is cached" : "",
+             (long long)s->resident_mats, s->resident_bytes / 1e9, s->cached_bytes / 1e9, (long long)s->cpu_mats);
+}
+
+const char *acc_last_error(const acc_table *t) { return t ? t->last_err : ""; }

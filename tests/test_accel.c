@@ -1,0 +1,170 @@
+/* test_accel.c — the engine's accelerator plumbing (df_engine_opts.accel,
+ * src/model/accel.c) with a CPU stand-in (suite model_accel_).
+ *
+ * The stand-in copies each uploaded matrix's bytes (as a device would) and
+ * computes with kn_matmul at the engine's level, so every product must be
+ * bit-identical to the plain CPU path whatever the placement: resident,
+ * cached with evictions, transient, refused (f32 matrices stay on the CPU).
+ * This checks keys (tied head, expert views over reused RAM slots), the LRU
+ * budget and the fallbacks without a GPU; tests/cuda checks the real one.
+ */
+#include "test.h"
+#include "../src/format/weight.h"
+#include "../src/kernels/kernels.h"
+#include "deltafin.h"
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    df_weight w;
+    void *data, *scale;
+} fake_h;
+
+static int fake_live; /* handles not released */
+
+static void *fake_upload(void *ctx, const void *weight, int *refused, char *err) {
+    (void)ctx;
+    const df_weight *w = weight;
+    *refused = 0;
+    if (w->type == WT_F32 || !w->t_data) {
+        *refused = 1;
+        snprintf(err, DF_ERRMSG, "fake: refused");
+        return NULL;
+    }
+    fake_h *h = calloc(1, sizeof *h);
+    h->w = *w;
+    h->data = malloc((size_t)w->t_data->nbytes);
+    memcpy(h->data, w->data, (size_t)w->t_data->nbytes);
+    h->w.data = h->data;
+    if (w->t_scale && w->scale) {
+        h->scale = malloc((size_t)w->t_scale->nbytes);
+        memcpy(h->scale, w->scale, (size_t)w->t_scale->nbytes);
+        h->w.scale = h->scale;
+    }
+    fake_live++;
+    return h;
+}
+
+static void fake_release(void *ctx, void *handle) {
+    (void)ctx;
+    fake_h *h = handle;
+    /* poison, so a stale handle would show */
+    memset(h->data, 0x7f, (size_t)h->w.t_data->nbytes);
+    free(h->data);
+    free(h->scale);
+    free(h);
+    fake_live--;
+}
+
+static df_status fake_matmul(void *ctx, void *handle, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+                             int64_t row1, char *err) {
+    (void)err;
+    fake_h *h = handle;
+    kn_matmul(*(kn_level *)ctx, &h->w, X, n, Y, ldy, row0, row1);
+    return DF_OK;
+}
+
+static int read_tokens(const char *dir, int32_t *out, int cap) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/reference.json", dir);
+    FILE *f = fopen(p, "rb");
+    if (!f) return 0;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *s = strstr(buf, "\"tokens\"");
+    if (!s || !(s = strchr(s, '['))) return 0;
+    int cnt = 0;
+    for (s++; *s && *s != ']' && cnt < cap;) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) { s++; continue; }
+        out[cnt++] = (int32_t)v;
+        s = end;
+    }
+    return cnt;
+}
+
+/* All logits over the fixture's tokens; NULL on failure. */
+static float *logits_with(const char *dir, const df_accel *a, int64_t ram, df_accel_stats *st) {
+    int32_t tok[64];
+    int n = read_tokens(dir, tok, 64);
+    if (n <= 0) return NULL;
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.n_threads = 3;
+    o.accel = a;
+    o.ram_bytes = ram;
+    df_engine *e = NULL;
+    char err[DF_ERRMSG];
+    if (df_engine_open(dir, &o, &e, err) != DF_OK) { fprintf(stderr, "%s\n", err); return NULL; }
+    int V = df_engine_vocab_size(e);
+    float *lg = malloc((size_t)n * V * sizeof(float));
+    df_session *s = NULL;
+    int ok = df_session_new(e, 0, &s) == DF_OK;
+    /* prefill the first half as one chunk, then one token at a time */
+    int half = n / 2;
+    ok = ok && df_session_eval(s, tok, half, lg) == DF_OK;
+    for (int i = half; ok && i < n; i++) ok = df_session_eval(s, tok + i, 1, lg + (size_t)i * V) == DF_OK;
+    if (st) df_engine_accel_stats(e, st);
+    df_session_free(s);
+    df_engine_close(e);
+    if (!ok) { free(lg); return NULL; }
+    return lg;
+}
+
+TEST(model_accel_bit_identical_any_budget) {
+    static const char *fx[] = {"tests/fixtures/kimi_k3_mxfp4", "tests/fixtures/dsv3_fp8_yarn",
+                               "tests/fixtures/kimi_k2_int4", "tests/fixtures/kimi_linear_a"};
+    kn_level lv = kn_detect();
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        int32_t tok[64];
+        int n = read_tokens(fx[i], tok, 64);
+        if (n <= 0) SKIP("fixtures missing");
+        float *ref = logits_with(fx[i], NULL, (int64_t)64 << 20, NULL);
+        REQUIRE(ref != NULL, "%s cpu", fx[i]);
+        /* the expert RAM cache is kept small so slots are reused under the views */
+        /* everything fits; resident + 24 KB of cache (evictions); 1 byte (all transient) */
+        int64_t budgets[] = {(int64_t)1 << 40, 0, 1};
+        for (int b = 0; b < 3; b++) {
+            df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul};
+            df_accel_stats st;
+            float *lg = logits_with(fx[i], &a, (int64_t)1 << 20, &st);
+            REQUIRE(lg != NULL, "%s budget %lld", fx[i], (long long)budgets[b]);
+            df_engine_opts o;
+            df_engine_opts_default(&o);
+            size_t bytes = (size_t)n * 4;
+            df_engine *e = NULL;
+            char err[DF_ERRMSG];
+            if (df_engine_open(fx[i], &o, &e, err) == DF_OK) {
+                bytes *= (size_t)df_engine_vocab_size(e);
+                df_engine_close(e);
+            }
+            CHECK(memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %lld", fx[i], (long long)budgets[b]);
+            CHECK(st.calls > 0, "%s: nothing ran on the accelerator", fx[i]);
+            if (b == 0) CHECK(st.cache_evictions == 0 && st.transient_uploads == 0, "%s: evicted with room", fx[i]);
+            if (b == 1) CHECK(st.cache_evictions > 0, "%s: no evictions with 24 KB of cache", fx[i]);
+            if (b == 2) CHECK(st.transient_uploads > 0 && st.resident_mats == 0, "%s: budget 1 byte", fx[i]);
+            CHECK(fake_live == 0, "%s: %d handles leaked", fx[i], fake_live);
+            if (b == 0) budgets[1] = st.resident_bytes + (24 << 10);
+            free(lg);
+        }
+        free(ref);
+    }
+}
+
+TEST(model_accel_cli_refuses_cuda) {
+    char out[2048];
+    int rc = t_sh(out, sizeof out, "%s run --model tests/fixtures/kimi_k3_a --tokens 1,2 --max-new 1 --ids --device cuda",
+                  t_bin());
+    if (strstr(out, "no CUDA backend")) {
+        CHECK(rc == 2, "usage error expected, got %d", rc);
+    } else {
+        CHECK(0, "plain build must refuse --device cuda: %s", out);
+    }
+    rc = t_sh(out, sizeof out, "%s run --model tests/fixtures/kimi_k3_a --tokens 1,2 --max-new 1 --ids --device cpu", t_bin());
+    CHECK(rc == 0, "--device cpu runs: %s", out);
+    rc = t_sh(out, sizeof out, "%s inspect --model tests/fixtures/kimi_k3_a", t_bin());
+    CHECK(rc == 0 && strstr(out, "device         cpu"), "inspect shows the device: %s", out);
+}
