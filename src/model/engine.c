@@ -28,12 +28,17 @@ void df_engine_opts_default(df_engine_opts *o) {
     o->io_depth = 32;
 }
 
-/* Expert cache budget when the caller gives none: available memory minus a
- * 2 GiB margin, at least 256 MiB. */
-static int64_t default_ram(void) {
+static int64_t avail_bytes(void) {
     long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    int64_t avail = pages > 0 && psz > 0 ? (int64_t)pages * psz : (int64_t)4 << 30;
-    int64_t r = avail - ((int64_t)2 << 30);
+    return pages > 0 && psz > 0 ? (int64_t)pages * psz : (int64_t)4 << 30;
+}
+
+/* Expert cache budget when the caller gives none: what available memory
+ * leaves after the spine's share (all of it when resident, the two layer
+ * buffers when streamed, estimated as 4 average layers) and a 2 GiB margin;
+ * at least 256 MiB. */
+static int64_t default_ram(int64_t spine_share) {
+    int64_t r = avail_bytes() - spine_share - ((int64_t)2 << 30);
     return r < ((int64_t)256 << 20) ? (int64_t)256 << 20 : r;
 }
 
@@ -86,9 +91,24 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         st = df_fail(err, DF_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    /* The spine: resident when it fits beside the expert cache (auto), else
+     * streamed per layer. Decided before the cache so the default budget can
+     * leave the spine its room. */
+    e->spine_group = -1;
+    int64_t spine = spine_bytes(e), gib = (int64_t)1 << 30;
+    int stream = opts->spine == DF_SPINE_STREAM;
+    if (opts->spine == DF_SPINE_AUTO) {
+        int64_t cache = opts->ram_bytes > 0 ? opts->ram_bytes : gib; /* at least 1 GiB of cache by default */
+        if (opts->expert_io == DF_EXPERTS_MMAP || e->cfg.n_routed_experts == 0) cache = 0;
+        stream = spine > avail_bytes() - cache - 2 * gib;
+    }
+    if (stream && (st = sp_new(e->io, e->st, e->cfg.num_hidden_layers + 1, opts->expert_io != DF_EXPERTS_PREAD,
+                               opts->plan_only, &e->spine, err)) != DF_OK)
+        goto fail;
     if (opts->expert_io != DF_EXPERTS_MMAP && e->cfg.n_routed_experts > 0) {
         xs_opts xo = {0};
-        xo.ram_bytes = opts->ram_bytes > 0 ? opts->ram_bytes : default_ram();
+        int64_t share = stream ? 4 * (spine / (e->cfg.num_hidden_layers + 1)) : spine;
+        xo.ram_bytes = opts->ram_bytes > 0 ? opts->ram_bytes : default_ram(share);
         xo.direct = opts->expert_io == DF_EXPERTS_DIRECT;
         xo.reader = XR_AUTO;
         xo.depth = opts->io_depth > 0 ? opts->io_depth : 32;
@@ -97,19 +117,6 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         xo.evict = opts->evict_heat ? XS_EVICT_HEAT : XS_EVICT_LRU;
         st = xs_new(e->io, e->st, e->cfg.num_hidden_layers, e->cfg.n_routed_experts, &xo, &e->store, err);
         if (st != DF_OK) goto fail;
-    }
-    e->spine_group = -1;
-    {
-        int stream = opts->spine == DF_SPINE_STREAM;
-        if (opts->spine == DF_SPINE_AUTO) {
-            int64_t cache = e->store ? (opts->ram_bytes > 0 ? opts->ram_bytes : default_ram()) : 0;
-            long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-            int64_t avail = pages > 0 && psz > 0 ? (int64_t)pages * psz : 0;
-            stream = avail > 0 && spine_bytes(e) > avail - cache - ((int64_t)1 << 30);
-        }
-        if (stream && (st = sp_new(e->io, e->st, e->cfg.num_hidden_layers + 1,
-                                   opts->expert_io != DF_EXPERTS_PREAD, opts->plan_only, &e->spine, err)) != DF_OK)
-            goto fail;
     }
     st = e->ops->open(e, &e->prog, err);
     if (st != DF_OK) goto fail;
