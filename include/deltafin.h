@@ -359,8 +359,9 @@ typedef struct {
     const char *reasoning_effort; /* low, medium, high, max (default); NULL or "": no effort message */
     int thinking;                 /* 1 (default): the generation prompt opens the think channel */
     int add_generation_prompt;    /* 1 (default) */
-    const char *format;           /* "k3", "deepseek_v3" (its chat_template, reproduced), or NULL:
-                                   * deepseek_v3 when the tokenizer has <｜User｜> and no <|open|> */
+    const char *format;           /* "k3", "kimi_k2", "deepseek_v3" (their chat_templates, reproduced),
+                                   * or NULL: k3 with <|open|>, else kimi_k2 with <|im_middle|>, else
+                                   * deepseek_v3 with <｜User｜> */
 } df_chat_opts;
 void df_chat_opts_default(df_chat_opts *o);
 

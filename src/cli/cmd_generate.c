@@ -180,7 +180,7 @@ static int setup(gen *g, gen_opts *o, int chat) {
     g->k3 = df_tokenizer_special(g->t, "<|open|>") >= 0;
     if (df_detok_new(g->t, !(chat && g->k3), &g->dt) != DF_OK) { fprintf(stderr, "deltafin: out of memory\n"); return CLI_FAIL; }
     config_eos(g, o->mo.model);
-    static const char *const eos_names[] = {"<|end_of_msg|>", "[EOS]", "<|endoftext|>", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", NULL};
+    static const char *const eos_names[] = {"<|end_of_msg|>", "[EOS]", "<|im_end|>", "<|endoftext|>", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", NULL};
     for (int k = 0; eos_names[k] && g->n_eos < MAX_EOS; k++) {
         int32_t id = df_tokenizer_special(g->t, eos_names[k]);
         if (id >= 0) g->eos[g->n_eos++] = id;
@@ -500,7 +500,8 @@ int cmd_chat(int argc, char **argv) {
             /* cut short (length, stop string, Ctrl-C): close the message so the
              * next turn starts where the format expects it */
             const char *close = g.k3 ? "<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
-                                     : "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+                                : df_tokenizer_special(g.t, "<|im_end|>") >= 0 ? "<|im_end|>"
+                                : "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
             df_tokens c = {0};
             if (df_tokenize(g.t, close, strlen(close), DF_TOK_SPECIAL, &c, err) == DF_OK &&
                 df_session_pos(g.s) + c.n <= g.ctx)

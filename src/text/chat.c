@@ -433,6 +433,89 @@ static void render_deepseek(rb *b, const df_chat_msg *m, int n, const df_chat_op
     if (o->add_generation_prompt && !is_tool) rb_sp(b, DS_ASSISTANT);
 }
 
+/* Kimi-K2 (Instruct / Thinking) chat_template, reproduced: im_* role markers,
+ * an injected default system message (followed by a newline) when the
+ * conversation does not start with one, tools declared first as compact
+ * sorted JSON, assistant tool calls in a calls section, tool results as
+ * "## Return of ID". Reasoning content is not rendered (the template never
+ * reads it). */
+static const char K2_DEFAULT_SYSTEM[] = "You are Kimi, an AI assistant created by Moonshot AI.";
+
+static void k2_turn(rb *b, const char *marker, const char *role) {
+    rb_sp(b, marker);
+    rb_text(b, role);
+    rb_sp(b, "<|im_middle|>");
+}
+
+static void render_kimi_k2(rb *b, const df_chat_msg *m, int n, const df_chat_opts *o) {
+    if (o->tools && *o->tools) {
+        json_error_t je;
+        json_t *tools = json_loads(o->tools, 0, &je);
+        if (!json_is_array(tools)) {
+            json_decref(tools);
+            b->st = df_fail(b->err, DF_ERR_ARG, "chat: tools must be a JSON array (%s)", je.text);
+            return;
+        }
+        char *js = json_dumps(tools, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+        json_decref(tools);
+        if (!js) { b->st = df_fail(b->err, DF_ERR_NOMEM, "out of memory"); return; }
+        k2_turn(b, "<|im_system|>", "tool_declare");
+        rb_text(b, js);
+        rb_sp(b, "<|im_end|>");
+        free(js);
+    }
+    if (n == 0 || strcmp(m[0].role, "system")) {
+        k2_turn(b, "<|im_system|>", "system");
+        rb_text(b, K2_DEFAULT_SYSTEM);
+        rb_sp(b, "<|im_end|>");
+        rb_text(b, "\n");
+    }
+    for (int i = 0; i < n && b->st == DF_OK; i++) {
+        const df_chat_msg *x = &m[i];
+        if (!strcmp(x->role, "system") || !strcmp(x->role, "user")) {
+            k2_turn(b, !strcmp(x->role, "user") ? "<|im_user|>" : "<|im_system|>", x->role);
+            rb_text(b, x->content);
+        } else if (!strcmp(x->role, "assistant")) {
+            k2_turn(b, "<|im_assistant|>", "assistant");
+            rb_text(b, x->content);
+            json_t *calls = x->tool_calls ? json_loads(x->tool_calls, 0, NULL) : NULL;
+            if (x->tool_calls && !json_is_array(calls)) {
+                json_decref(calls);
+                b->st = df_fail(b->err, DF_ERR_ARG, "chat: tool_calls must be a JSON array");
+                return;
+            }
+            if (json_array_size(calls)) {
+                rb_sp(b, "<|tool_calls_section_begin|>");
+                for (size_t k = 0; k < json_array_size(calls) && b->st == DF_OK; k++) {
+                    json_t *c = json_array_get(calls, k);
+                    json_t *f = json_object_get(c, "function");
+                    json_t *args = json_object_get(f ? f : c, "arguments");
+                    rb_sp(b, "<|tool_call_begin|>");
+                    rb_text(b, json_string_value(json_object_get(c, "id")));
+                    rb_sp(b, "<|tool_call_argument_begin|>");
+                    if (json_is_string(args)) rb_text(b, json_string_value(args));
+                    else if (args) {
+                        char *a = json_dumps(args, JSON_ENCODE_ANY | JSON_REAL_PRECISION(17)); /* ", " and ": " as Python */
+                        rb_text(b, a);
+                        free(a);
+                    }
+                    rb_sp(b, "<|tool_call_end|>");
+                }
+                rb_sp(b, "<|tool_calls_section_end|>");
+            }
+            json_decref(calls);
+        } else { /* tool */
+            k2_turn(b, "<|im_system|>", x->name && *x->name ? x->name : "tool");
+            rb_text(b, "## Return of ");
+            rb_text(b, x->tool_call_id);
+            rb_text(b, "\n");
+            rb_text(b, x->content);
+        }
+        rb_sp(b, "<|im_end|>");
+    }
+    if (o->add_generation_prompt) k2_turn(b, "<|im_assistant|>", "assistant");
+}
+
 /* ---- 4. df_chat_render ---------------------------------------------------------------- */
 
 void df_chat_opts_default(df_chat_opts *o) {
@@ -458,17 +541,22 @@ df_status df_chat_render(const df_tokenizer *t, const df_chat_msg *msgs, int n, 
     rb b = {.t = t, .ids = out, .err = err, .st = DF_OK};
     int n0 = out ? out->n : 0;
     const char *fmt = opts->format;
-    if (!fmt) fmt = t && df_tokenizer_special(t, "<|open|>") < 0 && df_tokenizer_special(t, DS_USER) >= 0 ? "deepseek_v3" : "k3";
-    if (!strcmp(fmt, "deepseek_v3")) {
+    if (!fmt) {
+        int k3 = !t || df_tokenizer_special(t, "<|open|>") >= 0;
+        fmt = k3 ? "k3" : df_tokenizer_special(t, "<|im_middle|>") >= 0 ? "kimi_k2"
+                 : df_tokenizer_special(t, DS_USER) >= 0 ? "deepseek_v3" : "k3";
+    }
+    if (!strcmp(fmt, "deepseek_v3") || !strcmp(fmt, "kimi_k2")) {
         for (int i = 0; i < n; i++) {
             const char *r = msgs[i].role;
             if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool")))
                 return df_fail(err, DF_ERR_ARG, "chat: message %d has role '%s' (system, user, assistant, tool)", i, r ? r : "(none)");
         }
-        render_deepseek(&b, msgs, n, opts);
+        if (!strcmp(fmt, "kimi_k2")) render_kimi_k2(&b, msgs, n, opts);
+        else render_deepseek(&b, msgs, n, opts);
         goto finish;
     }
-    if (strcmp(fmt, "k3")) return df_fail(err, DF_ERR_ARG, "chat: unknown format '%s' (k3, deepseek_v3)", fmt);
+    if (strcmp(fmt, "k3")) return df_fail(err, DF_ERR_ARG, "chat: unknown format '%s' (k3, kimi_k2, deepseek_v3)", fmt);
     b.sp_open = need_special(&b, "<|open|>");
     b.sp_close = need_special(&b, "<|close|>");
     b.sp_sep = need_special(&b, "<|sep|>");
