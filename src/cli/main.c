@@ -244,6 +244,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
             fprintf(stderr, "deltafin: --device cuda: %s\n", err);
             return -1;
         }
+        if (!accel) fprintf(stderr, "deltafin: --device auto: no usable GPU (%s); running on the CPU\n", err);
     }
     if (o->device != CLI_DEV_CPU) eo->accel = accel;
 #endif
