@@ -11,7 +11,7 @@ BUILD   ?= build
 OPT     ?= -O2
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes
 CFLAGS  += -std=c17 $(OPT) -g $(WARN) $(WERROR) -D_GNU_SOURCE -Iinclude -pthread -fno-math-errno
-LDLIBS  += -lmicrohttpd -lpcre2-8 -ljansson -luring -lcurl -lm -lpthread
+LDLIBS  += -lmicrohttpd -lpcre2-8 -ljansson -luring -lcurl -lnettle -lm -lpthread
 
 ifeq ($(SAN),1)
 BUILD   := build-san

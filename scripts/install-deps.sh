@@ -3,7 +3,7 @@
 # need. Idempotent and quiet when nothing is missing. Needs root (or sudo)
 # only when something is missing.
 set -e
-PKGS="build-essential clang libjansson-dev liburing-dev libpcre2-dev libcurl4-openssl-dev python3"
+PKGS="build-essential clang libjansson-dev liburing-dev libpcre2-dev libcurl4-openssl-dev nettle-dev python3"
 # deltafin serve: libmicrohttpd (HTTP server library); its tests use curl and
 # node (the openai npm client; npm ships with some nodejs builds, else apart)
 PKGS="$PKGS libmicrohttpd-dev curl nodejs"

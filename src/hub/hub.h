@@ -37,17 +37,14 @@
 #define DF_HUB_H
 #include "deltafin.h"
 #include "../base/io.h"
+#include <nettle/sha1.h>
+#include <nettle/sha2.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 /* ---- sha256 (spans.c) ---- */
-typedef struct {
-    uint32_t h[8];
-    uint64_t len;        /* bytes hashed so far */
-    uint8_t buf[64];
-    size_t nbuf;
-} hub_sha256;
+typedef struct { struct sha256_ctx ctx; } hub_sha256; /* nettle's state */
 void hub_sha256_init(hub_sha256 *c);
 void hub_sha256_update(hub_sha256 *c, const void *p, size_t n);
 void hub_sha256_hex(hub_sha256 *c, char hex[65]); /* finishes c */
@@ -56,12 +53,7 @@ int hub_sha256_file(const char *path, int64_t len, char hex[65]);
 
 /* Git's blob id (sha1 of "blob <size>\0" + bytes): the hub's check for files
  * not stored in LFS. */
-typedef struct {
-    uint32_t h[5];
-    uint64_t len;
-    uint8_t buf[64];
-    size_t nbuf;
-} hub_sha1;
+typedef struct { struct sha1_ctx ctx; } hub_sha1;
 void hub_sha1_init(hub_sha1 *c);
 void hub_sha1_update(hub_sha1 *c, const void *p, size_t n);
 void hub_sha1_hex(hub_sha1 *c, char hex[41]); /* finishes c */

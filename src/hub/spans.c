@@ -1,7 +1,8 @@
 /* spans.c — present-span sets, their crash-safe log, and sha256 (see hub.h).
  *
  * Owns: hub_spans (a sorted array of disjoint [a, b) byte ranges), the span
- * log file of one stream-mode shard, the sha256 used to verify downloads.
+ * log file of one stream-mode shard, the download checks (sha256 and git blob
+ * ids, computed by nettle).
  * Refuses: a log record whose check does not match (a torn append or a
  * foreign file): the log ends before it and is truncated there, so nothing
  * unverified is ever believed present.
@@ -25,72 +26,22 @@
 #include <string.h>
 #include <unistd.h>
 
-/* ---- 1. sha256 (FIPS 180-4) ----------------------------------------------- */
+/* ---- 1. sha256 and git blob ids (nettle) ------------------------------------- */
 
-static const uint32_t K256[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-
-static uint32_t ror(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-static void sha_block(uint32_t h[8], const uint8_t *p) {
-    uint32_t w[64];
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-    for (int i = 16; i < 64; i++) {
-        uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
-        uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
-    for (int i = 0; i < 64; i++) {
-        uint32_t t1 = k + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
-        uint32_t t2 = (ror(a, 2) ^ ror(a, 13) ^ ror(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
-    }
-    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
+static void to_hex(const uint8_t *d, size_t n, char *hex) {
+    for (size_t i = 0; i < n; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
 }
 
-void hub_sha256_init(hub_sha256 *c) {
-    static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    memcpy(c->h, iv, sizeof iv);
-    c->len = 0;
-    c->nbuf = 0;
-}
+void hub_sha256_init(hub_sha256 *c) { sha256_init(&c->ctx); }
 
 void hub_sha256_update(hub_sha256 *c, const void *data, size_t n) {
-    const uint8_t *p = data;
-    c->len += n;
-    if (c->nbuf) {
-        size_t k = 64 - c->nbuf < n ? 64 - c->nbuf : n;
-        memcpy(c->buf + c->nbuf, p, k);
-        c->nbuf += k; p += k; n -= k;
-        if (c->nbuf < 64) return;
-        sha_block(c->h, c->buf);
-        c->nbuf = 0;
-    }
-    for (; n >= 64; p += 64, n -= 64) sha_block(c->h, p);
-    memcpy(c->buf, p, n);
-    c->nbuf = n;
+    sha256_update(&c->ctx, n, data);
 }
 
 void hub_sha256_hex(hub_sha256 *c, char hex[65]) {
-    uint64_t bits = c->len * 8;
-    uint8_t pad[72] = {0x80};
-    size_t padn = (c->nbuf < 56 ? 56 : 120) - c->nbuf;
-    for (int i = 0; i < 8; i++) pad[padn + (size_t)i] = (uint8_t)(bits >> (56 - 8 * i));
-    uint64_t keep = c->len;
-    hub_sha256_update(c, pad, padn + 8);
-    c->len = keep;
-    for (int i = 0; i < 8; i++) snprintf(hex + 8 * i, 9, "%08x", c->h[i]);
-    hex[64] = 0;
+    uint8_t d[SHA256_DIGEST_SIZE];
+    sha256_digest(&c->ctx, sizeof d, d);
+    to_hex(d, sizeof d, hex);
 }
 
 int hub_sha256_file(const char *path, int64_t len, char hex[65]) {
@@ -116,59 +67,16 @@ int hub_sha256_file(const char *path, int64_t len, char hex[65]) {
     return 0;
 }
 
-/* sha1 (FIPS 180-4), only for git blob ids */
+/* sha1, only for git blob ids */
 
-static uint32_t rol(uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
+void hub_sha1_init(hub_sha1 *c) { sha1_init(&c->ctx); }
 
-static void sha1_block(uint32_t h[5], const uint8_t *p) {
-    uint32_t w[80];
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-    for (int i = 16; i < 80; i++) w[i] = rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
-    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4];
-    for (int i = 0; i < 80; i++) {
-        uint32_t f, k;
-        if (i < 20) { f = (b & c) | (~b & d); k = 0x5a827999; }
-        else if (i < 40) { f = b ^ c ^ d; k = 0x6ed9eba1; }
-        else if (i < 60) { f = (b & c) | (b & d) | (c & d); k = 0x8f1bbcdc; }
-        else { f = b ^ c ^ d; k = 0xca62c1d6; }
-        uint32_t t = rol(a, 5) + f + e + k + w[i];
-        e = d; d = c; c = rol(b, 30); b = a; a = t;
-    }
-    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e;
-}
-
-void hub_sha1_init(hub_sha1 *c) {
-    static const uint32_t iv[5] = {0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476, 0xc3d2e1f0};
-    memcpy(c->h, iv, sizeof iv);
-    c->len = 0;
-    c->nbuf = 0;
-}
-
-void hub_sha1_update(hub_sha1 *c, const void *data, size_t n) {
-    const uint8_t *p = data;
-    c->len += n;
-    if (c->nbuf) {
-        size_t k = 64 - c->nbuf < n ? 64 - c->nbuf : n;
-        memcpy(c->buf + c->nbuf, p, k);
-        c->nbuf += k; p += k; n -= k;
-        if (c->nbuf < 64) return;
-        sha1_block(c->h, c->buf);
-        c->nbuf = 0;
-    }
-    for (; n >= 64; p += 64, n -= 64) sha1_block(c->h, p);
-    memcpy(c->buf, p, n);
-    c->nbuf = n;
-}
+void hub_sha1_update(hub_sha1 *c, const void *data, size_t n) { sha1_update(&c->ctx, n, data); }
 
 void hub_sha1_hex(hub_sha1 *c, char hex[41]) {
-    uint64_t bits = c->len * 8;
-    uint8_t pad[72] = {0x80};
-    size_t padn = (c->nbuf < 56 ? 56 : 120) - c->nbuf;
-    for (int i = 0; i < 8; i++) pad[padn + (size_t)i] = (uint8_t)(bits >> (56 - 8 * i));
-    hub_sha1_update(c, pad, padn + 8);
-    for (int i = 0; i < 5; i++) snprintf(hex + 8 * i, 9, "%08x", c->h[i]);
-    hex[40] = 0;
+    uint8_t d[SHA1_DIGEST_SIZE];
+    sha1_digest(&c->ctx, sizeof d, d);
+    to_hex(d, sizeof d, hex);
 }
 
 void hub_git_blob_init(hub_sha1 *c, int64_t size) {
