@@ -960,6 +960,51 @@ static void expert_bytes(const mshard *s, int64_t *local, int64_t *total) {
     }
 }
 
+/* ---- the worker queue used by setup and the fills ---- */
+
+/* n jobs handed out in order to up to `workers` threads; after the first
+ * error no new job starts, and that error is returned. */
+typedef struct {
+    df_status (*job)(void *ctx, int i, char *err);
+    void *ctx;
+    int n, next;
+    pthread_mutex_t mu;
+    df_status st;
+    char err[DF_ERRMSG];
+} work_queue;
+
+static void *wq_worker(void *arg) {
+    work_queue *q = arg;
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        int j = q->st == DF_OK && q->next < q->n ? q->next++ : -1;
+        pthread_mutex_unlock(&q->mu);
+        if (j < 0) return NULL;
+        char err[DF_ERRMSG];
+        df_status st = q->job(q->ctx, j, err);
+        if (st != DF_OK) {
+            pthread_mutex_lock(&q->mu);
+            if (q->st == DF_OK) { q->st = st; snprintf(q->err, sizeof q->err, "%s", err); }
+            pthread_mutex_unlock(&q->mu);
+        }
+    }
+}
+
+static df_status wq_run(df_status (*job)(void *, int, char *), void *ctx, int n, int workers, char *err) {
+    work_queue q = {.job = job, .ctx = ctx, .n = n, .st = DF_OK};
+    pthread_mutex_init(&q.mu, NULL);
+    if (workers < 1) workers = 4;
+    if (workers > 32) workers = 32;
+    pthread_t th[32];
+    int started = 0;
+    for (int i = 0; i < workers && i < n; i++)
+        if (pthread_create(&th[started], NULL, wq_worker, &q) == 0) started++;
+    if (!started && n) wq_worker(&q);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&q.mu);
+    return q.st != DF_OK ? df_fail(err, q.st, "%s", q.err) : DF_OK;
+}
+
 /* ---- 4. setup ---------------------------------------------------------------------- */
 
 typedef struct {
@@ -967,12 +1012,9 @@ typedef struct {
     hub_listing *l;
     hub_mirror *m;       /* stream */
     manifest *man;
-    int next;            /* next job */
     int n_jobs;
     int *jobs;           /* file indexes */
-    pthread_mutex_t mu;
-    df_status st;
-    char err[DF_ERRMSG];
+    pthread_mutex_t mu;  /* guards fetched, requests and the manifest */
     int64_t fetched;
     int requests;
 } setup_ctx;
@@ -1059,34 +1101,9 @@ static df_status setup_job(setup_ctx *x, int fi, char *err) {
     return st;
 }
 
-static void *setup_worker(void *arg) {
-    setup_ctx *x = arg;
-    for (;;) {
-        pthread_mutex_lock(&x->mu);
-        int j = x->st == DF_OK && x->next < x->n_jobs ? x->jobs[x->next++] : -1;
-        pthread_mutex_unlock(&x->mu);
-        if (j < 0) return NULL;
-        char err[DF_ERRMSG];
-        df_status st = setup_job(x, j, err);
-        if (st != DF_OK) {
-            pthread_mutex_lock(&x->mu);
-            if (x->st == DF_OK) { x->st = st; snprintf(x->err, sizeof x->err, "%s", err); }
-            pthread_mutex_unlock(&x->mu);
-        }
-    }
-}
-
-static df_status run_jobs(setup_ctx *x, int workers, char *err) {
-    if (workers < 1) workers = 4;
-    if (workers > 32) workers = 32;
-    pthread_t th[32];
-    int started = 0;
-    for (int i = 0; i < workers && i < x->n_jobs; i++)
-        if (pthread_create(&th[i], NULL, setup_worker, x) == 0) started++;
-    if (!started && x->n_jobs) setup_worker(x);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    if (x->st != DF_OK) return df_fail(err, x->st, "%s", x->err);
-    return DF_OK;
+static df_status setup_one(void *ctx, int i, char *err) {
+    setup_ctx *x = ctx;
+    return setup_job(x, x->jobs[i], err);
 }
 
 static int64_t free_disk(const char *dir, int64_t override) {
@@ -1208,7 +1225,7 @@ df_status hub_setup(const hub_setup_opts *o, hub_report *rep, char *err) {
     }
     for (int i = 0; i < x.man->n_files; i++) x.jobs[x.n_jobs++] = i;
     double t0 = now_s();
-    st = run_jobs(&x, o->workers, err);
+    st = wq_run(setup_one, &x, x.n_jobs, o->workers, err);
     if (st == DF_OK) {
         double dt = now_s() - t0;
         int64_t got = x.fetched + (x.m ? x.m->fetched : 0);
@@ -1249,41 +1266,17 @@ typedef struct { int sh; int64_t a, b; } piece;
 typedef struct {
     hub_mirror *m;
     piece *p;
-    int n, next;
-    pthread_mutex_t mu;
-    df_status st;
-    char err[DF_ERRMSG];
+    int n;
 } fill_ctx;
 
-static void *fill_worker(void *arg) {
-    fill_ctx *x = arg;
-    for (;;) {
-        pthread_mutex_lock(&x->mu);
-        int j = x->st == DF_OK && x->next < x->n ? x->next++ : -1;
-        pthread_mutex_unlock(&x->mu);
-        if (j < 0) return NULL;
-        char err[DF_ERRMSG];
-        df_status st = mirror_ensure(x->m, &x->m->sh[x->p[j].sh], x->p[j].a, x->p[j].b, err);
-        if (st != DF_OK) {
-            pthread_mutex_lock(&x->mu);
-            if (x->st == DF_OK) { x->st = st; snprintf(x->err, sizeof x->err, "%s", err); }
-            pthread_mutex_unlock(&x->mu);
-        }
-    }
+static df_status fill_one(void *ctx, int i, char *err) {
+    fill_ctx *x = ctx;
+    return mirror_ensure(x->m, &x->m->sh[x->p[i].sh], x->p[i].a, x->p[i].b, err);
 }
 
 /* Fetches the pieces x->p with `workers` threads; the first error. */
 static df_status run_pieces(fill_ctx *x, int workers, char *err) {
-    if (workers < 1) workers = 4;
-    if (workers > 32) workers = 32;
-    pthread_t th[32];
-    int started = 0;
-    for (int i = 0; i < workers && i < x->n; i++)
-        if (pthread_create(&th[i], NULL, fill_worker, x) == 0) started++;
-    if (!started) fill_worker(x);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    if (x->st != DF_OK) return df_fail(err, x->st, "%s", x->err);
-    return DF_OK;
+    return wq_run(fill_one, x, x->n, workers, err);
 }
 
 static int add_piece(fill_ctx *x, int *cap, int sh, int64_t a, int64_t b) {
@@ -1311,7 +1304,6 @@ df_status hub_fill(const char *dir, const hub_client *c, const uint8_t *layers, 
     }
     fill_ctx x = {0};
     x.m = m;
-    pthread_mutex_init(&x.mu, NULL);
     int cap = 0;
     for (int si = 0; st == DF_OK && si < m->n_sh; si++) {
         mshard *s = &m->sh[si];
@@ -1392,7 +1384,6 @@ df_status hub_fill(const char *dir, const hub_client *c, const uint8_t *layers, 
         if (st == DF_OK && changed) st = manifest_save(dir, &m->man, err);
         rep->mode = m->man.mode;
     }
-    pthread_mutex_destroy(&x.mu);
     free(x.p);
     mirror_close(m);
     return st;
@@ -1461,7 +1452,6 @@ df_status hub_warm(const char *dir, const hub_client *c, const hub_rank *r, int 
     int64_t need = 0;
     fill_ctx x = {0};
     x.m = m;
-    pthread_mutex_init(&x.mu, NULL);
     int nidx = 0;
     uref *idx = unit_index(m, &nidx);
     if (!pk || !idx) st = df_fail(err, DF_ERR_NOMEM, "out of memory");
@@ -1539,7 +1529,6 @@ df_status hub_warm(const char *dir, const hub_client *c, const hub_rank *r, int 
         rep->local_expert_bytes = rep->expert_bytes = 0;
         for (int si = 0; si < m->n_sh; si++) expert_bytes(&m->sh[si], &rep->local_expert_bytes, &rep->expert_bytes);
     }
-    pthread_mutex_destroy(&x.mu);
     free(x.p);
     free(pk);
     free(idx);
