@@ -257,13 +257,28 @@ static int64_t spine_bytes(const df_engine *e) {
     return n;
 }
 
-float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
+df_status model_bind_at(df_engine *e, const char *base, const char *leaf, int64_t rows, int64_t cols,
+                        df_weight *w, char *err) {
+    char name[DF_NAME];
+    tname(name, "%s%s", base, leaf);
+    return model_bind(e, name, rows, cols, w, err);
+}
+
+static float *load_values(df_engine *e, const char *name, int64_t n, int flat, df_status *st, char *err) {
     float *v = malloc((size_t)n * sizeof(float));
     if (!v) { *st = df_fail(err, DF_ERR_NOMEM, "out of memory"); return NULL; }
     e->resident_bound += n * (int64_t)sizeof(float);
-    *st = wt_load_vec(e->st, name, n, v, err);
+    *st = flat ? wt_load_flat(e->st, name, n, v, err) : wt_load_vec(e->st, name, n, v, err);
     if (*st != DF_OK) { free(v); return NULL; }
     return v;
+}
+
+float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
+    return load_values(e, name, n, 0, st, err);
+}
+
+float *model_vec_flat(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
+    return load_values(e, name, n, 1, st, err);
 }
 
 df_status model_bind_ends(df_engine *e, df_weight *embed, df_weight *head, float **final_norm, char *err) {

@@ -21,21 +21,6 @@ const char *kda_a_mode_name(kda_a_mode m) {
     return "?";
 }
 
-static df_status bindw(df_engine *e, const char *base, const char *leaf, int64_t rows, int64_t cols,
-                       df_weight *w, char *err) {
-    char name[DF_NAME];
-    tname(name, "%s%s", base, leaf);
-    return model_bind(e, name, rows, cols, w, err);
-}
-
-/* Loads a small f32/bf16 tensor of exactly n elements whatever its shape. */
-static float *load_any(df_engine *e, const char *name, int64_t n, df_status *st, char *err) {
-    float *v = malloc((size_t)n * sizeof(float));
-    if (!v) { *st = df_fail(err, DF_ERR_NOMEM, "out of memory"); return NULL; }
-    if ((*st = wt_load_flat(e->st, name, n, v, err)) != DF_OK) { free(v); return NULL; }
-    return v;
-}
-
 static int64_t numel(const st_tensor *t) {
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
@@ -46,19 +31,19 @@ df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_laye
     memset(k, 0, sizeof *k);
     df_status st;
     int64_t P = (int64_t)sh->H * sh->D;
-    if ((st = bindw(e, base, "q_proj", P, sh->hidden, &k->q, err))) return st;
-    if ((st = bindw(e, base, "k_proj", P, sh->hidden, &k->k, err))) return st;
-    if ((st = bindw(e, base, "v_proj", P, sh->hidden, &k->v, err))) return st;
-    if ((st = bindw(e, base, "f_a_proj", sh->D, sh->hidden, &k->fa, err))) return st;
-    if ((st = bindw(e, base, "f_b_proj", P, sh->D, &k->fb, err))) return st;
-    if ((st = bindw(e, base, "b_proj", sh->H, sh->hidden, &k->b, err))) return st;
+    if ((st = model_bind_at(e, base, "q_proj", P, sh->hidden, &k->q, err))) return st;
+    if ((st = model_bind_at(e, base, "k_proj", P, sh->hidden, &k->k, err))) return st;
+    if ((st = model_bind_at(e, base, "v_proj", P, sh->hidden, &k->v, err))) return st;
+    if ((st = model_bind_at(e, base, "f_a_proj", sh->D, sh->hidden, &k->fa, err))) return st;
+    if ((st = model_bind_at(e, base, "f_b_proj", P, sh->D, &k->fb, err))) return st;
+    if ((st = model_bind_at(e, base, "b_proj", sh->H, sh->hidden, &k->b, err))) return st;
     if (sh->full_rank_gate) {
-        if ((st = bindw(e, base, "g_proj", P, sh->hidden, &k->g, err))) return st;
+        if ((st = model_bind_at(e, base, "g_proj", P, sh->hidden, &k->g, err))) return st;
     } else {
-        if ((st = bindw(e, base, "g_a_proj", sh->D, sh->hidden, &k->ga, err))) return st;
-        if ((st = bindw(e, base, "g_b_proj", P, sh->D, &k->gb, err))) return st;
+        if ((st = model_bind_at(e, base, "g_a_proj", sh->D, sh->hidden, &k->ga, err))) return st;
+        if ((st = model_bind_at(e, base, "g_b_proj", P, sh->D, &k->gb, err))) return st;
     }
-    if ((st = bindw(e, base, "o_proj", sh->hidden, P, &k->o, err))) return st;
+    if ((st = model_bind_at(e, base, "o_proj", sh->hidden, P, &k->o, err))) return st;
     char name[DF_NAME];
     static const char *convs[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
     for (int i = 0; i < 3; i++) {
@@ -67,12 +52,12 @@ df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_laye
         if (t && numel(t) != P * sh->W)
             return df_fail(err, DF_ERR_MISMATCH, "tensor '%s' has %lld values, expected [%lld, 1, %d]",
                            name, (long long)numel(t), (long long)P, sh->W);
-        if (!(k->conv[i] = load_any(e, name, P * sh->W, &st, err))) return st;
+        if (!(k->conv[i] = model_vec_flat(e, name, P * sh->W, &st, err))) return st;
     }
     tname(name, "%sdt_bias", base);
-    if (!(k->dt_bias = load_any(e, name, P, &st, err))) return st;
+    if (!(k->dt_bias = model_vec_flat(e, name, P, &st, err))) return st;
     tname(name, "%so_norm.weight", base);
-    if (!(k->o_norm = load_any(e, name, sh->D, &st, err))) return st;
+    if (!(k->o_norm = model_vec_flat(e, name, sh->D, &st, err))) return st;
     /* A_log: the broadcast follows the shape. [H] and [1,1,H,1] are per head
      * (Moonshot's declaration, fla's indexing); [D] per key channel when
      * D != H; [H*D] or [H, D] per head and channel. */
@@ -87,7 +72,7 @@ df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_laye
         return df_fail(err, DF_ERR_MISMATCH,
                        "tensor '%s' has %lld values; expected %d (per head), %d (per key channel) or %lld",
                        name, (long long)n, sh->H, sh->D, (long long)P);
-    float *raw = load_any(e, name, n, &st, err);
+    float *raw = model_vec_flat(e, name, n, &st, err);
     if (!raw) return st;
     k->a = malloc((size_t)P * sizeof(float));
     if (!k->a) { free(raw); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }

@@ -13,20 +13,10 @@
 
 /* ---- binding ---- */
 
-static df_status bind(df_engine *e, const char *base, const char *leaf, int64_t rows, int64_t cols,
-                      df_weight *w, char *err) {
-    char name[DF_NAME];
-    tname(name, "%s%s", base, leaf);
-    return model_bind(e, name, rows, cols, w, err);
-}
-
 static float *vec(df_engine *e, const char *base, const char *leaf, int64_t n, df_status *st, char *err) {
     char name[DF_NAME];
     tname(name, "%s%s", base, leaf);
-    float *v = malloc((size_t)n * sizeof(float));
-    if (!v) { *st = df_fail(err, DF_ERR_NOMEM, "out of memory"); return NULL; }
-    if ((*st = wt_load_vec(e->st, name, n, v, err)) != DF_OK) { free(v); return NULL; }
-    return v;
+    return model_vec(e, name, n, st, err);
 }
 
 df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate, mla_layer *a,
@@ -35,17 +25,17 @@ df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate
     memset(a, 0, sizeof *a);
     int64_t qdim = (int64_t)sh->nh * sh->dq;
     if (sh->qlr > 0) {
-        if ((st = bind(e, base, "q_a_proj", sh->qlr, sh->hidden, &a->q_a, err))) return st;
+        if ((st = model_bind_at(e, base, "q_a_proj", sh->qlr, sh->hidden, &a->q_a, err))) return st;
         if (!(a->q_a_norm = vec(e, base, "q_a_layernorm.weight", sh->qlr, &st, err))) return st;
-        if ((st = bind(e, base, "q_b_proj", qdim, sh->qlr, &a->q_b, err))) return st;
-    } else if ((st = bind(e, base, "q_proj", qdim, sh->hidden, &a->q, err))) return st;
-    if ((st = bind(e, base, "kv_a_proj_with_mqa", sh->R + sh->dr, sh->hidden, &a->kv_a, err))) return st;
+        if ((st = model_bind_at(e, base, "q_b_proj", qdim, sh->qlr, &a->q_b, err))) return st;
+    } else if ((st = model_bind_at(e, base, "q_proj", qdim, sh->hidden, &a->q, err))) return st;
+    if ((st = model_bind_at(e, base, "kv_a_proj_with_mqa", sh->R + sh->dr, sh->hidden, &a->kv_a, err))) return st;
     if (!(a->kv_a_norm = vec(e, base, "kv_a_layernorm.weight", sh->R, &st, err))) return st;
-    if ((st = bind(e, base, "kv_b_proj", (int64_t)sh->nh * (sh->dn + sh->dv), sh->R, &a->kv_b, err))) return st;
-    if ((st = bind(e, base, "o_proj", sh->hidden, (int64_t)sh->nh * sh->dv, &a->o, err))) return st;
+    if ((st = model_bind_at(e, base, "kv_b_proj", (int64_t)sh->nh * (sh->dn + sh->dv), sh->R, &a->kv_b, err))) return st;
+    if ((st = model_bind_at(e, base, "o_proj", sh->hidden, (int64_t)sh->nh * sh->dv, &a->o, err))) return st;
     if (gate) {
         a->has_gate = 1;
-        if ((st = bind(e, base, "g_proj", (int64_t)sh->nh * sh->dv, sh->hidden, &a->g, err))) return st;
+        if ((st = model_bind_at(e, base, "g_proj", (int64_t)sh->nh * sh->dv, sh->hidden, &a->g, err))) return st;
     }
     return DF_OK;
 }

@@ -84,8 +84,13 @@ df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int6
 /* Before computing layer group g (layers 0..L-1, the head is L): makes its
  * streamed weights valid. DF_OK at once when the spine is resident. */
 df_status model_enter(df_engine *e, int group, char *err);
-/* A 1-D vector of n values as f32 (malloc'd); NULL with *st set on error. */
+/* model_bind of the matrix named base + leaf. */
+df_status model_bind_at(df_engine *e, const char *base, const char *leaf, int64_t rows, int64_t cols,
+                        df_weight *w, char *err);
+/* A 1-D vector of n values as f32 (malloc'd); NULL with *st set on error.
+ * model_vec_flat takes any shape holding n values (conv weights [C, 1, W]). */
 float *model_vec(df_engine *e, const char *name, int64_t n, df_status *st, char *err);
+float *model_vec_flat(df_engine *e, const char *name, int64_t n, df_status *st, char *err);
 /* Binds the ends of the decoder: embedding (resident; read a row at a time),
  * lm_head (the embedding when tied; else the last streamed group) and the
  * final norm (f32 copy, malloc'd into *final_norm). */
