@@ -36,6 +36,10 @@ typedef struct df_io {
     /* One completion: 1 with *tag and *res, 0 if none is ready and block is
      * 0, or a negative errno (-EINTR: call again). */
     int (*ring_wait)(df_ring *ring, int block, uint64_t *tag, int *res);
+    /* 1 when the table itself writes into the files it serves (a stream-mode
+     * mirror filling holes): their modification time says nothing about a
+     * change from outside. */
+    int fills_in_place;
 } df_io;
 
 const df_io *df_io_default(void);

@@ -580,9 +580,9 @@ df_status xs_check_files(const xs_store *x, char *err) {
         int64_t sz = -1;
         struct stat sb;
         int changed = x->io->fsize(x->fd_buf[i], &sz) != 0 || sz != x->fsize[i];
-        /* the modification time is only trusted with the plain POSIX table: an
-         * I/O table of its own (a stream-mode mirror) fills holes in place */
-        if (!changed && x->io == df_io_default() && fstat(x->fd_buf[i], &sb) == 0)
+        /* a table that fills holes in place (a stream mirror) changes the
+         * modification time itself: then only the size is checked */
+        if (!changed && !x->io->fills_in_place && fstat(x->fd_buf[i], &sb) == 0)
             changed = sb.st_mtim.tv_sec != x->mtime[i].tv_sec || sb.st_mtim.tv_nsec != x->mtime[i].tv_nsec;
         if (changed)
             return df_fail(err, DF_ERR_IO,

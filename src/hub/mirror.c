@@ -1760,6 +1760,7 @@ df_status df_hub_stream_open(const char *dir, const char *endpoint, const char *
         g_io.pread = s_pread;
         g_io.ring_open = NULL; g_io.ring_close = NULL; g_io.ring_read = NULL;
         g_io.ring_submit = NULL; g_io.ring_wait = NULL;
+        g_io.fills_in_place = 1;
     }
     pthread_mutex_unlock(&g_mu);
     if (slot < 0) { mirror_close(m); return df_fail(err, DF_ERR_ARG, "more than %d stream mirrors open", MAX_MIRRORS); }
