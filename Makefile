@@ -100,20 +100,19 @@ CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matvec.o \
                kernels/matvec_avx2.o kernels/matvec_avx512.o kernels/ops.o)
 
-CUDA_LIBDIR := $(dir $(NVCC))../lib64
 CUDA_CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/cuda-cli/%.o)
 
 cuda: $(BUILD)/libdeltafin_cuda.a $(BUILD)/run_cuda_tests $(BUILD)/cuda_bench $(BUILD)/deltafin-cuda
 
 # The CLI again with -DDF_WITH_CUDA (--device auto|cpu|cuda, --gpu-mem), linked
-# with the CUDA backend; build/deltafin itself never needs CUDA.
+# with the CUDA backend by nvcc, which finds its own (static) cudart wherever the
+# toolkit lives, symlinked nvcc included; build/deltafin itself never needs CUDA.
 $(BUILD)/cuda-cli/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DDF_WITH_CUDA -MMD -MP -c $< -o $@
 
 $(BUILD)/deltafin-cuda: $(CUDA_CLI_OBJ) $(BUILD)/libdeltafin.a $(BUILD)/libdeltafin_cuda.a
-	$(CC) $(LDFLAGS) -pthread -o $@ $(CUDA_CLI_OBJ) $(BUILD)/libdeltafin.a $(BUILD)/libdeltafin_cuda.a \
-	    -L$(CUDA_LIBDIR) -Wl,-rpath,$(abspath $(CUDA_LIBDIR)) -lcudart -lstdc++ $(LDLIBS)
+	$(NVCC) $(CUDA_ARCH) -o $@ $(CUDA_CLI_OBJ) $(BUILD)/libdeltafin.a $(BUILD)/libdeltafin_cuda.a $(LDLIBS)
 
 $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.h)
 	@mkdir -p $(dir $@)
