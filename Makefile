@@ -94,7 +94,8 @@ check-warnings:
 # link the CPU scalar kernels (their oracle) from the objects below.
 NVCC      ?= $(or $(shell command -v nvcc 2>/dev/null),/usr/local/cuda/bin/nvcc)
 CUDA_ARCH := -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVFLAGS   := -O3 -std=c++17 $(CUDA_ARCH) -Iinclude -lineinfo -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+GPU_DEFS  ?=
+NVFLAGS   := -O3 -std=c++17 $(CUDA_ARCH) -Iinclude -lineinfo -Xcompiler -Wall,-Wextra,-Wno-unused-parameter $(GPU_DEFS)
 CUDA_SRC  := $(sort $(wildcard src/cuda/*.cu))
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matvec.o \

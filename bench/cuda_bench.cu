@@ -229,6 +229,18 @@ kernels:
                (long long)rows, bytes / 1e9, bytes / t1 / 1e9, 100 * bytes / t1 / 1e9 / copy_gbps,
                100 * bytes / t1 / 1e9 / read_gbps, bytes / t8 / 1e9, fl * 8 / t8 / 1e12,
                bytes / t64 / 1e9, fl * 64 / t64 / 1e12);
+        if (gpu_matmul_tc_takes(&g)) { /* the tensor-core path on the same matrix */
+            gpu_ws ws = {NULL, 0};
+            double c1 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 1, dY, rows, 0, rows, &ws, NULL)); }, 3, 21);
+            double c4 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 4, dY, rows, 0, rows, &ws, NULL)); }, 1, 7);
+            double c8 = quick ? 1 : time_it([&] { DK(gpu_matmul_tc(&g, dX, 8, dY, rows, 0, rows, &ws, NULL)); }, 1, 5);
+            double c64 = quick ? 1 : time_it([&] { DK(gpu_matmul_tc(&g, dX, 64, dY, rows, 0, rows, &ws, NULL)); }, 1, 3);
+            printf("%-10s %9lld %9.3f | %9.1f %5.1f%% %5.1f%% | %9.1f %8.2f | %9.1f %8.2f   (tensor cores; n=4: %.1f GB/s)\n",
+                   "mxfp4-tc", (long long)rows, bytes / 1e9, bytes / c1 / 1e9, 100 * bytes / c1 / 1e9 / copy_gbps,
+                   100 * bytes / c1 / 1e9 / read_gbps, bytes / c8 / 1e9, fl * 8 / c8 / 1e12, bytes / c64 / 1e9,
+                   fl * 64 / c64 / 1e12, bytes / c4 / 1e9);
+            gpu_ws_free(&ws);
+        }
         CK(cudaFree(dY));
         gpu_weight_free(&g);
     }
@@ -249,6 +261,19 @@ kernels:
     gpu_act act = {1, 10.0f, 10.0f};
     printf("\nexpert MXFP4 %dx%d (%.2f MB), %d distinct experts per pass (%.2f GB)\n", HID, INTER,
            ebytes / 1e6, NE, ebytes * NE / 1e9);
+    { /* one expert's products one by one at n = 1: CUDA cores vs tensor cores */
+        gpu_ws ws = {NULL, 0};
+        double tg = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matvec(&eg[e], dX, dH, NULL)); }, 2, 9);
+        double tgc = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matmul_tc(&eg[e], dX, 1, dH, INTER, 0, INTER, &ws, NULL)); }, 2, 9);
+        double td = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matvec(&ed[e], dX, dO, NULL)); }, 2, 9);
+        double tdc = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matmul_tc(&ed[e], dX, 1, dO, HID, 0, HID, &ws, NULL)); }, 2, 9);
+        double mb = ebytes / 3;
+        printf("  gate %dx%d n=1: cuda cores %6.1f us (%6.1f GB/s), tensor cores %6.1f us (%6.1f GB/s)\n", INTER, HID,
+               tg / NE * 1e6, mb * NE / tg / 1e9, tgc / NE * 1e6, mb * NE / tgc / 1e9);
+        printf("  down %dx%d n=1: cuda cores %6.1f us (%6.1f GB/s), tensor cores %6.1f us (%6.1f GB/s)\n", HID, INTER,
+               td / NE * 1e6, mb * NE / td / 1e9, tdc / NE * 1e6, mb * NE / tdc / 1e9);
+        gpu_ws_free(&ws);
+    }
     const int ens[] = {1, 4, 16};
     for (int n : ens) {
         double te = time_it([&] {

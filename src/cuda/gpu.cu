@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "gpu.h"
+#include "gpu_internal.h"
 
 /* ---- 1. errors, probe ------------------------------------------------------- */
 
@@ -55,13 +56,14 @@ static df_status fail(char *err, df_status st, const char *fmt, ...) {
     return st;
 }
 
-/* Maps a CUDA error to a status, remembering its text. */
-static df_status cuda_status(cudaError_t e, const char *what) {
+/* Maps a CUDA error to a status, remembering its text (gpu_internal.h). */
+df_status gpu_cuda_status(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return DF_OK;
     snprintf(last_err, sizeof last_err, "%s: %s", what, cudaGetErrorString(e));
     return e == cudaErrorMemoryAllocation ? DF_ERR_NOMEM : DF_ERR_IO;
 }
 
+static df_status cuda_status(cudaError_t e, const char *what) { return gpu_cuda_status(e, what); }
 static df_status launched(const char *what) { return cuda_status(cudaGetLastError(), what); }
 
 extern "C" int gpu_probe(char *why, size_t cap) {
@@ -185,6 +187,28 @@ extern "C" void gpu_weight_free(gpu_weight *g) {
     cudaFree(g->data);
     cudaFree(g->scale);
     memset(g, 0, sizeof *g);
+}
+
+extern "C" int gpu_weight_fits(const df_weight *w, const gpu_weight *g) {
+    int64_t d, s;
+    if (!w || !g || !g->data || gpu_weight_check(w, NULL) != DF_OK) return 0;
+    sizes(w, &d, &s);
+    return d == g->data_bytes && s == g->scale_bytes;
+}
+
+extern "C" df_status gpu_weight_refill(const df_weight *w, gpu_weight *g, char *err) {
+    if (!gpu_weight_fits(w, g)) return fail(err, DF_ERR_ARG, "gpu: refill with a matrix of another size");
+    g->type = w->type;
+    g->rows = w->rows;
+    g->cols = w->cols;
+    g->scale_dtype = w->scale_dtype;
+    g->block_rows = w->block_rows;
+    g->block_cols = w->block_cols;
+    cudaError_t e = cudaMemcpy(g->data, w->data, (size_t)g->data_bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess && g->scale_bytes)
+        e = cudaMemcpy(g->scale, w->scale, (size_t)g->scale_bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return fail(err, cuda_status(e, "cudaMemcpy"), "gpu: upload failed: %s", cudaGetErrorString(e));
+    return DF_OK;
 }
 
 extern "C" df_status gpu_weight_upload(const df_weight *w, gpu_weight *g, char *err) {

@@ -77,6 +77,11 @@ df_status gpu_weight_alloc(const df_weight *shape, gpu_weight *g, char *err);
 /* gpu_weight_alloc + copies w's bytes (synchronous). On error *g is zeroed. */
 df_status gpu_weight_upload(const df_weight *w, gpu_weight *g, char *err);
 void gpu_weight_free(gpu_weight *g); /* NULL-safe; leaves *g zeroed */
+/* 1 if w's data and scale need exactly g's allocation sizes. */
+int gpu_weight_fits(const df_weight *w, const gpu_weight *g);
+/* Copies w into g's existing allocation (gpu_weight_fits), taking w's shape
+ * fields (synchronous). On error g keeps its memory, contents undefined. */
+df_status gpu_weight_refill(const df_weight *w, gpu_weight *g, char *err);
 
 /* ---- matvec / matmul ---- */
 
@@ -86,6 +91,28 @@ void gpu_weight_free(gpu_weight *g); /* NULL-safe; leaves *g zeroed */
 df_status gpu_matmul(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy,
                      int64_t row0, int64_t row1, void *stream);
 df_status gpu_matvec(const gpu_weight *w, const float *x, float *y, void *stream);
+
+/* ---- tensor-core MXFP4 matmul (gpu_mma.cu) ---- */
+
+/* Device scratch owned by the caller (one per stream), grown on demand;
+ * zero-initialise, release with gpu_ws_free. */
+typedef struct {
+    void *buf;
+    size_t cap;
+} gpu_ws;
+void gpu_ws_free(gpu_ws *ws); /* NULL-safe; leaves it empty */
+
+/* 1 if gpu_matmul_tc runs w on the tensor cores (MXFP4), else 0. */
+int gpu_matmul_tc_takes(const gpu_weight *w);
+/* gpu_matmul's contract, with MXFP4 on the tensor cores: exact weights,
+ * x as f16 hi + lo (22 bits) under a per-vector power-of-two scale, fp32
+ * block scales and sums. Error bound (gpu_mma.cu):
+ *   (cols + 64) 2^-24 sum|w x| + 2^-21 sum|w x| + 2^-38 max|x| sum|w|.
+ * Row i is bit-equal to the matvec of vector i; one-hot x is exact. Other
+ * types go to gpu_matmul. Asynchronous on stream; ws must not be shared by
+ * two streams at once. */
+df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                        int64_t row0, int64_t row1, gpu_ws *ws, void *stream);
 
 /* ---- activations, norms ---- */
 

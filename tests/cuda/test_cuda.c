@@ -12,6 +12,9 @@
  *    twice that. Row i of gpu_matmul bit-equal to gpu_matvec of vector i, a
  *    sub-range of rows bit-equal to the full range, and one-hot vectors
  *    reproduce kn_dequant_row bit for bit (edge scales included).
+ *  - the tensor-core MXFP4 path (gpu_matmul_tc): the same checks with its
+ *    own bound, (cols + 64) 2^-24 sum|w x| + 2^-21 sum|w x| + 2^-38 max|x|
+ *    sum|w| (x split into f16 hi + lo), also for x spanning 1e-30 .. 1e4.
  *  - fused expert vs kn_matmul (scalar) + the ffn.c activation on the CPU:
  *    ||gpu - cpu|| / ||cpu|| <= 1e-5 per token vector.
  *  - RMSNorm vs op_rmsnorm: |d| <= 2^-22 |ref| per element.
@@ -135,8 +138,15 @@ static void hmat_make(hmat *m, wt_type t, int64_t rows, int64_t cols, st_dtype s
 
 enum { NMAX = 64 };
 
-static void check_type(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, const char *tag) {
+/* The product under test: gpu_matmul, or gpu_matmul_tc when ws is set. */
+static df_status mm(gpu_ws *ws, const gpu_weight *g, const float *dX, int n, float *dY, int64_t ldy,
+                    int64_t r0, int64_t r1) {
+    return ws ? gpu_matmul_tc(g, dX, n, dY, ldy, r0, r1, ws, NULL) : gpu_matmul(g, dX, n, dY, ldy, r0, r1, NULL);
+}
+
+static void check_kernel(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, const char *tag, int tc) {
     if (!need_gpu()) return;
+    gpu_ws wsv = {0}, *ws = tc ? &wsv : NULL;
     uint64_t s = seed_of(tag);
     hmat m;
     hmat_make(&m, t, rows, cols, sdt, s);
@@ -159,7 +169,7 @@ static void check_type(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, cons
     /* reference matvec of every vector, one launch each */
     for (int i = 0; i < NMAX; i++) {
         REQUIRE(gpu_fill(dY, 0xff, (size_t)rows * 4) == DF_OK);
-        REQUIRE(gpu_matmul(&g, dX + i * cols, 1, dY, rows, 0, rows, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(mm(ws, &g, dX + i * cols, 1, dY, rows, 0, rows) == DF_OK, "%s", gpu_last_error());
         REQUIRE(gpu_get(Yv + i * rows, dY, (size_t)rows * 4) == DF_OK, "%s", gpu_last_error());
     }
     kn_matmul(KN_SCALAR, w, X, NMAX, Ys, rows, 0, rows);
@@ -168,13 +178,16 @@ static void check_type(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, cons
     int bad = 0;
     for (int i = 0; i < NMAX && bad < 5; i++)
         for (int64_t r = 0; r < rows && bad < 5; r++) {
-            double ex = 0, mag = 0;
+            double ex = 0, mag = 0, wsum = 0, xmax = 0;
             for (int64_t c = 0; c < cols; c++) {
                 double p = (double)deq[r * cols + c] * X[i * cols + c];
                 ex += p;
                 mag += fabs(p);
+                wsum += fabs(deq[r * cols + c]);
+                if (fabs(X[i * cols + c]) > xmax) xmax = fabs(X[i * cols + c]);
             }
             double bound = (double)(cols + 2) * 0x1p-24 * mag;
+            if (tc) bound = (double)(cols + 64) * 0x1p-24 * mag + 0x1p-21 * mag + 0x1p-38 * xmax * wsum;
             double y = Yv[i * rows + r];
             double e1 = fabs(y - ex), e2 = fabs(y - Ys[i * rows + r]);
             if (!(e1 <= bound) || !(e2 <= 2 * bound)) {
@@ -193,7 +206,7 @@ static void check_type(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, cons
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         int n = ns[k];
         REQUIRE(gpu_fill(dY, 0xff, (size_t)(n * rows) * 4) == DF_OK);
-        REQUIRE(gpu_matmul(&g, dX, n, dY, rows, 0, rows, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(mm(ws, &g, dX, n, dY, rows, 0, rows) == DF_OK, "%s", gpu_last_error());
         REQUIRE(gpu_get(Y, dY, (size_t)(n * rows) * 4) == DF_OK, "%s", gpu_last_error());
         CHECK(memcmp(Y, Yv, (size_t)(n * rows) * 4) == 0, "%s: matmul n=%d differs from matvec", tag, n);
     }
@@ -202,7 +215,7 @@ static void check_type(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, cons
         int64_t r0 = rows / 7, r1 = rows - rows / 5, ldy = rows + 3;
         int n = 3;
         REQUIRE(gpu_fill(dY, 0xff, (size_t)(n * ldy) * 4) == DF_OK);
-        REQUIRE(gpu_matmul(&g, dX, n, dY, ldy, r0, r1, NULL) == DF_OK);
+        REQUIRE(mm(ws, &g, dX, n, dY, ldy, r0, r1) == DF_OK);
         REQUIRE(gpu_get(Y, dY, (size_t)(n * ldy) * 4) == DF_OK);
         for (int i = 0; i < n; i++)
             CHECK(memcmp(Y + i * ldy, Yv + i * rows + r0, (size_t)(r1 - r0) * 4) == 0,
@@ -220,7 +233,7 @@ static void check_type(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, cons
         }
         REQUIRE(gpu_put(dX, X, (size_t)(n * cols) * 4) == DF_OK);
         REQUIRE(gpu_fill(dY, 0xff, (size_t)(n * rows) * 4) == DF_OK);
-        REQUIRE(gpu_matmul(&g, dX, n, dY, rows, 0, rows, NULL) == DF_OK);
+        REQUIRE(mm(ws, &g, dX, n, dY, rows, 0, rows) == DF_OK);
         REQUIRE(gpu_get(Y, dY, (size_t)(n * rows) * 4) == DF_OK);
         int wrong = 0;
         for (int i = 0; i < n; i++)
@@ -237,7 +250,12 @@ static void check_type(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, cons
     gpu_free(dY);
     free(deq); free(X); free(Y); free(Yv); free(Ys);
     gpu_weight_free(&g);
+    gpu_ws_free(ws);
     hmat_free(&m);
+}
+
+static void check_type(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, const char *tag) {
+    check_kernel(t, sdt, rows, cols, tag, 0);
 }
 
 TEST(cuda_matvec_bf16) { check_type(WT_BF16, DT_UNKNOWN, 301, 1000, "bf16"); }
@@ -253,10 +271,63 @@ TEST(cuda_matvec_tall_fp8) { check_type(WT_FP8_BLOCK, DT_UNKNOWN, 16395, 160, "f
 TEST(cuda_matvec_tall_int4) { check_type(WT_INT4_G32, DT_BF16, 16397, 96, "int4-tall"); }
 TEST(cuda_matvec_tall_mxfp4) { check_type(WT_MXFP4, DT_UNKNOWN, 16389, 128, "mxfp4-tall"); }
 
-/* e8m0 edges (2^-127, 2^-126, 2^0, 2^127) and every e2m1 code, one-hot
- * decoded; then a NaN scale (255) makes its whole row NaN, as kn_matvec. */
-TEST(cuda_mxfp4_edge_scales) {
+/* the tensor-core MXFP4 path: same checks, its own bound (gpu.h) */
+TEST(cuda_tc_mxfp4) { check_kernel(WT_MXFP4, DT_UNKNOWN, 263, 2144, "tc-mxfp4", 1); }
+TEST(cuda_tc_mxfp4_wide) { check_kernel(WT_MXFP4, DT_UNKNOWN, 67, 7168, "tc-mxfp4-7168", 1); }
+TEST(cuda_tc_mxfp4_tall) { check_kernel(WT_MXFP4, DT_UNKNOWN, 16389, 128, "tc-mxfp4-tall", 1); }
+TEST(cuda_tc_mxfp4_narrow) { check_kernel(WT_MXFP4, DT_UNKNOWN, 40, 32, "tc-mxfp4-32", 1); }
+/* other types pass through gpu_matmul_tc to gpu_matmul unchanged */
+TEST(cuda_tc_passthrough_bf16) { check_kernel(WT_BF16, DT_UNKNOWN, 301, 1000, "tc-bf16", 1); }
+
+/* x with a huge dynamic range (1e-30 .. 1e4, and exact zeros): the split's
+ * per-vector scale keeps the tensor-core path within its bound. */
+TEST(cuda_tc_mxfp4_range) {
     if (!need_gpu()) return;
+    enum { R = 97, C = 4096 };
+    uint64_t s = seed_of("tc-range");
+    hmat m;
+    hmat_make(&m, WT_MXFP4, R, C, DT_UNKNOWN, s);
+    gpu_weight g;
+    char err[DF_ERRMSG] = "";
+    REQUIRE(gpu_weight_upload(&m.w, &g, err) == DF_OK, "%s", err);
+    static float x[C], deq[C], y[R];
+    for (int c = 0; c < C; c++) {
+        double e = (double)(rng_next(&s) % 34) - 30.0; /* 1e-30 .. 1e3 */
+        x[c] = c % 17 == 0 ? 0.0f : (float)(frand(&s) * pow(10.0, e));
+    }
+    x[5] = 12345.0f;
+    float *dX = gpu_malloc(sizeof x), *dY = gpu_malloc(sizeof y);
+    gpu_ws ws = {0};
+    REQUIRE(dX && dY && gpu_put(dX, x, sizeof x) == DF_OK);
+    REQUIRE(gpu_matmul_tc(&g, dX, 1, dY, R, 0, R, &ws, NULL) == DF_OK, "%s", gpu_last_error());
+    REQUIRE(gpu_get(y, dY, sizeof y) == DF_OK);
+    double worst = 0;
+    for (int r = 0; r < R; r++) {
+        kn_dequant_row(&m.w, r, deq);
+        double ex = 0, mag = 0, wsum = 0;
+        for (int c = 0; c < C; c++) {
+            ex += (double)deq[c] * x[c];
+            mag += fabs((double)deq[c] * x[c]);
+            wsum += fabs(deq[c]);
+        }
+        double bound = (C + 64) * 0x1p-24 * mag + 0x1p-21 * mag + 0x1p-38 * 12345.0 * wsum;
+        CHECK(fabs(y[r] - ex) <= bound, "row %d: tc %.9g exact %.9g bound %.3g", r, y[r], ex, bound);
+        if (bound > 0 && fabs(y[r] - ex) / bound > worst) worst = fabs(y[r] - ex) / bound;
+    }
+    fprintf(stderr, "[worst %.3f of the bound] ", worst);
+    gpu_ws_free(&ws);
+    gpu_free(dX);
+    gpu_free(dY);
+    gpu_weight_free(&g);
+    hmat_free(&m);
+}
+
+/* e8m0 edges (2^-127, 2^-126, 2^0, 2^127) and every e2m1 code, one-hot
+ * decoded; then a NaN scale (255) makes its whole row NaN, as kn_matvec.
+ * Both the CUDA-core and the tensor-core paths. */
+static void check_edge_scales(int tc) {
+    if (!need_gpu()) return;
+    gpu_ws wsv = {0}, *ws = tc ? &wsv : NULL;
     enum { R = 4, C = 64 };
     uint8_t data[R * C / 2], sc[R * C / 32];
     for (int i = 0; i < R * C / 2; i++) data[i] = (uint8_t)(i * 37 + 11);
@@ -272,7 +343,7 @@ TEST(cuda_mxfp4_edge_scales) {
     float *dX = gpu_malloc(sizeof X), *dY = gpu_malloc(sizeof Y);
     REQUIRE(dX && dY);
     REQUIRE(gpu_put(dX, X, sizeof X) == DF_OK);
-    REQUIRE(gpu_matmul(&g, dX, C, dY, R, 0, R, NULL) == DF_OK);
+    REQUIRE(mm(ws, &g, dX, C, dY, R, 0, R) == DF_OK);
     REQUIRE(gpu_get(Y, dY, sizeof Y) == DF_OK);
     for (int r = 0; r < R; r++) {
         kn_dequant_row(&w, r, deq);
@@ -289,7 +360,7 @@ TEST(cuda_mxfp4_edge_scales) {
     float x[C], ys[R];
     for (int c = 0; c < C; c++) x[c] = 0.25f * (float)(c % 7) - 0.5f;
     REQUIRE(gpu_put(dX, x, sizeof x) == DF_OK);
-    REQUIRE(gpu_matvec(&g, dX, dY, NULL) == DF_OK);
+    REQUIRE(mm(ws, &g, dX, 1, dY, R, 0, R) == DF_OK);
     REQUIRE(gpu_get(Y, dY, R * sizeof(float)) == DF_OK);
     kn_matvec(KN_SCALAR, &w, x, ys, 0, R);
     for (int r = 0; r < R; r++)
@@ -297,6 +368,40 @@ TEST(cuda_mxfp4_edge_scales) {
     gpu_free(dX);
     gpu_free(dY);
     gpu_weight_free(&g);
+    gpu_ws_free(ws);
+}
+TEST(cuda_mxfp4_edge_scales) { check_edge_scales(0); }
+TEST(cuda_tc_mxfp4_edge_scales) { check_edge_scales(1); }
+
+/* A device copy refilled with another matrix of the same size computes
+ * exactly what a fresh upload of that matrix does; other sizes are refused. */
+TEST(cuda_weight_refill) {
+    if (!need_gpu()) return;
+    hmat a, b, c;
+    hmat_make(&a, WT_MXFP4, 96, 256, DT_UNKNOWN, seed_of("refill-a"));
+    hmat_make(&b, WT_MXFP4, 96, 256, DT_UNKNOWN, seed_of("refill-b"));
+    hmat_make(&c, WT_MXFP4, 64, 256, DT_UNKNOWN, seed_of("refill-c"));
+    gpu_weight ga, gb;
+    char err[DF_ERRMSG] = "";
+    REQUIRE(gpu_weight_upload(&a.w, &ga, err) == DF_OK && gpu_weight_upload(&b.w, &gb, err) == DF_OK, "%s", err);
+    CHECK(gpu_weight_fits(&b.w, &ga) && !gpu_weight_fits(&c.w, &ga));
+    CHECK(gpu_weight_refill(&c.w, &ga, err) == DF_ERR_ARG);
+    REQUIRE(gpu_weight_refill(&b.w, &ga, err) == DF_OK, "%s", err);
+    static float x[256], y1[96], y2[96];
+    uint64_t s = seed_of("refill-x");
+    for (int i = 0; i < 256; i++) x[i] = frand(&s);
+    float *dX = gpu_malloc(sizeof x), *dY = gpu_malloc(2 * sizeof y1);
+    REQUIRE(dX && dY && gpu_put(dX, x, sizeof x) == DF_OK);
+    REQUIRE(gpu_matvec(&ga, dX, dY, NULL) == DF_OK && gpu_matvec(&gb, dX, dY + 96, NULL) == DF_OK);
+    REQUIRE(gpu_get(y1, dY, sizeof y1) == DF_OK && gpu_get(y2, dY + 96, sizeof y2) == DF_OK);
+    CHECK(memcmp(y1, y2, sizeof y1) == 0, "refilled copy differs from a fresh upload");
+    gpu_free(dX);
+    gpu_free(dY);
+    gpu_weight_free(&ga);
+    gpu_weight_free(&gb);
+    hmat_free(&a);
+    hmat_free(&b);
+    hmat_free(&c);
 }
 
 TEST(cuda_weight_refused) {

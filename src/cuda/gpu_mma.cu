@@ -1,0 +1,320 @@
+/* gpu_mma.cu — MXFP4 matmul on the tensor cores (gpu_matmul_tc, gpu.h).
+ *
+ * Owns: the activation split kernel (x -> f16 hi + lo, per-vector power-of-
+ * two scale), the mma.sync MXFP4 kernel, and the caller-owned workspace.
+ * Refuses: other weight types (they go to gpu_matmul), placement policy.
+ *
+ * Why: the CUDA-core kernel (gpu.cu) spends ~4 instructions per 4-bit value
+ * (decode, f16->f32 conversion, FFMA) and reaches only ~40% of the copy
+ * bandwidth. Here the products run on the tensor cores, leaving the decode.
+ *
+ * Exactness. Every e2m1 code is exact in f16; the e8m0 scale stays fp32 and
+ * is applied per 32-value block after the mma. x is scaled by 2^k (k per
+ * vector, so max|x| 2^k lies in [2^14, 2^15)) and split into f16 hi =
+ * rn(x 2^k) and lo = rn(x 2^k - hi): hi + lo carries 22 bits of x, so
+ *   |y - exact| <= (cols + 64) 2^-24 sum|w x| + 2^-21 sum|w x|
+ *                  + 2^-38 max|x| sum|w|
+ * (f32 products and tensor-core sums, the split, and the f16 subnormal
+ * floor of lo). Results do not depend on n, on the row range or on timing
+ * (fixed order everywhere), so row i of a matmul is bit-equal to the matvec
+ * of vector i. One-hot x decodes the weights exactly.
+ *
+ * Work layout. A block of KS warps owns a tile of 16 rows; warp w takes the
+ * groups of four 32-value blocks m = w, w + KS, ... of those rows (64 bytes
+ * a row: whole sectors), copied global -> shared by cp.async through P
+ * stages per warp, and the KS partial sums meet in shared memory in warp
+ * order. Per block b one warp issues two
+ * m16n8k16 mma (k = 2 x 16 values of the block) with
+ *   A = 16 rows x 16 codes (lane g,t decodes 4 bytes of rows g and g + 8:
+ *       the u32 at byte 4t of the block holds codes 8t .. 8t+7),
+ *   B = 16 codes x 8 columns: column 2v = hi of vector v, 2v + 1 = lo,
+ * and the k order inside a block is permuted (codes j and j + 4 of a lane's
+ * u32 share one f16x2 register), with x stored in the same order by the
+ * split kernel, so the permutation cancels.
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "gpu.h"
+#include "gpu_internal.h"
+
+#ifndef GPU_TC_SUBNORMAL
+#define GPU_TC_SUBNORMAL 1 /* 0: scale the e2m1 codes out of the f16 subnormals (HMUL2) */
+#endif
+
+namespace {
+
+enum { TC_VEC = 4 }; /* vectors per pass: 8 mma columns = 4 x (hi, lo) */
+/* From this many rows on, 4 warps per row tile (enough tiles to fill the
+ * device); below, 8 warps share a tile (an expert's 1536 rows make only 96). */
+enum { TC_WIDE_ROWS = 16 * 132 * 4 };
+
+/* ws layout: xb [nblk][8 columns][4 lanes] uint4, then inv [TC_VEC] floats. */
+size_t ws_bytes(int64_t cols) { return (size_t)(cols / 32) * 8 * 4 * 16 + TC_VEC * sizeof(float); }
+
+/* One block per vector: k from max|x|, then hi/lo in mma order. */
+__global__ void __launch_bounds__(256) k_xsplit(const float *__restrict__ X, int64_t cols, uint4 *xb,
+                                                float *inv) {
+    __shared__ float red[256];
+    const int v = blockIdx.x;
+    const float *x = X + (int64_t)v * cols;
+    float m = 0.0f;
+    for (int64_t i = threadIdx.x; i < cols; i += 256) m = fmaxf(m, fabsf(x[i]));
+    red[threadIdx.x] = m;
+    __syncthreads();
+    for (int h = 128; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + h]);
+        __syncthreads();
+    }
+    m = red[0];
+    /* 2^k with max 2^k in [2^14, 2^15); k = 0 for zero, inf or NaN input */
+    int k = (m > 0.0f && m <= 3.4e38f) ? 14 - ilogbf(m) : 0;
+    if (threadIdx.x == 0) inv[v] = ldexpf(1.0f, -k);
+    const int64_t nq = cols / 8; /* one uint4 per (8 values, hi or lo) */
+    for (int64_t q = threadIdx.x; q < nq; q += 256) {
+        const int64_t b = q >> 2;
+        const int t = (int)(q & 3);
+        const float *s = x + b * 32 + t * 8;
+        uint32_t hw[4], lw[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float a = ldexpf(s[j], k), c = ldexpf(s[j + 4], k);
+            __half ah = __float2half_rn(a), ch = __float2half_rn(c);
+            __half al = __float2half_rn(a - __half2float(ah)), cl = __float2half_rn(c - __half2float(ch));
+            hw[j] = (uint32_t)__half_as_ushort(ah) | ((uint32_t)__half_as_ushort(ch) << 16);
+            lw[j] = (uint32_t)__half_as_ushort(al) | ((uint32_t)__half_as_ushort(cl) << 16);
+        }
+        xb[(b * 8 + 2 * v) * 4 + t] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+        xb[(b * 8 + 2 * v + 1) * 4 + t] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+    }
+}
+
+/* Codes j and j + 4 of u as one f16x2, exact: the f16 bits (s << 15) |
+ * (e1 e0 m << 9) are value * 2^-14 (e = 0 on the subnormals); times 2^14. */
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t u, int j) {
+    uint32_t v = u << (12 - 4 * j);
+    uint32_t h = (v & 0x80008000u) | ((v >> 3) & 0x0e000e00u);
+#if GPU_TC_SUBNORMAL
+    return h; /* the tensor cores take the f16 subnormals as they are */
+#else
+    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&h), __half2half2(__ushort_as_half(0x7400)));
+    return *reinterpret_cast<uint32_t *>(&r);
+#endif
+}
+#if GPU_TC_SUBNORMAL
+#define E2M1_UNDO 16384.0f
+#else
+#define E2M1_UNDO 1.0f
+#endif
+
+__device__ __forceinline__ float e8m0(uint32_t s) {
+    return __uint_as_float(s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : s << 23);
+}
+/* byte k of four packed e8m0 scales */
+__device__ __forceinline__ float e8m0_of(uint32_t s4, int k) {
+    const uint32_t s = (s4 >> (8 * k)) & 0xffu;
+    return e8m0(s);
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* How a group finds its block scales: one byte load each (any cols), four
+ * packed bytes with the 0 / 255 cases, four packed bytes none of which is 0
+ * or 255 (the common case: the bits are byte << 23). */
+enum { SC_BYTES, SC_PACKED, SC_PLAIN };
+enum { ROWB = 80 }; /* shared bytes per staged row: 64 + 16 pad, conflict-free LDS */
+
+/* 1 if no byte of s is 0x00 or 0xff */
+__device__ __forceinline__ bool plain_e8m0(uint32_t s) {
+    const uint32_t z = (s - 0x01010101u) & ~s & 0x80808080u, n = ~s;
+    const uint32_t f = (n - 0x01010101u) & ~n & 0x80808080u;
+    return (z | f) == 0;
+}
+
+template <int SC>
+__device__ __forceinline__ float block_scale(const uint8_t *sr, int64_t b, uint32_t s4, int k) {
+    if (SC == SC_BYTES) return e8m0(__ldg(sr + b));
+    if (SC == SC_PACKED) return e8m0_of(s4, k);
+    return __uint_as_float(((s4 >> (8 * k)) & 0xffu) << 23);
+}
+
+/* acc += the four blocks of group m staged at cur (see the file comment). */
+template <int SC>
+__device__ __forceinline__ void group_sum(float (&acc)[4], const uint8_t *cur, int g, int t, int64_t m,
+                                          int64_t nblk, bool xcol, const uint4 *xp, float f,
+                                          const uint8_t *sa, const uint8_t *sb, uint32_t sca, uint32_t scb) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int64_t b = m * 4 + k;
+        if (b >= nblk) break;
+        const uint32_t wa = *(const uint32_t *)(cur + g * ROWB + 16 * k + 4 * t);
+        const uint32_t wb = *(const uint32_t *)(cur + (g + 8) * ROWB + 16 * k + 4 * t);
+        const uint4 xv = xcol ? __ldg(xp + b * 32) : make_uint4(0, 0, 0, 0);
+        const float fa = __fmul_rn(block_scale<SC>(sa, b, sca, k), f);
+        const float fb = __fmul_rn(block_scale<SC>(sb, b, scb, k), f);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma16816(d, e2m1_pair(wa, 0), e2m1_pair(wb, 0), e2m1_pair(wa, 1), e2m1_pair(wb, 1), xv.x, xv.y);
+        mma16816(d, e2m1_pair(wa, 2), e2m1_pair(wb, 2), e2m1_pair(wa, 3), e2m1_pair(wb, 3), xv.z, xv.w);
+        acc[0] = __fmaf_rn(fa, d[0], acc[0]);
+        acc[1] = __fmaf_rn(fa, d[1], acc[1]);
+        acc[2] = __fmaf_rn(fb, d[2], acc[2]);
+        acc[3] = __fmaf_rn(fb, d[3], acc[3]);
+    }
+}
+
+/* 16-byte global -> shared copy that bypasses L1; src_bytes < 16 zero-fills. */
+__device__ __forceinline__ void cp16(void *dst, const void *src, int src_bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+
+/* Stages group m (blocks 4m .. 4m+3, 64 bytes of each of the 16 rows):
+ * lane l copies 32 bytes of row l / 2, whole sectors, nothing past a row. */
+__device__ __forceinline__ void stage_group(uint8_t *st, const uint8_t *data, int64_t rowb, int64_t r0,
+                                            int64_t row1, int64_t m, int lane) {
+    const int row = lane >> 1, half = lane & 1;
+    const int64_t r = min(r0 + row, row1 - 1);
+    const int64_t off = m * 64 + half * 32;
+    const uint8_t *src = data + r * rowb + off;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int64_t left = rowb - (off + 16 * k);
+        const int nb = left >= 16 ? 16 : 0; /* rowb % 16 == 0: a chunk is all in or all out */
+        cp16(st + row * ROWB + half * 32 + 16 * k, nb ? src + 16 * k : data, nb);
+    }
+}
+
+/* KS warps per 16-row tile (the k split), P cp.async stages per warp (P - 1
+ * groups of 4 blocks in flight). */
+template <int KS, int P, bool S4>
+__global__ void __launch_bounds__(KS * 32)
+k_mx_tc(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t cols,
+        const uint4 *__restrict__ xb, const float *__restrict__ inv, int n, float *__restrict__ Y,
+        int64_t ldy, int64_t row0, int64_t row1) {
+    __shared__ __align__(16) uint8_t stage[KS][P][16 * ROWB];
+    __shared__ float part[KS][32][4];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t r0 = row0 + (int64_t)blockIdx.x * 16;
+    const int64_t ra = min(r0 + g, row1 - 1), rb = min(r0 + g + 8, row1 - 1);
+    const int64_t nblk = cols / 32, rowb = cols / 2, ngrp = (nblk + 3) / 4;
+    const uint8_t *sa = scale + ra * nblk, *sb = scale + rb * nblk;
+    const bool xcol = g < 2 * n; /* this lane's B column holds data */
+    const uint4 *xp = xb + g * 4 + t;
+    /* 2^-k of this lane's vector (times 2^14 when the codes stay at value *
+     * 2^-14), folded into each block scale: exact (powers of two) unless
+     * scale * max|x| leaves the fp32 range, where the result does too */
+    const float f = (t < n ? inv[t] : 1.0f) * E2M1_UNDO;
+    uint8_t(*st)[16 * ROWB] = stage[warp];
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    /* groups m = warp, warp + KS, ...; the i-th of them lives in stage i % P */
+#pragma unroll
+    for (int i = 0; i < P - 1; i++) {
+        const int64_t m = warp + (int64_t)i * KS;
+        if (m < ngrp) stage_group(st[i], data, rowb, r0, row1, m, lane);
+        cp_commit();
+    }
+    for (int64_t i = 0, m = warp; m < ngrp; i++, m += KS) {
+        cp_wait<P - 2>();
+        __syncwarp();
+        const int64_t mn = m + (int64_t)(P - 1) * KS;
+        if (mn < ngrp) stage_group(st[(i + P - 1) % P], data, rowb, r0, row1, mn, lane);
+        cp_commit();
+        const uint8_t *cur = st[i % P];
+        uint32_t sca = 0, scb = 0; /* the group's four e8m0 bytes of rows g, g + 8 */
+        if (S4 && m * 4 + 3 < nblk) {
+            sca = __ldg((const uint32_t *)(sa + m * 4));
+            scb = __ldg((const uint32_t *)(sb + m * 4));
+        } else if (S4) {
+            for (int k = 3; k >= 0; k--) {
+                sca = sca << 8 | (m * 4 + k < nblk ? __ldg(sa + m * 4 + k) : 127u);
+                scb = scb << 8 | (m * 4 + k < nblk ? __ldg(sb + m * 4 + k) : 127u);
+            }
+        }
+        if (!S4)
+            group_sum<SC_BYTES>(acc, cur, g, t, m, nblk, xcol, xp, f, sa, sb, 0, 0);
+        else if (plain_e8m0(sca) && plain_e8m0(scb))
+            group_sum<SC_PLAIN>(acc, cur, g, t, m, nblk, xcol, xp, f, sa, sb, sca, scb);
+        else
+            group_sum<SC_PACKED>(acc, cur, g, t, m, nblk, xcol, xp, f, sa, sb, sca, scb);
+        __syncwarp(); /* every lane has read stage i % P before it is refilled */
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int c = 0; c < 4; c++) part[warp][lane][c] = acc[c];
+    __syncthreads();
+    if (warp != 0 || t >= n) return;
+    float s[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        s[c] = part[0][lane][c];
+        for (int w = 1; w < KS; w++) s[c] = __fadd_rn(s[c], part[w][lane][c]);
+    }
+    if (r0 + g < row1) Y[(int64_t)t * ldy + (r0 + g - row0)] = __fadd_rn(s[0], s[1]);
+    if (r0 + g + 8 < row1) Y[(int64_t)t * ldy + (r0 + g + 8 - row0)] = __fadd_rn(s[2], s[3]);
+}
+
+} // namespace
+
+extern "C" void gpu_ws_free(gpu_ws *ws) {
+    if (!ws) return;
+    cudaFree(ws->buf);
+    ws->buf = NULL;
+    ws->cap = 0;
+}
+
+extern "C" int gpu_matmul_tc_takes(const gpu_weight *w) {
+    return w && w->type == WT_MXFP4 && w->cols % 32 == 0;
+}
+
+extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                                   int64_t row0, int64_t row1, gpu_ws *ws, void *stream) {
+    if (!w || !w->data || !X || !Y || !ws || n < 1 || row0 < 0 || row1 > w->rows || row1 <= row0 ||
+        ldy < row1 - row0)
+        return DF_ERR_ARG;
+    if (!gpu_matmul_tc_takes(w)) return gpu_matmul(w, X, n, Y, ldy, row0, row1, stream);
+    const size_t need = ws_bytes(w->cols);
+    if (ws->cap < need) {
+        gpu_ws_free(ws);
+        df_status st = gpu_cuda_status(cudaMalloc(&ws->buf, need), "gpu_matmul_tc workspace");
+        if (st) {
+            ws->buf = NULL;
+            return st;
+        }
+        ws->cap = need;
+    }
+    cudaStream_t s = (cudaStream_t)stream;
+    uint4 *xb = (uint4 *)ws->buf;
+    float *inv = (float *)((char *)ws->buf + need - TC_VEC * sizeof(float));
+    const int64_t tiles = (row1 - row0 + 15) / 16;
+    if (tiles > 0x7fffffff) return DF_ERR_UNSUPPORTED;
+    for (int v0 = 0; v0 < n; v0 += TC_VEC) {
+        const int nv = n - v0 < TC_VEC ? n - v0 : TC_VEC;
+        k_xsplit<<<nv, 256, 0, s>>>(X + (int64_t)v0 * w->cols, w->cols, xb, inv);
+        df_status st = gpu_cuda_status(cudaGetLastError(), "k_xsplit");
+        if (st) return st;
+        const int s4 = (w->cols / 32) % 4 == 0;
+        const uint8_t *d = (const uint8_t *)w->data, *sc = (const uint8_t *)w->scale;
+        float *y = Y + (int64_t)v0 * ldy;
+        /* the split follows the matrix, not the row range: same sums for any range */
+        if (w->rows >= TC_WIDE_ROWS) {
+            if (s4) k_mx_tc<4, 4, true><<<(unsigned)tiles, 4 * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy, row0, row1);
+            else k_mx_tc<4, 4, false><<<(unsigned)tiles, 4 * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy, row0, row1);
+        } else {
+            if (s4) k_mx_tc<8, 3, true><<<(unsigned)tiles, 8 * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy, row0, row1);
+            else k_mx_tc<8, 3, false><<<(unsigned)tiles, 8 * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy, row0, row1);
+        }
+        if ((st = gpu_cuda_status(cudaGetLastError(), "k_mx_tc"))) return st;
+    }
+    return DF_OK;
+}
