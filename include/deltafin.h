@@ -101,6 +101,13 @@ typedef struct df_accel {
      * r in [row0, row1); X and Y in host memory; synchronous. */
     df_status (*matmul)(void *ctx, void *handle, const float *X, int n, float *Y, int64_t ldy,
                         int64_t row0, int64_t row1, char *err);
+    /* Optional (NULL: not offered). pin page-locks host memory the engine
+     * uploads from (the expert cache), so uploads from it run at the DMA
+     * rate; the engine calls unpin before it frees that memory. h2d_gbps
+     * measures host-to-device GB/s from page-locked memory (for bench). */
+    df_status (*pin)(void *ctx, void *ptr, size_t bytes, char *err);
+    void (*unpin)(void *ctx, void *ptr);
+    double (*h2d_gbps)(void *ctx);
 } df_accel;
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer
@@ -174,6 +181,7 @@ typedef struct {
     uint64_t calls, cpu_calls;             /* matrix products on the device / on the CPU */
     uint64_t cache_hits, cache_uploads, cache_evictions, transient_uploads;
     uint64_t upload_bytes;                 /* host-to-device weight bytes since open or reset */
+    int64_t pinned_bytes;                  /* expert cache page-locked for uploads (0: none) */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);
@@ -181,6 +189,9 @@ void df_engine_reset_stats(df_engine *e);
  * expert-sized reads at the engine's queue depth (the disk floor of a
  * benchmark, measured in the same run). *gbps in 1e9 bytes/s. */
 df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char err[DF_ERRMSG]);
+/* Host-to-device GB/s from page-locked memory, measured now by the
+ * accelerator; 0 without one (or when it offers no probe). */
+double df_engine_probe_h2d(df_engine *e);
 /* Bytes of one routed expert as stored (0 without experts). */
 int64_t df_engine_expert_bytes(const df_engine *e);
 /* Weight bytes a decode step reads besides routed experts (every non-expert

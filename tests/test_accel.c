@@ -11,6 +11,7 @@
 #include "test.h"
 #include "../src/format/weight.h"
 #include "../src/kernels/kernels.h"
+#include "../src/model/model.h"
 #include "deltafin.h"
 #include <stdlib.h>
 #include <string.h>
@@ -128,7 +129,7 @@ TEST(model_accel_bit_identical_any_budget) {
         /* everything fits; resident + 24 KB of cache (evictions); 1 byte (all transient) */
         int64_t budgets[] = {(int64_t)1 << 40, 0, 1};
         for (int b = 0; b < 3; b++) {
-            df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul};
+            df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL};
             df_accel_stats st;
             float *lg = logits_with(fx[i], &a, (int64_t)1 << 20, &st);
             REQUIRE(lg != NULL, "%s budget %lld", fx[i], (long long)budgets[b]);
@@ -167,4 +168,73 @@ TEST(model_accel_cli_refuses_cuda) {
     CHECK(rc == 0, "--device cpu runs: %s", out);
     rc = t_sh(out, sizeof out, "%s inspect --model tests/fixtures/kimi_k3_a", t_bin());
     CHECK(rc == 0 && strstr(out, "device         cpu"), "inspect shows the device: %s", out);
+}
+
+/* The device-copy cache evicts the least recently used copy (a hit renews
+ * it), and the pin hook page-locks the host range once and unpins it at
+ * close. Driven through the engine's table (src/model/accel.c) directly. */
+typedef struct {
+    const void *released[8];
+    int nrel;
+    void *pinned;
+    size_t pinned_bytes;
+    int unpins;
+} lru_log;
+
+static void *lru_upload(void *ctx, const void *weight, int *refused, char *err) {
+    (void)ctx, (void)err;
+    *refused = 0;
+    return (void *)((const df_weight *)weight)->data; /* the handle names the matrix */
+}
+static void lru_release(void *ctx, void *handle) {
+    lru_log *l = ctx;
+    if (l->nrel < 8) l->released[l->nrel++] = handle;
+}
+static df_status lru_matmul(void *ctx, void *handle, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+                            int64_t row1, char *err) {
+    (void)ctx, (void)handle, (void)X, (void)err;
+    for (int i = 0; i < n; i++)
+        for (int64_t r = row0; r < row1; r++) Y[i * ldy + r - row0] = 0;
+    return DF_OK;
+}
+static df_status lru_pin(void *ctx, void *p, size_t bytes, char *err) {
+    (void)err;
+    lru_log *l = ctx;
+    l->pinned = p;
+    l->pinned_bytes = bytes;
+    return DF_OK;
+}
+static void lru_unpin(void *ctx, void *p) {
+    lru_log *l = ctx;
+    l->unpins += p == l->pinned;
+}
+
+TEST(model_accel_lru_order_and_pin) {
+    static uint16_t bytes[4][64]; /* four bf16 8x8 matrices: 128 bytes each */
+    df_weight w[4];
+    for (int i = 0; i < 4; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].type = WT_BF16;
+        w[i].rows = w[i].cols = 8;
+        w[i].data = bytes[i];
+    }
+    lru_log log = {0};
+    df_accel a = {"lru", &log, 2 * 128, lru_upload, lru_release, lru_matmul, lru_pin, lru_unpin, NULL};
+    acc_table *t = acc_new(&a);
+    REQUIRE(t);
+    static char pool[4096];
+    CHECK(acc_pin_host(t, pool, sizeof pool) == 1 && log.pinned == pool && log.pinned_bytes == sizeof pool);
+    CHECK(acc_pin_host(t, pool, sizeof pool) == 0, "pinned twice");
+    float x[8] = {0}, y[8];
+    /* A B A C: C evicts B (A was renewed); then D evicts A */
+    const int order[] = {0, 1, 0, 2, 3};
+    for (int i = 0; i < 5; i++) CHECK(acc_mm(t, &w[order[i]], x, 1, y, 8) == 1);
+    CHECK(log.nrel == 2 && log.released[0] == bytes[1] && log.released[1] == bytes[0],
+          "evicted %d: %p %p (B=%p A=%p)", log.nrel, log.released[0], log.released[1], (void *)bytes[1],
+          (void *)bytes[0]);
+    df_accel_stats st;
+    acc_get_stats(t, &st);
+    CHECK(st.cache_hits == 1 && st.cache_uploads == 4 && st.cache_evictions == 2 && st.pinned_bytes == sizeof pool);
+    acc_free(t);
+    CHECK(log.unpins == 1 && log.nrel == 4, "unpins %d, released %d", log.unpins, log.nrel);
 }

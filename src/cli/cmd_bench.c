@@ -68,6 +68,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     df_engine_profile(e, prof0);
     uint64_t hits = 0, all = 0;
     df_stats dec0 = b; /* counters at the start of decode */
+    df_accel_stats ac0, ac;
+    df_engine_accel_stats(e, &ac0);
     for (int i = 0; i < ntok; i++) {
         int32_t tok = df_argmax(df_session_logits(s), V);
         a = b;
@@ -88,6 +90,12 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
             fprintf(stderr, "token %d: %.3f s, %.1f MB read\n", i + 1, dt[i], bytes[i] / 1e6);
     }
     df_engine_profile(e, prof1);
+    df_engine_accel_stats(e, &ac);
+    /* the device's floor: the decode's weight uploads at the measured
+     * page-locked host-to-device rate */
+    double up_tok = ntok ? (double)(ac.upload_bytes - ac0.upload_bytes) / ntok : 0;
+    double h2d = ac.calls ? df_engine_probe_h2d(e) : 0;
+    double h2d_floor = h2d > 0 ? up_tok / (h2d * 1e9) : 0;
     /* lookahead quality over the decode: precision = prefetched experts a pass
      * then used; recall = share of the experts a pass would have missed that
      * the prefetch had already started */
@@ -124,12 +132,14 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                "\"cache_slots\": %d, \"max_in_flight\": %d, \"prefetch\": %s, \"lossy\": \"%s\", "
                "\"spine_bytes_per_token\": %lld, \"dram_gbps\": %.3f, \"memory_floor_s_per_token\": %.6f, "
                "\"ratio_to_larger_floor\": %.4f, \"prefetch_precision\": %.4f, \"prefetch_recall\": %.4f, "
-               "\"prefill_floor_s\": %.6f, \"prefill_ratio\": %.4f}\n",
+               "\"prefill_floor_s\": %.6f, \"prefill_ratio\": %.4f, \"device_upload_bytes_per_token\": %.0f, "
+               "\"h2d_gbps\": %.3f, \"upload_floor_s_per_token\": %.6f, \"expert_cache_pinned\": %s}\n",
                mo->model, b.expert_io, (long long)mo->ram, df_engine_n_threads(e), nprompt, ntok, prefill_s,
                (unsigned long long)prefill_bytes, med, med > 0 ? 1.0 / med : 0.0, mean_bytes, hit, disk,
                floor_s, ratio, b.cache_slots, b.max_in_flight, mo->no_prefetch ? "false" : "true", df_engine_lossy(e),
                (long long)spine, dram, mem_floor, best_floor > 0 ? med / best_floor : 0, pf_precision, pf_recall,
-               prefill_floor, prefill_floor > 0 ? prefill_s / prefill_floor : 0);
+               prefill_floor, prefill_floor > 0 ? prefill_s / prefill_floor : 0, up_tok, h2d, h2d_floor,
+               ac.pinned_bytes ? "true" : "false");
         printf("{\"profile_s_per_token\": {");
         for (int i = 0; i < DF_PROF_N; i++)
             printf("%s\"%s\": %.6f", i ? ", " : "", df_prof_name(i), (prof1[i] - prof0[i]) / ntok);
@@ -150,9 +160,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         printf("memory floor                %.4f s/token (%.2f GB of weights per step at %.1f GB/s DRAM)\n",
                mem_floor, touched / 1e9, dram);
         printf("ratio to the larger floor   %.3f\n", best_floor > 0 ? med / best_floor : 0);
-        df_accel_stats ac;
-        df_engine_accel_stats(e, &ac);
-        if (ac.calls || ac.resident_mats || ac.cpu_calls)
+        if (ac.calls || ac.resident_mats || ac.cpu_calls) {
+            printf("device uploads per token    %.1f MB (decode mean); host-to-device %.1f GB/s page-locked\n"
+                   "                            (same run), expert cache %s; upload floor %.4f s/token, ratio %.3f\n",
+                   up_tok / 1e6, h2d, ac.pinned_bytes ? "page-locked" : "pageable", h2d_floor,
+                   h2d_floor > 0 ? med / h2d_floor : 0);
             printf("device (prefill + decode)   %llu products on the device, %llu on the CPU; %lld matrices\n"
                    "                            resident (%.3f GB), cache %.3f GB: %llu hits, %llu uploads,\n"
                    "                            %llu evictions, %llu transient; %.3f GB weights uploaded\n",
@@ -160,6 +172,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                    ac.resident_bytes / 1e9, ac.cached_bytes / 1e9, (unsigned long long)ac.cache_hits,
                    (unsigned long long)ac.cache_uploads, (unsigned long long)ac.cache_evictions,
                    (unsigned long long)ac.transient_uploads, ac.upload_bytes / 1e9);
+        }
         printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads):\n", ntok);
         double sum = 0;
         for (int i = 0; i < DF_PROF_N; i++) sum += prof1[i] - prof0[i];

@@ -8,6 +8,9 @@
 
 namespace {
 
+enum { SPARE_MAX = 32 };
+const int64_t SPARE_BYTES = (int64_t)64 << 20; /* larger copies are freed at once */
+
 struct acc {
     df_accel pub;
     char name[512];
@@ -16,6 +19,11 @@ struct acc {
     float *hx, *hy;   /* pinned staging */
     float *dx, *dy;   /* device activations */
     size_t cap_x, cap_y; /* floats */
+    gpu_ws ws;           /* tensor-core scratch (MXFP4) */
+    /* released expert-sized copies kept for the next upload of the same
+     * size: no cudaMalloc / cudaFree (which synchronises) per expert swap */
+    gpu_weight *spare[SPARE_MAX];
+    int nspare;
 };
 
 df_status cerr(char *err, cudaError_t e, const char *what) {
@@ -55,9 +63,26 @@ void *acc_upload(void *ctx, const void *weight, int *refused, char *err) {
         *refused = st == DF_ERR_UNSUPPORTED;
         return NULL;
     }
+    for (int i = a->nspare - 1; i >= 0; i--) {
+        gpu_weight *g = a->spare[i];
+        if (!gpu_weight_fits(w, g)) continue;
+        a->spare[i] = a->spare[--a->nspare];
+        if (gpu_weight_refill(w, g, err) == DF_OK) return g;
+        gpu_weight_free(g);
+        free(g);
+        return NULL;
+    }
     gpu_weight *g = (gpu_weight *)calloc(1, sizeof *g);
     if (!g) return NULL;
-    if (gpu_weight_upload(w, g, err) != DF_OK) {
+    st = gpu_weight_upload(w, g, err);
+    if (st == DF_ERR_NOMEM && a->nspare) { /* the spares hold the memory: give it back, retry */
+        while (a->nspare) {
+            gpu_weight_free(a->spare[--a->nspare]);
+            free(a->spare[a->nspare]);
+        }
+        st = gpu_weight_upload(w, g, err);
+    }
+    if (st != DF_OK) {
         free(g);
         return NULL;
     }
@@ -65,9 +90,13 @@ void *acc_upload(void *ctx, const void *weight, int *refused, char *err) {
 }
 
 void acc_release(void *ctx, void *handle) {
-    (void)ctx;
+    acc *a = (acc *)ctx;
     gpu_weight *g = (gpu_weight *)handle;
     if (!g) return;
+    if (a->nspare < SPARE_MAX && g->data_bytes + g->scale_bytes <= SPARE_BYTES) {
+        a->spare[a->nspare++] = g;
+        return;
+    }
     gpu_weight_free(g);
     free(g);
 }
@@ -82,7 +111,7 @@ df_status acc_matmul(void *ctx, void *handle, const float *X, int n, float *Y, i
     memcpy(a->hx, X, (size_t)n * cols * sizeof(float));
     cudaError_t e = cudaMemcpyAsync(a->dx, a->hx, (size_t)n * cols * sizeof(float), cudaMemcpyHostToDevice, a->stream);
     if (e != cudaSuccess) return cerr(err, e, "activations to the device");
-    df_status st = gpu_matmul(g, a->dx, n, a->dy, rows, row0, row1, a->stream);
+    df_status st = gpu_matmul_tc(g, a->dx, n, a->dy, rows, row0, row1, &a->ws, a->stream);
     if (st != DF_OK) {
         if (err) snprintf(err, DF_ERRMSG, "cuda: matmul: %s", gpu_last_error());
         return st;
@@ -93,6 +122,57 @@ df_status acc_matmul(void *ctx, void *handle, const float *X, int n, float *Y, i
     for (int i = 0; i < n; i++)
         memcpy(Y + (size_t)i * ldy, a->hy + (size_t)i * rows, (size_t)rows * sizeof(float));
     return DF_OK;
+}
+
+df_status acc_pin(void *ctx, void *ptr, size_t bytes, char *err) {
+    acc *a = (acc *)ctx;
+    cudaSetDevice(a->device);
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: clear it */
+        return cerr(err, e, "page-locking the expert cache");
+    }
+    return DF_OK;
+}
+
+void acc_unpin(void *ctx, void *ptr) {
+    acc *a = (acc *)ctx;
+    cudaSetDevice(a->device);
+    cudaHostUnregister(ptr);
+    cudaGetLastError();
+}
+
+/* Median of 5 timed 256 MiB copies from page-locked memory. */
+double acc_h2d_gbps(void *ctx) {
+    acc *a = (acc *)ctx;
+    cudaSetDevice(a->device);
+    const size_t n = (size_t)256 << 20;
+    void *h = NULL, *d = NULL;
+    double t[5] = {0};
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (cudaMallocHost(&h, n) != cudaSuccess || cudaMalloc(&d, n) != cudaSuccess ||
+        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        goto out;
+    memset(h, 1, n);
+    for (int i = 0; i < 6; i++) {
+        float ms = 0;
+        cudaEventRecord(e0, a->stream);
+        cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, a->stream);
+        cudaEventRecord(e1, a->stream);
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
+        if (i) t[i - 1] = ms * 1e-3; /* the first one warms up */
+    }
+    for (int i = 0; i < 5; i++) /* insertion sort, then the middle one */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x;
+        }
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFreeHost(h);
+    cudaFree(d);
+    cudaGetLastError();
+    return t[2] > 0 ? n / t[2] / 1e9 : 0.0;
 }
 
 } // namespace
@@ -133,6 +213,9 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.upload = acc_upload;
     a->pub.release = acc_release;
     a->pub.matmul = acc_matmul;
+    a->pub.pin = acc_pin;
+    a->pub.unpin = acc_unpin;
+    a->pub.h2d_gbps = acc_h2d_gbps;
     return &a->pub;
 }
 
@@ -144,6 +227,11 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFreeHost(a->hy);
     cudaFree(a->dx);
     cudaFree(a->dy);
+    gpu_ws_free(&a->ws);
+    while (a->nspare) {
+        gpu_weight_free(a->spare[--a->nspare]);
+        free(a->spare[a->nspare]);
+    }
     cudaStreamDestroy(a->stream);
     free(a);
 }

@@ -594,6 +594,7 @@ df_status xs_check_files(const xs_store *x, char *err) {
 }
 
 int64_t xs_pool_bytes(const xs_store *x) { return x->pool_bytes; }
+void *xs_pool(const xs_store *x) { return x->pool; }
 
 /* ---- stats ---- */
 

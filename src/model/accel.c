@@ -27,16 +27,22 @@ typedef struct {
     const void *key;
     void *h;
     int64_t bytes;
-    uint64_t used; /* LRU clock */
+    int32_t prev, next; /* LRU list of CACHED entries (indices, -1 = none) */
     int state;
 } acc_ent;
 
+/* Entries live in a growing array (indices stay valid); an open-addressing
+ * index (power-of-two capacity, no deletions) finds them by key. The CACHED
+ * ones form a list, least recently used first, so an eviction is O(1). */
 struct acc_table {
     const df_accel *a;
     acc_ent *ent;
-    size_t cap, n; /* open addressing, power-of-two capacity, no deletions */
-    uint64_t clock;
+    size_t n, ent_cap;
+    int32_t *index; /* entry + 1; 0 = empty */
+    size_t cap;
+    int32_t lru_head, lru_tail;
     int64_t planned_bytes; /* PENDING + RESIDENT */
+    void *pinned;          /* host memory page-locked through a->pin */
     df_accel_stats st;
     char err[DF_ERRMSG];
     char last_err[DF_ERRMSG];
@@ -54,35 +60,58 @@ static size_t slot_of(const void *k, size_t cap) {
 
 static acc_ent *find(acc_table *t, const void *k) {
     for (size_t i = slot_of(k, t->cap);; i = (i + 1) & (t->cap - 1)) {
-        if (t->ent[i].key == k) return &t->ent[i];
-        if (!t->ent[i].key) return NULL;
+        if (!t->index[i]) return NULL;
+        if (t->ent[t->index[i] - 1].key == k) return &t->ent[t->index[i] - 1];
     }
 }
 
+static void index_put(int32_t *index, size_t cap, const void *k, int32_t id) {
+    size_t i = slot_of(k, cap);
+    while (index[i]) i = (i + 1) & (cap - 1);
+    index[i] = id + 1;
+}
+
 static acc_ent *insert(acc_table *t, const void *k, int64_t bytes, int state) {
+    if (t->n >= 0x7ffffffe) return NULL;
     if ((t->n + 1) * 2 > t->cap) {
         size_t nc = t->cap * 2;
-        acc_ent *ne = calloc(nc, sizeof *ne);
-        if (!ne) return NULL;
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->ent[i].key) continue;
-            size_t j = slot_of(t->ent[i].key, nc);
-            while (ne[j].key) j = (j + 1) & (nc - 1);
-            ne[j] = t->ent[i];
-        }
-        free(t->ent);
-        t->ent = ne;
+        int32_t *ni = calloc(nc, sizeof *ni);
+        if (!ni) return NULL;
+        for (size_t i = 0; i < t->n; i++) index_put(ni, nc, t->ent[i].key, (int32_t)i);
+        free(t->index);
+        t->index = ni;
         t->cap = nc;
     }
-    size_t i = slot_of(k, t->cap);
-    while (t->ent[i].key) i = (i + 1) & (t->cap - 1);
-    acc_ent *e = &t->ent[i];
+    if (t->n == t->ent_cap) {
+        size_t nc = t->ent_cap * 2;
+        acc_ent *ne = realloc(t->ent, nc * sizeof *ne);
+        if (!ne) return NULL;
+        t->ent = ne;
+        t->ent_cap = nc;
+    }
+    acc_ent *e = &t->ent[t->n];
     memset(e, 0, sizeof *e);
     e->key = k;
     e->bytes = bytes;
     e->state = state;
+    e->prev = e->next = -1;
+    index_put(t->index, t->cap, k, (int32_t)t->n);
     t->n++;
     return e;
+}
+
+static void lru_unlink(acc_table *t, acc_ent *e) {
+    if (e->prev >= 0) t->ent[e->prev].next = e->next; else t->lru_head = e->next;
+    if (e->next >= 0) t->ent[e->next].prev = e->prev; else t->lru_tail = e->prev;
+    e->prev = e->next = -1;
+}
+
+static void lru_push(acc_table *t, acc_ent *e) { /* as most recently used */
+    int32_t id = (int32_t)(e - t->ent);
+    e->prev = t->lru_tail;
+    e->next = -1;
+    if (t->lru_tail >= 0) t->ent[t->lru_tail].next = id; else t->lru_head = id;
+    t->lru_tail = id;
 }
 
 acc_table *acc_new(const df_accel *a) {
@@ -90,17 +119,38 @@ acc_table *acc_new(const df_accel *a) {
     if (!t) return NULL;
     t->a = a;
     t->cap = 1024;
-    t->ent = calloc(t->cap, sizeof *t->ent);
-    if (!t->ent) { free(t); return NULL; }
+    t->ent_cap = 512;
+    t->lru_head = t->lru_tail = -1;
+    t->index = calloc(t->cap, sizeof *t->index);
+    t->ent = malloc(t->ent_cap * sizeof *t->ent);
+    if (!t->index || !t->ent) {
+        free(t->index);
+        free(t->ent);
+        free(t);
+        return NULL;
+    }
     return t;
 }
 
 void acc_free(acc_table *t) {
     if (!t) return;
-    for (size_t i = 0; i < t->cap; i++)
+    for (size_t i = 0; i < t->n; i++)
         if (t->ent[i].h) t->a->release(t->a->ctx, t->ent[i].h);
+    if (t->pinned && t->a->unpin) t->a->unpin(t->a->ctx, t->pinned);
     free(t->ent);
+    free(t->index);
     free(t);
+}
+
+int acc_pin_host(acc_table *t, void *p, int64_t bytes) {
+    if (!t || !p || bytes <= 0 || !t->a->pin || t->pinned) return 0;
+    if (t->a->pin(t->a->ctx, p, (size_t)bytes, t->err) != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        return 0;
+    }
+    t->pinned = p;
+    t->st.pinned_bytes = bytes;
+    return 1;
 }
 
 void acc_bind(acc_table *t, const df_weight *w) {
@@ -115,10 +165,9 @@ static int64_t used_bytes(const acc_table *t) { return t->st.resident_bytes + t-
 static int make_room(acc_table *t, int64_t need) {
     if (need > t->a->budget - t->st.resident_bytes) return 0;
     while (used_bytes(t) + need > t->a->budget) {
-        acc_ent *v = NULL;
-        for (size_t i = 0; i < t->cap; i++)
-            if (t->ent[i].state == A_CACHED && (!v || t->ent[i].used < v->used)) v = &t->ent[i];
-        if (!v) return 0;
+        if (t->lru_head < 0) return 0;
+        acc_ent *v = &t->ent[t->lru_head];
+        lru_unlink(t, v);
         t->a->release(t->a->ctx, v->h);
         v->h = NULL;
         v->state = A_ABSENT;
@@ -151,6 +200,7 @@ static int upload(acc_table *t, acc_ent *e, const df_weight *w, int resident) {
         t->st.resident_bytes += e->bytes;
     } else {
         e->state = A_CACHED;
+        lru_push(t, e);
         t->st.cached_bytes += e->bytes;
         t->st.cache_uploads++;
     }
@@ -172,7 +222,6 @@ int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, in
     acc_ent *e = find(t, k);
     if (!e && !(e = insert(t, k, wt_bytes(w), A_ABSENT))) return 0;
     if (e->state == A_CPU) { t->st.cpu_calls++; return 0; }
-    e->used = ++t->clock;
     if (e->state == A_PENDING) {
         if (!upload(t, e, w, 1) && e->state == A_PENDING) {
             t->planned_bytes -= e->bytes; /* did not fit: cached from now on */
@@ -180,8 +229,10 @@ int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, in
         }
     } else if (e->state == A_ABSENT) {
         upload(t, e, w, 0);
-    } else {
-        t->st.cache_hits += e->state == A_CACHED;
+    } else if (e->state == A_CACHED) {
+        t->st.cache_hits++;
+        lru_unlink(t, e);
+        lru_push(t, e);
     }
     if (e->state == A_CPU) { t->st.cpu_calls++; return 0; }
     if (e->h) {

@@ -123,6 +123,9 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     e->spine_group = -1;
     if (e->spine && (st = sp_finalize(e->spine, err)) != DF_OK) goto fail;
     if (e->store && (st = xs_finalize(e->store, err)) != DF_OK) goto fail;
+    /* uploads of routed experts come from the cache slots: page-locked, they
+     * go at the DMA rate (best effort: pageable uploads give the same results) */
+    if (e->store && e->acc) acc_pin_host(e->acc, xs_pool(e->store), xs_pool_bytes(e->store));
     if (e->store && opts->heat_path && (st = xs_heat_load(e->store, opts->heat_path, err)) != DF_OK) goto fail;
     if (e->store && !opts->plan_only && opts->pin_bytes > 0 &&
         (st = xs_pin_hottest(e->store, opts->pin_bytes, e->cfg.num_experts_per_tok * DF_CHUNK, err)) != DF_OK)
@@ -475,6 +478,11 @@ void df_engine_reset_stats(df_engine *e) {
     memset(e->prof, 0, sizeof e->prof);
     acc_reset_stats(e->acc);
     if (e->store) xs_reset_stats(e->store);
+}
+
+double df_engine_probe_h2d(df_engine *e) {
+    const df_accel *a = e->opts.accel;
+    return a && a->h2d_gbps ? a->h2d_gbps(a->ctx) : 0.0;
 }
 
 df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char err[DF_ERRMSG]) {

@@ -119,6 +119,10 @@ typedef struct acc_table acc_table;
 acc_table *acc_new(const df_accel *a);
 void acc_free(acc_table *t);
 void acc_bind(acc_table *t, const df_weight *w);
+/* Page-locks [p, p + bytes) through the accelerator's pin hook (unpinned in
+ * acc_free); 1 if done, 0 if not offered or refused (uploads then stay
+ * pageable: slower, same results). */
+int acc_pin_host(acc_table *t, void *p, int64_t bytes);
 int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
 void acc_get_stats(const acc_table *t, df_accel_stats *out);
 void acc_reset_stats(acc_table *t);
