@@ -6,7 +6,8 @@
  * bit-identical to the plain CPU path whatever the placement: resident,
  * cached with evictions, transient, refused (f32 matrices stay on the CPU).
  * This checks keys (tied head, expert views over reused RAM slots), the LRU
- * budget and the fallbacks without a GPU; tests/cuda checks the real one.
+ * budget, the device tier (experts with device copies are never read into
+ * RAM again) and the fallbacks without a GPU; tests/cuda checks the real one.
  */
 #include "test.h"
 #include "../src/format/weight.h"
@@ -88,7 +89,8 @@ static int read_tokens(const char *dir, int32_t *out, int cap) {
 }
 
 /* All logits over the fixture's tokens; NULL on failure. */
-static float *logits_with(const char *dir, const df_accel *a, int64_t ram, df_accel_stats *st) {
+static float *logits_with(const char *dir, const df_accel *a, int64_t ram, df_accel_stats *st,
+                          uint64_t *bytes_read) {
     int32_t tok[64];
     int n = read_tokens(dir, tok, 64);
     if (n <= 0) return NULL;
@@ -109,6 +111,11 @@ static float *logits_with(const char *dir, const df_accel *a, int64_t ram, df_ac
     ok = ok && df_session_eval(s, tok, half, lg) == DF_OK;
     for (int i = half; ok && i < n; i++) ok = df_session_eval(s, tok + i, 1, lg + (size_t)i * V) == DF_OK;
     if (st) df_engine_accel_stats(e, st);
+    if (bytes_read) {
+        df_stats ds;
+        df_engine_stats(e, &ds);
+        *bytes_read = ds.bytes_read;
+    }
     df_session_free(s);
     df_engine_close(e);
     if (!ok) { free(lg); return NULL; }
@@ -123,15 +130,17 @@ TEST(model_accel_bit_identical_any_budget) {
         int32_t tok[64];
         int n = read_tokens(fx[i], tok, 64);
         if (n <= 0) SKIP("fixtures missing");
-        float *ref = logits_with(fx[i], NULL, (int64_t)64 << 20, NULL);
+        uint64_t ref_read = 0, read = 0;
+        float *ref = logits_with(fx[i], NULL, 1, NULL, &ref_read);
         REQUIRE(ref != NULL, "%s cpu", fx[i]);
-        /* the expert RAM cache is kept small so slots are reused under the views */
+        /* the expert RAM cache is kept at its minimum (two slots) so slots are
+         * reused under the views and experts are read again and again */
         /* everything fits; resident + 24 KB of cache (evictions); 1 byte (all transient) */
         int64_t budgets[] = {(int64_t)1 << 40, 0, 1};
         for (int b = 0; b < 3; b++) {
             df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL};
             df_accel_stats st;
-            float *lg = logits_with(fx[i], &a, (int64_t)1 << 20, &st);
+            float *lg = logits_with(fx[i], &a, 1, &st, &read);
             REQUIRE(lg != NULL, "%s budget %lld", fx[i], (long long)budgets[b]);
             df_engine_opts o;
             df_engine_opts_default(&o);
@@ -145,6 +154,12 @@ TEST(model_accel_bit_identical_any_budget) {
             CHECK(memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %lld", fx[i], (long long)budgets[b]);
             CHECK(st.calls > 0, "%s: nothing ran on the accelerator", fx[i]);
             if (b == 0) CHECK(st.cache_evictions == 0 && st.transient_uploads == 0, "%s: evicted with room", fx[i]);
+            /* the device tier: experts with device copies are not read again */
+            if (b == 0)
+                CHECK(st.tier_hits > 0 && read < ref_read, "%s: %llu experts from the device, read %llu vs %llu B",
+                      fx[i], (unsigned long long)st.tier_hits, (unsigned long long)read,
+                      (unsigned long long)ref_read);
+            if (b == 2) CHECK(st.tier_hits == 0, "%s: device tier with no budget", fx[i]);
             if (b == 1) CHECK(st.cache_evictions > 0, "%s: no evictions with 24 KB of cache", fx[i]);
             if (b == 2) CHECK(st.transient_uploads > 0 && st.resident_mats == 0, "%s: budget 1 byte", fx[i]);
             CHECK(fake_live == 0, "%s: %d handles leaked", fx[i], fake_live);

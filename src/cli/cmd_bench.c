@@ -167,11 +167,13 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                    h2d_floor > 0 ? med / h2d_floor : 0);
             printf("device (prefill + decode)   %llu products on the device, %llu on the CPU; %lld matrices\n"
                    "                            resident (%.3f GB), cache %.3f GB: %llu hits, %llu uploads,\n"
-                   "                            %llu evictions, %llu transient; %.3f GB weights uploaded\n",
+                   "                            %llu evictions, %llu transient; %.3f GB weights uploaded;\n"
+                   "                            %llu routed experts run from device copies, not read\n",
                    (unsigned long long)ac.calls, (unsigned long long)ac.cpu_calls, (long long)ac.resident_mats,
                    ac.resident_bytes / 1e9, ac.cached_bytes / 1e9, (unsigned long long)ac.cache_hits,
                    (unsigned long long)ac.cache_uploads, (unsigned long long)ac.cache_evictions,
-                   (unsigned long long)ac.transient_uploads, ac.upload_bytes / 1e9);
+                   (unsigned long long)ac.transient_uploads, ac.upload_bytes / 1e9,
+                   (unsigned long long)ac.tier_hits);
         }
         printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads):\n", ntok);
         double sum = 0;

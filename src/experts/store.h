@@ -94,7 +94,10 @@ df_status xs_pin_hottest(xs_store *x, int64_t bytes, int per_pass, char *err);
 df_status xs_check_files(const xs_store *x, char *err);
 /* Bytes of the slot pool (the expert cache as allocated). */
 int64_t xs_pool_bytes(const xs_store *x);
-void *xs_pool(const xs_store *x); /* the cache slots' memory; NULL before xs_finalize or when planning */
+void *xs_pool(const xs_store *x);
+/* Expert e of layer's registered matrices: shapes and tensors (the keys of
+ * device copies), data and scale NULL. */
+void xs_templates(const xs_store *x, int layer, int e, df_weight w[XS_MATS]); /* the cache slots' memory; NULL before xs_finalize or when planning */
 
 void xs_get_stats(const xs_store *x, xs_stats *s);
 void xs_reset_stats(xs_store *x);

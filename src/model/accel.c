@@ -216,10 +216,27 @@ static int run(acc_table *t, void *h, const df_weight *w, const float *X, int n,
     return 1;
 }
 
+int acc_on_device(acc_table *t, const df_weight *w) {
+    const void *k = key_of(w);
+    acc_ent *e = k ? find(t, k) : NULL;
+    return e && e->h && (e->state == A_RESIDENT || e->state == A_CACHED);
+}
+
+void acc_count_tier_hit(acc_table *t) { t->st.tier_hits++; }
+
 int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
     const void *k = key_of(w);
-    if (!k || !w->data) return 0;
+    if (!k) return 0;
     acc_ent *e = find(t, k);
+    if (!w->data) { /* no host bytes: only a device copy can serve it */
+        if (!e || !e->h || (e->state != A_RESIDENT && e->state != A_CACHED)) return 0;
+        if (e->state == A_CACHED) {
+            t->st.cache_hits++;
+            lru_unlink(t, e);
+            lru_push(t, e);
+        }
+        return run(t, e->h, w, X, n, Y, ldy);
+    }
     if (!e && !(e = insert(t, k, wt_bytes(w), A_ABSENT))) return 0;
     if (e->state == A_CPU) { t->st.cpu_calls++; return 0; }
     if (e->state == A_PENDING) {
@@ -265,6 +282,7 @@ void acc_reset_stats(acc_table *t) {
     if (!t) return;
     t->st.calls = t->st.cpu_calls = t->st.cache_hits = t->st.cache_uploads = 0;
     t->st.cache_evictions = t->st.transient_uploads = t->st.upload_bytes = 0;
+    t->st.tier_hits = 0;
 }
 
 void acc_describe(const acc_table *t, char *b, size_t cap) {

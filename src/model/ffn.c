@@ -251,6 +251,58 @@ static void run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe
                (size_t)dl * sizeof(float));
 }
 
+/* The GPU tier over the RAM cache: expert x of the layer runs from its
+ * device copies alone when all three are on the device now; its bytes are
+ * then never read into RAM. 0 (nothing written) when it cannot. */
+static int expert_on_device(df_engine *e, const moe_layer *m, int x) {
+    if (!e->acc || !m->store) return 0;
+    df_weight w[XS_MATS];
+    xs_templates(m->store, m->layer, x, w);
+    for (int i = 0; i < XS_MATS; i++)
+        if (!acc_on_device(e->acc, &w[i])) return 0;
+    return 1;
+}
+
+/* run_expert for an expert on the device (expert_on_device): 1 if the device
+ * computed it, 0 after a device failure (then the caller reads it). */
+static int run_expert_device(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
+                             const float *xin, int n, int x, int dl) {
+    df_weight w[XS_MATS];
+    xs_templates(m->store, m->layer, x, w);
+    int K = m->K, cnt = 0;
+    for (int t = 0; t < n; t++)
+        for (int k = 0; k < K; k++)
+            if (s->sel[t * K + k] == x) { s->etok[cnt] = t; s->eslot[cnt] = k; cnt++; }
+    for (int i = 0; i < cnt; i++)
+        memcpy(s->xe + (size_t)i * dl, xin + (size_t)s->etok[i] * dl, (size_t)dl * sizeof(float));
+    const int64_t I = w[0].rows;
+    if (!acc_mm(e->acc, &w[0], s->xe, cnt, s->g, I) || !acc_mm(e->acc, &w[1], s->xe, cnt, s->u, I)) return 0;
+    act_apply(act, s->g, s->u, I * cnt);
+    if (!acc_mm(e->acc, &w[2], s->g, cnt, s->ye, w[2].rows)) return 0;
+    for (int i = 0; i < cnt; i++)
+        memcpy(s->ys + ((size_t)s->etok[i] * K + s->eslot[i]) * dl, s->ye + (size_t)i * dl,
+               (size_t)dl * sizeof(float));
+    acc_count_tier_hit(e->acc);
+    return 1;
+}
+
+/* Reads and runs the experts list[0 .. n) through the expert store. */
+static df_status run_from_store(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
+                                const float *xin, int dl, int ntok, char *err) {
+    for (;;) {
+        int x;
+        df_weight w[XS_MATS];
+        df_status st = xs_next(m->store, &x, w, err);
+        if (st != DF_OK) { xs_end(m->store); return st; }
+        if (x < 0) break;
+        ffn_weights fw = {w[0], w[1], w[2]};
+        run_expert(e, m, act, s, xin, ntok, x, &fw, dl);
+        xs_done(m->store, x);
+    }
+    xs_end(m->store);
+    return DF_OK;
+}
+
 /* Router lookahead: the next MoE layer's router on this layer's input
  * predicts most of its experts; their reads start now. Never changes which
  * experts run. */
@@ -267,7 +319,10 @@ void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const floa
             if (!s->mark[sel[k]]) { s->mark[sel[k]] = 1; s->uni[nu++] = sel[k]; }
     }
     for (int i = 0; i < nu; i++) s->mark[s->uni[i]] = 0;
-    xs_prefetch(nx->store, nx->layer, s->uni, nu);
+    int keep = 0; /* experts already on the device need no read */
+    for (int i = 0; i < nu; i++)
+        if (!expert_on_device(e, nx, s->uni[i])) s->uni[keep++] = s->uni[i];
+    xs_prefetch(nx->store, nx->layer, s->uni, keep);
 }
 
 df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
@@ -286,7 +341,15 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     for (int x = 0; x < m->E; x++)
         if (s->mark[x]) { s->uni[nu++] = x; s->mark[x] = 0; }
     df_status st = DF_OK;
-    if (m->store && (st = xs_begin(m->store, m->layer, s->uni, nu, err))) return st;
+    /* experts with device copies run from them (dev, ascending); only the
+     * rest are read (s->uni keeps them, ascending) */
+    int ndev = 0, nread = 0;
+    int dev[nu > 0 ? nu : 1];
+    for (int i = 0; i < nu; i++) {
+        if (m->store && e->acc && expert_on_device(e, m, s->uni[i])) dev[ndev++] = s->uni[i];
+        else s->uni[nread++] = s->uni[i];
+    }
+    if (m->store && (st = xs_begin(m->store, m->layer, s->uni, nread, err))) return st;
     if (m->store) moe_lookahead(e, m->next, s, xn, n);
     prof_add(e, DF_PROF_ROUTER, &pt);
     /* work that overlaps the reads */
@@ -301,16 +364,16 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     if (!m->store) {
         for (int i = 0; i < nu; i++) run_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
     } else {
-        for (;;) {
-            int x;
-            df_weight w[XS_MATS];
-            if ((st = xs_next(m->store, &x, w, err)) != DF_OK) { xs_end(m->store); return st; }
-            if (x < 0) break;
-            ffn_weights fw = {w[0], w[1], w[2]};
-            run_expert(e, m, act, s, xin, n, x, &fw, dl);
-            xs_done(m->store, x);
+        /* the device's experts while the reads are in flight; any it fails
+         * on are read afterwards in a second pass */
+        int nfail = 0;
+        for (int i = 0; i < ndev; i++)
+            if (!run_expert_device(e, m, act, s, xin, n, dev[i], dl)) dev[nfail++] = dev[i];
+        if ((st = run_from_store(e, m, act, s, xin, dl, n, err)) != DF_OK) return st;
+        if (nfail) {
+            if ((st = xs_begin(m->store, m->layer, dev, nfail, err)) != DF_OK) return st;
+            if ((st = run_from_store(e, m, act, s, xin, dl, n, err)) != DF_OK) return st;
         }
-        xs_end(m->store);
     }
     float *acc = m->latent ? s->acc : out;
     for (int t = 0; t < n; t++) {

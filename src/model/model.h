@@ -124,6 +124,10 @@ void acc_bind(acc_table *t, const df_weight *w);
  * pageable: slower, same results). */
 int acc_pin_host(acc_table *t, void *p, int64_t bytes);
 int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
+/* 1 if w has a device copy now (acc_mm then needs no host bytes: w->data
+ * may be NULL, and acc_mm returns 0 only on a device failure). */
+int acc_on_device(acc_table *t, const df_weight *w);
+void acc_count_tier_hit(acc_table *t); /* a routed expert served without the RAM cache */
 void acc_get_stats(const acc_table *t, df_accel_stats *out);
 void acc_reset_stats(acc_table *t);
 void acc_describe(const acc_table *t, char *buf, size_t cap);
