@@ -8,7 +8,9 @@
  * (decode, f16->f32 conversion, FFMA) and reaches only ~40% of the copy
  * bandwidth. Here the products run on the tensor cores, leaving the decode.
  *
- * Exactness. Every e2m1 code is exact in f16; the e8m0 scale stays fp32 and
+ * Exactness. Every e2m1 code is exact in f16 (as value * 2^-14, the e = 0
+ * codes on the f16 subnormals, which the tensor cores keep: the one-hot
+ * tests would see a flush; 2^14 is folded into the scale); the e8m0 scale stays fp32 and
  * is applied per 32-value block after the mma. x is scaled by 2^k (k per
  * vector, so max|x| 2^k lies in [2^14, 2^15)) and split into f16 hi =
  * rn(x 2^k) and lo = rn(x 2^k - hi): hi + lo carries 22 bits of x, so
@@ -30,7 +32,15 @@
  *   B = 16 codes x 8 columns: column 2v = hi of vector v, 2v + 1 = lo,
  * and the k order inside a block is permuted (codes j and j + 4 of a lane's
  * u32 share one f16x2 register), with x stored in the same order by the
- * split kernel, so the permutation cancels.
+ * split kernel, so the permutation cancels. A lane decodes its u32 of 8
+ * codes in 9 integer instructions: the high f16 byte of each code for the
+ * even and the odd nibbles four at a time, then four byte permutes against
+ * zero (e2m1_quad).
+ *
+ * Measured (bench/cuda_NOTES.md, H200): 2.2 TB/s at n = 1 on a 2 GB matrix,
+ * 52-53% of the device's copy bandwidth (1.7 TB/s, 40%, on the CUDA cores);
+ * more loads in flight (deeper stages, more warps) did not help, fewer
+ * instructions per code did: the decode and per-block work bound it.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -39,6 +49,9 @@
 #include "gpu.h"
 #include "gpu_internal.h"
 
+#ifndef GPU_TC_QUAD
+#define GPU_TC_QUAD 1 /* 0: decode code pairs by shifts and masks (e2m1_pair), ~2% slower */
+#endif
 #ifndef GPU_TC_SUBNORMAL
 #define GPU_TC_SUBNORMAL 1 /* 0: scale the e2m1 codes out of the f16 subnormals (HMUL2) */
 #endif
@@ -92,20 +105,46 @@ __global__ void __launch_bounds__(256) k_xsplit(const float *__restrict__ X, int
 
 /* Codes j and j + 4 of u as one f16x2, exact: the f16 bits (s << 15) |
  * (e1 e0 m << 9) are value * 2^-14 (e = 0 on the subnormals); times 2^14. */
+#if !GPU_TC_SUBNORMAL
+__device__ __forceinline__ uint32_t e2m1_scale_up(uint32_t h) { /* times 2^14, exact */
+    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&h), __half2half2(__ushort_as_half(0x7400)));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+#endif
+#if !GPU_TC_QUAD
 __device__ __forceinline__ uint32_t e2m1_pair(uint32_t u, int j) {
     uint32_t v = u << (12 - 4 * j);
     uint32_t h = (v & 0x80008000u) | ((v >> 3) & 0x0e000e00u);
 #if GPU_TC_SUBNORMAL
     return h; /* the tensor cores take the f16 subnormals as they are */
 #else
-    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&h), __half2half2(__ushort_as_half(0x7400)));
-    return *reinterpret_cast<uint32_t *>(&r);
+    return e2m1_scale_up(h);
 #endif
 }
+#endif
 #if GPU_TC_SUBNORMAL
 #define E2M1_UNDO 16384.0f
 #else
 #define E2M1_UNDO 1.0f
+#endif
+
+/* The four f16x2 A registers of one lane's u32 at once: each code's high
+ * f16 byte hb = (s << 7) | (e1 e0 m << 1) (the low byte is 0), built for the
+ * even codes (low nibbles) and the odd ones (high nibbles) four at a time,
+ * then paired with zero bytes by byte permutes. Same values as e2m1_pair. */
+#if GPU_TC_QUAD
+__device__ __forceinline__ void e2m1_quad(uint32_t u, uint32_t (&h)[4]) {
+    const uint32_t lo = ((u << 4) & 0x80808080u) | ((u << 1) & 0x0e0e0e0eu); /* codes 0 2 4 6 */
+    const uint32_t hi = (u & 0x80808080u) | ((u >> 3) & 0x0e0e0e0eu);        /* codes 1 3 5 7 */
+    h[0] = __byte_perm(lo, 0u, 0x2404); /* codes 0, 4 */
+    h[1] = __byte_perm(hi, 0u, 0x2404); /* codes 1, 5 */
+    h[2] = __byte_perm(lo, 0u, 0x3414); /* codes 2, 6 */
+    h[3] = __byte_perm(hi, 0u, 0x3414); /* codes 3, 7 */
+#if !GPU_TC_SUBNORMAL
+#pragma unroll
+    for (int j = 0; j < 4; j++) h[j] = e2m1_scale_up(h[j]);
+#endif
+}
 #endif
 
 __device__ __forceinline__ float e8m0(uint32_t s) {
@@ -160,8 +199,16 @@ __device__ __forceinline__ void group_sum(float (&acc)[4], const uint8_t *cur, i
         const float fa = __fmul_rn(block_scale<SC>(sa, b, sca, k), f);
         const float fb = __fmul_rn(block_scale<SC>(sb, b, scb, k), f);
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#if GPU_TC_QUAD
+        uint32_t ha[4], hb[4];
+        e2m1_quad(wa, ha);
+        e2m1_quad(wb, hb);
+        mma16816(d, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
+        mma16816(d, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
+#else
         mma16816(d, e2m1_pair(wa, 0), e2m1_pair(wb, 0), e2m1_pair(wa, 1), e2m1_pair(wb, 1), xv.x, xv.y);
         mma16816(d, e2m1_pair(wa, 2), e2m1_pair(wb, 2), e2m1_pair(wa, 3), e2m1_pair(wb, 3), xv.z, xv.w);
+#endif
         acc[0] = __fmaf_rn(fa, d[0], acc[0]);
         acc[1] = __fmaf_rn(fa, d[1], acc[1]);
         acc[2] = __fmaf_rn(fb, d[2], acc[2]);
