@@ -108,6 +108,13 @@ typedef struct df_accel {
     df_status (*pin)(void *ctx, void *ptr, size_t bytes, char *err);
     void (*unpin)(void *ctx, void *ptr);
     double (*h2d_gbps)(void *ctx);
+    /* Optional: one routed expert, out[i*hidden + r] = down act(gate x_i,
+     * up x_i) for i < n, on device copies from upload; act: situ 0 is
+     * silu(g) u, 1 is SiTU(beta, linear_beta) (ffn.h); X and out in host
+     * memory; synchronous. When offered, every routed expert goes through it
+     * (one round trip instead of three, the activation on the device). */
+    df_status (*expert)(void *ctx, void *gate, void *up, void *down, int situ, float beta,
+                        float linear_beta, const float *X, int n, float *out, char *err);
 } df_accel;
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer

@@ -19,6 +19,8 @@ struct acc {
     float *hx, *hy;   /* pinned staging */
     float *dx, *dy;   /* device activations */
     size_t cap_x, cap_y; /* floats */
+    float *hh, *dh;      /* an expert's hidden activations (device; hh unused) */
+    size_t cap_h;
     gpu_ws ws;           /* tensor-core scratch (MXFP4) */
     /* released expert-sized copies kept for the next upload of the same
      * size: no cudaMalloc / cudaFree (which synchronises) per expert swap */
@@ -124,6 +126,32 @@ df_status acc_matmul(void *ctx, void *handle, const float *X, int n, float *Y, i
     return DF_OK;
 }
 
+/* One routed expert with gpu_expert: x up, gate/up + activation in one
+ * kernel, down, out back; one synchronisation. */
+df_status acc_expert(void *ctx, void *gate, void *up, void *down, int situ, float beta, float linear_beta,
+                     const float *X, int n, float *out, char *err) {
+    acc *a = (acc *)ctx;
+    const gpu_weight *g = (const gpu_weight *)gate, *u = (const gpu_weight *)up, *d = (const gpu_weight *)down;
+    const int64_t hid = g->cols, inter = g->rows;
+    if (!grow(&a->hx, &a->dx, &a->cap_x, (size_t)n * hid, err)) return DF_ERR_NOMEM;
+    if (!grow(&a->hy, &a->dy, &a->cap_y, (size_t)n * d->rows, err)) return DF_ERR_NOMEM;
+    if (!grow(&a->hh, &a->dh, &a->cap_h, (size_t)n * inter, err)) return DF_ERR_NOMEM;
+    memcpy(a->hx, X, (size_t)n * hid * sizeof(float));
+    cudaError_t e = cudaMemcpyAsync(a->dx, a->hx, (size_t)n * hid * sizeof(float), cudaMemcpyHostToDevice, a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "activations to the device");
+    gpu_act act = {situ, beta, linear_beta};
+    df_status st = gpu_expert(g, u, d, &act, a->dx, n, a->dh, a->dy, a->stream);
+    if (st != DF_OK) {
+        if (err) snprintf(err, DF_ERRMSG, "cuda: expert: %s", gpu_last_error());
+        return st;
+    }
+    e = cudaMemcpyAsync(a->hy, a->dy, (size_t)n * d->rows * sizeof(float), cudaMemcpyDeviceToHost, a->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "expert");
+    memcpy(out, a->hy, (size_t)n * d->rows * sizeof(float));
+    return DF_OK;
+}
+
 df_status acc_pin(void *ctx, void *ptr, size_t bytes, char *err) {
     acc *a = (acc *)ctx;
     cudaSetDevice(a->device);
@@ -216,6 +244,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.pin = acc_pin;
     a->pub.unpin = acc_unpin;
     a->pub.h2d_gbps = acc_h2d_gbps;
+    a->pub.expert = acc_expert;
     return &a->pub;
 }
 
@@ -227,6 +256,8 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFreeHost(a->hy);
     cudaFree(a->dx);
     cudaFree(a->dy);
+    cudaFreeHost(a->hh);
+    cudaFree(a->dh);
     gpu_ws_free(&a->ws);
     while (a->nspare) {
         gpu_weight_free(a->spare[--a->nspare]);

@@ -4,7 +4,9 @@
  * device activation buffers (grown on demand), and the device copies it
  * hands out as handles. Matrix products use gpu_matmul_tc (MXFP4 on the
  * tensor cores) and gpu_matmul (bf16, fp8 block, int4 g32); other types are
- * refused (the engine keeps them on the CPU). Weight bytes are copied from
+ * refused (the engine keeps them on the CPU). Routed experts go through the
+ * expert hook: gpu_expert (gate/up + activation fused, then down) with one
+ * round trip per expert. Weight bytes are copied from
  * wherever the engine has them (mapped shards, expert cache slots) with
  * cudaMemcpy; the engine page-locks the expert cache through pin
  * (cudaHostRegister), so expert uploads run at the DMA rate instead of

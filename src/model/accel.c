@@ -29,6 +29,7 @@ typedef struct {
     int64_t bytes;
     int32_t prev, next; /* LRU list of CACHED entries (indices, -1 = none) */
     int state;
+    int busy; /* in use by acc_expert: not evicted */
 } acc_ent;
 
 /* Entries live in a growing array (indices stay valid); an open-addressing
@@ -165,8 +166,10 @@ static int64_t used_bytes(const acc_table *t) { return t->st.resident_bytes + t-
 static int make_room(acc_table *t, int64_t need) {
     if (need > t->a->budget - t->st.resident_bytes) return 0;
     while (used_bytes(t) + need > t->a->budget) {
-        if (t->lru_head < 0) return 0;
-        acc_ent *v = &t->ent[t->lru_head];
+        int32_t i = t->lru_head;
+        while (i >= 0 && t->ent[i].busy) i = t->ent[i].next;
+        if (i < 0) return 0;
+        acc_ent *v = &t->ent[i];
         lru_unlink(t, v);
         t->a->release(t->a->ctx, v->h);
         v->h = NULL;
@@ -270,6 +273,71 @@ int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, in
     int ok = run(t, h, w, X, n, Y, ldy);
     t->a->release(t->a->ctx, h);
     if (!ok) t->st.cpu_calls++;
+    return ok;
+}
+
+/* A device handle for w for one acc_expert call: its cached or resident
+ * copy (marked busy), else a fresh cached upload, else a transient one
+ * (*transient = 1: the caller releases it). NULL when w stays on the CPU. */
+static void *expert_handle(acc_table *t, const df_weight *w, acc_ent **ent, int *transient) {
+    *ent = NULL;
+    *transient = 0;
+    const void *k = key_of(w);
+    if (!k) return NULL;
+    acc_ent *e = find(t, k);
+    if (!e) {
+        if (!w->data || !(e = insert(t, k, wt_bytes(w), A_ABSENT))) return NULL;
+    }
+    if (e->state == A_CPU) return NULL;
+    if (e->h && (e->state == A_RESIDENT || e->state == A_CACHED)) {
+        if (e->state == A_CACHED) {
+            t->st.cache_hits++;
+            lru_unlink(t, e);
+            lru_push(t, e);
+        }
+    } else if (w->data && (e->state == A_ABSENT || e->state == A_PENDING)) {
+        upload(t, e, w, 0);
+    }
+    if (e->h) {
+        e->busy = 1;
+        *ent = e;
+        return e->h;
+    }
+    if (!w->data || e->state == A_CPU) return NULL;
+    int refused = 0;
+    void *h = t->a->upload(t->a->ctx, w, &refused, t->err);
+    if (!h) {
+        if (refused) { e->state = A_CPU; t->st.cpu_mats++; }
+        return NULL;
+    }
+    t->st.transient_uploads++;
+    t->st.upload_bytes += (uint64_t)e->bytes;
+    *transient = 1;
+    return h;
+}
+
+int acc_expert(acc_table *t, const df_weight w[3], int situ, float beta, float linear_beta, const float *X, int n,
+               float *out) {
+    if (!t || !t->a->expert) return 0;
+    void *h[3] = {NULL, NULL, NULL};
+    acc_ent *ent[3] = {NULL, NULL, NULL};
+    int tr[3] = {0, 0, 0}, ok = 1;
+    /* expert_handle may insert (moving t->ent): keep indices, not pointers */
+    int32_t id[3] = {-1, -1, -1};
+    for (int i = 0; i < 3 && ok; i++) {
+        h[i] = expert_handle(t, &w[i], &ent[i], &tr[i]);
+        if (ent[i]) id[i] = (int32_t)(ent[i] - t->ent);
+        ok = h[i] != NULL;
+    }
+    if (ok && t->a->expert(t->a->ctx, h[0], h[1], h[2], situ, beta, linear_beta, X, n, out, t->err) != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        ok = 0;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (id[i] >= 0) t->ent[id[i]].busy = 0;
+        if (tr[i]) t->a->release(t->a->ctx, h[i]);
+    }
+    if (ok) t->st.calls += 3;
     return ok;
 }
 

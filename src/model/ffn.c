@@ -245,7 +245,9 @@ static void run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe
             if (s->sel[t * K + k] == x) { s->etok[cnt] = t; s->eslot[cnt] = k; cnt++; }
     for (int i = 0; i < cnt; i++)
         memcpy(s->xe + (size_t)i * dl, xin + (size_t)s->etok[i] * dl, (size_t)dl * sizeof(float));
-    ffn_forward(e, w, act, s->xe, cnt, s->ye, s->g, s->u);
+    const df_weight three[XS_MATS] = {w->gate, w->up, w->down};
+    if (!e->acc || !acc_expert(e->acc, three, act->situ, act->beta, act->linear_beta, s->xe, cnt, s->ye))
+        ffn_forward(e, w, act, s->xe, cnt, s->ye, s->g, s->u);
     for (int i = 0; i < cnt; i++)
         memcpy(s->ys + ((size_t)s->etok[i] * K + s->eslot[i]) * dl, s->ye + (size_t)i * dl,
                (size_t)dl * sizeof(float));
@@ -276,9 +278,12 @@ static int run_expert_device(df_engine *e, const moe_layer *m, const ffn_act *ac
     for (int i = 0; i < cnt; i++)
         memcpy(s->xe + (size_t)i * dl, xin + (size_t)s->etok[i] * dl, (size_t)dl * sizeof(float));
     const int64_t I = w[0].rows;
-    if (!acc_mm(e->acc, &w[0], s->xe, cnt, s->g, I) || !acc_mm(e->acc, &w[1], s->xe, cnt, s->u, I)) return 0;
-    act_apply(act, s->g, s->u, I * cnt);
-    if (!acc_mm(e->acc, &w[2], s->g, cnt, s->ye, w[2].rows)) return 0;
+    if (!acc_expert(e->acc, w, act->situ, act->beta, act->linear_beta, s->xe, cnt, s->ye)) {
+        if (e->opts.accel->expert) return 0; /* the same device path as every other expert, or none */
+        if (!acc_mm(e->acc, &w[0], s->xe, cnt, s->g, I) || !acc_mm(e->acc, &w[1], s->xe, cnt, s->u, I)) return 0;
+        act_apply(act, s->g, s->u, I * cnt);
+        if (!acc_mm(e->acc, &w[2], s->g, cnt, s->ye, w[2].rows)) return 0;
+    }
     for (int i = 0; i < cnt; i++)
         memcpy(s->ys + ((size_t)s->etok[i] * K + s->eslot[i]) * dl, s->ye + (size_t)i * dl,
                (size_t)dl * sizeof(float));

@@ -127,6 +127,11 @@ int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, in
 /* 1 if w has a device copy now (acc_mm then needs no host bytes: w->data
  * may be NULL, and acc_mm returns 0 only on a device failure). */
 int acc_on_device(acc_table *t, const df_weight *w);
+/* One routed expert (gate, up, down) through the accelerator's expert hook
+ * (uploading what is missing): 1 if done, 0 if the hook is absent, a matrix
+ * stays on the CPU or the device failed (then nothing is written). */
+int acc_expert(acc_table *t, const df_weight w[3], int situ, float beta, float linear_beta, const float *X, int n,
+               float *out);
 void acc_count_tier_hit(acc_table *t); /* a routed expert served without the RAM cache */
 void acc_get_stats(const acc_table *t, df_accel_stats *out);
 void acc_reset_stats(acc_table *t);
