@@ -156,18 +156,23 @@ static void sizes(const df_weight *w, int64_t *data, int64_t *scale) {
     }
 }
 
+/* g's type and shape fields from w (its memory and sizes untouched). */
+static void take_shape(gpu_weight *g, const df_weight *w) {
+    g->type = w->type;
+    g->rows = w->rows;
+    g->cols = w->cols;
+    g->scale_dtype = w->scale_dtype;
+    g->block_rows = w->block_rows;
+    g->block_cols = w->block_cols;
+}
+
 extern "C" df_status gpu_weight_alloc(const df_weight *shape, gpu_weight *g, char *err) {
     memset(g, 0, sizeof *g);
     df_status st = gpu_weight_check(shape, err);
     if (st) return st;
     gpu_weight t;
     memset(&t, 0, sizeof t);
-    t.type = shape->type;
-    t.rows = shape->rows;
-    t.cols = shape->cols;
-    t.scale_dtype = shape->scale_dtype;
-    t.block_rows = shape->block_rows;
-    t.block_cols = shape->block_cols;
+    take_shape(&t, shape);
     sizes(shape, &t.data_bytes, &t.scale_bytes);
     cudaError_t e = cudaMalloc(&t.data, (size_t)t.data_bytes);
     if (e == cudaSuccess && t.scale_bytes) e = cudaMalloc(&t.scale, (size_t)t.scale_bytes);
@@ -198,12 +203,7 @@ extern "C" int gpu_weight_fits(const df_weight *w, const gpu_weight *g) {
 
 extern "C" df_status gpu_weight_refill(const df_weight *w, gpu_weight *g, char *err) {
     if (!gpu_weight_fits(w, g)) return fail(err, DF_ERR_ARG, "gpu: refill with a matrix of another size");
-    g->type = w->type;
-    g->rows = w->rows;
-    g->cols = w->cols;
-    g->scale_dtype = w->scale_dtype;
-    g->block_rows = w->block_rows;
-    g->block_cols = w->block_cols;
+    take_shape(g, w);
     cudaError_t e = cudaMemcpy(g->data, w->data, (size_t)g->data_bytes, cudaMemcpyHostToDevice);
     if (e == cudaSuccess && g->scale_bytes)
         e = cudaMemcpy(g->scale, w->scale, (size_t)g->scale_bytes, cudaMemcpyHostToDevice);

@@ -235,22 +235,34 @@ df_status moe_bind(df_engine *e, int layer, const char *base, const moe_flavour 
 
 /* ---- MoE forward ---- */
 
-/* Runs expert x (views w) over the chunk tokens that chose it, storing each
- * output in its (token, slot) row of s->ys. */
-static void run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
-                       const float *xin, int n, int x, const ffn_weights *w, int dl) {
+/* Gathers the chunk tokens that chose expert x into s->xe (their (token,
+ * slot) pairs in s->etok / s->eslot); returns how many. */
+static int gather_tokens(const moe_layer *m, moe_scratch *s, const float *xin, int n, int x, int dl) {
     int K = m->K, cnt = 0;
     for (int t = 0; t < n; t++)
         for (int k = 0; k < K; k++)
             if (s->sel[t * K + k] == x) { s->etok[cnt] = t; s->eslot[cnt] = k; cnt++; }
     for (int i = 0; i < cnt; i++)
         memcpy(s->xe + (size_t)i * dl, xin + (size_t)s->etok[i] * dl, (size_t)dl * sizeof(float));
+    return cnt;
+}
+
+/* Stores the expert outputs s->ye in their (token, slot) rows of s->ys. */
+static void scatter_tokens(const moe_layer *m, moe_scratch *s, int cnt, int dl) {
+    for (int i = 0; i < cnt; i++)
+        memcpy(s->ys + ((size_t)s->etok[i] * m->K + s->eslot[i]) * dl, s->ye + (size_t)i * dl,
+               (size_t)dl * sizeof(float));
+}
+
+/* Runs expert x (views w) over the chunk tokens that chose it, storing each
+ * output in its (token, slot) row of s->ys. */
+static void run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
+                       const float *xin, int n, int x, const ffn_weights *w, int dl) {
+    int cnt = gather_tokens(m, s, xin, n, x, dl);
     const df_weight three[XS_MATS] = {w->gate, w->up, w->down};
     if (!e->acc || !acc_expert(e->acc, three, act->situ, act->beta, act->linear_beta, s->xe, cnt, s->ye))
         ffn_forward(e, w, act, s->xe, cnt, s->ye, s->g, s->u);
-    for (int i = 0; i < cnt; i++)
-        memcpy(s->ys + ((size_t)s->etok[i] * K + s->eslot[i]) * dl, s->ye + (size_t)i * dl,
-               (size_t)dl * sizeof(float));
+    scatter_tokens(m, s, cnt, dl);
 }
 
 /* The GPU tier over the RAM cache: expert x of the layer runs from its
@@ -271,12 +283,7 @@ static int run_expert_device(df_engine *e, const moe_layer *m, const ffn_act *ac
                              const float *xin, int n, int x, int dl) {
     df_weight w[XS_MATS];
     xs_templates(m->store, m->layer, x, w);
-    int K = m->K, cnt = 0;
-    for (int t = 0; t < n; t++)
-        for (int k = 0; k < K; k++)
-            if (s->sel[t * K + k] == x) { s->etok[cnt] = t; s->eslot[cnt] = k; cnt++; }
-    for (int i = 0; i < cnt; i++)
-        memcpy(s->xe + (size_t)i * dl, xin + (size_t)s->etok[i] * dl, (size_t)dl * sizeof(float));
+    int cnt = gather_tokens(m, s, xin, n, x, dl);
     const int64_t I = w[0].rows;
     if (!acc_expert(e->acc, w, act->situ, act->beta, act->linear_beta, s->xe, cnt, s->ye)) {
         if (e->opts.accel->expert) return 0; /* the same device path as every other expert, or none */
@@ -284,9 +291,7 @@ static int run_expert_device(df_engine *e, const moe_layer *m, const ffn_act *ac
         act_apply(act, s->g, s->u, I * cnt);
         if (!acc_mm(e->acc, &w[2], s->g, cnt, s->ye, w[2].rows)) return 0;
     }
-    for (int i = 0; i < cnt; i++)
-        memcpy(s->ys + ((size_t)s->etok[i] * K + s->eslot[i]) * dl, s->ye + (size_t)i * dl,
-               (size_t)dl * sizeof(float));
+    scatter_tokens(m, s, cnt, dl);
     acc_count_tier_hit(e->acc);
     return 1;
 }
