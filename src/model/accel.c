@@ -361,10 +361,14 @@ void acc_describe(const acc_table *t, char *b, size_t cap) {
              "gpu placement  budget %.3f GB: non-expert matrices resident on first use (%.3f GB bound%s),\n"
              "               the rest (routed experts, streamed spine) in an LRU cache of device copies;\n"
              "               now %lld resident (%.3f GB), %.3f GB cached, %lld matrices on the CPU (no kernel);\n"
+             "               tiers: device copies, then the RAM expert cache (%s), then disk; an expert\n"
+             "               with device copies is not read again%s;\n"
              "               attention, norms, routing and the absorbed MLA products run on the CPU\n",
              t->a->name ? t->a->name : "accelerator", t->a->budget / 1e9, t->planned_bytes / 1e9,
              t->planned_bytes > t->a->budget ? ", more than the budget: the excess is cached" : "",
-             (long long)s->resident_mats, s->resident_bytes / 1e9, s->cached_bytes / 1e9, (long long)s->cpu_mats);
+             (long long)s->resident_mats, s->resident_bytes / 1e9, s->cached_bytes / 1e9, (long long)s->cpu_mats,
+             t->pinned ? "page-locked for uploads" : "pageable",
+             t->a->expert ? "; each routed expert is one device call" : "");
 }
 
 const char *acc_last_error(const acc_table *t) { return t ? t->last_err : ""; }
