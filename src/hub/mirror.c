@@ -873,10 +873,10 @@ static df_status mirror_ensure(hub_mirror *m, mshard *s, int64_t a, int64_t b, c
     return mirror_ensure_pin(m, s, a, b, 0, err);
 }
 
-static const tspan *g_sort_t; /* qsort context of by_unit (under g_sort_mu) */
-static pthread_mutex_t g_sort_mu = PTHREAD_MUTEX_INITIALIZER;
-static int by_unit(const void *x, const void *y) {
-    const tspan *a = &g_sort_t[*(const int *)x], *b = &g_sort_t[*(const int *)y];
+/* qsort_r order of tensor indices (into ctx, the shard's tspans) by expert unit */
+static int by_unit(const void *x, const void *y, void *ctx) {
+    const tspan *t = ctx;
+    const tspan *a = &t[*(const int *)x], *b = &t[*(const int *)y];
     if (a->layer != b->layer) return a->layer < b->layer ? -1 : 1;
     if (a->eid != b->eid) return a->eid < b->eid ? -1 : 1;
     return a->a < b->a ? -1 : a->a > b->a;
@@ -898,10 +898,7 @@ static df_status build_units(mshard *s, int64_t header_end, char *err) {
     if (!s->ut || !s->u) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     int k = 0;
     for (int i = 0; i < s->nt; i++) if (s->t[i].expert && s->t[i].eid >= 0) s->ut[k++] = i;
-    pthread_mutex_lock(&g_sort_mu);
-    g_sort_t = s->t;
-    qsort(s->ut, (size_t)ne, sizeof *s->ut, by_unit);
-    pthread_mutex_unlock(&g_sort_mu);
+    qsort_r(s->ut, (size_t)ne, sizeof *s->ut, by_unit, s->t);
     s->nu = 0;
     for (int i = 0; i < ne; i++) {
         tspan *t = &s->t[s->ut[i]];
