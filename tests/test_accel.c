@@ -283,3 +283,34 @@ TEST(model_accel_lru_order_and_pin) {
     acc_free(t);
     CHECK(log.unpins == 1 && log.nrel == 4, "unpins %d, released %d", log.unpins, log.nrel);
 }
+
+/* inspect's placement with an accelerator: the budget, the tiers and the
+ * routed-expert plan (how many fit beside the resident matrices). */
+TEST(model_accel_describe_plan) {
+    kn_level lv = kn_detect();
+    const char *dir = "tests/fixtures/kimi_k3_mxfp4";
+    for (int b = 0; b < 2; b++) {
+        df_accel a = {"fake", &lv, b ? 1 : (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
+                      fake_expert};
+        df_engine_opts o;
+        df_engine_opts_default(&o);
+        o.n_threads = 2;
+        o.accel = &a;
+        o.ram_bytes = (int64_t)1 << 20;
+        df_engine *e = NULL;
+        char err[DF_ERRMSG];
+        REQUIRE(df_engine_open(dir, &o, &e, err) == DF_OK, "%s", err);
+        const char *d = df_engine_describe(e);
+        CHECK(strstr(d, "gpu placement") && strstr(d, "tiers: device copies") && strstr(d, "one device call"),
+              "%s", d);
+        const char *p = strstr(d, "device plan");
+        REQUIRE(p != NULL, "%s", d);
+        long long fit = -1;
+        int n = 0;
+        const char *h = strstr(p, "holds ");
+        int got = h ? sscanf(h, "holds %lld of the %d routed experts", &fit, &n) : 0;
+        CHECK(got == 2, "%s", p);
+        CHECK(n > 0 && (b ? fit == 0 : fit == n), "budget %d: %lld of %d experts fit", b, fit, n);
+        df_engine_close(e);
+    }
+}

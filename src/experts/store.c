@@ -595,6 +595,11 @@ df_status xs_check_files(const xs_store *x, char *err) {
 
 int64_t xs_pool_bytes(const xs_store *x) { return x->pool_bytes; }
 void *xs_pool(const xs_store *x) { return x->pool; }
+int xs_registered(const xs_store *x) {
+    int n = 0;
+    for (int64_t k = 0; k < (int64_t)x->L * x->E; k++) n += x->ex[k].reg != 0;
+    return n;
+}
 void xs_templates(const xs_store *x, int layer, int e, df_weight w[XS_MATS]) {
     memcpy(w, x->ex[(size_t)layer * x->E + e].w, sizeof(df_weight) * XS_MATS);
 }

@@ -103,4 +103,5 @@ void xs_get_stats(const xs_store *x, xs_stats *s);
 void xs_reset_stats(xs_store *x);
 /* Bytes of the largest expert as stored (all its tensors). */
 int64_t xs_expert_bytes(const xs_store *x);
+int xs_registered(const xs_store *x); /* experts registered (the model's routed experts) */
 #endif

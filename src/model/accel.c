@@ -353,9 +353,19 @@ void acc_reset_stats(acc_table *t) {
     t->st.tier_hits = 0;
 }
 
-void acc_describe(const acc_table *t, char *b, size_t cap) {
+void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes, int n_experts) {
     if (!t) return;
     const df_accel_stats *s = &t->st;
+    char plan[256] = "";
+    if (expert_bytes > 0 && n_experts > 0) {
+        int64_t room = t->a->budget - (t->planned_bytes < t->a->budget ? t->planned_bytes : t->a->budget);
+        int64_t fit = room / expert_bytes;
+        if (fit > n_experts) fit = n_experts;
+        snprintf(plan, sizeof plan,
+                 "device plan    %.3f GB left beside the resident matrices holds %lld of the %d routed experts\n"
+                 "               (%.1f MB each, %.1f%% of their bytes) as device copies\n",
+                 room / 1e9, (long long)fit, n_experts, expert_bytes / 1e6, 100.0 * (double)fit / n_experts);
+    }
     snprintf(b, cap,
              "device         %s\n"
              "gpu placement  budget %.3f GB: non-expert matrices resident on first use (%.3f GB bound%s),\n"
@@ -363,12 +373,12 @@ void acc_describe(const acc_table *t, char *b, size_t cap) {
              "               now %lld resident (%.3f GB), %.3f GB cached, %lld matrices on the CPU (no kernel);\n"
              "               tiers: device copies, then the RAM expert cache (%s), then disk; an expert\n"
              "               with device copies is not read again%s;\n"
-             "               attention, norms, routing and the absorbed MLA products run on the CPU\n",
+             "               attention, norms, routing and the absorbed MLA products run on the CPU\n%s",
              t->a->name ? t->a->name : "accelerator", t->a->budget / 1e9, t->planned_bytes / 1e9,
              t->planned_bytes > t->a->budget ? ", more than the budget: the excess is cached" : "",
              (long long)s->resident_mats, s->resident_bytes / 1e9, s->cached_bytes / 1e9, (long long)s->cpu_mats,
              t->pinned ? "page-locked for uploads" : "pageable",
-             t->a->expert ? "; each routed expert is one device call" : "");
+             t->a->expert ? "; each routed expert is one device call" : "", plan);
 }
 
 const char *acc_last_error(const acc_table *t) { return t ? t->last_err : ""; }

@@ -206,7 +206,9 @@ const char *df_engine_describe(df_engine *e) {
     snprintf(b + used, cap - used, "memory plan    %.3f GB for a 4096-token session (weights outside the cache + cache + state + metadata + 64 MB)\n",
              df_engine_plan_bytes(e, 4096) / 1e9);
     used = strlen(b);
-    if (e->acc) acc_describe(e->acc, b + used, cap - used);
+    if (e->acc)
+        acc_describe(e->acc, b + used, cap - used, e->store ? xs_expert_bytes(e->store) : 0,
+                     e->store ? xs_registered(e->store) : 0);
     else if (e->opts.accel)
         snprintf(b + used, cap - used, "device         %s (budget %.3f GB): matrices go to it on first use\n",
                  e->opts.accel->name ? e->opts.accel->name : "accelerator", e->opts.accel->budget / 1e9);

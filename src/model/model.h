@@ -135,7 +135,9 @@ int acc_expert(acc_table *t, const df_weight w[3], int situ, float beta, float l
 void acc_count_tier_hit(acc_table *t); /* a routed expert served without the RAM cache */
 void acc_get_stats(const acc_table *t, df_accel_stats *out);
 void acc_reset_stats(acc_table *t);
-void acc_describe(const acc_table *t, char *buf, size_t cap);
+/* The placement: budget, what is resident, the tiers, and the plan for the
+ * routed experts (expert_bytes each, n_experts of them; 0 without a store). */
+void acc_describe(const acc_table *t, char *buf, size_t cap, int64_t expert_bytes, int n_experts);
 const char *acc_last_error(const acc_table *t);
 
 extern const df_program_ops dsv3_program;
