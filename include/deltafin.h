@@ -412,11 +412,11 @@ int df_chat_parser_done(const df_chat_parser *p);
  * A model directory made by `deltafin setup --stream` holds every file of a
  * hub repository, its safetensors shards as sparse files at the remote
  * offsets with routed experts fetched on first use. df_hub_stream_open
- * registers such a directory and returns the df_io table to put in
+ * opens such a directory; df_hub_stream_io gives the df_io table to put in
  * df_engine_opts.io: reads of a missing span of a shard fetch it from the hub
  * (one HTTP range request), write it durably, record it, then read it. The
- * table serves every registered mirror and stays valid until the last
- * df_hub_stream_close. Routed experts must be read through the expert store
+ * table stays valid until df_hub_stream_close (close engines using it
+ * first). Routed experts must be read through the expert store
  * (expert_io direct or pread, not mmap); O_DIRECT opens of a shard are
  * refused so the store falls back to exact buffered reads. */
 typedef struct {
@@ -428,11 +428,13 @@ typedef struct {
 
 /* 1 if dir is a stream-mode mirror (.deltafin-hub/manifest.json, mode stream). */
 int df_hub_is_stream(const char *dir);
+typedef struct df_hub_stream df_hub_stream; /* an open stream mirror */
 /* endpoint NULL: the one recorded at setup; token NULL: anonymous. */
-df_status df_hub_stream_open(const char *dir, const char *endpoint, const char *token,
-                             const struct df_io **io, char err[DF_ERRMSG]);
-void df_hub_stream_info(const char *dir, df_hub_stream_stats *out);
-void df_hub_stream_close(const char *dir); /* NULL-safe, unknown dirs ignored */
+df_status df_hub_stream_open(const char *dir, const char *endpoint, const char *token, df_hub_stream **out,
+                             char err[DF_ERRMSG]);
+const struct df_io *df_hub_stream_io(const df_hub_stream *s);
+void df_hub_stream_info(df_hub_stream *s, df_hub_stream_stats *out);
+void df_hub_stream_close(df_hub_stream *s); /* NULL-safe; saves the use clock and rate */
 
 #ifdef __cplusplus
 }

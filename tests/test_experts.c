@@ -24,7 +24,8 @@ enum { NT = sizeof toks / sizeof toks[0] };
 /* fault switches, read by the wrapper from the I/O threads */
 static atomic_int f_eintr, f_short, f_slow, f_eio, f_calls;
 
-static ssize_t faulty_pread(int fd, void *buf, size_t n, off_t off) {
+static ssize_t faulty_pread(void *ctx, int fd, void *buf, size_t n, off_t off) {
+    (void)ctx;
     int c = atomic_fetch_add(&f_calls, 1);
     if (atomic_load(&f_eio)) { errno = EIO; return -1; }
     if (atomic_load(&f_eintr) && c % 2 == 0) { errno = EINTR; return -1; }
@@ -36,7 +37,7 @@ static ssize_t faulty_pread(int fd, void *buf, size_t n, off_t off) {
         size_t h = n / 2 / 4096 * 4096;
         n = h ? h : 4096;
     }
-    return df_io_default()->pread(fd, buf, n, off);
+    return io_pread(df_io_default(), fd, buf, n, off);
 }
 
 static df_io faulty;

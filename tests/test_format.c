@@ -105,7 +105,8 @@ static int has(const char *msg, const char *s) { return strstr(msg, s) != NULL; 
 
 /* Short reads (at most 3 bytes) and an EINTR on every other call. */
 static int flaky_calls;
-static ssize_t flaky_pread(int fd, void *buf, size_t n, off_t off) {
+static ssize_t flaky_pread(void *ctx, int fd, void *buf, size_t n, off_t off) {
+    (void)ctx;
     if (flaky_calls++ % 2 == 0) {
         errno = EINTR;
         return -1;
@@ -115,7 +116,8 @@ static ssize_t flaky_pread(int fd, void *buf, size_t n, off_t off) {
 
 /* Fails every read after the first `eio_after` calls. */
 static int eio_left;
-static ssize_t eio_pread(int fd, void *buf, size_t n, off_t off) {
+static ssize_t eio_pread(void *ctx, int fd, void *buf, size_t n, off_t off) {
+    (void)ctx;
     if (eio_left-- <= 0) {
         errno = EIO;
         return -1;
@@ -123,7 +125,7 @@ static ssize_t eio_pread(int fd, void *buf, size_t n, off_t off) {
     return pread(fd, buf, n, off);
 }
 
-static df_io io_with_pread(ssize_t (*fn)(int, void *, size_t, off_t)) {
+static df_io io_with_pread(ssize_t (*fn)(void *, int, void *, size_t, off_t)) {
     df_io io = *df_io_default();
     io.pread = fn;
     return io;
@@ -137,7 +139,7 @@ TEST(fmt_io_pread_full) {
     char path[512];
     snprintf(path, sizeof path, "%s/f.txt", d);
     const df_io *io = df_io_default();
-    int fd = io->open(path, O_RDONLY, 0);
+    int fd = io_open(io, path, O_RDONLY, 0);
     REQUIRE(fd >= 0);
     char buf[16] = {0};
     CHECK(io_pread_full(io, fd, buf, 5, 7) == 0 && memcmp(buf, "world", 5) == 0);
@@ -147,7 +149,7 @@ TEST(fmt_io_pread_full) {
     flaky_calls = 0;
     memset(buf, 0, sizeof buf);
     CHECK(io_pread_full(&fl, fd, buf, 12, 0) == 0 && memcmp(buf, "hello, world", 12) == 0);
-    io->close(fd);
+    io_close(io, fd);
     size_t len = 0;
     char *t = io_read_text(&fl, path, 100, &len);
     CHECK(t && len == 12 && strcmp(t, "hello, world") == 0);

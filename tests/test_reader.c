@@ -140,7 +140,8 @@ static size_t half(size_t n, int direct) {
     return h ? h : n;
 }
 
-static ssize_t fx_pread(int fd, void *buf, size_t n, off_t off) {
+static ssize_t fx_pread(void *ctx, int fd, void *buf, size_t n, off_t off) {
+    (void)ctx;
     unsigned c = atomic_fetch_add(&fx.calls, 1);
     if (fx.eintr && (c & 1)) {
         atomic_fetch_add(&fx.faults, 1);
@@ -157,7 +158,7 @@ static ssize_t fx_pread(int fd, void *buf, size_t n, off_t off) {
         atomic_fetch_add(&fx.faults, 1);
         n = half(n, is_direct(fd));
     }
-    return df_io_default()->pread(fd, buf, n, off);
+    return io_pread(df_io_default(), fd, buf, n, off);
 }
 
 static int fx_ring_read(df_ring *ring, int fd, void *buf, unsigned n, int64_t off, uint64_t tag) {

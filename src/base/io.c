@@ -27,24 +27,31 @@
 
 /* ---- 1. default table ---------------------------------------------------- */
 
-static int px_open(const char *path, int flags, int mode) {
+static int px_open(void *ctx, const char *path, int flags, int mode) {
+    (void)ctx;
     return open(path, flags | O_CLOEXEC, (mode_t)mode);
 }
 
-static int px_close(int fd) { return close(fd); }
+static int px_close(void *ctx, int fd) {
+    (void)ctx;
+    return close(fd);
+}
 
-static ssize_t px_pread(int fd, void *buf, size_t n, off_t off) {
+static ssize_t px_pread(void *ctx, int fd, void *buf, size_t n, off_t off) {
+    (void)ctx;
     return pread(fd, buf, n, off);
 }
 
-static int px_fsize(int fd, int64_t *size) {
+static int px_fsize(void *ctx, int fd, int64_t *size) {
+    (void)ctx;
     struct stat sb;
     if (fstat(fd, &sb) != 0) return -1;
     *size = (int64_t)sb.st_size;
     return 0;
 }
 
-static void *px_mmap(size_t len, int fd) {
+static void *px_mmap(void *ctx, size_t len, int fd) {
+    (void)ctx;
     if (len == 0) {
         errno = EINVAL;
         return NULL;
@@ -53,7 +60,10 @@ static void *px_mmap(size_t len, int fd) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-static int px_munmap(void *p, size_t len) { return munmap(p, len); }
+static int px_munmap(void *ctx, void *p, size_t len) {
+    (void)ctx;
+    return munmap(p, len);
+}
 
 #ifndef DF_NO_URING
 /* df_ring is liburing's struct io_uring, heap-allocated by ring_open. */
@@ -125,7 +135,7 @@ const df_io *df_io_default(void) { return &posix_io; }
 int io_pread_full(const df_io *io, int fd, void *buf, size_t n, int64_t off) {
     char *p = buf;
     while (n > 0) {
-        ssize_t got = io->pread(fd, p, n, (off_t)off);
+        ssize_t got = io_pread(io, fd, p, n, (off_t)off);
         if (got < 0) {
             if (errno == EINTR) continue;
             return -1;
@@ -142,34 +152,34 @@ int io_pread_full(const df_io *io, int fd, void *buf, size_t n, int64_t off) {
 }
 
 char *io_read_text(const df_io *io, const char *path, size_t max_bytes, size_t *len) {
-    int fd = io->open(path, O_RDONLY, 0);
+    int fd = io_open(io, path, O_RDONLY, 0);
     if (fd < 0) return NULL;
     int64_t size = 0;
-    if (io->fsize(fd, &size) != 0) {
+    if (io_fsize(io, fd, &size) != 0) {
         int e = errno;
-        io->close(fd);
+        io_close(io, fd);
         errno = e;
         return NULL;
     }
     if (size < 0 || (uint64_t)size > max_bytes) {
-        io->close(fd);
+        io_close(io, fd);
         errno = EFBIG;
         return NULL;
     }
     char *buf = malloc((size_t)size + 1);
     if (!buf) {
-        io->close(fd);
+        io_close(io, fd);
         errno = ENOMEM;
         return NULL;
     }
     if (io_pread_full(io, fd, buf, (size_t)size, 0) != 0) {
         int e = errno;
         free(buf);
-        io->close(fd);
+        io_close(io, fd);
         errno = e;
         return NULL;
     }
-    io->close(fd);
+    io_close(io, fd);
     buf[size] = 0;
     if (len) *len = (size_t)size;
     return buf;

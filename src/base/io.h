@@ -1,8 +1,10 @@
 /* io.h — the I/O indirection table (SQLite's aSyscall idea).
  *
  * Every file access of the library goes through a df_io table so tests can
- * inject short reads, EINTR, EIO and truncated files. df_io_default() returns
- * the plain POSIX table. io_pread_full retries short reads and EINTR.
+ * inject short reads, EINTR, EIO and truncated files, and a stream mirror can
+ * fetch what it lacks (its state is the table's ctx, passed to every file
+ * call). df_io_default() returns the plain POSIX table. io_pread_full
+ * retries short reads and EINTR.
  *
  * The ring_* entries wrap io_uring (liburing) behind an opaque df_ring so
  * this header does not pull in <liburing.h>; they are NULL in a table (or a
@@ -19,12 +21,14 @@
 typedef struct df_ring df_ring; /* an io_uring instance (opaque) */
 
 typedef struct df_io {
-    int (*open)(const char *path, int flags, int mode);
-    int (*close)(int fd);
-    ssize_t (*pread)(int fd, void *buf, size_t n, off_t off);
-    int (*fsize)(int fd, int64_t *size);        /* 0 ok, -1 error (errno set) */
-    void *(*mmap)(size_t len, int fd);          /* read-only shared map; NULL on failure */
-    int (*munmap)(void *p, size_t len);
+    /* The file calls get the table's ctx first (a stream mirror's state; NULL
+     * for the POSIX table). Callers use the io_* wrappers below. */
+    int (*open)(void *ctx, const char *path, int flags, int mode);
+    int (*close)(void *ctx, int fd);
+    ssize_t (*pread)(void *ctx, int fd, void *buf, size_t n, off_t off);
+    int (*fsize)(void *ctx, int fd, int64_t *size); /* 0 ok, -1 error (errno set) */
+    void *(*mmap)(void *ctx, size_t len, int fd);   /* read-only shared map; NULL on failure */
+    int (*munmap)(void *ctx, void *p, size_t len);
     /* io_uring. Every int return is 0 (or a count) on success, else a
      * negative errno; none of them sets errno. */
     int (*ring_open)(unsigned entries, df_ring **ring); /* -EPERM/-ENOSYS under seccomp */
@@ -40,7 +44,19 @@ typedef struct df_io {
      * mirror filling holes): their modification time says nothing about a
      * change from outside. */
     int fills_in_place;
+    void *ctx;
 } df_io;
+
+static inline int io_open(const df_io *io, const char *path, int flags, int mode) {
+    return io->open(io->ctx, path, flags, mode);
+}
+static inline int io_close(const df_io *io, int fd) { return io->close(io->ctx, fd); }
+static inline ssize_t io_pread(const df_io *io, int fd, void *buf, size_t n, off_t off) {
+    return io->pread(io->ctx, fd, buf, n, off);
+}
+static inline int io_fsize(const df_io *io, int fd, int64_t *size) { return io->fsize(io->ctx, fd, size); }
+static inline void *io_mmap(const df_io *io, size_t len, int fd) { return io->mmap(io->ctx, len, fd); }
+static inline int io_munmap(const df_io *io, void *p, size_t len) { return io->munmap(io->ctx, p, len); }
 
 const df_io *df_io_default(void);
 /* Reads exactly n bytes at off; returns 0, or -1 with errno set (EIO on EOF). */

@@ -341,7 +341,7 @@ int cmd_doctor(int argc, char **argv) {
 
 /* ---- the stream hook of every model command ---- */
 
-static char attached[4096];
+static df_hub_stream *attached; /* the CLI's stream mirror, open until exit */
 
 static void report_fetch_error(void) {
     df_hub_stream_stats s;
@@ -361,19 +361,19 @@ int cli_hub_attach(const char *model, int expert_io, int64_t cache_limit, df_eng
         return -1;
     }
     const char *ep = getenv("HF_ENDPOINT"), *tok = getenv("HF_TOKEN");
-    const struct df_io *io;
+    df_hub_stream *hs;
     char err[DF_ERRMSG];
-    if (df_hub_stream_open(model, ep && *ep ? ep : NULL, tok && *tok ? tok : NULL, &io, err) != DF_OK) {
+    if (df_hub_stream_open(model, ep && *ep ? ep : NULL, tok && *tok ? tok : NULL, &hs, err) != DF_OK) {
         fprintf(stderr, "deltafin: cannot open the stream mirror: %s\n", err);
         return -1;
     }
-    eo->io = io;
-    if (cache_limit >= 0 && hub_stream_set_limit(model, cache_limit, err) != DF_OK)
+    eo->io = df_hub_stream_io(hs);
+    if (cache_limit >= 0 && hub_stream_set_limit(hs, cache_limit, err) != DF_OK)
         fprintf(stderr, "deltafin: --cache-limit: %s\n", err);
     df_hub_stream_stats s;
     hub_meta mt;
-    df_hub_stream_info(model, &s);
-    hub_stream_meta(model, &mt);
+    df_hub_stream_info(hs, &s);
+    hub_stream_meta(hs, &mt);
     double pct = s.expert_total ? 100.0 * (double)s.expert_local / (double)s.expert_total : 100.0;
     int64_t missing = s.expert_total - s.expert_local;
     char eta[96] = "";
@@ -391,7 +391,7 @@ int cli_hub_attach(const char *model, int expert_io, int64_t cache_limit, df_eng
     fprintf(stderr, "deltafin: stream mirror: routed experts %.3f of %.3f GB local (%.0f%%)%s; missing ones are "
                     "fetched on first use; completing needs %.3f GB%s (`deltafin fetch-experts %s`)\n",
             s.expert_local / 1e9, s.expert_total / 1e9, pct, lim, missing / 1e9, eta, model);
-    snprintf(attached, sizeof attached, "%s", model);
+    attached = hs;
     atexit(report_fetch_error);
     return 0;
 }

@@ -183,7 +183,7 @@ static int account(xreq *q, int64_t res) {
 /* Reads all of q with retries; 0 or an errno. */
 static int pool_read(const df_io *io, xreq *q) {
     for (;;) {
-        ssize_t n = io->pread(q->fd, q->buf + q->got, next_len(q), (off_t)(q->off + (int64_t)q->got));
+        ssize_t n = io_pread(io, q->fd, q->buf + q->got, next_len(q), (off_t)(q->off + (int64_t)q->got));
         int e = account(q, n < 0 ? -(int64_t)errno : (int64_t)n);
         if (e >= 0) return e;
     }
@@ -515,7 +515,7 @@ df_status xr_probe_bandwidth(const df_io *io, const char *path, xr_kind kind, si
     if (chunk == 0 || depth < 1 || depth > XR_MAX_DEPTH)
         return df_fail(err, DF_ERR_ARG, "disk probe: chunk %zu, depth %d", chunk, depth);
     chunk = (chunk + XR_ALIGN - 1) & ~(size_t)(XR_ALIGN - 1);
-    int fd = io->open(path, O_RDONLY | O_DIRECT, 0);
+    int fd = io_open(io, path, O_RDONLY | O_DIRECT, 0);
     if (fd < 0) {
         int e = errno;
         if (e == EINVAL)
@@ -523,14 +523,14 @@ df_status xr_probe_bandwidth(const df_io *io, const char *path, xr_kind kind, si
         return df_fail(err, DF_ERR_IO, "disk probe: %s: %s", path, strerror(e));
     }
     int64_t size = 0;
-    if (io->fsize(fd, &size) != 0 || size < (int64_t)chunk) {
-        io->close(fd);
+    if (io_fsize(io, fd, &size) != 0 || size < (int64_t)chunk) {
+        io_close(io, fd);
         return df_fail(err, DF_ERR_IO, "disk probe: %s: %lld bytes, need at least %zu", path,
                        (long long)size, chunk);
     }
     char *bufs = NULL;
     if (posix_memalign((void **)&bufs, XR_ALIGN, chunk * (size_t)depth) != 0) {
-        io->close(fd);
+        io_close(io, fd);
         return df_fail(err, DF_ERR_NOMEM, "disk probe: %d x %zu bytes of buffers", depth, chunk);
     }
     memset(bufs, 0, chunk * (size_t)depth); /* fault the pages in before timing */
@@ -538,7 +538,7 @@ df_status xr_probe_bandwidth(const df_io *io, const char *path, xr_kind kind, si
     df_status st = xr_open(io, kind, depth, depth, &r, err);
     if (st != DF_OK) {
         free(bufs);
-        io->close(fd);
+        io_close(io, fd);
         return st;
     }
     uint64_t seed = 0x9e3779b97f4a7c15ULL;
@@ -572,7 +572,7 @@ df_status xr_probe_bandwidth(const df_io *io, const char *path, xr_kind kind, si
     }
     xr_close(r);
     free(bufs);
-    io->close(fd);
+    io_close(io, fd);
     if (failed)
         return df_fail(err, DF_ERR_IO, "disk probe: %s: read failed: %s", path, strerror(failed));
     *gbps = t1 > t0 ? (double)bytes / (t1 - t0) * 1e-9 : 0;

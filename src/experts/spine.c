@@ -70,8 +70,8 @@ void sp_free(sp_store *s) {
     if (!s) return;
     xr_close(s->rd);
     for (int i = 0; s->fd_buf && i < s->n_shards; i++) {
-        if (s->fd_buf[i] >= 0) s->io->close(s->fd_buf[i]);
-        if (s->fd_direct[i] >= 0) s->io->close(s->fd_direct[i]);
+        if (s->fd_buf[i] >= 0) io_close(s->io, s->fd_buf[i]);
+        if (s->fd_direct[i] >= 0) io_close(s->io, s->fd_direct[i]);
     }
     for (int k = 0; k < 2; k++)
         if (s->slot[k]) munmap(s->slot[k], (size_t)s->slot_bytes);
@@ -152,10 +152,10 @@ df_status sp_finalize(sp_store *s, char *err) {
     for (int i = 0; i < s->n_shards; i++) s->fd_direct[i] = s->fd_buf[i] = -1;
     for (int i = 0; i < s->n_shards; i++) {
         const char *p = st_shard_path(s->st, i);
-        s->fd_buf[i] = s->io->open(p, O_RDONLY | O_CLOEXEC, 0);
-        if (s->fd_buf[i] < 0 || s->io->fsize(s->fd_buf[i], &s->fsize[i]) != 0)
+        s->fd_buf[i] = io_open(s->io, p, O_RDONLY | O_CLOEXEC, 0);
+        if (s->fd_buf[i] < 0 || io_fsize(s->io, s->fd_buf[i], &s->fsize[i]) != 0)
             return df_fail(err, DF_ERR_IO, "%s: cannot open for streaming: %s", p, strerror(errno));
-        if (s->direct) s->fd_direct[i] = s->io->open(p, O_RDONLY | O_CLOEXEC | O_DIRECT, 0);
+        if (s->direct) s->fd_direct[i] = io_open(s->io, p, O_RDONLY | O_CLOEXEC | O_DIRECT, 0);
     }
     df_status st;
     s->slot_bytes = XR_ALIGN;

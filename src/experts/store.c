@@ -169,10 +169,10 @@ df_status xs_finalize(xs_store *x, char *err) {
     for (int i = 0; i < x->n_shards; i++) x->fd_direct[i] = x->fd_buf[i] = -1;
     for (int i = 0; i < x->n_shards; i++) {
         const char *p = st_shard_path(x->st, i);
-        x->fd_buf[i] = x->io->open(p, O_RDONLY | O_CLOEXEC, 0);
-        if (x->fd_buf[i] < 0 || x->io->fsize(x->fd_buf[i], &x->fsize[i]) != 0)
+        x->fd_buf[i] = io_open(x->io, p, O_RDONLY | O_CLOEXEC, 0);
+        if (x->fd_buf[i] < 0 || io_fsize(x->io, x->fd_buf[i], &x->fsize[i]) != 0)
             return df_fail(err, DF_ERR_IO, "%s: cannot open for expert reads: %s", p, strerror(errno));
-        if (x->o.direct) x->fd_direct[i] = x->io->open(p, O_RDONLY | O_CLOEXEC | O_DIRECT, 0);
+        if (x->o.direct) x->fd_direct[i] = io_open(x->io, p, O_RDONLY | O_CLOEXEC | O_DIRECT, 0);
         struct stat sb;
         if (fstat(x->fd_buf[i], &sb) == 0) x->mtime[i] = sb.st_mtim;
     }
@@ -243,8 +243,8 @@ void xs_free(xs_store *x) {
     if (!x) return;
     xr_close(x->rd);
     for (int i = 0; x->fd_buf && i < x->n_shards; i++) {
-        if (x->fd_buf[i] >= 0) x->io->close(x->fd_buf[i]);
-        if (x->fd_direct[i] >= 0) x->io->close(x->fd_direct[i]);
+        if (x->fd_buf[i] >= 0) io_close(x->io, x->fd_buf[i]);
+        if (x->fd_direct[i] >= 0) io_close(x->io, x->fd_direct[i]);
     }
     free(x->fd_direct); free(x->fd_buf); free(x->fsize); free(x->mtime);
     if (x->pool) munmap(x->pool, (size_t)x->pool_bytes);
@@ -579,7 +579,7 @@ df_status xs_check_files(const xs_store *x, char *err) {
     for (int i = 0; i < x->n_shards; i++) {
         int64_t sz = -1;
         struct stat sb;
-        int changed = x->io->fsize(x->fd_buf[i], &sz) != 0 || sz != x->fsize[i];
+        int changed = io_fsize(x->io, x->fd_buf[i], &sz) != 0 || sz != x->fsize[i];
         /* a table that fills holes in place (a stream mirror) changes the
          * modification time itself: then only the size is checked */
         if (!changed && !x->io->fills_in_place && fstat(x->fd_buf[i], &sb) == 0)

@@ -136,8 +136,8 @@ static int table_reserve(st_set *s, int64_t n) {
 }
 
 static void close_shard(const df_io *io, st_shard *sh) {
-    if (sh->map) io->munmap(sh->map, (size_t)sh->size);
-    if (sh->fd >= 0) io->close(sh->fd);
+    if (sh->map) io_munmap(io, sh->map, (size_t)sh->size);
+    if (sh->fd >= 0) io_close(io, sh->fd);
     free(sh->path);
     sh->map = NULL;
     sh->fd = -1;
@@ -337,10 +337,10 @@ typedef struct {
 static df_status read_header(const st_set *s, pre_shard *p) {
     char *err = p->err;
     const char *path = p->path;
-    p->fd = s->io->open(path, O_RDONLY, 0);
+    p->fd = io_open(s->io, path, O_RDONLY, 0);
     if (p->fd < 0)
         return df_fail(err, DF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (s->io->fsize(p->fd, &p->size) != 0)
+    if (io_fsize(s->io, p->fd, &p->size) != 0)
         return df_fail(err, DF_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
     if (p->size < 8)
         return df_fail(err, DF_ERR_FORMAT,
@@ -453,7 +453,7 @@ static df_status open_shard(st_set *s, pre_shard *p, char *err) {
     }
 
     if (s->use_mmap) {
-        sh->map = s->io->mmap((size_t)sh->size, sh->fd);
+        sh->map = io_mmap(s->io, (size_t)sh->size, sh->fd);
         if (!sh->map) return df_fail(err, DF_ERR_IO, "%s: cannot mmap: %s", path, strerror(errno));
     }
     return DF_OK;
@@ -527,7 +527,7 @@ static df_status open_shards(st_set *s, const char *const *names, size_t n, size
     for (; i < n && st == DF_OK; i++) st = open_shard(s, &pre[i], err);
     if (st != DF_OK && failed) *failed = i - 1;
     for (size_t k = 0; k < n; k++) { /* what was not folded in */
-        if (pre[k].fd >= 0) s->io->close(pre[k].fd);
+        if (pre[k].fd >= 0) io_close(s->io, pre[k].fd);
         free(pre[k].path);
         if (pre[k].root) json_decref(pre[k].root);
     }
@@ -661,9 +661,9 @@ df_status st_open_dir(const char *dir, const df_io *io, int use_mmap, st_set **o
     }
     /* The index decides the mode; any error other than "absent" is reported. */
     df_status st;
-    int fd = s->io->open(ipath, O_RDONLY, 0);
+    int fd = io_open(s->io, ipath, O_RDONLY, 0);
     if (fd >= 0) {
-        s->io->close(fd);
+        io_close(s->io, fd);
         st = open_indexed(s, ipath, err);
     } else if (errno == ENOENT) {
         st = open_glob(s, err);

@@ -227,10 +227,10 @@ typedef struct {
 /* After df_hub_stream_open: the limit for this process (limit < 0: the one
  * set at setup, 0: none); evicts at once down to it. DF_OK, or why eviction
  * is impossible (then the limit is off). */
-df_status hub_stream_set_limit(const char *dir, int64_t limit, char *err);
-void hub_stream_meta(const char *dir, hub_meta *out);
+df_status hub_stream_set_limit(df_hub_stream *s, int64_t limit, char *err);
+void hub_stream_meta(df_hub_stream *s, hub_meta *out);
 /* Saves the use clock and the measured rate (df_hub_stream_close does too). */
-void hub_stream_flush(const char *dir);
+void hub_stream_flush(df_hub_stream *s);
 
 /* 1 if name is a routed expert tensor ("...experts.<n>...", not shared);
  * *layer gets the number after "layers." or -1. */

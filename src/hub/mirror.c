@@ -4,8 +4,8 @@
  * (per shard: the write descriptor, the present spans and their log, the
  * spans being fetched), `setup` (choose a mode, download), `fill` (complete a
  * stream mirror), `doctor` (offline check), and the stream-mode df_io table
- * with its process-wide registry of mirrors (df_io has no context pointer:
- * descriptors of mirrored shards are recognised by device and inode at open).
+ * of each open stream (df_hub_stream: the table's ctx; descriptors of its
+ * shards are recognised by device and inode at open). No process-wide state.
  * Refuses: O_DIRECT opens of a stream shard (EINVAL, so the expert store
  * reads exact spans with buffered reads instead of block-aligned ones that
  * would fetch neighbouring experts); opening a mirror whose setup did not
@@ -1640,76 +1640,77 @@ df_status hub_doctor(const char *dir, int hash, void (*fn)(void *, const char *)
 
 /* ---- 7. the stream io table and the public calls ------------------------------------------- */
 
-enum { MAX_MIRRORS = 8 };
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static hub_mirror *g_mirrors[MAX_MIRRORS];
-typedef struct { hub_mirror *m; int sh; } fd_entry;
-static fd_entry *g_fd;     /* [g_fdcap] by descriptor */
-static int g_fdcap;
-static df_io g_io;
+/* One open stream mirror: its df_io table (ctx = the stream) and which of
+ * its shards each descriptor opened through the table reads. */
+typedef struct { int ours, sh; } fd_entry;
+struct df_hub_stream {
+    hub_mirror *m;
+    df_io io;
+    pthread_mutex_t mu; /* fd, fdcap */
+    fd_entry *fd;       /* [fdcap] by descriptor */
+    int fdcap;
+};
 
-static int find_shard(dev_t dev, ino_t ino, hub_mirror **m, int *sh) {
-    for (int i = 0; i < MAX_MIRRORS; i++) {
-        hub_mirror *x = g_mirrors[i];
-        for (int k = 0; x && k < x->n_sh; k++)
-            if (x->sh[k].dev == dev && x->sh[k].ino == ino) { *m = x; *sh = k; return 1; }
-    }
+static int find_shard(const hub_mirror *m, dev_t dev, ino_t ino, int *sh) {
+    for (int k = 0; k < m->n_sh; k++)
+        if (m->sh[k].dev == dev && m->sh[k].ino == ino) { *sh = k; return 1; }
     return 0;
 }
 
-static int s_open(const char *path, int flags, int mode) {
+static int s_open(void *ctx, const char *path, int flags, int mode) {
+    df_hub_stream *hs = ctx;
     struct stat sb;
-    hub_mirror *m = NULL;
     int sh = -1;
-    pthread_mutex_lock(&g_mu);
-    int ours = stat(path, &sb) == 0 && find_shard(sb.st_dev, sb.st_ino, &m, &sh);
-    pthread_mutex_unlock(&g_mu);
+    int ours = stat(path, &sb) == 0 && find_shard(hs->m, sb.st_dev, sb.st_ino, &sh);
     if (ours && (flags & O_DIRECT)) { errno = EINVAL; return -1; }
-    int fd = df_io_default()->open(path, flags, mode);
+    int fd = io_open(df_io_default(), path, flags, mode);
     if (fd < 0 || !ours) return fd;
-    pthread_mutex_lock(&g_mu);
-    if (fd >= g_fdcap) {
+    pthread_mutex_lock(&hs->mu);
+    if (fd >= hs->fdcap) {
         int cap = fd * 2 + 64;
-        fd_entry *n = realloc(g_fd, (size_t)cap * sizeof *n);
-        if (!n) { pthread_mutex_unlock(&g_mu); close(fd); errno = ENOMEM; return -1; }
-        memset(n + g_fdcap, 0, (size_t)(cap - g_fdcap) * sizeof *n);
-        g_fd = n;
-        g_fdcap = cap;
+        fd_entry *n = realloc(hs->fd, (size_t)cap * sizeof *n);
+        if (!n) { pthread_mutex_unlock(&hs->mu); close(fd); errno = ENOMEM; return -1; }
+        memset(n + hs->fdcap, 0, (size_t)(cap - hs->fdcap) * sizeof *n);
+        hs->fd = n;
+        hs->fdcap = cap;
     }
-    g_fd[fd] = (fd_entry){m, sh};
-    pthread_mutex_unlock(&g_mu);
+    hs->fd[fd] = (fd_entry){1, sh};
+    pthread_mutex_unlock(&hs->mu);
     return fd;
 }
 
-static int s_close(int fd) {
-    pthread_mutex_lock(&g_mu);
-    if (fd >= 0 && fd < g_fdcap) g_fd[fd].m = NULL;
-    pthread_mutex_unlock(&g_mu);
-    return df_io_default()->close(fd);
+static int s_close(void *ctx, int fd) {
+    df_hub_stream *hs = ctx;
+    pthread_mutex_lock(&hs->mu);
+    if (fd >= 0 && fd < hs->fdcap) hs->fd[fd].ours = 0;
+    pthread_mutex_unlock(&hs->mu);
+    return io_close(df_io_default(), fd);
 }
 
-static ssize_t s_pread(int fd, void *buf, size_t n, off_t off) {
-    pthread_mutex_lock(&g_mu);
-    fd_entry e = fd >= 0 && fd < g_fdcap ? g_fd[fd] : (fd_entry){NULL, 0};
-    pthread_mutex_unlock(&g_mu);
-    if (!e.m) return df_io_default()->pread(fd, buf, n, off);
+static ssize_t s_pread(void *ctx, int fd, void *buf, size_t n, off_t off) {
+    df_hub_stream *hs = ctx;
+    pthread_mutex_lock(&hs->mu);
+    fd_entry e = fd >= 0 && fd < hs->fdcap ? hs->fd[fd] : (fd_entry){0, 0};
+    pthread_mutex_unlock(&hs->mu);
+    if (!e.ours) return io_pread(df_io_default(), fd, buf, n, off);
     /* pinned from the check to the end of the read: an eviction for another
      * fetch cannot punch these bytes out under us */
     char err[DF_ERRMSG];
+    hub_mirror *m = hs->m;
     int64_t a = (int64_t)off, b = (int64_t)off + (int64_t)n;
-    mshard *s = &e.m->sh[e.sh];
+    mshard *s = &m->sh[e.sh];
     if (a < 0) a = 0;
     if (b > s->size) b = s->size;
-    if (mirror_ensure_pin(e.m, s, a, b, 1, err) != DF_OK) {
+    if (mirror_ensure_pin(m, s, a, b, 1, err) != DF_OK) {
         errno = EIO;
         return -1;
     }
-    ssize_t r = df_io_default()->pread(fd, buf, n, off);
+    ssize_t r = io_pread(df_io_default(), fd, buf, n, off);
     int er = errno;
     if (b > a) {
-        pthread_mutex_lock(&e.m->mu);
-        pin_drop(e.m, e.sh, a, b);
-        pthread_mutex_unlock(&e.m->mu);
+        pthread_mutex_lock(&m->mu);
+        pin_drop(m, e.sh, a, b);
+        pthread_mutex_unlock(&m->mu);
     }
     errno = er;
     return r;
@@ -1723,9 +1724,9 @@ int df_hub_is_stream(const char *dir) {
     return r;
 }
 
-df_status df_hub_stream_open(const char *dir, const char *endpoint, const char *token, const struct df_io **io,
+df_status df_hub_stream_open(const char *dir, const char *endpoint, const char *token, df_hub_stream **out,
                              char err[DF_ERRMSG]) {
-    *io = NULL;
+    *out = NULL;
     hub_client c = {0};
     c.endpoint = endpoint;
     c.token = token;
@@ -1746,44 +1747,34 @@ df_status df_hub_stream_open(const char *dir, const char *endpoint, const char *
     pthread_mutex_lock(&m->mu);
     make_room(m, 0); /* a budget lowered since the last run */
     pthread_mutex_unlock(&m->mu);
-    pthread_mutex_lock(&g_mu);
-    int slot = -1;
-    for (int i = 0; i < MAX_MIRRORS; i++) if (!g_mirrors[i]) { slot = i; break; }
-    if (slot >= 0) {
-        g_mirrors[slot] = m;
-        g_io = *df_io_default();
-        g_io.open = s_open;
-        g_io.close = s_close;
-        g_io.pread = s_pread;
-        g_io.ring_open = NULL; g_io.ring_close = NULL; g_io.ring_read = NULL;
-        g_io.ring_submit = NULL; g_io.ring_wait = NULL;
-        g_io.fills_in_place = 1;
-    }
-    pthread_mutex_unlock(&g_mu);
-    if (slot < 0) { mirror_close(m); return df_fail(err, DF_ERR_ARG, "more than %d stream mirrors open", MAX_MIRRORS); }
-    *io = &g_io;
+    df_hub_stream *hs = calloc(1, sizeof *hs);
+    if (!hs) { mirror_close(m); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
+    hs->m = m;
+    pthread_mutex_init(&hs->mu, NULL);
+    hs->io = *df_io_default();
+    hs->io.open = s_open;
+    hs->io.close = s_close;
+    hs->io.pread = s_pread;
+    hs->io.ring_open = NULL; hs->io.ring_close = NULL; hs->io.ring_read = NULL;
+    hs->io.ring_submit = NULL; hs->io.ring_wait = NULL;
+    hs->io.fills_in_place = 1;
+    hs->io.ctx = hs;
+    *out = hs;
     return DF_OK;
 }
 
-static hub_mirror *registered(const char *dir) {
-    for (int i = 0; i < MAX_MIRRORS; i++)
-        if (g_mirrors[i] && !strcmp(g_mirrors[i]->dir, dir)) return g_mirrors[i];
-    return NULL;
-}
+const struct df_io *df_hub_stream_io(const df_hub_stream *hs) { return hs ? &hs->io : NULL; }
 
-void df_hub_stream_info(const char *dir, df_hub_stream_stats *out) {
+void df_hub_stream_info(df_hub_stream *hs, df_hub_stream_stats *out) {
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock(&g_mu);
-    hub_mirror *m = registered(dir);
-    if (m) {
-        pthread_mutex_lock(&m->mu);
-        for (int i = 0; i < m->n_sh; i++) expert_bytes(&m->sh[i], &out->expert_local, &out->expert_total);
-        out->fetched = m->fetched;
-        out->requests = m->requests;
-        snprintf(out->last_error, sizeof out->last_error, "%s", m->last_err);
-        pthread_mutex_unlock(&m->mu);
-    }
-    pthread_mutex_unlock(&g_mu);
+    if (!hs) return;
+    hub_mirror *m = hs->m;
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < m->n_sh; i++) expert_bytes(&m->sh[i], &out->expert_local, &out->expert_total);
+    out->fetched = m->fetched;
+    out->requests = m->requests;
+    snprintf(out->last_error, sizeof out->last_error, "%s", m->last_err);
+    pthread_mutex_unlock(&m->mu);
 }
 
 static void flush(hub_mirror *m) {
@@ -1793,56 +1784,42 @@ static void flush(hub_mirror *m) {
     rate_save(m);
 }
 
-void hub_stream_flush(const char *dir) {
-    pthread_mutex_lock(&g_mu);
-    hub_mirror *m = registered(dir);
-    if (m) flush(m);
-    pthread_mutex_unlock(&g_mu);
+void hub_stream_flush(df_hub_stream *hs) {
+    if (hs) flush(hs->m);
 }
 
-df_status hub_stream_set_limit(const char *dir, int64_t limit, char *err) {
-    pthread_mutex_lock(&g_mu);
-    hub_mirror *m = registered(dir);
+df_status hub_stream_set_limit(df_hub_stream *hs, int64_t limit, char *err) {
+    if (!hs) return df_fail(err, DF_ERR_ARG, "not an open stream mirror");
+    hub_mirror *m = hs->m;
     df_status st = DF_OK;
-    if (!m) st = df_fail(err, DF_ERR_ARG, "%s: not an open stream mirror", dir);
-    else {
-        pthread_mutex_lock(&m->mu);
-        m->limit = limit < 0 ? m->man.cache_limit : limit;
-        make_room(m, 0);
-        if (m->evict_err[0]) st = df_fail(err, DF_ERR_IO, "%s", m->evict_err);
-        pthread_mutex_unlock(&m->mu);
-    }
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_lock(&m->mu);
+    m->limit = limit < 0 ? m->man.cache_limit : limit;
+    make_room(m, 0);
+    if (m->evict_err[0]) st = df_fail(err, DF_ERR_IO, "%s", m->evict_err);
+    pthread_mutex_unlock(&m->mu);
     return st;
 }
 
-void hub_stream_meta(const char *dir, hub_meta *out) {
+void hub_stream_meta(df_hub_stream *hs, hub_meta *out) {
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock(&g_mu);
-    hub_mirror *m = registered(dir);
-    if (m) {
-        pthread_mutex_lock(&m->mu);
-        out->rate = m->man.rate;
-        out->rate_at = m->man.rate_at;
-        out->cache_limit = m->limit;
-        out->cache_used = footprint_all(m);
-        out->evicted = m->evicted;
-        out->evictions = m->evictions;
-        snprintf(out->evict_err, sizeof out->evict_err, "%s", m->evict_err);
-        pthread_mutex_unlock(&m->mu);
-    }
-    pthread_mutex_unlock(&g_mu);
+    if (!hs) return;
+    hub_mirror *m = hs->m;
+    pthread_mutex_lock(&m->mu);
+    out->rate = m->man.rate;
+    out->rate_at = m->man.rate_at;
+    out->cache_limit = m->limit;
+    out->cache_used = footprint_all(m);
+    out->evicted = m->evicted;
+    out->evictions = m->evictions;
+    snprintf(out->evict_err, sizeof out->evict_err, "%s", m->evict_err);
+    pthread_mutex_unlock(&m->mu);
 }
 
-void df_hub_stream_close(const char *dir) {
-    pthread_mutex_lock(&g_mu);
-    hub_mirror *m = registered(dir);
-    if (m) flush(m);
-    for (int i = 0; m && i < MAX_MIRRORS; i++) if (g_mirrors[i] == m) g_mirrors[i] = NULL;
-    for (int i = 0; m && i < g_fdcap; i++) if (g_fd[i].m == m) g_fd[i].m = NULL;
-    int any = 0;
-    for (int i = 0; i < MAX_MIRRORS; i++) any |= g_mirrors[i] != NULL;
-    if (!any) { free(g_fd); g_fd = NULL; g_fdcap = 0; }
-    pthread_mutex_unlock(&g_mu);
-    mirror_close(m);
+void df_hub_stream_close(df_hub_stream *hs) {
+    if (!hs) return;
+    flush(hs->m);
+    mirror_close(hs->m);
+    pthread_mutex_destroy(&hs->mu);
+    free(hs->fd);
+    free(hs);
 }

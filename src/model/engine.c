@@ -491,9 +491,9 @@ df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char 
     int best = 0;
     int64_t best_size = -1;
     for (int i = 0; i < st_n_shards(e->st); i++) {
-        int fd = e->io->open(st_shard_path(e->st, i), O_RDONLY | O_CLOEXEC, 0);
+        int fd = io_open(e->io, st_shard_path(e->st, i), O_RDONLY | O_CLOEXEC, 0);
         int64_t sz = -1;
-        if (fd >= 0) { e->io->fsize(fd, &sz); e->io->close(fd); }
+        if (fd >= 0) { io_fsize(e->io, fd, &sz); io_close(e->io, fd); }
         if (sz > best_size) { best_size = sz; best = i; }
     }
     int64_t chunk = e->store ? xs_expert_bytes(e->store) : 0;
