@@ -249,15 +249,10 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];
         for (int t = 0; t < n; t++) op_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, y->ffn_norm, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
-        if (y->moe) {
-            df_status st = moe_forward(e, &y->experts, &m->act, &s->moe, s->xn, n, pos, s->y, err);
-            if (st != DF_OK) return st;
-            pt = prof_now(e);
-        } else {
-            if (l + 1 < m->L && m->layers[l + 1].moe) moe_lookahead(e, &m->layers[l + 1].experts, &s->moe, s->xn, n);
-            ffn_forward(e, &y->mlp, &m->act, s->xn, n, s->y, s->moe.g, s->moe.u);
-            prof_add(e, DF_PROF_DENSE, &pt);
-        }
+        const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
+        df_status st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, s->xn, n, pos,
+                                 s->y, &pt, err);
+        if (st != DF_OK) return st;
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];
     }
     if (!out) return DF_OK;

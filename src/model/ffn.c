@@ -402,3 +402,18 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     prof_add(e, DF_PROF_ROUTED, &pt);
     return DF_OK;
 }
+
+df_status ffn_block(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, const moe_layer *next,
+                    const ffn_act *act, moe_scratch *s, const float *xn, int n, int pos, float *y, double *pt,
+                    char *err) {
+    if (moe) {
+        df_status st = moe_forward(e, moe, act, s, xn, n, pos, y, err);
+        if (st != DF_OK) return st;
+        *pt = prof_now(e);
+        return DF_OK;
+    }
+    if (next) moe_lookahead(e, next, s, xn, n);
+    ffn_forward(e, mlp, act, xn, n, y, s->g, s->u);
+    prof_add(e, DF_PROF_DENSE, pt);
+    return DF_OK;
+}

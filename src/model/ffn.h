@@ -100,6 +100,13 @@ df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const ch
  * reads of the predicted experts (no-op without a store or with prefetch
  * off). Never changes which experts run. */
 void moe_lookahead(df_engine *e, const moe_layer *next, moe_scratch *s, const float *xn, int n);
+
+/* A layer's feed-forward block on the normed input xn into y: the MoE layer
+ * moe, or (moe NULL) the dense MLP mlp, which first starts the lookahead of
+ * next (the following layer's MoE, NULL if none). Profiles into *pt. */
+df_status ffn_block(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, const moe_layer *next,
+                    const ffn_act *act, moe_scratch *s, const float *xn, int n, int pos, float *y, double *pt,
+                    char *err);
 /* The router alone (exposed for tests): sel/selw of one token. */
 void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw);
 #endif
