@@ -201,12 +201,21 @@ extern "C" int gpu_weight_fits(const df_weight *w, const gpu_weight *g) {
     return d == g->data_bytes && s == g->scale_bytes;
 }
 
-extern "C" df_status gpu_weight_refill(const df_weight *w, gpu_weight *g, char *err) {
+extern "C" df_status gpu_weight_refill_async(const df_weight *w, gpu_weight *g, void *stream, char *err) {
     if (!gpu_weight_fits(w, g)) return fail(err, DF_ERR_ARG, "gpu: refill with a matrix of another size");
     take_shape(g, w);
-    cudaError_t e = cudaMemcpy(g->data, w->data, (size_t)g->data_bytes, cudaMemcpyHostToDevice);
+    cudaStream_t s = (cudaStream_t)stream;
+    cudaError_t e = cudaMemcpyAsync(g->data, w->data, (size_t)g->data_bytes, cudaMemcpyHostToDevice, s);
     if (e == cudaSuccess && g->scale_bytes)
-        e = cudaMemcpy(g->scale, w->scale, (size_t)g->scale_bytes, cudaMemcpyHostToDevice);
+        e = cudaMemcpyAsync(g->scale, w->scale, (size_t)g->scale_bytes, cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) return fail(err, cuda_status(e, "cudaMemcpyAsync"), "gpu: upload failed: %s", cudaGetErrorString(e));
+    return DF_OK;
+}
+
+extern "C" df_status gpu_weight_refill(const df_weight *w, gpu_weight *g, char *err) {
+    df_status st = gpu_weight_refill_async(w, g, NULL, err);
+    if (st) return st;
+    cudaError_t e = cudaStreamSynchronize(NULL);
     if (e != cudaSuccess) return fail(err, cuda_status(e, "cudaMemcpy"), "gpu: upload failed: %s", cudaGetErrorString(e));
     return DF_OK;
 }

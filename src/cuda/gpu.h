@@ -82,6 +82,9 @@ int gpu_weight_fits(const df_weight *w, const gpu_weight *g);
 /* Copies w into g's existing allocation (gpu_weight_fits), taking w's shape
  * fields (synchronous). On error g keeps its memory, contents undefined. */
 df_status gpu_weight_refill(const df_weight *w, gpu_weight *g, char *err);
+/* The same on `stream`, asynchronous: w's bytes must stay in place until the
+ * copies are done (page-locked sources make them truly asynchronous). */
+df_status gpu_weight_refill_async(const df_weight *w, gpu_weight *g, void *stream, char *err);
 
 /* ---- matvec / matmul ---- */
 

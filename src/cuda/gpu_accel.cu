@@ -8,14 +8,24 @@
 
 namespace {
 
+df_status cerr(char *err, cudaError_t e, const char *what);
+
 enum { SPARE_MAX = 32 };
 const int64_t SPARE_BYTES = (int64_t)64 << 20; /* larger copies are freed at once */
+
+/* A device copy handed to the engine: the matrix and the event its upload
+ * recorded on the copy stream (products wait on it, on the device). */
+struct handle {
+    gpu_weight g;
+    cudaEvent_t ready;
+};
 
 struct acc {
     df_accel pub;
     char name[512];
     int device;
-    cudaStream_t stream;
+    cudaStream_t stream; /* products */
+    cudaStream_t copy;   /* weight uploads, overlapping the products */
     float *hx, *hy;   /* pinned staging */
     float *dx, *dy;   /* device activations */
     size_t cap_x, cap_y; /* floats */
@@ -24,9 +34,34 @@ struct acc {
     gpu_ws ws;           /* tensor-core scratch (MXFP4) */
     /* released expert-sized copies kept for the next upload of the same
      * size: no cudaMalloc / cudaFree (which synchronises) per expert swap */
-    gpu_weight *spare[SPARE_MAX];
+    handle *spare[SPARE_MAX];
     int nspare;
 };
+
+void handle_free(handle *h) {
+    if (!h) return;
+    gpu_weight_free(&h->g);
+    if (h->ready) cudaEventDestroy(h->ready);
+    free(h);
+}
+
+void spares_free(acc *a) {
+    while (a->nspare) handle_free(a->spare[--a->nspare]);
+}
+
+/* Starts the copy of w into h (same sizes) on the copy stream. */
+df_status handle_fill(acc *a, handle *h, const df_weight *w, char *err) {
+    df_status st = gpu_weight_refill_async(w, &h->g, a->copy, err);
+    if (st) return st;
+    cudaError_t e = cudaEventRecord(h->ready, a->copy);
+    return e == cudaSuccess ? DF_OK : cerr(err, e, "upload event");
+}
+
+/* The products on a->stream wait (on the device) for h's upload. */
+df_status handle_wait(acc *a, const handle *h, char *err) {
+    cudaError_t e = cudaStreamWaitEvent(a->stream, h->ready, 0);
+    return e == cudaSuccess ? DF_OK : cerr(err, e, "waiting for an upload");
+}
 
 df_status cerr(char *err, cudaError_t e, const char *what) {
     if (err) snprintf(err, DF_ERRMSG, "cuda: %s: %s", what, cudaGetErrorString(e));
@@ -66,47 +101,53 @@ void *acc_upload(void *ctx, const void *weight, int *refused, char *err) {
         return NULL;
     }
     for (int i = a->nspare - 1; i >= 0; i--) {
-        gpu_weight *g = a->spare[i];
-        if (!gpu_weight_fits(w, g)) continue;
+        handle *h = a->spare[i];
+        if (!gpu_weight_fits(w, &h->g)) continue;
         a->spare[i] = a->spare[--a->nspare];
-        if (gpu_weight_refill(w, g, err) == DF_OK) return g;
-        gpu_weight_free(g);
-        free(g);
+        if (handle_fill(a, h, w, err) == DF_OK) return h;
+        handle_free(h);
         return NULL;
     }
-    gpu_weight *g = (gpu_weight *)calloc(1, sizeof *g);
-    if (!g) return NULL;
-    st = gpu_weight_upload(w, g, err);
+    handle *h = (handle *)calloc(1, sizeof *h);
+    if (!h) return NULL;
+    cudaError_t e = cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        cerr(err, e, "upload event");
+        free(h);
+        return NULL;
+    }
+    st = gpu_weight_alloc(w, &h->g, err);
     if (st == DF_ERR_NOMEM && a->nspare) { /* the spares hold the memory: give it back, retry */
-        while (a->nspare) {
-            gpu_weight_free(a->spare[--a->nspare]);
-            free(a->spare[a->nspare]);
-        }
-        st = gpu_weight_upload(w, g, err);
+        spares_free(a);
+        st = gpu_weight_alloc(w, &h->g, err);
     }
+    if (st == DF_OK) st = handle_fill(a, h, w, err);
     if (st != DF_OK) {
-        free(g);
+        handle_free(h);
         return NULL;
     }
-    return g;
+    return h;
 }
 
-void acc_release(void *ctx, void *handle) {
+void acc_release(void *ctx, void *hp) {
     acc *a = (acc *)ctx;
-    gpu_weight *g = (gpu_weight *)handle;
-    if (!g) return;
-    if (a->nspare < SPARE_MAX && g->data_bytes + g->scale_bytes <= SPARE_BYTES) {
-        a->spare[a->nspare++] = g;
+    handle *h = (handle *)hp;
+    if (!h) return;
+    /* every product call ends with the product stream synchronised, so no
+     * kernel still reads h when the copy stream refills it */
+    if (a->nspare < SPARE_MAX && h->g.data_bytes + h->g.scale_bytes <= SPARE_BYTES) {
+        a->spare[a->nspare++] = h;
         return;
     }
-    gpu_weight_free(g);
-    free(g);
+    handle_free(h);
 }
 
-df_status acc_matmul(void *ctx, void *handle, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+df_status acc_matmul(void *ctx, void *hp, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
                      int64_t row1, char *err) {
     acc *a = (acc *)ctx;
-    const gpu_weight *g = (const gpu_weight *)handle;
+    const handle *h = (const handle *)hp;
+    const gpu_weight *g = &h->g;
+    if (handle_wait(a, h, err) != DF_OK) return DF_ERR_IO;
     const int64_t cols = g->cols, rows = row1 - row0;
     if (!grow(&a->hx, &a->dx, &a->cap_x, (size_t)n * cols, err)) return DF_ERR_NOMEM;
     if (!grow(&a->hy, &a->dy, &a->cap_y, (size_t)n * rows, err)) return DF_ERR_NOMEM;
@@ -131,7 +172,9 @@ df_status acc_matmul(void *ctx, void *handle, const float *X, int n, float *Y, i
 df_status acc_expert(void *ctx, void *gate, void *up, void *down, int situ, float beta, float linear_beta,
                      const float *X, int n, float *out, char *err) {
     acc *a = (acc *)ctx;
-    const gpu_weight *g = (const gpu_weight *)gate, *u = (const gpu_weight *)up, *d = (const gpu_weight *)down;
+    const handle *hg = (const handle *)gate, *hu = (const handle *)up, *hd = (const handle *)down;
+    if (handle_wait(a, hg, err) || handle_wait(a, hu, err) || handle_wait(a, hd, err)) return DF_ERR_IO;
+    const gpu_weight *g = &hg->g, *u = &hu->g, *d = &hd->g;
     const int64_t hid = g->cols, inter = g->rows;
     if (!grow(&a->hx, &a->dx, &a->cap_x, (size_t)n * hid, err)) return DF_ERR_NOMEM;
     if (!grow(&a->hy, &a->dy, &a->cap_y, (size_t)n * d->rows, err)) return DF_ERR_NOMEM;
@@ -166,6 +209,7 @@ df_status acc_pin(void *ctx, void *ptr, size_t bytes, char *err) {
 void acc_unpin(void *ctx, void *ptr) {
     acc *a = (acc *)ctx;
     cudaSetDevice(a->device);
+    cudaStreamSynchronize(a->copy); /* no upload may still read it */
     cudaHostUnregister(ptr);
     cudaGetLastError();
 }
@@ -226,8 +270,10 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     acc *a = (acc *)calloc(1, sizeof *a);
     if (!a) { snprintf(err, DF_ERRMSG, "out of memory"); return NULL; }
     a->device = device;
-    if ((e = cudaStreamCreateWithFlags(&a->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    if ((e = cudaStreamCreateWithFlags(&a->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&a->copy, cudaStreamNonBlocking)) != cudaSuccess) {
         cerr(err, e, "cudaStreamCreate");
+        if (a->stream) cudaStreamDestroy(a->stream);
         free(a);
         return NULL;
     }
@@ -259,10 +305,9 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFreeHost(a->hh);
     cudaFree(a->dh);
     gpu_ws_free(&a->ws);
-    while (a->nspare) {
-        gpu_weight_free(a->spare[--a->nspare]);
-        free(a->spare[a->nspare]);
-    }
+    cudaDeviceSynchronize();
+    spares_free(a);
+    cudaStreamDestroy(a->copy);
     cudaStreamDestroy(a->stream);
     free(a);
 }

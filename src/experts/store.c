@@ -445,6 +445,15 @@ df_status xs_next(xs_store *x, int *e, df_weight w[XS_MATS], char *err) {
     }
 }
 
+df_status xs_next_ready(xs_store *x, int *e, df_weight w[XS_MATS], char *err) {
+    *e = -1;
+    if (x->pass_err || x->rq_head >= x->rq_tail) {
+        reap(x, 0); /* completions that are already in */
+        if (x->pass_err || x->rq_head >= x->rq_tail) return DF_OK; /* xs_next reports errors */
+    }
+    return xs_next(x, e, w, err);
+}
+
 void xs_done(xs_store *x, int e) {
     int pi = x->pass_idx[e];
     if (pi < 0 || x->pass_st[pi] != P_HANDED) return;

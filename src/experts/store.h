@@ -72,6 +72,9 @@ df_status xs_begin(xs_store *x, int layer, const int *experts, int n, char *err)
 df_status xs_next(xs_store *x, int *e, df_weight w[XS_MATS], char *err);
 /* The caller is done computing with expert e of the current pass. */
 void xs_done(xs_store *x, int e);
+/* xs_next without waiting: *e = -1 when no expert of the pass is ready now
+ * (errors are left for xs_next to report). */
+df_status xs_next_ready(xs_store *x, int *e, df_weight w[XS_MATS], char *err);
 /* Ends the pass (also after an error): unpins everything of it. */
 void xs_end(xs_store *x);
 /* Hint: read these experts of `layer` if free slots allow. */

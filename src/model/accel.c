@@ -316,6 +316,16 @@ static void *expert_handle(acc_table *t, const df_weight *w, acc_ent **ent, int 
     return h;
 }
 
+void acc_prefetch(acc_table *t, const df_weight *w, int n) {
+    for (int i = 0; t && i < n; i++) {
+        const void *k = key_of(&w[i]);
+        if (!k || !w[i].data) continue;
+        acc_ent *e = find(t, k);
+        if (!e && !(e = insert(t, k, wt_bytes(&w[i]), A_ABSENT))) return;
+        if (e->state == A_ABSENT) upload(t, e, &w[i], 0);
+    }
+}
+
 int acc_expert(acc_table *t, const df_weight w[3], int situ, float beta, float linear_beta, const float *X, int n,
                float *out) {
     if (!t || !t->a->expert) return 0;

@@ -296,21 +296,30 @@ static int run_expert_device(df_engine *e, const moe_layer *m, const ffn_act *ac
     return 1;
 }
 
-/* Reads and runs the experts list[0 .. n) through the expert store. */
+/* Runs the store pass's experts as they arrive. With an accelerator, the
+ * expert after the one about to run, if it is already in RAM, starts its
+ * uploads first, so they overlap this one's products. */
 static df_status run_from_store(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
                                 const float *xin, int dl, int ntok, char *err) {
-    for (;;) {
-        int x;
-        df_weight w[XS_MATS];
-        df_status st = xs_next(m->store, &x, w, err);
-        if (st != DF_OK) { xs_end(m->store); return st; }
-        if (x < 0) break;
+    int x, nx = -1;
+    df_weight w[XS_MATS], nw[XS_MATS];
+    df_status st = xs_next(m->store, &x, w, err);
+    while (st == DF_OK && x >= 0) {
+        if (e->acc && (st = xs_next_ready(m->store, &nx, nw, err)) != DF_OK) break;
+        if (nx >= 0) acc_prefetch(e->acc, nw, XS_MATS);
         ffn_weights fw = {w[0], w[1], w[2]};
         run_expert(e, m, act, s, xin, ntok, x, &fw, dl);
         xs_done(m->store, x);
+        if (nx >= 0) {
+            x = nx;
+            memcpy(w, nw, sizeof w);
+            nx = -1;
+        } else {
+            st = xs_next(m->store, &x, w, err);
+        }
     }
     xs_end(m->store);
-    return DF_OK;
+    return st;
 }
 
 /* Router lookahead: the next MoE layer's router on this layer's input

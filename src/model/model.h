@@ -133,6 +133,10 @@ int acc_on_device(acc_table *t, const df_weight *w);
 int acc_expert(acc_table *t, const df_weight w[3], int situ, float beta, float linear_beta, const float *X, int n,
                float *out);
 void acc_count_tier_hit(acc_table *t); /* a routed expert served without the RAM cache */
+/* Starts uploads of the n matrices w that have no device copy (cached, if
+ * they fit; the accelerator copies asynchronously where it can, so this
+ * overlaps the products running now). Never changes results. */
+void acc_prefetch(acc_table *t, const df_weight *w, int n);
 void acc_get_stats(const acc_table *t, df_accel_stats *out);
 void acc_reset_stats(acc_table *t);
 /* The placement: budget, what is resident, the tiers, and the plan for the
