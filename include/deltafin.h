@@ -108,13 +108,25 @@ typedef struct df_accel {
     df_status (*pin)(void *ctx, void *ptr, size_t bytes, char *err);
     void (*unpin)(void *ctx, void *ptr);
     double (*h2d_gbps)(void *ctx);
-    /* Optional: one routed expert, out[i*hidden + r] = down act(gate x_i,
-     * up x_i) for i < n, on device copies from upload; act: situ 0 is
-     * silu(g) u, 1 is SiTU(beta, linear_beta) (ffn.h); X and out in host
-     * memory; synchronous. When offered, every routed expert goes through it
-     * (one round trip instead of three, the activation on the device). */
-    df_status (*expert)(void *ctx, void *gate, void *up, void *down, int situ, float beta,
-                        float linear_beta, const float *X, int n, float *out, char *err);
+    /* Optional (both or neither): routed experts queued on the device. When
+     * offered, every routed expert goes through them. expert_queue starts
+     *   out[rows[i] * out_stride + r] = (down act(gate x_i, up x_i))[r]
+     * for i < n, r < down's rows, on device copies from upload; act: situ 0
+     * is silu(g) u, 1 is SiTU(beta, linear_beta) (ffn.h). X (n x gate's cols
+     * floats) and rows are copied before it returns, and the handles may be
+     * released right after (the accelerator keeps what queued work needs).
+     * out is written, and the host bytes the handles were uploaded from may
+     * be reused, once expert_finish has returned. An error from queue means
+     * nothing was queued for that expert; from finish, every output queued
+     * since the last finish is lost (the step fails). */
+    df_status (*expert_queue)(void *ctx, void *gate, void *up, void *down, int situ, float beta,
+                              float linear_beta, const float *X, int n, float *out, const int *rows,
+                              int64_t out_stride, char *err);
+    df_status (*expert_finish)(void *ctx, char *err);
+    /* Optional: waits until every upload started so far has read its host
+     * bytes (uploads may run behind the calls that started them; the engine
+     * calls this before it reuses host memory an upload may read). */
+    void (*uploads_wait)(void *ctx);
 } df_accel;
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer

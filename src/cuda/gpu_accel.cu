@@ -13,11 +13,22 @@ df_status cerr(char *err, cudaError_t e, const char *what);
 enum { SPARE_MAX = 32 };
 const int64_t SPARE_BYTES = (int64_t)64 << 20; /* larger copies are freed at once */
 
-/* A device copy handed to the engine: the matrix and the event its upload
- * recorded on the copy stream (products wait on it, on the device). */
+/* A device copy handed to the engine: the matrix, the event its upload
+ * recorded on the copy stream (products wait on it, on the device), and the
+ * event its release recorded on the product stream (a refill of a spare
+ * waits on it, on the device, so no queued product reads the new bytes). */
 struct handle {
     gpu_weight g;
-    cudaEvent_t ready;
+    cudaEvent_t ready, freed;
+    int was_freed;
+};
+
+/* A queued expert's outputs: n rows of dim floats at qhy + y_off, to be
+ * written to out + rows[i] * stride at finish. */
+struct pending {
+    float *out;
+    int64_t stride, dim, y_off;
+    int n, rows_off; /* rows in acc::qrows */
 };
 
 struct acc {
@@ -36,12 +47,22 @@ struct acc {
      * size: no cudaMalloc / cudaFree (which synchronises) per expert swap */
     handle *spare[SPARE_MAX];
     int nspare;
+    /* the expert queue (expert_queue / expert_finish): per queued expert its
+     * inputs and outputs get their own stretch of these buffers, reused
+     * after each finish; growing them needs a finish first */
+    float *qhx, *qdx, *qhy, *qdy, *qdh; /* pinned in / device in / pinned out / device out / device hidden */
+    size_t qcap_x, qcap_y, qcap_h, qx_used, qy_used; /* floats */
+    pending *pend;
+    int npend, cap_pend;
+    int *qrows;
+    int nrows, cap_rows;
 };
 
 void handle_free(handle *h) {
     if (!h) return;
     gpu_weight_free(&h->g);
     if (h->ready) cudaEventDestroy(h->ready);
+    if (h->freed) cudaEventDestroy(h->freed);
     free(h);
 }
 
@@ -51,6 +72,11 @@ void spares_free(acc *a) {
 
 /* Starts the copy of w into h (same sizes) on the copy stream. */
 df_status handle_fill(acc *a, handle *h, const df_weight *w, char *err) {
+    if (h->was_freed) { /* products queued before its release may still read it */
+        cudaError_t e = cudaStreamWaitEvent(a->copy, h->freed, 0);
+        if (e != cudaSuccess) return cerr(err, e, "waiting for a released copy");
+        h->was_freed = 0;
+    }
     df_status st = gpu_weight_refill_async(w, &h->g, a->copy, err);
     if (st) return st;
     cudaError_t e = cudaEventRecord(h->ready, a->copy);
@@ -111,9 +137,10 @@ void *acc_upload(void *ctx, const void *weight, int *refused, char *err) {
     handle *h = (handle *)calloc(1, sizeof *h);
     if (!h) return NULL;
     cudaError_t e = cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&h->freed, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         cerr(err, e, "upload event");
-        free(h);
+        handle_free(h);
         return NULL;
     }
     st = gpu_weight_alloc(w, &h->g, err);
@@ -133,12 +160,15 @@ void acc_release(void *ctx, void *hp) {
     acc *a = (acc *)ctx;
     handle *h = (handle *)hp;
     if (!h) return;
-    /* every product call ends with the product stream synchronised, so no
-     * kernel still reads h when the copy stream refills it */
-    if (a->nspare < SPARE_MAX && h->g.data_bytes + h->g.scale_bytes <= SPARE_BYTES) {
+    /* queued products may still read h: a spare's next fill waits for them
+     * (handle_fill), a copy given back waits here */
+    if (a->nspare < SPARE_MAX && h->g.data_bytes + h->g.scale_bytes <= SPARE_BYTES &&
+        cudaEventRecord(h->freed, a->stream) == cudaSuccess) {
+        h->was_freed = 1;
         a->spare[a->nspare++] = h;
         return;
     }
+    cudaStreamSynchronize(a->stream);
     handle_free(h);
 }
 
@@ -167,32 +197,116 @@ df_status acc_matmul(void *ctx, void *hp, const float *X, int n, float *Y, int64
     return DF_OK;
 }
 
-/* One routed expert with gpu_expert: x up, gate/up + activation in one
- * kernel, down, out back; one synchronisation. */
-df_status acc_expert(void *ctx, void *gate, void *up, void *down, int situ, float beta, float linear_beta,
-                     const float *X, int n, float *out, char *err) {
+/* Makes room for one more queued expert: n_x input and n_y output floats,
+ * n_h hidden floats, n rows. Growing a buffer first finishes the queue. */
+df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err);
+df_status acc_expert_finish(void *ctx, char *err);
+
+int grow_dev(float **d, size_t *cap, size_t need, char *err) {
+    if (need <= *cap) return 1;
+    size_t nc = need < 65536 ? 65536 : need + need / 2;
+    cudaFree(*d);
+    *d = NULL;
+    *cap = 0;
+    cudaError_t e = cudaMalloc((void **)d, nc * sizeof(float));
+    if (e != cudaSuccess) { cerr(err, e, "expert queue buffers"); return 0; }
+    *cap = nc;
+    return 1;
+}
+
+df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err) {
+    int full = a->qx_used + n_x > a->qcap_x || a->qy_used + n_y > a->qcap_y || n_h > a->qcap_h ||
+               a->npend == a->cap_pend || a->nrows + n > a->cap_rows;
+    if (!full) return DF_OK;
+    if (a->npend) { /* buffers in use by queued work: finish it first */
+        df_status st = acc_expert_finish(a, err);
+        if (st != DF_OK) return st;
+    }
+    size_t want_x = n_x * 64 > a->qcap_x ? n_x * 64 : a->qcap_x; /* room for a layer's experts */
+    size_t want_y = n_y * 64 > a->qcap_y ? n_y * 64 : a->qcap_y;
+    if (!grow(&a->qhx, &a->qdx, &a->qcap_x, want_x, err) || !grow(&a->qhy, &a->qdy, &a->qcap_y, want_y, err) ||
+        !grow_dev(&a->qdh, &a->qcap_h, n_h, err))
+        return DF_ERR_NOMEM;
+    if (a->npend == a->cap_pend) {
+        int nc = a->cap_pend ? 2 * a->cap_pend : 64;
+        pending *p = (pending *)realloc(a->pend, (size_t)nc * sizeof *p);
+        if (!p) return DF_ERR_NOMEM;
+        a->pend = p;
+        a->cap_pend = nc;
+    }
+    if (a->nrows + n > a->cap_rows) {
+        int nc = a->nrows + n > 2 * a->cap_rows ? a->nrows + n + 256 : 2 * a->cap_rows;
+        int *r = (int *)realloc(a->qrows, (size_t)nc * sizeof *r);
+        if (!r) return DF_ERR_NOMEM;
+        a->qrows = r;
+        a->cap_rows = nc;
+    }
+    return DF_OK;
+}
+
+/* One routed expert queued on the product stream: x up, gpu_expert (gate/up
+ * + activation in one kernel, then down) once its uploads are in, y back to
+ * pinned memory. The host waits for nothing here. */
+df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ, float beta, float linear_beta,
+                           const float *X, int n, float *out, const int *rows, int64_t stride, char *err) {
     acc *a = (acc *)ctx;
     const handle *hg = (const handle *)gate, *hu = (const handle *)up, *hd = (const handle *)down;
-    if (handle_wait(a, hg, err) || handle_wait(a, hu, err) || handle_wait(a, hd, err)) return DF_ERR_IO;
     const gpu_weight *g = &hg->g, *u = &hu->g, *d = &hd->g;
-    const int64_t hid = g->cols, inter = g->rows;
-    if (!grow(&a->hx, &a->dx, &a->cap_x, (size_t)n * hid, err)) return DF_ERR_NOMEM;
-    if (!grow(&a->hy, &a->dy, &a->cap_y, (size_t)n * d->rows, err)) return DF_ERR_NOMEM;
-    if (!grow(&a->hh, &a->dh, &a->cap_h, (size_t)n * inter, err)) return DF_ERR_NOMEM;
-    memcpy(a->hx, X, (size_t)n * hid * sizeof(float));
-    cudaError_t e = cudaMemcpyAsync(a->dx, a->hx, (size_t)n * hid * sizeof(float), cudaMemcpyHostToDevice, a->stream);
+    const int64_t hid = g->cols, inter = g->rows, dim = d->rows;
+    if (n <= 0) return DF_OK;
+    df_status st = queue_room(a, (size_t)n * hid, (size_t)n * dim, (size_t)n * inter, n, err);
+    if (st != DF_OK) return st;
+    if (handle_wait(a, hg, err) || handle_wait(a, hu, err) || handle_wait(a, hd, err)) return DF_ERR_IO;
+    float *hx = a->qhx + a->qx_used, *dx = a->qdx + a->qx_used;
+    float *hy = a->qhy + a->qy_used, *dy = a->qdy + a->qy_used;
+    memcpy(hx, X, (size_t)n * hid * sizeof(float));
+    cudaError_t e = cudaMemcpyAsync(dx, hx, (size_t)n * hid * sizeof(float), cudaMemcpyHostToDevice, a->stream);
     if (e != cudaSuccess) return cerr(err, e, "activations to the device");
     gpu_act act = {situ, beta, linear_beta};
-    df_status st = gpu_expert(g, u, d, &act, a->dx, n, a->dh, a->dy, a->stream);
+    st = gpu_expert(g, u, d, &act, dx, n, a->qdh, dy, a->stream);
     if (st != DF_OK) {
         if (err) snprintf(err, DF_ERRMSG, "cuda: expert: %s", gpu_last_error());
         return st;
     }
-    e = cudaMemcpyAsync(a->hy, a->dy, (size_t)n * d->rows * sizeof(float), cudaMemcpyDeviceToHost, a->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(a->stream);
-    if (e != cudaSuccess) return cerr(err, e, "expert");
-    memcpy(out, a->hy, (size_t)n * d->rows * sizeof(float));
+    e = cudaMemcpyAsync(hy, dy, (size_t)n * dim * sizeof(float), cudaMemcpyDeviceToHost, a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "expert outputs from the device");
+    pending *p = &a->pend[a->npend++];
+    p->out = out;
+    p->stride = stride;
+    p->dim = dim;
+    p->y_off = (int64_t)a->qy_used;
+    p->n = n;
+    p->rows_off = a->nrows;
+    memcpy(a->qrows + a->nrows, rows, (size_t)n * sizeof(int));
+    a->nrows += n;
+    a->qx_used += (size_t)n * hid;
+    a->qy_used += (size_t)n * dim;
     return DF_OK;
+}
+
+/* Waits for the product stream (not for uploads started since: prefetches
+ * keep running), then writes every queued output to its rows. */
+df_status acc_expert_finish(void *ctx, char *err) {
+    acc *a = (acc *)ctx;
+    if (!a->npend) return DF_OK;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    df_status st = DF_OK;
+    if (e != cudaSuccess) st = cerr(err, e, "queued experts");
+    for (int i = 0; st == DF_OK && i < a->npend; i++) {
+        const pending *p = &a->pend[i];
+        for (int r = 0; r < p->n; r++)
+            memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
+                   (size_t)p->dim * sizeof(float));
+    }
+    a->npend = 0;
+    a->nrows = 0;
+    a->qx_used = a->qy_used = 0;
+    return st;
+}
+
+void acc_uploads_wait(void *ctx) {
+    acc *a = (acc *)ctx;
+    cudaStreamSynchronize(a->copy);
 }
 
 df_status acc_pin(void *ctx, void *ptr, size_t bytes, char *err) {
@@ -290,7 +404,9 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.pin = acc_pin;
     a->pub.unpin = acc_unpin;
     a->pub.h2d_gbps = acc_h2d_gbps;
-    a->pub.expert = acc_expert;
+    a->pub.expert_queue = acc_expert_queue;
+    a->pub.expert_finish = acc_expert_finish;
+    a->pub.uploads_wait = acc_uploads_wait;
     return &a->pub;
 }
 
@@ -298,14 +414,21 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     if (!pa) return;
     acc *a = (acc *)pa->ctx;
     cudaSetDevice(a->device);
+    cudaDeviceSynchronize();
     cudaFreeHost(a->hx);
     cudaFreeHost(a->hy);
     cudaFree(a->dx);
     cudaFree(a->dy);
     cudaFreeHost(a->hh);
     cudaFree(a->dh);
+    cudaFreeHost(a->qhx);
+    cudaFree(a->qdx);
+    cudaFreeHost(a->qhy);
+    cudaFree(a->qdy);
+    cudaFree(a->qdh);
+    free(a->pend);
+    free(a->qrows);
     gpu_ws_free(&a->ws);
-    cudaDeviceSynchronize();
     spares_free(a);
     cudaStreamDestroy(a->copy);
     cudaStreamDestroy(a->stream);

@@ -1,20 +1,25 @@
 /* gpu_accel.h — the CUDA df_accel (include/deltafin.h) over the gpu_ kernels.
  *
- * Owns: one CUDA stream, pinned host staging for activations and results,
- * device activation buffers (grown on demand), and the device copies it
- * hands out as handles. Matrix products use gpu_matmul_tc (MXFP4 on the
- * tensor cores) and gpu_matmul (bf16, fp8 block, int4 g32); other types are
- * refused (the engine keeps them on the CPU). Routed experts go through the
- * expert hook: gpu_expert (gate/up + activation fused, then down) with one
- * round trip per expert. Weight bytes are copied from
- * wherever the engine has them (mapped shards, expert cache slots) with
- * cudaMemcpy; the engine page-locks the expert cache through pin
- * (cudaHostRegister), so expert uploads run at the DMA rate instead of
- * through the driver's pageable bounce buffers. Up to 32 released copies of
- * at most 64 MiB stay allocated for the next upload of the same size (an
- * expert swap then costs one copy, no cudaMalloc / cudaFree); they are given
- * back when an allocation fails, so the budget can be exceeded by at most
- * those spares.
+ * Owns: two CUDA streams (products; weight uploads), pinned host staging
+ * for activations and results, device activation buffers (grown on demand),
+ * the expert queue's buffers, and the device copies it hands out as handles.
+ * Matrix products use gpu_matmul_tc (MXFP4 on the tensor cores) and
+ * gpu_matmul (bf16, fp8 block, int4 g32); other types are refused (the
+ * engine keeps them on the CPU).
+ *
+ * Uploads run on the copy stream and record an event per copy; products
+ * wait for it on the device, so an upload overlaps whatever runs before its
+ * first use. Routed experts are queued (expert_queue: x up, gpu_expert =
+ * gate/up + activation fused then down, y back to pinned memory) and the
+ * host waits once per batch (expert_finish), not once per expert. A released
+ * copy records an event on the product stream; up to 32 released copies of
+ * at most 64 MiB stay allocated as spares, and refilling one waits for that
+ * event on the copy stream (no queued product ever reads bytes of the next
+ * matrix). Spares are given back when an allocation fails, so the budget can
+ * be exceeded by at most those spares. Weight bytes are copied from wherever
+ * the engine has them; the engine page-locks the expert cache through pin
+ * (cudaHostRegister), so expert uploads run at the DMA rate and truly
+ * asynchronously.
  */
 #ifndef DF_CUDA_GPU_ACCEL_H
 #define DF_CUDA_GPU_ACCEL_H

@@ -84,6 +84,8 @@ struct xs_store {
     int *readyq;          /* [E] */
     int rq_head, rq_tail;
     xs_stats stats;
+    void (*reuse_hook)(void *ctx); /* called before a cached expert's slot is reused */
+    void *reuse_ctx;
 };
 
 /* ---- registration (spans) ---- */
@@ -279,6 +281,7 @@ static int take_slot(xs_store *x) {
     }
     if (best >= 0) {
         slot_t *s = &x->slots[best];
+        if (x->reuse_hook) x->reuse_hook(x->reuse_ctx); /* nothing may still read it */
         x->slot_of[s->key] = -1;
         s->key = -1;
         s->state = SLOT_EMPTY;
@@ -408,6 +411,18 @@ df_status xs_begin(xs_store *x, int layer, const int *experts, int n, char *err)
     return DF_OK;
 }
 
+/* The views of expert key over its slot. */
+static void views_of(const xs_store *x, int key, df_weight w[XS_MATS]) {
+    const xs_expert *ex = &x->ex[key];
+    uint8_t *base = x->pool + (size_t)x->slot_of[key] * x->slot_bytes;
+    for (int i = 0; i < XS_MATS; i++) {
+        w[i] = ex->w[i];
+        int sd = ex->piece_span[2 * i], ss = ex->piece_span[2 * i + 1];
+        if (sd >= 0) w[i].data = base + ex->span[sd].pos + (w[i].t_data->offset - ex->span[sd].start);
+        if (ss >= 0) w[i].scale = base + ex->span[ss].pos + (w[i].t_scale->offset - ex->span[ss].start);
+    }
+}
+
 df_status xs_next(xs_store *x, int *e, df_weight w[XS_MATS], char *err) {
     *e = -1;
     for (;;) {
@@ -417,14 +432,7 @@ df_status xs_next(xs_store *x, int *e, df_weight w[XS_MATS], char *err) {
         if (x->rq_head < x->rq_tail) {
             int pi = x->readyq[x->rq_head++];
             int ex_id = x->pass_list[pi], key = x->pass_layer * x->E + ex_id;
-            const xs_expert *ex = &x->ex[key];
-            uint8_t *base = x->pool + (size_t)x->slot_of[key] * x->slot_bytes;
-            for (int i = 0; i < XS_MATS; i++) {
-                w[i] = ex->w[i];
-                int sd = ex->piece_span[2 * i], ss = ex->piece_span[2 * i + 1];
-                if (sd >= 0) w[i].data = base + ex->span[sd].pos + (w[i].t_data->offset - ex->span[sd].start);
-                if (ss >= 0) w[i].scale = base + ex->span[ss].pos + (w[i].t_scale->offset - ex->span[ss].start);
-            }
+            views_of(x, key, w);
             x->pass_st[pi] = P_HANDED;
             x->pass_handed++;
             *e = ex_id;
@@ -479,6 +487,19 @@ void xs_end(xs_store *x) {
 }
 
 /* ---- prefetch ---- */
+
+int xs_peek(xs_store *x, int layer, int e, df_weight w[XS_MATS]) {
+    if (layer < 0 || layer >= x->L || e < 0 || e >= x->E) return 0;
+    int key = layer * x->E + e, si = x->slot_of[key];
+    if (si < 0 || x->slots[si].state != SLOT_READY || x->slots[si].failed) return 0;
+    views_of(x, key, w);
+    return 1;
+}
+
+void xs_set_reuse_hook(xs_store *x, void (*fn)(void *ctx), void *ctx) {
+    x->reuse_hook = fn;
+    x->reuse_ctx = ctx;
+}
 
 void xs_prefetch(xs_store *x, int layer, const int *experts, int n) {
     if (layer < 0 || layer >= x->L) return;

@@ -77,6 +77,13 @@ void xs_done(xs_store *x, int e);
 df_status xs_next_ready(xs_store *x, int *e, df_weight w[XS_MATS], char *err);
 /* Ends the pass (also after an error): unpins everything of it. */
 void xs_end(xs_store *x);
+/* Views of expert e of `layer` if it is cached and ready now (1), else 0.
+ * They stay valid only until the store next reuses a slot (any call that
+ * reads); see xs_set_reuse_hook for readers that outlive that. */
+int xs_peek(xs_store *x, int layer, int e, df_weight w[XS_MATS]);
+/* fn(ctx) runs before a slot holding a cached expert is given to another
+ * (e.g. an accelerator waits there for uploads still reading the slot). */
+void xs_set_reuse_hook(xs_store *x, void (*fn)(void *ctx), void *ctx);
 /* Hint: read these experts of `layer` if free slots allow. */
 void xs_prefetch(xs_store *x, int layer, const int *experts, int n);
 /* Waits for outstanding prefetch reads (before timing-sensitive code). */

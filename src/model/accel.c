@@ -17,6 +17,7 @@
  * kernels for that call, so a failure never changes the result's meaning.
  */
 #include "model.h"
+#include "../base/err.h"
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -29,7 +30,7 @@ typedef struct {
     int64_t bytes;
     int32_t prev, next; /* LRU list of CACHED entries (indices, -1 = none) */
     int state;
-    int busy; /* in use by acc_expert: not evicted */
+    int busy; /* being handed to acc_expert_queue: not evicted */
 } acc_ent;
 
 /* Entries live in a growing array (indices stay valid); an open-addressing
@@ -276,7 +277,7 @@ int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, in
     return ok;
 }
 
-/* A device handle for w for one acc_expert call: its cached or resident
+/* A device handle for w for one acc_expert_queue call: its cached or resident
  * copy (marked busy), else a fresh cached upload, else a transient one
  * (*transient = 1: the caller releases it). NULL when w stays on the CPU. */
 static void *expert_handle(acc_table *t, const df_weight *w, acc_ent **ent, int *transient) {
@@ -326,9 +327,9 @@ void acc_prefetch(acc_table *t, const df_weight *w, int n) {
     }
 }
 
-int acc_expert(acc_table *t, const df_weight w[3], int situ, float beta, float linear_beta, const float *X, int n,
-               float *out) {
-    if (!t || !t->a->expert) return 0;
+int acc_expert_queue(acc_table *t, const df_weight w[3], int situ, float beta, float linear_beta, const float *X,
+                     int n, float *out, const int *rows, int64_t out_stride) {
+    if (!t || !t->a->expert_queue || !t->a->expert_finish) return 0;
     void *h[3] = {NULL, NULL, NULL};
     acc_ent *ent[3] = {NULL, NULL, NULL};
     int tr[3] = {0, 0, 0}, ok = 1;
@@ -339,7 +340,8 @@ int acc_expert(acc_table *t, const df_weight w[3], int situ, float beta, float l
         if (ent[i]) id[i] = (int32_t)(ent[i] - t->ent);
         ok = h[i] != NULL;
     }
-    if (ok && t->a->expert(t->a->ctx, h[0], h[1], h[2], situ, beta, linear_beta, X, n, out, t->err) != DF_OK) {
+    if (ok && t->a->expert_queue(t->a->ctx, h[0], h[1], h[2], situ, beta, linear_beta, X, n, out, rows, out_stride,
+                                 t->err) != DF_OK) {
         snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
         ok = 0;
     }
@@ -349,6 +351,20 @@ int acc_expert(acc_table *t, const df_weight w[3], int situ, float beta, float l
     }
     if (ok) t->st.calls += 3;
     return ok;
+}
+
+df_status acc_expert_finish(acc_table *t, char *err) {
+    if (!t || !t->a->expert_finish) return DF_OK;
+    df_status st = t->a->expert_finish(t->a->ctx, t->err);
+    if (st != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        return df_fail(err, st, "%s", t->err);
+    }
+    return DF_OK;
+}
+
+void acc_uploads_wait(acc_table *t) {
+    if (t && t->a->uploads_wait) t->a->uploads_wait(t->a->ctx);
 }
 
 void acc_get_stats(const acc_table *t, df_accel_stats *out) {
@@ -388,7 +404,7 @@ void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes,
              t->planned_bytes > t->a->budget ? ", more than the budget: the excess is cached" : "",
              (long long)s->resident_mats, s->resident_bytes / 1e9, s->cached_bytes / 1e9, (long long)s->cpu_mats,
              t->pinned ? "page-locked for uploads" : "pageable",
-             t->a->expert ? "; each routed expert is one device call" : "", plan);
+             t->a->expert_queue ? "; routed experts are queued on the device, uploads overlapping" : "", plan);
 }
 
 const char *acc_last_error(const acc_table *t) { return t ? t->last_err : ""; }

@@ -55,6 +55,8 @@ static const df_program_ops *program_for(const df_config *c) {
     }
 }
 
+static void uploads_wait_hook(void *acc) { acc_uploads_wait(acc); }
+
 df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine **out,
                          char err[DF_ERRMSG]) {
     *out = NULL;
@@ -125,7 +127,12 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     if (e->store && (st = xs_finalize(e->store, err)) != DF_OK) goto fail;
     /* uploads of routed experts come from the cache slots: page-locked, they
      * go at the DMA rate (best effort: pageable uploads give the same results) */
-    if (e->store && e->acc) acc_pin_host(e->acc, xs_pool(e->store), xs_pool_bytes(e->store));
+    if (e->store && e->acc) {
+        acc_pin_host(e->acc, xs_pool(e->store), xs_pool_bytes(e->store));
+        /* uploads run behind the calls that start them: a slot is reused
+         * only once none still reads it */
+        xs_set_reuse_hook(e->store, uploads_wait_hook, e->acc);
+    }
     if (e->store && opts->heat_path && (st = xs_heat_load(e->store, opts->heat_path, err)) != DF_OK) goto fail;
     if (e->store && !opts->plan_only && opts->pin_bytes > 0 &&
         (st = xs_pin_hottest(e->store, opts->pin_bytes, e->cfg.num_experts_per_tok * DF_CHUNK, err)) != DF_OK)

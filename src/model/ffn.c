@@ -74,7 +74,9 @@ df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl
     s->uni = malloc((size_t)E * sizeof(int));
     s->nlog = malloc(C * E * F);
     s->mark = calloc((size_t)E, 1);
-    if (!s->g || !s->u || !s->rlog || !s->sel || !s->selw || !s->ys || !s->etok || !s->eslot ||
+    s->ahead = malloc((size_t)E * sizeof(int));
+    s->held = malloc((size_t)E * sizeof(int));
+    if (!s->ahead || !s->held || !s->g || !s->u || !s->rlog || !s->sel || !s->selw || !s->ys || !s->etok || !s->eslot ||
         !s->xl || !s->xe || !s->ye || !s->acc || !s->sh || !s->uni || !s->nlog || !s->mark) {
         moe_scratch_free(s);
         return DF_ERR_NOMEM;
@@ -86,7 +88,7 @@ void moe_scratch_free(moe_scratch *s) {
     if (!s) return;
     free(s->g); free(s->u); free(s->rlog); free(s->sel); free(s->selw); free(s->ys);
     free(s->etok); free(s->eslot); free(s->xl); free(s->xe); free(s->ye); free(s->acc);
-    free(s->sh); free(s->uni); free(s->nlog); free(s->mark);
+    free(s->sh); free(s->uni); free(s->nlog); free(s->mark); free(s->ahead); free(s->held);
     memset(s, 0, sizeof *s);
 }
 
@@ -254,15 +256,28 @@ static void scatter_tokens(const moe_layer *m, moe_scratch *s, int cnt, int dl) 
                (size_t)dl * sizeof(float));
 }
 
+/* Queues expert x (views w) on the device for the cnt tokens gathered in
+ * s->xe; its outputs land in their (token, slot) rows of s->ys when
+ * acc_expert_finish returns. 1 if queued. */
+static int queue_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s, int cnt,
+                        const df_weight w[XS_MATS], int dl) {
+    if (!e->acc) return 0;
+    int rows[cnt > 0 ? cnt : 1];
+    for (int i = 0; i < cnt; i++) rows[i] = s->etok[i] * m->K + s->eslot[i];
+    return acc_expert_queue(e->acc, w, act->situ, act->beta, act->linear_beta, s->xe, cnt, s->ys, rows, dl);
+}
+
 /* Runs expert x (views w) over the chunk tokens that chose it, storing each
- * output in its (token, slot) row of s->ys. */
-static void run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
-                       const float *xin, int n, int x, const ffn_weights *w, int dl) {
+ * output in its (token, slot) row of s->ys: queued on the device (1; w's
+ * bytes must then stay until acc_expert_finish), else now on the CPU (0). */
+static int run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
+                      const float *xin, int n, int x, const ffn_weights *w, int dl) {
     int cnt = gather_tokens(m, s, xin, n, x, dl);
     const df_weight three[XS_MATS] = {w->gate, w->up, w->down};
-    if (!e->acc || !acc_expert(e->acc, three, act->situ, act->beta, act->linear_beta, s->xe, cnt, s->ye))
-        ffn_forward(e, w, act, s->xe, cnt, s->ye, s->g, s->u);
+    if (queue_expert(e, m, act, s, cnt, three, dl)) return 1;
+    ffn_forward(e, w, act, s->xe, cnt, s->ye, s->g, s->u);
     scatter_tokens(m, s, cnt, dl);
+    return 0;
 }
 
 /* The GPU tier over the RAM cache: expert x of the layer runs from its
@@ -278,48 +293,72 @@ static int expert_on_device(df_engine *e, const moe_layer *m, int x) {
 }
 
 /* run_expert for an expert on the device (expert_on_device): 1 if the device
- * computed it, 0 after a device failure (then the caller reads it). */
+ * took it (queued, or computed now without the queue hooks), 0 after a
+ * device failure (then the caller reads it). */
 static int run_expert_device(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
                              const float *xin, int n, int x, int dl) {
     df_weight w[XS_MATS];
     xs_templates(m->store, m->layer, x, w);
     int cnt = gather_tokens(m, s, xin, n, x, dl);
     const int64_t I = w[0].rows;
-    if (!acc_expert(e->acc, w, act->situ, act->beta, act->linear_beta, s->xe, cnt, s->ye)) {
-        if (e->opts.accel->expert) return 0; /* the same device path as every other expert, or none */
+    if (!queue_expert(e, m, act, s, cnt, w, dl)) {
+        if (e->opts.accel->expert_queue) return 0; /* the same device path as every other expert, or none */
         if (!acc_mm(e->acc, &w[0], s->xe, cnt, s->g, I) || !acc_mm(e->acc, &w[1], s->xe, cnt, s->u, I)) return 0;
         act_apply(act, s->g, s->u, I * cnt);
         if (!acc_mm(e->acc, &w[2], s->g, cnt, s->ye, w[2].rows)) return 0;
+        scatter_tokens(m, s, cnt, dl);
     }
-    scatter_tokens(m, s, cnt, dl);
     acc_count_tier_hit(e->acc);
     return 1;
 }
 
-/* Runs the store pass's experts as they arrive. With an accelerator, the
- * expert after the one about to run, if it is already in RAM, starts its
- * uploads first, so they overlap this one's products. */
+/* Waits for the experts queued on the device, then gives their RAM slots
+ * back to the store (an upload may read a slot until then). */
+static df_status finish_held(df_engine *e, const moe_layer *m, moe_scratch *s, int *nheld, char *err) {
+    df_status st = acc_expert_finish(e->acc, err);
+    for (int i = 0; i < *nheld; i++) xs_done(m->store, s->held[i]);
+    *nheld = 0;
+    return st;
+}
+
+/* Runs the store pass's experts as they arrive. Experts queued on the
+ * device keep their slots until the queue is finished: that happens
+ * whenever no further expert is ready (so nothing is held while waiting for
+ * a read) and at the end of the pass. */
 static df_status run_from_store(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
                                 const float *xin, int dl, int ntok, char *err) {
-    int x, nx = -1;
-    df_weight w[XS_MATS], nw[XS_MATS];
-    df_status st = xs_next(m->store, &x, w, err);
-    while (st == DF_OK && x >= 0) {
-        if (e->acc && (st = xs_next_ready(m->store, &nx, nw, err)) != DF_OK) break;
-        if (nx >= 0) acc_prefetch(e->acc, nw, XS_MATS);
-        ffn_weights fw = {w[0], w[1], w[2]};
-        run_expert(e, m, act, s, xin, ntok, x, &fw, dl);
-        xs_done(m->store, x);
-        if (nx >= 0) {
-            x = nx;
-            memcpy(w, nw, sizeof w);
-            nx = -1;
-        } else {
-            st = xs_next(m->store, &x, w, err);
+    df_status st = DF_OK;
+    int nheld = 0;
+    for (;;) {
+        int x;
+        df_weight w[XS_MATS];
+        if ((st = xs_next_ready(m->store, &x, w, err)) != DF_OK) break;
+        if (x < 0) {
+            if (nheld && (st = finish_held(e, m, s, &nheld, err)) != DF_OK) break;
+            if ((st = xs_next(m->store, &x, w, err)) != DF_OK || x < 0) break;
         }
+        ffn_weights fw = {w[0], w[1], w[2]};
+        if (run_expert(e, m, act, s, xin, ntok, x, &fw, dl)) s->held[nheld++] = x;
+        else xs_done(m->store, x);
+    }
+    if (nheld) {
+        df_status fst = finish_held(e, m, s, &nheld, err);
+        if (st == DF_OK) st = fst;
     }
     xs_end(m->store);
     return st;
+}
+
+/* Offers the next layer's predicted experts (moe_lookahead) that sit in the
+ * RAM cache to the device: their uploads start now and run behind this
+ * layer's work and the next layer's attention. Never changes results. */
+static void device_prefetch(df_engine *e, const moe_layer *nx, moe_scratch *s) {
+    if (!e->acc || !nx || !nx->store || !s->n_ahead) return;
+    for (int i = 0; i < s->n_ahead; i++) {
+        df_weight w[XS_MATS];
+        if (xs_peek(nx->store, nx->layer, s->ahead[i], w)) acc_prefetch(e->acc, w, XS_MATS);
+    }
+    s->n_ahead = 0;
 }
 
 /* Router lookahead: the next MoE layer's router on this layer's input
@@ -342,6 +381,10 @@ void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const floa
     for (int i = 0; i < nu; i++)
         if (!expert_on_device(e, nx, s->uni[i])) s->uni[keep++] = s->uni[i];
     xs_prefetch(nx->store, nx->layer, s->uni, keep);
+    if (e->acc) {
+        memcpy(s->ahead, s->uni, (size_t)keep * sizeof(int));
+        s->n_ahead = keep;
+    }
 }
 
 df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
@@ -382,6 +425,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     /* each expert used by the chunk runs once over all its tokens, as it arrives */
     if (!m->store) {
         for (int i = 0; i < nu; i++) run_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
+        if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     } else {
         /* the device's experts while the reads are in flight; any it fails
          * on are read afterwards in a second pass */
@@ -393,6 +437,8 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
             if ((st = xs_begin(m->store, m->layer, dev, nfail, err)) != DF_OK) return st;
             if ((st = run_from_store(e, m, act, s, xin, dl, n, err)) != DF_OK) return st;
         }
+        device_prefetch(e, m->next, s);
+        if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     }
     float *acc = m->latent ? s->acc : out;
     for (int t = 0; t < n; t++) {
@@ -421,7 +467,10 @@ df_status ffn_block(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, 
         *pt = prof_now(e);
         return DF_OK;
     }
-    if (next) moe_lookahead(e, next, s, xn, n);
+    if (next) {
+        moe_lookahead(e, next, s, xn, n);
+        device_prefetch(e, next, s);
+    }
     ffn_forward(e, mlp, act, xn, n, y, s->g, s->u);
     prof_add(e, DF_PROF_DENSE, pt);
     return DF_OK;

@@ -64,6 +64,9 @@ typedef struct {
     int *uni;                   /* [E] experts used by the chunk, ascending */
     float *nlog;                /* [chunk][E] next layer's router logits (lookahead) */
     uint8_t *mark;              /* [E] */
+    int *ahead;                 /* [E] the next layer's predicted experts (lookahead) */
+    int n_ahead;                /* how many; 0 after they were offered to the device */
+    int *held;                  /* [E] experts of a store pass queued on the device, not yet done */
 } moe_scratch;
 
 /* Binds <base><names[0..2]> as gate, up, down ([inter, hidden] x2, [hidden, inter]). */

@@ -127,11 +127,20 @@ int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, in
 /* 1 if w has a device copy now (acc_mm then needs no host bytes: w->data
  * may be NULL, and acc_mm returns 0 only on a device failure). */
 int acc_on_device(acc_table *t, const df_weight *w);
-/* One routed expert (gate, up, down) through the accelerator's expert hook
- * (uploading what is missing): 1 if done, 0 if the hook is absent, a matrix
- * stays on the CPU or the device failed (then nothing is written). */
-int acc_expert(acc_table *t, const df_weight w[3], int situ, float beta, float linear_beta, const float *X, int n,
-               float *out);
+/* Queues one routed expert (gate, up, down) through the accelerator's
+ * expert_queue hook (uploading what is missing): its n outputs land in rows
+ * rows[i] of out (stride out_stride floats) once acc_expert_finish returns
+ * DF_OK; until then w's host bytes must stay in place. 1 if queued, 0 if
+ * the hooks are absent, a matrix stays on the CPU or the device refused
+ * (then nothing is queued: run it on the CPU). */
+int acc_expert_queue(acc_table *t, const df_weight w[3], int situ, float beta, float linear_beta, const float *X,
+                     int n, float *out, const int *rows, int64_t out_stride);
+/* Waits for every queued expert and writes their outputs (DF_OK without the
+ * hooks). On error the queued outputs are lost and err says why. */
+df_status acc_expert_finish(acc_table *t, char *err);
+/* Waits until no upload still reads host memory (before the expert store
+ * reuses a RAM slot an early upload may be reading). */
+void acc_uploads_wait(acc_table *t);
 void acc_count_tier_hit(acc_table *t); /* a routed expert served without the RAM cache */
 /* Starts uploads of the n matrices w that have no device copy (cached, if
  * they fit; the accelerator copies asynchronously where it can, so this

@@ -9,8 +9,11 @@
  *  - logits over `tokens`: max |cuda - cpu| <= 1e-4 * max |cpu logit|
  *    (the GPU kernels differ from the CPU ones only by summation order);
  *  - logits with --gpu-mem 1M (every routed expert uploaded per use, most
- *    matrices transient) are bit-identical to the default budget: placement
- *    never changes the result.
+ *    matrices transient), with --gpu-mem 200K --ram 1K (device evictions,
+ *    spare copies refilled under queued experts, a two-slot RAM cache whose
+ *    slots are reused while uploads may read them) and with --ram 1K alone
+ *    are bit-identical to the default budget: placement never changes the
+ *    result.
  */
 #include "../test.h"
 #include "../../src/cuda/gpu.h"
@@ -85,6 +88,8 @@ static float *read_floats(const char *path, size_t *n) {
     return v;
 }
 
+enum { ND = 5 }; /* device configurations compared per fixture */
+
 TEST(cuda_engine_fixtures) {
     if (!have_gpu()) return;
     char names[32][256];
@@ -107,10 +112,13 @@ TEST(cuda_engine_fixtures) {
         CHECK(rc == 0, "%s cuda run: %s", names[i], ids_gpu);
         CHECK(!strcmp(ids_cpu, ids_gpu), "%s: greedy ids differ: cpu '%s' cuda '%s'", names[i], ids_cpu, ids_gpu);
         /* logits */
-        const char *dev[3] = {"cpu", "cuda", "cuda --gpu-mem 1M"};
-        float *lg[3] = {0};
-        size_t nl[3] = {0};
-        for (int d = 0; d < 3; d++) {
+        /* the last two: a device cache with evictions and reused spare copies,
+         * over a RAM cache of two slots (slots reused under queued uploads) */
+        const char *dev[ND] = {"cpu", "cuda", "cuda --gpu-mem 1M", "cuda --gpu-mem 200K --ram 1K",
+                               "cuda --ram 1K"};
+        float *lg[ND] = {0};
+        size_t nl[ND] = {0};
+        for (int d = 0; d < ND; d++) {
             char path[600];
             snprintf(path, sizeof path, "%.300s/%.200s_%d.bin", tmp, names[i], d);
             rc = t_sh(out, sizeof out, "%s logits --model %s --tokens %s --out %s --device %s", bin(), model, tokens,
@@ -118,7 +126,9 @@ TEST(cuda_engine_fixtures) {
             CHECK(rc == 0, "%s logits %s: %s", names[i], dev[d], out);
             lg[d] = read_floats(path, &nl[d]);
         }
-        if (lg[0] && lg[1] && lg[2] && nl[0] && nl[0] == nl[1] && nl[0] == nl[2]) {
+        int same = 1;
+        for (int d = 0; d < ND; d++) same &= lg[d] && nl[d] == nl[0];
+        if (same && nl[0]) {
             double mx = 0, md = 0;
             for (size_t k = 0; k < nl[0]; k++) {
                 mx = fmax(mx, fabs(lg[0][k]));
@@ -126,13 +136,15 @@ TEST(cuda_engine_fixtures) {
             }
             double tol = 1e-4 * mx;
             CHECK(md <= tol, "%s: max |cuda - cpu| %.3g > %.3g", names[i], md, tol);
-            CHECK(!memcmp(lg[1], lg[2], nl[0] * 4), "%s: logits depend on --gpu-mem", names[i]);
+            for (int d = 2; d < ND; d++)
+                CHECK(!memcmp(lg[1], lg[d], nl[0] * 4), "%s: logits with '%s' differ from plain cuda", names[i],
+                      dev[d]);
             fprintf(stderr, "    %-20s ids %s | max|d| %.3g = %.3f of tol (max|logit| %.2f)\n", names[i],
                     !strcmp(ids_cpu, ids_gpu) ? "equal" : "DIFFER", md, tol > 0 ? md / tol : 0, mx);
         } else {
             CHECK(0, "%s: logits files missing or of different sizes", names[i]);
         }
-        for (int d = 0; d < 3; d++) free(lg[d]);
+        for (int d = 0; d < ND; d++) free(lg[d]);
     }
 }
 
