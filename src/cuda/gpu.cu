@@ -104,6 +104,30 @@ extern "C" df_status gpu_get(void *dst, const void *src, size_t bytes) {
 extern "C" df_status gpu_fill(void *dst, int byte, size_t bytes) {
     return cuda_status(cudaMemset(dst, byte, bytes), "cudaMemset");
 }
+/* Copies on the SMs, 16 bytes per thread where aligned: activations to and
+ * from mapped page-locked memory without the copy engines, which may be
+ * busy with weight uploads for milliseconds. */
+__global__ void k_copy(uint8_t *dst, const uint8_t *src, size_t bytes) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
+    if ((((uintptr_t)dst | (uintptr_t)src) & 15) == 0) {
+        size_t n16 = bytes / 16;
+        for (size_t k = i; k < n16; k += step) ((uint4 *)dst)[k] = ((const uint4 *)src)[k];
+        for (size_t k = n16 * 16 + i; k < bytes; k += step) dst[k] = src[k];
+    } else {
+        for (size_t k = i; k < bytes; k += step) dst[k] = src[k];
+    }
+}
+
+extern "C" df_status gpu_copy(void *dst, const void *src, size_t bytes, void *stream) {
+    if (!bytes) return DF_OK;
+    if (!dst || !src) return DF_ERR_ARG;
+    size_t blocks = (bytes / 16 + 255) / 256;
+    if (blocks < 1) blocks = 1;
+    if (blocks > 256) blocks = 256;
+    k_copy<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>((uint8_t *)dst, (const uint8_t *)src, bytes);
+    return launched("copy");
+}
+
 extern "C" df_status gpu_sync(void) {
     return cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }

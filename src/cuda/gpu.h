@@ -55,6 +55,10 @@ df_status gpu_put(void *dst, const void *src, size_t bytes); /* host -> device, 
 df_status gpu_get(void *dst, const void *src, size_t bytes); /* device -> host, synchronous */
 df_status gpu_fill(void *dst, int byte, size_t bytes);       /* cudaMemset */
 df_status gpu_sync(void);                      /* waits for the device; reports launch errors */
+/* dst <- src by a kernel on `stream` (asynchronous): each side device memory
+ * or mapped page-locked host memory (cudaMallocHost under unified
+ * addressing). Never queues behind copy-engine transfers such as uploads. */
+df_status gpu_copy(void *dst, const void *src, size_t bytes, void *stream);
 
 /* ---- device weights ---- */
 

@@ -89,6 +89,15 @@ df_status handle_wait(acc *a, const handle *h, char *err) {
     return e == cudaSuccess ? DF_OK : cerr(err, e, "waiting for an upload");
 }
 
+/* Activations between pinned staging and device buffers, on the product
+ * stream by a kernel (gpu_copy): they never wait behind weight uploads on
+ * the copy engines. */
+df_status act_copy(acc *a, float *dst, const float *src, size_t floats, char *err) {
+    df_status st = gpu_copy(dst, src, floats * sizeof(float), a->stream);
+    if (st != DF_OK && err) snprintf(err, DF_ERRMSG, "cuda: activations: %s", gpu_last_error());
+    return st;
+}
+
 df_status cerr(char *err, cudaError_t e, const char *what) {
     if (err) snprintf(err, DF_ERRMSG, "cuda: %s: %s", what, cudaGetErrorString(e));
     return e == cudaErrorMemoryAllocation ? DF_ERR_NOMEM : DF_ERR_IO;
@@ -182,15 +191,14 @@ df_status acc_matmul(void *ctx, void *hp, const float *X, int n, float *Y, int64
     if (!grow(&a->hx, &a->dx, &a->cap_x, (size_t)n * cols, err)) return DF_ERR_NOMEM;
     if (!grow(&a->hy, &a->dy, &a->cap_y, (size_t)n * rows, err)) return DF_ERR_NOMEM;
     memcpy(a->hx, X, (size_t)n * cols * sizeof(float));
-    cudaError_t e = cudaMemcpyAsync(a->dx, a->hx, (size_t)n * cols * sizeof(float), cudaMemcpyHostToDevice, a->stream);
-    if (e != cudaSuccess) return cerr(err, e, "activations to the device");
+    if (act_copy(a, a->dx, a->hx, (size_t)n * cols, err) != DF_OK) return DF_ERR_IO;
     df_status st = gpu_matmul_tc(g, a->dx, n, a->dy, rows, row0, row1, &a->ws, a->stream);
     if (st != DF_OK) {
         if (err) snprintf(err, DF_ERRMSG, "cuda: matmul: %s", gpu_last_error());
         return st;
     }
-    e = cudaMemcpyAsync(a->hy, a->dy, (size_t)n * rows * sizeof(float), cudaMemcpyDeviceToHost, a->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(a->stream);
+    if (act_copy(a, a->hy, a->dy, (size_t)n * rows, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
     if (e != cudaSuccess) return cerr(err, e, "matmul");
     for (int i = 0; i < n; i++)
         memcpy(Y + (size_t)i * ldy, a->hy + (size_t)i * rows, (size_t)rows * sizeof(float));
@@ -260,16 +268,14 @@ df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ
     float *hx = a->qhx + a->qx_used, *dx = a->qdx + a->qx_used;
     float *hy = a->qhy + a->qy_used, *dy = a->qdy + a->qy_used;
     memcpy(hx, X, (size_t)n * hid * sizeof(float));
-    cudaError_t e = cudaMemcpyAsync(dx, hx, (size_t)n * hid * sizeof(float), cudaMemcpyHostToDevice, a->stream);
-    if (e != cudaSuccess) return cerr(err, e, "activations to the device");
+    if (act_copy(a, dx, hx, (size_t)n * hid, err) != DF_OK) return DF_ERR_IO;
     gpu_act act = {situ, beta, linear_beta};
     st = gpu_expert(g, u, d, &act, dx, n, a->qdh, dy, a->stream);
     if (st != DF_OK) {
         if (err) snprintf(err, DF_ERRMSG, "cuda: expert: %s", gpu_last_error());
         return st;
     }
-    e = cudaMemcpyAsync(hy, dy, (size_t)n * dim * sizeof(float), cudaMemcpyDeviceToHost, a->stream);
-    if (e != cudaSuccess) return cerr(err, e, "expert outputs from the device");
+    if (act_copy(a, hy, dy, (size_t)n * dim, err) != DF_OK) return DF_ERR_IO;
     pending *p = &a->pend[a->npend++];
     p->out = out;
     p->stride = stride;
