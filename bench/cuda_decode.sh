@@ -10,6 +10,7 @@
 # fit: the host-RAM case then uploads experts every token. BIN defaults to
 # build/deltafin-cuda. Cases:
 #   ram     experts from the RAM cache, device cache bounded (--gpu-mem)
+#   ram-no-lookahead  the same without router lookahead (no early uploads)
 #   gpu     everything fits the device (after the prompt)
 #   disk    RAM cache of 2 GB (experts from disk, the GPU tier over it)
 #   cpu-*   the same ram / disk cases on the CPU
@@ -25,6 +26,7 @@ run() {
         grep -E "decode median|floor|device|ratio|resident|evictions|routed experts run|^  [a-z]" || true
 }
 run ram --device cuda --prompt-tokens 64 --gpu-mem "$GM"
+run ram-no-lookahead --device cuda --prompt-tokens 64 --gpu-mem "$GM" --no-prefetch
 run gpu --device cuda --prompt-tokens 64
 run disk --device cuda --ram 2G
 run cpu-ram --device cpu --prompt-tokens 64
