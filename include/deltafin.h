@@ -202,6 +202,8 @@ typedef struct {
     uint64_t upload_bytes;                 /* host-to-device weight bytes since open or reset */
     int64_t pinned_bytes;                  /* expert cache page-locked for uploads (0: none) */
     uint64_t tier_hits;                    /* routed experts run from device copies, never read into RAM */
+    uint64_t sync_calls;                   /* calls the host waited on: products, expert batches */
+    double sync_s;                         /* host time inside them (device work + round trips) */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);

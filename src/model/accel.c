@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include <time.h>
 
 enum { A_PENDING = 0, A_RESIDENT, A_CACHED, A_ABSENT, A_CPU };
 
@@ -211,8 +212,18 @@ static int upload(acc_table *t, acc_ent *e, const df_weight *w, int resident) {
     return 1;
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static int run(acc_table *t, void *h, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
-    if (t->a->matmul(t->a->ctx, h, X, n, Y, ldy, 0, w->rows, t->err) != DF_OK) {
+    double t0 = now_s();
+    df_status st = t->a->matmul(t->a->ctx, h, X, n, Y, ldy, 0, w->rows, t->err);
+    t->st.sync_s += now_s() - t0;
+    t->st.sync_calls++;
+    if (st != DF_OK) {
         snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
         return 0;
     }
@@ -355,7 +366,10 @@ int acc_expert_queue(acc_table *t, const df_weight w[3], int situ, float beta, f
 
 df_status acc_expert_finish(acc_table *t, char *err) {
     if (!t || !t->a->expert_finish) return DF_OK;
+    double t0 = now_s();
     df_status st = t->a->expert_finish(t->a->ctx, t->err);
+    t->st.sync_s += now_s() - t0;
+    t->st.sync_calls++;
     if (st != DF_OK) {
         snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
         return df_fail(err, st, "%s", t->err);
@@ -377,6 +391,8 @@ void acc_reset_stats(acc_table *t) {
     t->st.calls = t->st.cpu_calls = t->st.cache_hits = t->st.cache_uploads = 0;
     t->st.cache_evictions = t->st.transient_uploads = t->st.upload_bytes = 0;
     t->st.tier_hits = 0;
+    t->st.sync_s = 0;
+    t->st.sync_calls = 0;
 }
 
 void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes, int n_experts) {
