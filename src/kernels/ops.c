@@ -1,6 +1,8 @@
 /* ops.c — scalar vector operations (see ops.h). */
 #include "ops.h"
 #include <math.h>
+#include <stddef.h>
+#include <string.h>
 
 void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     double ss = 0.0;
@@ -50,4 +52,18 @@ void op_rope(float *x, int d, const float *c, const float *s, int interleaved) {
         x[a] = x0 * c[i] - x1 * s[i];
         x[b] = x1 * c[i] + x0 * s[i];
     }
+}
+
+void op_attn_res(const float *anchors, int na, const float *cur, const float *w, int H, float eps, float *out) {
+    float score[na + 1];
+    for (int j = 0; j <= na; j++) {
+        const float *v = j < na ? anchors + (size_t)j * H : cur;
+        double ss = 0;
+        for (int d = 0; d < H; d++) ss += (double)v[d] * v[d];
+        float inv = (float)(1.0 / sqrt(ss / H + (double)eps));
+        score[j] = op_dot(v, w, H) * inv;
+    }
+    op_softmax(score, na + 1);
+    memset(out, 0, (size_t)H * sizeof(float));
+    for (int j = 0; j <= na; j++) op_axpy(out, score[j], j < na ? anchors + (size_t)j * H : cur, H);
 }

@@ -22,6 +22,10 @@ void op_silu_mul(float *gate, const float *up, int n);
 /* Rotates pairs of x (length d) for one position. interleaved: pairs
  * (2i, 2i+1); otherwise (i, i + d/2). cos/sin hold d/2 values. */
 void op_rope(float *x, int d, const float *cos_, const float *sin_, int interleaved);
+/* Attention-residual mixing (Kimi K3): over V = [anchors[0..na) (each H
+ * floats, contiguous), cur], out = sum_j softmax_j(dot(V_j, w) / rms(V_j)) V_j
+ * with rms = sqrt(sum of squares (double) / H + eps). out must not alias. */
+void op_attn_res(const float *anchors, int na, const float *cur, const float *w, int H, float eps, float *out);
 
 #include <math.h>
 static inline float op_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -1,11 +1,11 @@
 /* kda.c — Kimi Delta Attention (see kda.h for the math and the state).
  *
- * Sections: binding (A_log broadcast by shape); state and scratch; the
- * short convolution; the recurrence; forward.
+ * Sections: binding (A_log broadcast by shape); scratch; pool jobs (the
+ * short convolution per channel and the recurrence per head, whose math is
+ * kda_core.c's); forward.
  */
 #include "kda.h"
 #include "../base/err.h"
-#include "../kernels/ops.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,13 +94,7 @@ void kda_free(kda_layer *k) {
     memset(k, 0, sizeof *k);
 }
 
-/* ---- state and scratch ---- */
-
-/* Layout: conv q | conv k | conv v ([P][W-1] each) | S [H][D][D]. */
-int64_t kda_state_floats(const kda_shape *sh) {
-    int64_t P = (int64_t)sh->H * sh->D;
-    return 3 * P * (sh->W - 1) + (int64_t)sh->H * sh->D * sh->D;
-}
+/* ---- scratch ---- */
 
 df_status kda_scratch_new(const kda_shape *sh, kda_scratch *s) {
     memset(s, 0, sizeof *s);
@@ -128,91 +122,30 @@ void kda_scratch_free(kda_scratch *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* ---- the short convolution ---- */
+/* ---- pool jobs (the math is in kda_core.c) ---- */
 
 typedef struct {
     const kda_shape *sh;
-    const kda_layer *k;
+    const kda_params *p;
     float *state;
-    kda_scratch *s;
+    const kda_io *io;
     int n;
 } job;
 
-/* y_t = SiLU(sum_j w[j] src[t + j]) over src = [last W-1 inputs | x_0..x_{n-1}],
- * in place over x, one channel (of q, k or v) per index. */
+/* One channel (of q, k or v) per index. */
 static void conv_channels(void *ctx, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     job *j = ctx;
-    int W = j->sh->W, P = j->sh->H * j->sh->D;
-    for (int64_t i = i0; i < i1; i++) {
-        int which = (int)(i / P), c = (int)(i % P);
-        float *x = which == 0 ? j->s->qr : which == 1 ? j->s->kr : j->s->vr;
-        const float *w = j->k->conv[which] + (size_t)c * W;
-        float *st = j->state + ((size_t)which * P + c) * (W - 1);
-        float win[16]; /* sliding window, oldest first */
-        for (int q = 0; q < W - 1; q++) win[q] = st[q];
-        for (int t = 0; t < j->n; t++) {
-            float *v = x + (size_t)t * P + c;
-            win[W - 1] = *v;
-            float acc = 0.0f;
-            for (int q = 0; q < W; q++) acc += w[q] * win[q];
-            *v = op_silu(acc);
-            for (int q = 0; q < W - 1; q++) win[q] = win[q + 1];
-        }
-        for (int q = 0; q < W - 1; q++) st[q] = win[q];
-    }
-}
-
-/* ---- the recurrence ---- */
-
-static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-static void l2norm(float *x, int n) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float inv = (float)(1.0 / sqrt(ss + 1e-6));
-    for (int i = 0; i < n; i++) x[i] *= inv;
+    int P = j->sh->H * j->sh->D;
+    for (int64_t i = i0; i < i1; i++)
+        kda_conv_channel(j->sh, j->p, j->state, (int)(i / P), (int)(i % P), j->n, j->io);
 }
 
 /* One head per index: runs its n tokens in order through S. */
 static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
     (void)tid;
     job *j = ctx;
-    const kda_shape *sh = j->sh;
-    const kda_layer *k = j->k;
-    kda_scratch *s = j->s;
-    int D = sh->D, P = sh->H * D;
-    float qscale = 1.0f / sqrtf((float)D);
-    float *S0 = j->state + (size_t)3 * P * (sh->W - 1);
-    for (int64_t h = h0; h < h1; h++) {
-        float *S = S0 + (size_t)h * D * D; /* S[kk][vv] */
-        for (int t = 0; t < j->n; t++) {
-            size_t off = (size_t)t * P + (size_t)h * D;
-            float *q = s->qr + off, *kk = s->kr + off, *v = s->vr + off, *o = s->o + off;
-            const float *f = s->f + off;
-            l2norm(q, D);
-            l2norm(kk, D);
-            for (int d = 0; d < D; d++) q[d] *= qscale;
-            float beta = op_sigmoid(s->braw[(size_t)t * sh->H + h]);
-            float u[D];
-            for (int d = 0; d < D; d++) {
-                float a = k->a[h * D + d], z = f[d] + k->dt_bias[h * D + d];
-                float g = sh->has_lower_bound ? sh->lower_bound * op_sigmoid(a * z) : -a * softplus(z);
-                float decay = expf(g);
-                float *row = S + (size_t)d * D;
-                for (int e2 = 0; e2 < D; e2++) row[e2] *= decay;
-            }
-            for (int e2 = 0; e2 < D; e2++) u[e2] = v[e2];
-            for (int d = 0; d < D; d++) op_axpy(u, -kk[d], S + (size_t)d * D, D);
-            for (int d = 0; d < D; d++) op_axpy(S + (size_t)d * D, beta * kk[d], u, D);
-            memset(o, 0, (size_t)D * sizeof(float));
-            for (int d = 0; d < D; d++) op_axpy(o, q[d], S + (size_t)d * D, D);
-            /* gated RMSNorm of the head output */
-            op_rmsnorm(o, o, k->o_norm, D, sh->norm_eps);
-            const float *gt = s->gate + off;
-            for (int e2 = 0; e2 < D; e2++) o[e2] *= op_sigmoid(gt[e2]);
-        }
-    }
+    for (int64_t h = h0; h < h1; h++) kda_recur_head(j->sh, j->p, j->state, (int)h, j->n, j->io);
 }
 
 /* ---- forward ---- */
@@ -231,7 +164,9 @@ void kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *s
         mm(e, &k->ga, xn, n, s->gl, sh->D);
         mm(e, &k->gb, s->gl, n, s->gate, P);
     }
-    job j = {sh, k, state, s, n};
+    kda_params p = {{k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};
+    kda_io io = {s->qr, s->kr, s->vr, s->f, s->braw, s->gate, s->o};
+    job j = {sh, &p, state, &io, n};
     pool_for(e->pool, 3 * P, 64, conv_channels, &j);
     pool_for(e->pool, sh->H, 1, recur_heads, &j);
     mm(e, &k->o, s->o, n, out, sh->hidden);

@@ -14,21 +14,15 @@
  *
  * Session state per layer: the last W-1 raw conv inputs of q, k and v, and
  * S [H][K][V] fp32. Tokens are processed in order, so a T-token prefill
- * leaves exactly the state of T single steps.
+ * leaves exactly the state of T single steps. kda_shape, the state layout
+ * and the per-channel / per-head math are in kda_core.h (engine-free).
  */
 #ifndef DF_MODEL_KDA_H
 #define DF_MODEL_KDA_H
+#include "kda_core.h"
 #include "model.h"
 
 typedef enum { KDA_A_PER_HEAD = 0, KDA_A_PER_KEY, KDA_A_PER_HEAD_KEY } kda_a_mode;
-
-typedef struct {
-    int hidden, H, D, W;        /* heads, head dim (K = V), conv kernel */
-    int full_rank_gate;
-    int has_lower_bound;
-    float lower_bound;
-    float norm_eps;             /* o_norm eps (rms_norm_eps) */
-} kda_shape;
 
 typedef struct {
     df_weight q, k, v, fa, fb, b, g, ga, gb, o;
@@ -45,8 +39,6 @@ typedef struct {
 
 df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_layer *k, char *err);
 void kda_free(kda_layer *k);
-/* Floats of session state per layer (conv + recurrent). */
-int64_t kda_state_floats(const kda_shape *sh);
 df_status kda_scratch_new(const kda_shape *sh, kda_scratch *s);
 void kda_scratch_free(kda_scratch *s);
 /* n tokens: xn [n][hidden] normalised input, state of this layer, out [n][hidden]. */

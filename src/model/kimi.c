@@ -20,7 +20,8 @@
  * Tensor names follow the release: `block_sparse_moe.experts.E.w1/w2/w3`
  * (w1 gate, w3 up, w2 down), plain bf16 or MXFP4 `weight_packed`.
  *
- * Sections: weights; state; attention residuals; forward; describe; table.
+ * Sections: weights; state; forward (AttnRes is op_attn_res, ops.c); describe;
+ * table.
  */
 #include "ffn.h"
 #include "kda.h"
@@ -261,24 +262,6 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
     return DF_OK;
 }
 
-/* ---- attention residuals ---- */
-
-/* out = sum_j softmax_j(w . V_j / rms(V_j)) V_j over V = [anchors[0..na), cur]. */
-static void attn_res(const float *anchors, int na, const float *cur, const float *w, int H, float eps,
-                     float *out) {
-    float score[na + 1];
-    for (int j = 0; j <= na; j++) {
-        const float *v = j < na ? anchors + (size_t)j * H : cur;
-        double ss = 0;
-        for (int d = 0; d < H; d++) ss += (double)v[d] * v[d];
-        float inv = (float)(1.0 / sqrt(ss / H + (double)eps));
-        score[j] = op_dot(v, w, H) * inv;
-    }
-    op_softmax(score, na + 1);
-    memset(out, 0, (size_t)H * sizeof(float));
-    for (int j = 0; j <= na; j++) op_axpy(out, score[j], j < na ? anchors + (size_t)j * H : cur, H);
-}
-
 /* ---- forward ---- */
 
 static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
@@ -303,7 +286,7 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         if (m->block > 0) {
             for (int t = 0; t < n; t++) {
                 float *h = s->h + (size_t)t * H, *anc = s->anchors + (size_t)t * A * H;
-                if (na > 0) attn_res(anc, na, h, y->res_attn, H, m->eps, s->xin + (size_t)t * H);
+                if (na > 0) op_attn_res(anc, na, h, y->res_attn, H, m->eps, s->xin + (size_t)t * H);
                 else memcpy(s->xin + (size_t)t * H, h, (size_t)H * sizeof(float));
                 if (l % m->block == 0) memcpy(anc + (size_t)na * H, h, (size_t)H * sizeof(float));
             }
@@ -321,8 +304,8 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         else for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
         if (m->block > 0) {
             for (int t = 0; t < n; t++)
-                attn_res(s->anchors + (size_t)t * A * H, na, s->h + (size_t)t * H, y->res_mlp, H, m->eps,
-                         s->xin + (size_t)t * H);
+                op_attn_res(s->anchors + (size_t)t * A * H, na, s->h + (size_t)t * H, y->res_mlp, H, m->eps,
+                            s->xin + (size_t)t * H);
         } else {
             memcpy(s->xin, s->h, nh * sizeof(float));
         }
@@ -343,7 +326,7 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
     int first = all_rows ? 0 : n - 1, rows = n - first;
     for (int t = first; t < n; t++) {
         float *x = s->h + (size_t)t * H, *xo = s->xin + (size_t)(t - first) * H;
-        if (m->block > 0) attn_res(s->anchors + (size_t)t * A * H, na, x, m->res_out, H, m->eps, xo);
+        if (m->block > 0) op_attn_res(s->anchors + (size_t)t * A * H, na, x, m->res_out, H, m->eps, xo);
         else memcpy(xo, x, (size_t)H * sizeof(float));
         op_rmsnorm(s->xn + (size_t)(t - first) * H, xo, m->final_norm, H, m->eps);
     }

@@ -1,7 +1,8 @@
 /* mla.c — absorbed Multi-head Latent Attention over the compact cache.
  *
  * Sections: binding; scratch; the three parallel stages (absorb queries,
- * attend, lift values); forward. See mla.h for the cache layout.
+ * attend, lift values); forward. See mla.h for the cache layout; the
+ * attention and cache-row math are mla_core.c's.
  */
 #include "mla.h"
 #include "../base/err.h"
@@ -46,8 +47,6 @@ void mla_free(mla_layer *a) {
     free(a->kv_a_norm);
     a->q_a_norm = a->kv_a_norm = NULL;
 }
-
-int64_t mla_cache_floats_per_pos(const mla_shape *sh) { return sh->R + sh->dr; }
 
 /* ---- scratch ---- */
 
@@ -110,20 +109,12 @@ static void attend(void *ctx, int64_t i0, int64_t i1, int tid) {
     job *j = ctx;
     const mla_shape *sh = j->sh;
     mla_scratch *s = j->s;
-    int64_t stride = sh->R + sh->dr;
     float *sc = s->tscratch + (size_t)tid * s->tstride;
     for (int64_t i = i0; i < i1; i++) {
-        int h = (int)(i / j->n), t = (int)(i % j->n), p = j->pos + t;
-        const float *ql = s->qlat + ((size_t)h * j->n + t) * sh->R;
-        const float *qp = s->q + ((size_t)t * sh->nh + h) * sh->dq + sh->dn;
-        for (int k = 0; k <= p; k++) {
-            const float *c = j->cache + (size_t)k * stride;
-            sc[k] = (op_dot(ql, c, sh->R) + op_dot(qp, c + sh->R, sh->dr)) * sh->softmax_scale;
-        }
-        op_softmax(sc, p + 1);
-        float *o = s->olat + ((size_t)h * j->n + t) * sh->R;
-        memset(o, 0, (size_t)sh->R * sizeof(float));
-        for (int k = 0; k <= p; k++) op_axpy(o, sc[k], j->cache + (size_t)k * stride, sh->R);
+        int h = (int)(i / j->n), t = (int)(i % j->n);
+        mla_attend_one(sh, j->cache, s->qlat + ((size_t)h * j->n + t) * sh->R,
+                       s->q + ((size_t)t * sh->nh + h) * sh->dq + sh->dn, j->pos + t, sc,
+                       s->olat + ((size_t)h * j->n + t) * sh->R);
     }
 }
 
@@ -141,14 +132,6 @@ static void lift_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
 
 /* ---- forward ---- */
 
-static void rope_at(const mla_shape *sh, int pos, float *cs, float *sn) {
-    for (int i = 0; i < sh->dr / 2; i++) {
-        float f = (float)pos * sh->inv_freq[i];
-        cs[i] = cosf(f) * sh->rope_mscale;
-        sn[i] = sinf(f) * sh->rope_mscale;
-    }
-}
-
 void mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache,
                  mla_scratch *s, int pos, int n, const float *xn, float *out) {
     int qdim = sh->nh * sh->dq, vdim = sh->nh * sh->dv;
@@ -162,18 +145,9 @@ void mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *c
         mm(e, &a->q, xn, n, s->q, qdim);
     }
     mm(e, &a->kv_a, xn, n, s->kva, stride);
-    float cs[256], sn[256];
-    for (int t = 0; t < n; t++) {
-        const float *kv = s->kva + (size_t)t * stride;
-        float *c = cache + (size_t)(pos + t) * stride;
-        op_rmsnorm(c, kv, a->kv_a_norm, sh->R, sh->latent_eps);
-        memcpy(c + sh->R, kv + sh->R, (size_t)sh->dr * sizeof(float));
-        if (!sh->use_rope) continue;
-        rope_at(sh, pos + t, cs, sn);
-        op_rope(c + sh->R, sh->dr, cs, sn, sh->rope_interleave);
-        for (int h = 0; h < sh->nh; h++)
-            op_rope(s->q + ((size_t)t * sh->nh + h) * sh->dq + sh->dn, sh->dr, cs, sn, sh->rope_interleave);
-    }
+    for (int t = 0; t < n; t++)
+        mla_write_row(sh, a->kv_a_norm, s->kva + (size_t)t * stride, pos + t, cache + (size_t)(pos + t) * stride,
+                      s->q + (size_t)t * sh->nh * sh->dq);
     job j = {e, sh, a, cache, s, pos, n};
     pool_for(e->pool, sh->nh, 1, absorb_heads, &j);
     pool_for(e->pool, (int64_t)sh->nh * n, 1, attend, &j);

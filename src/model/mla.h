@@ -9,19 +9,13 @@
  *
  * q_nope is mapped into latent space with W_UK^T, scores are taken against
  * the latents, the weighted latent sum is lifted per head with W_UV.
+ * mla_shape and the row-write / attention math are in mla_core.h
+ * (engine-free).
  */
 #ifndef DF_MODEL_MLA_H
 #define DF_MODEL_MLA_H
+#include "mla_core.h"
 #include "model.h"
-
-typedef struct {
-    int hidden, nh, dn, dr, dv, dq, R, qlr;
-    int use_rope, rope_interleave;
-    const float *inv_freq;      /* [dr/2], owned by the model */
-    float rope_mscale;          /* factor on cos/sin (YaRN) */
-    float softmax_scale;
-    float latent_eps;           /* q_a / kv_a RMSNorm eps (1e-6 in every reference) */
-} mla_shape;
 
 typedef struct {
     float *q_a_norm, *kv_a_norm; /* owned f32 copies */
@@ -41,7 +35,6 @@ typedef struct {
 df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate, mla_layer *a,
                    char *err);
 void mla_free(mla_layer *a);
-int64_t mla_cache_floats_per_pos(const mla_shape *sh);
 df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, mla_scratch *s);
 void mla_scratch_free(mla_scratch *s);
 /* Runs n positions pos..pos+n-1: xn [n][hidden] normalised input, cache
