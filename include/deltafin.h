@@ -76,15 +76,30 @@ typedef struct {
     const struct df_accel *accel;
 } df_engine_opts;
 
+/* One Kimi Delta Attention layer as an accelerator's kda hook sees it (the
+ * math and the state layout: src/model/kda_core.h): shape and host copies
+ * of its per-channel parameters, stable while the engine is open (a hook
+ * may key its device copies by this struct's address). */
+typedef struct df_accel_kda {
+    int H, D, W;              /* heads, head dim (K = V), conv kernel */
+    int has_lower_bound;      /* K3's gate (lower_bound * sigmoid), else Kimi-Linear's softplus */
+    float lower_bound, norm_eps;
+    const float *conv[3];     /* q, k, v conv weights [H*D][W] */
+    const float *a;           /* exp(A_log) per head and key channel [H*D] */
+    const float *dt_bias;     /* [H*D] */
+    const float *o_norm;      /* [D] */
+} df_accel_kda;
+
 /* An accelerator for the matrix products (deltafin-cuda: src/cuda/gpu_accel.h).
  * The engine uploads each matrix bound resident once at open; matrices whose
  * bytes come and go (routed experts from the expert cache, a streamed spine)
  * go through an LRU cache of device copies keyed by their tensor, bounded by
  * `budget` bytes for all device copies together; one that does not fit is
  * uploaded for the call and released after it. Matrices the accelerator
- * refuses (a type or shape it has no kernel for) stay on the CPU. Every
- * other part of a step (attention, norms, routing, the absorbed MLA products)
- * stays on the CPU. The results differ from the CPU kernels only by
+ * refuses (a type or shape it has no kernel for) stay on the CPU. With the
+ * kda hooks the KDA recurrence and its state move to the device too; every
+ * other part of a step (norms, routing, MLA attention and its absorbed
+ * products) stays on the CPU. The results differ from the CPU kernels only by
  * summation order (tests bound the logits and require the same greedy ids).
  * Calls come from one thread at a time. */
 typedef struct df_accel {
@@ -127,6 +142,19 @@ typedef struct df_accel {
      * bytes (uploads may run behind the calls that started them; the engine
      * calls this before it reuses host memory an upload may read). */
     void (*uploads_wait)(void *ctx);
+    /* Optional (all four or none): session state kept on the device, so the
+     * KDA recurrence runs there. state_new returns `bytes` of zeroed device
+     * memory (NULL with err when it cannot; the session then keeps its
+     * state on the CPU), state_zero clears it. kda runs kda_core.h's conv +
+     * recurrence for n tokens of one layer on that state: q, k, v, f, gate
+     * [n][H*D] and braw [n][H] in host memory (read only), o [n][H*D] out
+     * (host); synchronous. An error leaves the state undefined (the engine
+     * then resets the session). Session state is not part of `budget`. */
+    void *(*state_new)(void *ctx, int64_t bytes, char *err);
+    void (*state_free)(void *ctx, void *state);
+    df_status (*state_zero)(void *ctx, void *state, char *err);
+    df_status (*kda)(void *ctx, const df_accel_kda *layer, void *state, int n, const float *q, const float *k,
+                     const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
 } df_accel;
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer
@@ -204,6 +232,7 @@ typedef struct {
     uint64_t tier_hits;                    /* routed experts run from device copies, never read into RAM */
     uint64_t sync_calls;                   /* calls the host waited on: products, expert batches */
     double sync_s;                         /* host time inside them (device work + round trips) */
+    uint64_t kda_calls;                    /* KDA layer steps run on the device (state there) */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);

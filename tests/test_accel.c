@@ -14,6 +14,7 @@
 #include "../src/kernels/kernels.h"
 #include "../src/model/model.h"
 #include "../src/kernels/ops.h"
+#include "../src/model/kda_core.h"
 #include <math.h>
 #include "deltafin.h"
 #include <stdlib.h>
@@ -123,6 +124,57 @@ static df_status fake_finish(void *ctx, char *err) {
     return DF_OK;
 }
 
+/* The kda hooks on the stand-in: "device" state in malloc'ed memory (its
+ * size in front, for state_zero), kda_core.h's functions on it, so logits
+ * stay bit-identical to the CPU path. fake_kda_fail makes the next call fail. */
+static int fake_kda_calls, fake_kda_fail, fake_states;
+static void *fake_state_new(void *ctx, int64_t bytes, char *err) {
+    (void)ctx;
+    (void)err;
+    int64_t *p = calloc(1, (size_t)bytes + 16);
+    if (!p) return NULL;
+    p[0] = bytes;
+    fake_states++;
+    return p + 2;
+}
+static void fake_state_free(void *ctx, void *st) {
+    (void)ctx;
+    if (!st) return;
+    fake_states--;
+    free((int64_t *)st - 2);
+}
+static df_status fake_state_zero(void *ctx, void *st, char *err) {
+    (void)ctx;
+    (void)err;
+    memset(st, 0, (size_t)((int64_t *)st)[-2]);
+    return DF_OK;
+}
+static df_status fake_kda(void *ctx, const df_accel_kda *l, void *state, int n, const float *q, const float *k,
+                          const float *v, const float *f, const float *braw, const float *gate, float *o, char *err) {
+    (void)ctx;
+    if (fake_kda_fail) {
+        fake_kda_fail = 0;
+        snprintf(err, DF_ERRMSG, "fake: kda failed");
+        return DF_ERR_IO;
+    }
+    fake_kda_calls++;
+    const size_t P = (size_t)l->H * l->D, bytes = (size_t)n * P * sizeof(float);
+    float *qc = malloc(bytes), *kc = malloc(bytes), *vc = malloc(bytes); /* the hook's inputs are read only */
+    memcpy(qc, q, bytes);
+    memcpy(kc, k, bytes);
+    memcpy(vc, v, bytes);
+    kda_shape sh = {0, l->H, l->D, l->W, 0, l->has_lower_bound, l->lower_bound, l->norm_eps};
+    kda_params p = {{l->conv[0], l->conv[1], l->conv[2]}, l->a, l->dt_bias, l->o_norm};
+    kda_io io = {qc, kc, vc, f, braw, gate, o};
+    for (int which = 0; which < 3; which++)
+        for (int c = 0; c < (int)P; c++) kda_conv_channel(&sh, &p, state, which, c, n, &io);
+    for (int h = 0; h < l->H; h++) kda_recur_head(&sh, &p, state, h, n, &io);
+    free(qc);
+    free(kc);
+    free(vc);
+    return DF_OK;
+}
+
 static int read_tokens(const char *dir, int32_t *out, int cap) {
     char p[600];
     snprintf(p, sizeof p, "%s/reference.json", dir);
@@ -197,7 +249,8 @@ TEST(model_accel_bit_identical_any_budget) {
         for (int b = 0; b < 6; b++) {
             /* the last three with the expert hook: every routed expert in one call */
             df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                          b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL};
+                          b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
+                          b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda};
             df_accel_stats st;
             fake_expert_calls = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, &read);
@@ -225,6 +278,10 @@ TEST(model_accel_bit_identical_any_budget) {
             if (b % 3 == 1) CHECK(st.cache_evictions > 0, "%s: no evictions with 24 KB of cache", fx[i]);
             if (b % 3 == 2) CHECK(st.transient_uploads > 0 && st.resident_mats == 0, "%s: budget 1 byte", fx[i]);
             CHECK(fake_live == 0, "%s: %d handles leaked", fx[i], fake_live);
+            CHECK(fake_states == 0, "%s: %d device states leaked", fx[i], fake_states);
+            int kimi = strstr(fx[i], "kimi_k3") || strstr(fx[i], "kimi_linear");
+            CHECK((st.kda_calls > 0) == (b >= 3 && kimi), "%s budget %d: %llu KDA steps on the device", fx[i], b,
+                  (unsigned long long)st.kda_calls);
             if (b % 3 == 0) budgets[b + 1] = st.resident_bytes + (24 << 10);
             free(lg);
         }
@@ -296,7 +353,8 @@ TEST(model_accel_lru_order_and_pin) {
         w[i].data = bytes[i];
     }
     lru_log log = {0};
-    df_accel a = {"lru", &log, 2 * 128, lru_upload, lru_release, lru_matmul, lru_pin, lru_unpin, NULL, NULL};
+    df_accel a = {.name = "lru", .ctx = &log, .budget = 2 * 128, .upload = lru_upload, .release = lru_release,
+                  .matmul = lru_matmul, .pin = lru_pin, .unpin = lru_unpin};
     acc_table *t = acc_new(&a);
     REQUIRE(t);
     static char pool[4096];
@@ -322,8 +380,9 @@ TEST(model_accel_describe_plan) {
     kn_level lv = kn_detect();
     const char *dir = "tests/fixtures/kimi_k3_mxfp4";
     for (int b = 0; b < 2; b++) {
-        df_accel a = {"fake", &lv, b ? 1 : (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                      fake_queue, fake_finish, NULL};
+        df_accel a = {.name = "fake", .ctx = &lv, .budget = b ? 1 : (int64_t)1 << 40, .upload = fake_upload,
+                      .release = fake_release, .matmul = fake_matmul, .expert_queue = fake_queue,
+                      .expert_finish = fake_finish};
         df_engine_opts o;
         df_engine_opts_default(&o);
         o.n_threads = 2;
@@ -345,4 +404,44 @@ TEST(model_accel_describe_plan) {
         CHECK(n > 0 && (b ? fit == 0 : fit == n), "budget %d: %lld of %d experts fit", b, fit, n);
         df_engine_close(e);
     }
+}
+
+/* A KDA step that fails on the device fails the eval with the hook's message
+ * and resets the session (its state is undefined); evaluating the prompt
+ * again gives the CPU's logits exactly. */
+TEST(model_accel_kda_failure_resets) {
+    kn_level lv = kn_detect();
+    const char *dir = "tests/fixtures/kimi_k3_mxfp4";
+    int32_t tok[64];
+    int n = read_tokens(dir, tok, 64);
+    if (n <= 0) SKIP("fixtures missing");
+    float *ref = logits_with(dir, NULL, 1, NULL, NULL);
+    REQUIRE(ref != NULL, "cpu logits");
+    df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
+                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda};
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.n_threads = 3;
+    o.accel = &a;
+    o.ram_bytes = 1;
+    df_engine *e = NULL;
+    char err[DF_ERRMSG];
+    REQUIRE(df_engine_open(dir, &o, &e, err) == DF_OK, "%s", err);
+    int V = df_engine_vocab_size(e);
+    df_session *s = NULL;
+    REQUIRE(df_session_new(e, 0, &s) == DF_OK, "session");
+    float *lg = malloc((size_t)n * V * sizeof(float));
+    CHECK(df_session_eval(s, tok, 3, NULL) == DF_OK, "first eval");
+    fake_kda_fail = 1;
+    CHECK(df_session_eval(s, tok + 3, 1, NULL) != DF_OK, "the failing step must fail");
+    CHECK(strstr(df_session_error(s), "fake: kda failed") && strstr(df_session_error(s), "reset"), "error: %s",
+          df_session_error(s));
+    CHECK(df_session_pos(s) == 0, "position after the failure: %d", df_session_pos(s));
+    CHECK(df_session_eval(s, tok, n, lg) == DF_OK, "eval after the reset");
+    CHECK(memcmp(lg, ref, (size_t)n * V * sizeof(float)) == 0, "logits after the reset differ from the CPU's");
+    df_session_free(s);
+    df_engine_close(e);
+    CHECK(fake_states == 0 && fake_live == 0, "leaks: %d states, %d handles", fake_states, fake_live);
+    free(lg);
+    free(ref);
 }

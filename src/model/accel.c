@@ -381,6 +381,43 @@ void acc_uploads_wait(acc_table *t) {
     if (t && t->a->uploads_wait) t->a->uploads_wait(t->a->ctx);
 }
 
+/* ---- session state on the device (KDA) ---- */
+
+int acc_has_kda(const acc_table *t) {
+    return t && t->a->state_new && t->a->state_free && t->a->state_zero && t->a->kda;
+}
+
+void *acc_state_new(acc_table *t, int64_t bytes) {
+    if (!acc_has_kda(t)) return NULL;
+    void *st = t->a->state_new(t->a->ctx, bytes, t->err);
+    if (!st) snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+    return st;
+}
+
+void acc_state_free(acc_table *t, void *state) {
+    if (t && state) t->a->state_free(t->a->ctx, state);
+}
+
+df_status acc_state_zero(acc_table *t, void *state, char *err) {
+    df_status st = t->a->state_zero(t->a->ctx, state, t->err);
+    if (st != DF_OK) return df_fail(err, st, "%s", t->err);
+    return DF_OK;
+}
+
+df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, const float *q, const float *k,
+                  const float *v, const float *f, const float *braw, const float *gate, float *o, char *err) {
+    double t0 = now_s();
+    df_status st = t->a->kda(t->a->ctx, layer, state, n, q, k, v, f, braw, gate, o, t->err);
+    t->st.sync_s += now_s() - t0;
+    t->st.sync_calls++;
+    if (st != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        return df_fail(err, st, "%s", t->err);
+    }
+    t->st.kda_calls++;
+    return DF_OK;
+}
+
 void acc_get_stats(const acc_table *t, df_accel_stats *out) {
     if (!t) { memset(out, 0, sizeof *out); return; }
     *out = t->st;
@@ -393,6 +430,7 @@ void acc_reset_stats(acc_table *t) {
     t->st.tier_hits = 0;
     t->st.sync_s = 0;
     t->st.sync_calls = 0;
+    t->st.kda_calls = 0;
 }
 
 void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes, int n_experts) {
@@ -415,12 +453,15 @@ void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes,
              "               now %lld resident (%.3f GB), %.3f GB cached, %lld matrices on the CPU (no kernel);\n"
              "               tiers: device copies, then the RAM expert cache (%s), then disk; an expert\n"
              "               with device copies is not read again%s;\n"
-             "               attention, norms, routing and the absorbed MLA products run on the CPU\n%s",
+             "               %s\n%s",
              t->a->name ? t->a->name : "accelerator", t->a->budget / 1e9, t->planned_bytes / 1e9,
              t->planned_bytes > t->a->budget ? ", more than the budget: the excess is cached" : "",
              (long long)s->resident_mats, s->resident_bytes / 1e9, s->cached_bytes / 1e9, (long long)s->cpu_mats,
              t->pinned ? "page-locked for uploads" : "pageable",
-             t->a->expert_queue ? "; routed experts are queued on the device, uploads overlapping" : "", plan);
+             t->a->expert_queue ? "; routed experts are queued on the device, uploads overlapping" : "",
+             acc_has_kda(t) ? "KDA states and recurrence on the device; norms, routing and MLA attention on the CPU"
+                            : "attention, norms, routing and the absorbed MLA products run on the CPU",
+             plan);
 }
 
 const char *acc_last_error(const acc_table *t) { return t ? t->last_err : ""; }

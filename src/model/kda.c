@@ -82,6 +82,8 @@ df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_laye
             k->a[h * sh->D + d] = expf(al);
         }
     free(raw);
+    k->dev = (df_accel_kda){sh->H, sh->D, sh->W, sh->has_lower_bound, sh->lower_bound, sh->norm_eps,
+                            {k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};
     return DF_OK;
 }
 
@@ -150,8 +152,8 @@ static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
 
 /* ---- forward ---- */
 
-void kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state,
-                 kda_scratch *s, int n, const float *xn, float *out) {
+df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
+                      kda_scratch *s, int n, const float *xn, float *out, char *err) {
     int64_t P = (int64_t)sh->H * sh->D;
     mm(e, &k->q, xn, n, s->qr, P);
     mm(e, &k->k, xn, n, s->kr, P);
@@ -164,10 +166,16 @@ void kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *s
         mm(e, &k->ga, xn, n, s->gl, sh->D);
         mm(e, &k->gb, s->gl, n, s->gate, P);
     }
-    kda_params p = {{k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};
-    kda_io io = {s->qr, s->kr, s->vr, s->f, s->braw, s->gate, s->o};
-    job j = {sh, &p, state, &io, n};
-    pool_for(e->pool, 3 * P, 64, conv_channels, &j);
-    pool_for(e->pool, sh->H, 1, recur_heads, &j);
+    if (dev_state) {
+        df_status st = acc_kda(e->acc, &k->dev, dev_state, n, s->qr, s->kr, s->vr, s->f, s->braw, s->gate, s->o, err);
+        if (st != DF_OK) return st;
+    } else {
+        kda_params p = {{k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};
+        kda_io io = {s->qr, s->kr, s->vr, s->f, s->braw, s->gate, s->o};
+        job j = {sh, &p, state, &io, n};
+        pool_for(e->pool, 3 * P, 64, conv_channels, &j);
+        pool_for(e->pool, sh->H, 1, recur_heads, &j);
+    }
     mm(e, &k->o, s->o, n, out, sh->hidden);
+    return DF_OK;
 }

@@ -31,6 +31,7 @@ typedef struct {
     float *dt_bias;             /* [P] owned */
     float *o_norm;              /* [D] owned */
     kda_a_mode a_mode;
+    df_accel_kda dev;           /* the same layer for an accelerator's kda hook */
 } kda_layer;
 
 typedef struct {
@@ -41,8 +42,11 @@ df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_laye
 void kda_free(kda_layer *k);
 df_status kda_scratch_new(const kda_shape *sh, kda_scratch *s);
 void kda_scratch_free(kda_scratch *s);
-/* n tokens: xn [n][hidden] normalised input, state of this layer, out [n][hidden]. */
-void kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state,
-                 kda_scratch *s, int n, const float *xn, float *out);
+/* n tokens: xn [n][hidden] normalised input, state of this layer (host
+ * floats, or with dev_state non-NULL the device state from acc_state_new:
+ * the conv + recurrence then run on the accelerator), out [n][hidden].
+ * Fails only on the device (err says why; the state is then undefined). */
+df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
+                      kda_scratch *s, int n, const float *xn, float *out, char *err);
 const char *kda_a_mode_name(kda_a_mode m);
 #endif

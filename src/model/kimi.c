@@ -200,6 +200,9 @@ typedef struct {
     int max_ctx;
     float *mla_cache;            /* [n_mla][max_ctx][R+dr] */
     float *kda_state;            /* [n_kda][kda_state_floats] */
+    void **kda_dev;              /* [n_kda] the same on the device (acc_has_kda), else NULL */
+    int n_dev;
+    acc_table *acc;              /* owner of kda_dev */
     float *h, *xin, *xn, *y;     /* [C][H] */
     float *anchors;              /* [C][max_anchors][H] */
     mla_scratch mla;
@@ -224,6 +227,10 @@ static void km_state_free(void *p) {
     if (!s) return;
     free(s->mla_cache); free(s->kda_state); free(s->h); free(s->xin); free(s->xn); free(s->y);
     free(s->anchors);
+    if (s->kda_dev) {
+        for (int i = 0; i < s->n_dev; i++) acc_state_free(s->acc, s->kda_dev[i]);
+        free(s->kda_dev);
+    }
     mla_scratch_free(&s->mla);
     kda_scratch_free(&s->kda);
     moe_scratch_free(&s->moe);
@@ -234,6 +241,22 @@ static void km_state_reset(df_engine *e, void *p) {
     km_model *m = e->prog;
     km_state *s = p;
     memset(s->kda_state, 0, (size_t)(m->n_kda ? m->n_kda : 1) * kda_state_floats(&m->kda) * sizeof(float));
+    for (int i = 0; i < s->n_dev; i++) acc_state_zero(s->acc, s->kda_dev[i], NULL); /* a failure shows at the next step */
+}
+
+/* The KDA states on the device when the accelerator offers it (all layers
+ * or none: a layer that cannot get one keeps every state on the CPU). */
+static void kda_states_on_device(df_engine *e, const km_model *m, km_state *s) {
+    if (!m->n_kda || !acc_has_kda(e->acc) || !(s->kda_dev = calloc((size_t)m->n_kda, sizeof(void *)))) return;
+    s->acc = e->acc;
+    int64_t bytes = kda_state_floats(&m->kda) * (int64_t)sizeof(float);
+    for (s->n_dev = 0; s->n_dev < m->n_kda; s->n_dev++)
+        if (!(s->kda_dev[s->n_dev] = acc_state_new(e->acc, bytes))) break;
+    if (s->n_dev == m->n_kda) return;
+    for (int i = 0; i < s->n_dev; i++) acc_state_free(e->acc, s->kda_dev[i]);
+    free(s->kda_dev);
+    s->kda_dev = NULL;
+    s->n_dev = 0;
 }
 
 static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
@@ -258,6 +281,7 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
         km_state_free(s);
         return DF_ERR_NOMEM;
     }
+    kda_states_on_device(e, m, s);
     *out = s;
     return DF_OK;
 }
@@ -297,8 +321,11 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         for (int t = 0; t < n; t++)
             op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->attn_norm, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
-        if (y->kda) kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, &s->kda, n, s->xn, s->y);
-        else mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, &s->mla, pos, n, s->xn, s->y);
+        if (y->kda) {
+            df_status kst = kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride,
+                                        s->kda_dev ? s->kda_dev[y->slot] : NULL, &s->kda, n, s->xn, s->y, err);
+            if (kst != DF_OK) return kst;
+        } else mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, &s->mla, pos, n, s->xn, s->y);
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
         if (restart) memcpy(s->h, s->y, nh * sizeof(float));
         else for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
