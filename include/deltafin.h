@@ -144,13 +144,14 @@ typedef struct df_accel {
     void (*uploads_wait)(void *ctx);
     /* Optional (all four or none): session state kept on the device, so the
      * KDA recurrence runs there. state_new returns `bytes` of zeroed device
-     * memory (NULL with err when it cannot; the session then keeps its
-     * state on the CPU), state_zero clears it. kda runs kda_core.h's conv +
+     * memory for the state of `layer` (NULL with err when it cannot, e.g. a
+     * shape without a kernel; the session then keeps every state on the
+     * CPU), state_zero clears it. kda runs kda_core.h's conv +
      * recurrence for n tokens of one layer on that state: q, k, v, f, gate
      * [n][H*D] and braw [n][H] in host memory (read only), o [n][H*D] out
      * (host); synchronous. An error leaves the state undefined (the engine
      * then resets the session). Session state is not part of `budget`. */
-    void *(*state_new)(void *ctx, int64_t bytes, char *err);
+    void *(*state_new)(void *ctx, const df_accel_kda *layer, int64_t bytes, char *err);
     void (*state_free)(void *ctx, void *state);
     df_status (*state_zero)(void *ctx, void *state, char *err);
     df_status (*kda)(void *ctx, const df_accel_kda *layer, void *state, int n, const float *q, const float *k,

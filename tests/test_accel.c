@@ -128,9 +128,10 @@ static df_status fake_finish(void *ctx, char *err) {
  * size in front, for state_zero), kda_core.h's functions on it, so logits
  * stay bit-identical to the CPU path. fake_kda_fail makes the next call fail. */
 static int fake_kda_calls, fake_kda_fail, fake_states;
-static void *fake_state_new(void *ctx, int64_t bytes, char *err) {
+static void *fake_state_new(void *ctx, const df_accel_kda *layer, int64_t bytes, char *err) {
     (void)ctx;
     (void)err;
+    if (!layer || layer->H < 1) return NULL;
     int64_t *p = calloc(1, (size_t)bytes + 16);
     if (!p) return NULL;
     p[0] = bytes;

@@ -387,9 +387,9 @@ int acc_has_kda(const acc_table *t) {
     return t && t->a->state_new && t->a->state_free && t->a->state_zero && t->a->kda;
 }
 
-void *acc_state_new(acc_table *t, int64_t bytes) {
+void *acc_state_new(acc_table *t, const df_accel_kda *layer, int64_t bytes) {
     if (!acc_has_kda(t)) return NULL;
-    void *st = t->a->state_new(t->a->ctx, bytes, t->err);
+    void *st = t->a->state_new(t->a->ctx, layer, bytes, t->err);
     if (!st) snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
     return st;
 }

@@ -250,8 +250,12 @@ static void kda_states_on_device(df_engine *e, const km_model *m, km_state *s) {
     if (!m->n_kda || !acc_has_kda(e->acc) || !(s->kda_dev = calloc((size_t)m->n_kda, sizeof(void *)))) return;
     s->acc = e->acc;
     int64_t bytes = kda_state_floats(&m->kda) * (int64_t)sizeof(float);
-    for (s->n_dev = 0; s->n_dev < m->n_kda; s->n_dev++)
-        if (!(s->kda_dev[s->n_dev] = acc_state_new(e->acc, bytes))) break;
+    for (int l = 0; l < m->L && s->n_dev < m->n_kda; l++) {
+        const km_layer *y = &m->layers[l];
+        if (!y->kda) continue;
+        if (!(s->kda_dev[y->slot] = acc_state_new(e->acc, &y->k.dev, bytes))) break;
+        s->n_dev++;
+    }
     if (s->n_dev == m->n_kda) return;
     for (int i = 0; i < s->n_dev; i++) acc_state_free(e->acc, s->kda_dev[i]);
     free(s->kda_dev);

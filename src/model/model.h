@@ -148,8 +148,9 @@ void acc_count_tier_hit(acc_table *t); /* a routed expert served without the RAM
 void acc_prefetch(acc_table *t, const df_weight *w, int n);
 /* Session state on the device (the accelerator's kda hooks): 1 if offered. */
 int acc_has_kda(const acc_table *t);
-/* bytes of zeroed device memory; NULL if not offered or it failed. */
-void *acc_state_new(acc_table *t, int64_t bytes);
+/* bytes of zeroed device memory for the state of `layer`; NULL if not
+ * offered, refused (a shape without a kernel) or out of memory. */
+void *acc_state_new(acc_table *t, const df_accel_kda *layer, int64_t bytes);
 void acc_state_free(acc_table *t, void *state); /* NULL-safe */
 df_status acc_state_zero(acc_table *t, void *state, char *err);
 /* kda_core.h's conv + recurrence on the device state for n tokens (inputs
