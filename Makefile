@@ -99,7 +99,8 @@ NVFLAGS   := -O3 -std=c++17 $(CUDA_ARCH) -Iinclude -lineinfo -Xcompiler -Wall,-W
 CUDA_SRC  := $(sort $(wildcard src/cuda/*.cu))
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matvec.o \
-               kernels/matvec_avx2.o kernels/matvec_avx512.o kernels/ops.o)
+               kernels/matvec_avx2.o kernels/matvec_avx512.o kernels/ops.o \
+               model/kda_core.o model/mla_core.o)
 
 CUDA_CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/cuda-cli/%.o)
 
@@ -124,7 +125,7 @@ $(BUILD)/libdeltafin_cuda.a: $(CUDA_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/run_cuda_tests: $(BUILD)/tests/test_main.o $(BUILD)/tests/cuda/test_cuda.o $(BUILD)/tests/cuda/test_cuda_engine.o \
-                         $(BUILD)/libdeltafin_cuda.a $(CUDA_ORACLE)
+                         $(BUILD)/tests/cuda/test_cuda_attn.o $(BUILD)/libdeltafin_cuda.a $(CUDA_ORACLE)
 	$(NVCC) $(CUDA_ARCH) -o $@ $^ -lpthread -lm
 
 $(BUILD)/cuda_bench: bench/cuda_bench.cu $(BUILD)/libdeltafin_cuda.a $(wildcard src/cuda/*.h)
@@ -137,4 +138,4 @@ clean:
 	rm -rf build build-san build-gcc build-clang
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/tests/cuda/test_cuda.d \
-	$(BUILD)/tests/cuda/test_cuda_engine.d $(CUDA_CLI_OBJ:.o=.d)
+	$(BUILD)/tests/cuda/test_cuda_engine.d $(BUILD)/tests/cuda/test_cuda_attn.d $(CUDA_CLI_OBJ:.o=.d)

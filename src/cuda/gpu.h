@@ -5,6 +5,10 @@
  * type, the fused expert (gate/up + SiLU or SiTU, then down), RMSNorm and the
  * MoE router. Every function here is callable from C; the CUDA types stay in
  * gpu.cu (streams are passed as void *, NULL = the default stream).
+ * It also owns the attention step's kernels (gpu_attn.cu, last section):
+ * the KDA conv + recurrence, the MLA cache-row write and latent attention,
+ * and K3's attention-residual mix, each the device twin of an engine-free
+ * CPU function (kda_core.h, mla_core.h, ops.h) on the same memory layouts.
  * Refuses: placement, caching and streaming policy (callers decide what lives
  * on the device), and any host-side math (the CPU kernels are the oracle).
  *
@@ -34,6 +38,8 @@
 #ifndef DF_CUDA_GPU_H
 #define DF_CUDA_GPU_H
 #include "../format/weight.h"
+#include "../model/kda_core.h"
+#include "../model/mla_core.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -158,6 +164,90 @@ typedef struct {
  * expert ids, selw [n][K] weights. Device pointers. */
 df_status gpu_route(const gpu_router *r, const float *logits, int n, int *sel, float *selw,
                     void *stream);
+
+/* ---- attention (gpu_attn.cu) ----------------------------------------------
+ *
+ * Device twins of the engine-free CPU functions, on their layouts, so a
+ * session's state or cache can be copied host <-> device byte for byte.
+ * All pointers are device pointers (the shape structs are host values);
+ * every call is asynchronous on stream. DF_ERR_ARG / DF_ERR_UNSUPPORTED /
+ * DF_ERR_NOMEM (workspace) return before anything is launched, leaving
+ * every output and state untouched; DF_ERR_IO (a launch failed) leaves them
+ * undefined. Bounds are against the CPU oracle named in each contract or
+ * exact math, on the same inputs (u = 2^-24); tests/cuda/test_cuda_attn.c
+ * checks them on random data. */
+
+/* KDA for n >= 1 tokens of one layer in one launch, in token order (a
+ * prefill chunk is one launch; inside it tokens run one after another, as
+ * on the CPU): kda_conv_channel on all 3P channels, then kda_recur_head on
+ * all H heads (kda_core.h), one block per head.
+ *   state [kda_state_floats] this layer's state, kda_core.h's layout;
+ *   q, k, v, f, gate [n][P], braw [n][H]: read only (the CPU overwrites
+ *   q, k, v in place; here they stay as given);  o [n][P] written.
+ *   p: device copies of the conv weights, exp(A_log), dt_bias, o_norm.
+ * Supported: D % 16 == 0 and 16 <= D <= 256, 1 <= W <= 16, else
+ * DF_ERR_UNSUPPORTED. D <= 128 keeps S in registers across the chunk
+ * (D^2 / 16 threads); larger D works on S in place in memory.
+ * Exactness: the conv part of the state is bit-equal to the CPU's (raw
+ * inputs); a launch on n tokens gives bit-for-bit the state and o of n
+ * one-token launches. Bounds (sums in other orders, CUDA's expf/log1pf):
+ *   ||o_t - o_t,cpu||_2 <= 4 (t + 1)(D + 16) u ||o_t,cpu||_2  per token t
+ *   and head, and ||S - S_cpu||_F <= 4 n (D + 16) u ||S_cpu||_F per head
+ * (the delta rule is non-expansive: |k| = 1, 0 < beta < 1, decay <= 1, so
+ * each token adds its own rounding error and damps the earlier ones). */
+df_status gpu_kda(const kda_shape *sh, const kda_params *p, float *state, int n, const float *q,
+                  const float *k, const float *v, const float *f, const float *braw,
+                  const float *gate, float *o, void *stream);
+
+/* mla_write_row (mla_core.h) for tokens t < n at positions pos + t: cache
+ * rows pos .. pos+n-1 of cache [ctx][R + dr] from kva [n][R + dr]
+ * (kv_a_proj output), and with sh->use_rope the q_pe of every head of q
+ * [n][nh][dq] rotated in place. cos/sin are computed here from inv_freq
+ * (device [dr/2]; sh->inv_freq is a host pointer and is not read) as
+ * cosf((float)(pos + t) * inv_freq[i]) * rope_mscale; without RoPE q and
+ * inv_freq may be NULL. Needs dr even and dr <= 512 (DF_ERR_UNSUPPORTED). Bounds: c_kv within 2^-22 |ref| per
+ * element (gpu_rmsnorm's; usually bit-equal), k_pe copied exactly, each
+ * rotated value within 2^-20 (|x_a| + |x_b|) |rope_mscale| of op_rope's
+ * (CUDA's cosf/sinf are within 2 ulp; the rotation itself is spelled as
+ * op_rope's roundings). */
+df_status gpu_mla_write(const mla_shape *sh, const float *kv_a_norm, const float *inv_freq,
+                        const float *kva, float *cache, int pos, int n, float *q, void *stream);
+
+/* mla_attend_one (mla_core.h) for every head h < nh and token t < n at
+ * position p = pos + t over cache rows 0..p:
+ *   qlat [nh][n][R] absorbed queries, q [n][nh][dq] (q_pe at offset dn),
+ *   cache [>= pos + n][R + dr] with rows 0..pos+n-1 written (gpu_mla_write
+ *   first; 16-byte aligned: rows are read as float4), olat [nh][n][R].
+ * Online softmax over tiles of 32 positions; long contexts are split over
+ * blocks (at most 1024 splits) whose partial sums are combined by a second
+ * kernel through ws (grown on demand, like gpu_matmul_tc's; not shared by
+ * two streams at once). Any context length works (nothing per position is
+ * kept on chip). Needs R % 4 == 0, dr % 4 == 0, R <= 1024, R + dr <= 1280
+ * (DF_ERR_UNSUPPORTED).
+ * Bound, per (h, t) and column c, with L = p + 1, M_c = max_{k<=p}
+ * |c_kv[k][c]| and A = softmax_scale * max_{k<=p} sum_i |qcat_i row_k,i|
+ * (qcat = [q_lat | q_pe], row_k = cache row k):
+ *   |o[c] - exact| <= ((R + dr + 24) A + 2 L + 96) u M_c
+ * (scores in four fp32 chains, rescales of the running sums, at most L
+ * fp32 terms per sum); mla_attend_one meets the same bound (op_dot's four
+ * chains, L-term axpy), so |o - o_cpu| is within twice it.
+ * If every score of a query is equal (e.g. q = 0), the sums are exact for
+ * integer c_kv whose partial sums stay below 2^24 and o is the mean of
+ * c_kv[0..p] correctly rounded: a skipped or repeated position shows. */
+df_status gpu_mla_attend(const mla_shape *sh, const float *cache, const float *q, const float *qlat,
+                         int pos, int n, float *olat, gpu_ws *ws, void *stream);
+
+/* op_attn_res (ops.h) for n tokens: token t mixes V = [anchors + t *
+ * astride + j * H for j < na, cur + t * H] with the probe w [H] into
+ * out + t * H. 0 <= na <= 64 (else DF_ERR_UNSUPPORTED); out may alias cur
+ * (not the anchors). One block of 256 threads per token; the mix is
+ * spelled like op_attn_res (the same roundings, j ascending). Bound, with
+ * a_j = sum_d |V_j[d] w[d]| / rms(V_j) and V_d = max_j |V_j[d]|:
+ *   |out[d] - exact| <= (2 (ceil(H / 256) + 8) max_j a_j + 2 na + 16) u V_d
+ * op_attn_res meets it with ceil(H / 4) in place of ceil(H / 256) (its dot
+ * runs four chains of H / 4), so |out - out_cpu| is within the sum. */
+df_status gpu_attn_res(const float *anchors, int64_t astride, int na, const float *cur, const float *w,
+                       int H, float eps, int n, float *out, void *stream);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@
  * Each test prints the largest error it saw, as a fraction of its bound.
  */
 #include "../test.h"
+#include "cuda_test_util.h"
 #include "../../src/cuda/gpu.h"
 #include "../../src/kernels/kernels.h"
 #include "../../src/kernels/ops.h"
@@ -33,22 +34,6 @@
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static int need_gpu(void) {
-    static int state = -1;
-    static char why[256];
-    if (state < 0) state = gpu_probe(why, sizeof why);
-    if (!state) t_skip(why);
-    return state;
-}
-
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
-static float frand(uint64_t *s) { return (float)((double)(rng_next(s) >> 11) * 0x1p-52 - 1.0); }
 static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static uint16_t f16_bits(float f) { /* normal-range values, truncating */
     uint32_t u = f32_bits(f);
@@ -57,11 +42,6 @@ static uint16_t f16_bits(float f) { /* normal-range values, truncating */
     if (e <= 0) return sign;
     if (e >= 31) e = 30;
     return (uint16_t)(sign | (e << 10) | ((u >> 13) & 0x3ff));
-}
-static uint64_t seed_of(const char *tag) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *tag; tag++) h = (h ^ (uint8_t)*tag) * 1099511628211ull;
-    return h | 1;
 }
 
 typedef struct {

@@ -1,0 +1,664 @@
+/* gpu_attn.cu — the attention step's CUDA kernels behind gpu.h's last
+ * section (prefix gpu_): KDA (conv + delta-rule recurrence), the MLA cache
+ * row write and latent attention, K3's attention-residual mix.
+ *
+ * Owns: those kernels, their launch checks and the MLA split workspace.
+ * Refuses: projections (gpu_matmul), placement and state ownership (the
+ * caller holds the state / cache buffers, laid out as on the CPU), host
+ * math (the oracles are kda_core.c, mla_core.c and op_attn_res, see
+ * tests/cuda/test_cuda_attn.c).
+ *
+ * KDA, one block per head (k_kda). Thread (g, e) owns column e of the
+ * head's S and the rows d of its group g (16 rows each, in registers, when
+ * D <= 128; otherwise D * G <= 1024 threads work on S in place in memory):
+ *
+ *      S [D][D]      e ->
+ *   d  | g = 0: rows  0..15 |  column e: thread (g, e)
+ *   |  | g = 1: rows 16..31 |  u_e = v_e - sum_g part_g(e)   (no cross-
+ *   v  | ...                |  o_e = sum_g part'_g(e)         lane sums)
+ *
+ * Per token: conv + SiLU of the head's 3D channels (windows in shared
+ * memory), l2 norms (double, block sums), decay and beta, pass 1 (S *=
+ * decay, partial S^T k), pass 2 (S += beta k u^T, partial S^T q), gated
+ * RMSNorm. Every token runs the same code whatever n is, so n tokens in one
+ * launch equal n launches of one token, bit for bit.
+ *
+ * MLA attention (k_mla_attend), a block per (tile of 8 queries, split of
+ * positions); a query is one (head, token) (index h * n + t, olat's
+ * order), all of them share the cache rows, so a tile reads each row once:
+ *
+ *   shared: Q [8][R + dr] | K [32 rows][R + dr, padded] | p [8][32] | alpha
+ *   scores: warp w = query w, lane = row of the tile (one dot each)
+ *   online softmax per warp (running max m, sum l), then
+ *   acc[q][c] = acc[q][c] * alpha_q + sum_k p[q][k] K[k][c], thread owns c
+ *
+ * With one split the block writes o = acc / l; otherwise it leaves (m, l,
+ * acc) in the workspace and k_mla_combine merges the splits. Split length:
+ * a multiple of 32 and >= 256 positions, aiming at ~512 blocks.
+ *
+ * Speed (not yet measured on a GPU): KDA decode runs H blocks, two passes
+ * over S per token; MLA is fp32 FMAs fed from shared memory (about one
+ * 16-byte load per 4 FMAs in the scores), not tensor cores, so at long
+ * contexts it is compute-bound well above the cache-read time; an mma
+ * version (as FlashMLA) is the next step if it shows in profiles.
+ *
+ * Sections: 1. helpers  2. KDA  3. MLA cache rows  4. MLA attention
+ *           5. attention residuals
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "gpu.h"
+#include "gpu_internal.h"
+
+/* ---- 1. helpers ------------------------------------------------------------- */
+
+static df_status launched(const char *what) { return gpu_cuda_status(cudaGetLastError(), what); }
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Dynamic shared memory above the default 48 KB must be asked for. */
+template <typename K> static df_status smem_opt_in(K kernel, size_t bytes, const char *what) {
+    if (bytes <= 48 * 1024) return DF_OK;
+    return gpu_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                           what);
+}
+
+/* Grows ws to at least need bytes (its contents are not kept). */
+static df_status ws_reserve(gpu_ws *ws, size_t need, const char *what) {
+    if (ws->cap >= need) return DF_OK;
+    gpu_ws_free(ws);
+    df_status st = gpu_cuda_status(cudaMalloc(&ws->buf, need), what);
+    if (st) {
+        ws->buf = NULL;
+        return st;
+    }
+    ws->cap = need;
+    return DF_OK;
+}
+
+static __device__ __forceinline__ float sigmoid1(float x) { return 1.0f / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float silu1(float x) { return x / (1.0f + expf(-x)); }
+
+/* Sums a and b over the block (blockDim.x a multiple of 32, <= 1024) in a
+ * fixed order: warp butterflies, then the warp sums in warp order. Every
+ * thread gets both sums; buf is shared, 66 doubles; on return buf may be
+ * reused (the last barrier is inside). */
+static __device__ __forceinline__ void block_sum2(double &a, double &b, double *buf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    if (lane == 0) {
+        buf[warp] = a;
+        buf[33 + warp] = b;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        double x = lane < nw ? buf[lane] : 0.0, y = lane < nw ? buf[33 + lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            x += __shfl_xor_sync(0xffffffffu, x, o);
+            y += __shfl_xor_sync(0xffffffffu, y, o);
+        }
+        if (lane == 0) {
+            buf[32] = x;
+            buf[65] = y;
+        }
+    }
+    __syncthreads();
+    a = buf[32];
+    b = buf[65];
+    __syncthreads();
+}
+
+/* ---- 2. KDA ----------------------------------------------------------------- */
+
+enum { KDA_RP = 16, KDA_MAX_T = 1024 };
+
+struct kda_args {
+    int H, D, W, P, G, rows;   /* G groups of `rows` rows of S per column */
+    int lb;                    /* lower-bound gate (K3), else softplus (Kimi-Linear) */
+    float lower_bound, norm_eps, qscale;
+    const float *conv[3], *a, *dt_bias, *o_norm;
+    float *state;
+    const float *q, *k, *v, *f, *braw, *gate;
+    float *o;
+    int n;
+};
+
+/* RP > 0: each thread keeps its RP rows of S in registers (rows == RP);
+ * RP == 0: it reads and writes them in the state (rows at run time). Only
+ * thread (g, e) ever touches S[d][e] for d in group g, so there are no
+ * races either way. */
+template <int RP>
+__global__ void __launch_bounds__(KDA_MAX_T) k_kda(const __grid_constant__ kda_args a) {
+    extern __shared__ float ksm[];
+    __shared__ double rbuf[66];
+    __shared__ float beta_s;
+    const int h = blockIdx.x, D = a.D, W = a.W, P = a.P, G = a.G, NT = blockDim.x;
+    const int tid = threadIdx.x, e = tid % D, g = tid / D;
+    const bool owner = g < G;
+    const int d0 = g * a.rows, d1 = min(D, d0 + a.rows);
+    /* shared: q, k, v, decay [D] each | red, red2 [G][D] | conv windows [3][D][W-1] */
+    float *qs = ksm, *ks = qs + D, *vs = ks + D, *dec = vs + D, *red = dec + D, *red2 = red + G * D;
+    float *win = red2 + G * D;
+    const int w1 = W - 1;
+    float *Sg = a.state + (size_t)3 * P * w1 + (size_t)h * D * D;
+    /* the head's conv windows: [which][h*D .. h*D+D)[W-1] is contiguous per which */
+    for (int i = tid; i < 3 * D * w1; i += NT) {
+        const int which = i / (D * w1), rem = i % (D * w1);
+        win[i] = a.state[((size_t)which * P + (size_t)h * D) * w1 + rem];
+    }
+    float sreg[RP > 0 ? RP : 1];
+    if (RP > 0 && owner) {
+#pragma unroll
+        for (int r = 0; r < (RP > 0 ? RP : 1); r++) sreg[r] = Sg[(size_t)(d0 + r) * D + e];
+    }
+    __syncthreads();
+    for (int t = 0; t < a.n; t++) {
+        const size_t off = (size_t)t * P + (size_t)h * D;
+        /* conv + SiLU, spelled as kda_conv_channel: sum of w[j] * src[j], left to right */
+        for (int i = tid; i < 3 * D; i += NT) {
+            const int which = i / D, j = i % D;
+            const float *x = which == 0 ? a.q : which == 1 ? a.k : a.v;
+            const float *w = a.conv[which] + ((size_t)h * D + j) * W;
+            float *wn = win + (size_t)(which * D + j) * w1;
+            const float xin = x[off + j];
+            float acc = 0.0f;
+            for (int q = 0; q < w1; q++) acc = __fadd_rn(acc, __fmul_rn(w[q], wn[q]));
+            acc = __fadd_rn(acc, __fmul_rn(w[w1], xin));
+            for (int q = 0; q + 1 < w1; q++) wn[q] = wn[q + 1];
+            if (w1 > 0) wn[w1 - 1] = xin;
+            (which == 0 ? qs : which == 1 ? ks : vs)[j] = silu1(acc);
+        }
+        if (tid == 0) beta_s = sigmoid1(a.braw[(size_t)t * a.H + h]);
+        __syncthreads();
+        /* l2 norms of q and k (double), q *= D^-1/2, decay = exp(g) */
+        double sq = 0.0, sk = 0.0;
+        for (int j = tid; j < D; j += NT) {
+            sq += (double)qs[j] * qs[j];
+            sk += (double)ks[j] * ks[j];
+        }
+        block_sum2(sq, sk, rbuf);
+        const float iq = (float)(1.0 / sqrt(sq + 1e-6)), ik = (float)(1.0 / sqrt(sk + 1e-6));
+        for (int j = tid; j < D; j += NT) {
+            qs[j] = __fmul_rn(__fmul_rn(qs[j], iq), a.qscale);
+            ks[j] = __fmul_rn(ks[j], ik);
+            const float av = a.a[h * D + j], z = __fadd_rn(a.f[off + j], a.dt_bias[h * D + j]);
+            float gv;
+            if (a.lb) gv = a.lower_bound * sigmoid1(av * z);
+            else gv = -av * (z > 20.0f ? z : log1pf(expf(z)));
+            dec[j] = expf(gv);
+        }
+        __syncthreads();
+        /* pass 1: S = diag(decay) S, partial (S^T k)_e over this group's rows */
+        if (owner) {
+            float part = 0.0f;
+            if (RP > 0) {
+#pragma unroll
+                for (int r = 0; r < (RP > 0 ? RP : 1); r++) {
+                    sreg[r] = __fmul_rn(sreg[r], dec[d0 + r]);
+                    part = __fmaf_rn(ks[d0 + r], sreg[r], part);
+                }
+            } else {
+                for (int d = d0; d < d1; d++) {
+                    const float s = __fmul_rn(Sg[(size_t)d * D + e], dec[d]);
+                    Sg[(size_t)d * D + e] = s;
+                    part = __fmaf_rn(ks[d], s, part);
+                }
+            }
+            red[g * D + e] = part;
+        }
+        __syncthreads();
+        /* pass 2: u = v - S^T k; S += (beta k) u^T; partial (S^T q)_e */
+        if (owner) {
+            float u = vs[e];
+            for (int gg = 0; gg < G; gg++) u = __fsub_rn(u, red[gg * D + e]);
+            const float beta = beta_s;
+            float part = 0.0f;
+            if (RP > 0) {
+#pragma unroll
+                for (int r = 0; r < (RP > 0 ? RP : 1); r++) {
+                    sreg[r] = __fmaf_rn(__fmul_rn(beta, ks[d0 + r]), u, sreg[r]);
+                    part = __fmaf_rn(qs[d0 + r], sreg[r], part);
+                }
+            } else {
+                for (int d = d0; d < d1; d++) {
+                    const float s = __fmaf_rn(__fmul_rn(beta, ks[d]), u, Sg[(size_t)d * D + e]);
+                    Sg[(size_t)d * D + e] = s;
+                    part = __fmaf_rn(qs[d], s, part);
+                }
+            }
+            red2[g * D + e] = part;
+        }
+        __syncthreads();
+        /* o = S^T q, gated RMSNorm (sum of squares in double, as op_rmsnorm) */
+        float ov = 0.0f;
+        double so = 0.0, unused = 0.0;
+        if (tid < D) {
+            for (int gg = 0; gg < G; gg++) ov = __fadd_rn(ov, red2[gg * D + tid]);
+            so = (double)ov * ov;
+        }
+        block_sum2(so, unused, rbuf);
+        if (tid < D) {
+            const float inv = (float)(1.0 / sqrt(so / D + (double)a.norm_eps));
+            const float y = __fmul_rn(a.o_norm[tid], __fmul_rn(ov, inv));
+            a.o[off + tid] = __fmul_rn(y, sigmoid1(a.gate[off + tid]));
+        }
+        /* the next token's writes (qs, ks, vs, dec, red, red2, beta_s) all
+         * come after block_sum2's barriers, past every read of this token */
+    }
+    if (RP > 0 && owner) {
+#pragma unroll
+        for (int r = 0; r < (RP > 0 ? RP : 1); r++) Sg[(size_t)(d0 + r) * D + e] = sreg[r];
+    }
+    /* each window was read and written by one thread only: no barrier needed */
+    for (int i = tid; i < 3 * D * w1; i += NT) {
+        const int which = i / (D * w1), rem = i % (D * w1);
+        a.state[((size_t)which * P + (size_t)h * D) * w1 + rem] = win[i];
+    }
+}
+
+extern "C" df_status gpu_kda(const kda_shape *sh, const kda_params *p, float *state, int n, const float *q,
+                             const float *k, const float *v, const float *f, const float *braw,
+                             const float *gate, float *o, void *stream) {
+    if (!sh || !p || !state || !q || !k || !v || !f || !braw || !gate || !o || n < 1 || sh->H < 1 ||
+        !p->conv[0] || !p->conv[1] || !p->conv[2] || !p->a || !p->dt_bias || !p->o_norm)
+        return DF_ERR_ARG;
+    const int D = sh->D, W = sh->W;
+    if (D < 16 || D > 256 || D % 16 || W < 1 || W > 16) return DF_ERR_UNSUPPORTED;
+    kda_args a;
+    a.H = sh->H;
+    a.D = D;
+    a.W = W;
+    a.P = sh->H * D;
+    if (D <= 128) {
+        a.rows = KDA_RP;
+        a.G = D / KDA_RP;
+    } else {
+        a.G = KDA_MAX_T / D;
+        a.rows = (int)cdiv(D, a.G);
+        a.G = (int)cdiv(D, a.rows);
+    }
+    a.lb = sh->has_lower_bound;
+    a.lower_bound = sh->lower_bound;
+    a.norm_eps = sh->norm_eps;
+    a.qscale = 1.0f / sqrtf((float)D); /* kda_recur_head's qscale, same expression */
+    for (int i = 0; i < 3; i++) a.conv[i] = p->conv[i];
+    a.a = p->a;
+    a.dt_bias = p->dt_bias;
+    a.o_norm = p->o_norm;
+    a.state = state;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.f = f;
+    a.braw = braw;
+    a.gate = gate;
+    a.o = o;
+    a.n = n;
+    const int threads = (int)cdiv((int64_t)D * a.G, 32) * 32;
+    const size_t smem = ((size_t)4 * D + (size_t)2 * a.G * D + (size_t)3 * D * (W - 1)) * sizeof(float);
+    cudaStream_t s = (cudaStream_t)stream;
+    df_status st;
+    if (D <= 128) {
+        if ((st = smem_opt_in(k_kda<KDA_RP>, smem, "k_kda smem"))) return st;
+        k_kda<KDA_RP><<<sh->H, threads, smem, s>>>(a);
+    } else {
+        if ((st = smem_opt_in(k_kda<0>, smem, "k_kda smem"))) return st;
+        k_kda<0><<<sh->H, threads, smem, s>>>(a);
+    }
+    return launched("k_kda");
+}
+
+/* ---- 3. MLA cache rows ------------------------------------------------------ */
+
+enum { MLA_W_THREADS = 256 };
+
+/* One block per token: RMSNorm of c_kv into the cache row (as op_rmsnorm),
+ * k_pe copied or rotated, and each head's q_pe rotated (as op_rope). */
+__global__ void __launch_bounds__(MLA_W_THREADS)
+k_mla_write(const float *__restrict__ kva, const float *__restrict__ wnorm, const float *__restrict__ inv_freq,
+            float *cache, float *q, int R, int dr, int nh, int dq, int dn, float eps, int use_rope,
+            int interleave, float mscale, int pos) {
+    __shared__ double rbuf[66];
+    __shared__ float cs[256], sn[256];
+    const int t = blockIdx.x, stride = R + dr, half = dr / 2;
+    const float *kv = kva + (size_t)t * stride;
+    float *row = cache + (size_t)(pos + t) * stride;
+    double ss = 0.0, unused = 0.0;
+    for (int i = threadIdx.x; i < R; i += MLA_W_THREADS) ss += (double)kv[i] * (double)kv[i];
+    block_sum2(ss, unused, rbuf);
+    const float inv = (float)(1.0 / sqrt(ss / R + (double)eps));
+    for (int i = threadIdx.x; i < R; i += MLA_W_THREADS) row[i] = __fmul_rn(wnorm[i], __fmul_rn(kv[i], inv));
+    if (!use_rope) {
+        for (int i = threadIdx.x; i < dr; i += MLA_W_THREADS) row[R + i] = kv[R + i];
+        return;
+    }
+    for (int i = threadIdx.x; i < half; i += MLA_W_THREADS) {
+        const float fr = __fmul_rn((float)(pos + t), inv_freq[i]);
+        cs[i] = __fmul_rn(cosf(fr), mscale);
+        sn[i] = __fmul_rn(sinf(fr), mscale);
+    }
+    __syncthreads();
+    /* pair i of vector v: v = 0 the row's k_pe (read from kva), v = 1 + h head h's q_pe (in place) */
+    for (int j = threadIdx.x; j < (nh + 1) * half; j += MLA_W_THREADS) {
+        const int vi = j / half, i = j % half;
+        const int ia = interleave ? 2 * i : i, ib = interleave ? 2 * i + 1 : i + half;
+        const float *src = vi == 0 ? kv + R : q + ((size_t)t * nh + (vi - 1)) * dq + dn;
+        float *dst = vi == 0 ? row + R : q + ((size_t)t * nh + (vi - 1)) * dq + dn;
+        const float x0 = src[ia], x1 = src[ib];
+        dst[ia] = __fsub_rn(__fmul_rn(x0, cs[i]), __fmul_rn(x1, sn[i]));
+        dst[ib] = __fadd_rn(__fmul_rn(x1, cs[i]), __fmul_rn(x0, sn[i]));
+    }
+}
+
+extern "C" df_status gpu_mla_write(const mla_shape *sh, const float *kv_a_norm, const float *inv_freq,
+                                   const float *kva, float *cache, int pos, int n, float *q, void *stream) {
+    if (!sh || !kv_a_norm || !kva || !cache || pos < 0 || n < 1 || sh->R < 1 || sh->dr < 0 ||
+        (sh->use_rope && (!inv_freq || !q || sh->nh < 1 || sh->dq < sh->dn + sh->dr)))
+        return DF_ERR_ARG;
+    if (sh->dr % 2 || sh->dr > 512) return DF_ERR_UNSUPPORTED;
+    k_mla_write<<<n, MLA_W_THREADS, 0, (cudaStream_t)stream>>>(
+        kva, kv_a_norm, inv_freq, cache, q, sh->R, sh->dr, sh->nh, sh->dq, sh->dn, sh->latent_eps,
+        sh->use_rope, sh->rope_interleave, sh->rope_mscale, pos);
+    return launched("k_mla_write");
+}
+
+/* ---- 4. MLA attention ------------------------------------------------------- */
+
+enum {
+    MLA_QB = 8,          /* queries per block = warps */
+    MLA_KB = 32,         /* cache rows per tile = lanes */
+    MLA_T = MLA_QB * 32, /* threads */
+    MLA_CPT = 4,         /* latent columns per thread: R <= 1024 */
+    MLA_MAX_R = MLA_CPT * MLA_T,
+    MLA_MAX_DK = 1280,   /* R + dr */
+    MLA_MIN_SPLIT = 256, /* positions per split, at least */
+    MLA_MAX_SPLITS = 1024,
+    MLA_TARGET_BLOCKS = 512
+};
+
+struct mla_args {
+    const float *cache, *q, *qlat;
+    float *olat;
+    float *part;         /* splits > 1: [Q][splits][2 + R] = m, l, acc */
+    int R, dr, dk, nh, dq, dn, n, pos, Q;
+    int qstride, kstride; /* shared row strides (floats) */
+    int split_len, splits;
+    float scale;
+};
+
+__global__ void __launch_bounds__(MLA_T, 2) k_mla_attend(const __grid_constant__ mla_args a) {
+    extern __shared__ __align__(16) float sm[];
+    float *Qs = sm, *Ks = Qs + MLA_QB * a.qstride, *Ps = Ks + MLA_KB * a.kstride, *alpha = Ps + MLA_QB * MLA_KB;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int q0 = blockIdx.x * MLA_QB, split = blockIdx.y;
+    const int R = a.R, dk = a.dk;
+    /* the tile's queries: [q_lat | q_pe] rows; absent queries (q0 + qq >= Q) see no position */
+    int pmax = -1;
+    for (int qq = 0; qq < MLA_QB; qq++) {
+        const int qi = q0 + qq;
+        if (qi < a.Q) pmax = max(pmax, a.pos + qi % a.n);
+    }
+    for (int i = tid; i < MLA_QB * dk; i += MLA_T) {
+        const int qq = i / dk, c = i % dk, qi = q0 + qq;
+        float v = 0.0f;
+        if (qi < a.Q) {
+            const int h = qi / a.n, t = qi % a.n;
+            v = c < R ? a.qlat[(size_t)qi * R + c] : a.q[((size_t)t * a.nh + h) * a.dq + a.dn + (c - R)];
+        }
+        Qs[qq * a.qstride + c] = v;
+    }
+    const int myq = q0 + warp;
+    const int myp = myq < a.Q ? a.pos + myq % a.n : -1; /* last position warp `warp`'s query sees */
+    const int k_begin = split * a.split_len;
+    const int k_end = min(k_begin + a.split_len, pmax + 1);
+    float m = -INFINITY, l = 0.0f; /* warp `warp`'s query, the same in every lane */
+    float acc[MLA_QB][MLA_CPT];
+#pragma unroll
+    for (int qq = 0; qq < MLA_QB; qq++)
+#pragma unroll
+        for (int j = 0; j < MLA_CPT; j++) acc[qq][j] = 0.0f;
+    for (int k0 = k_begin; k0 < k_end; k0 += MLA_KB) {
+        const int nk = min(MLA_KB, k_end - k0);
+        __syncthreads(); /* the previous tile's K and P are consumed */
+        const int d4 = dk / 4;
+        for (int i = tid; i < nk * d4; i += MLA_T) {
+            const int r = i / d4, c4 = i % d4;
+            const float4 v = __ldg((const float4 *)(a.cache + (size_t)(k0 + r) * dk) + c4);
+            *(float4 *)(Ks + r * a.kstride + 4 * c4) = v;
+        }
+        __syncthreads();
+        /* score of (query warp, row lane): four chains (columns c % 4), then
+         * (0 + 1) + (2 + 3), times the scale */
+        float s = -INFINITY;
+        if (lane < nk && k0 + lane <= myp) {
+            const float4 *qr = (const float4 *)(Qs + warp * a.qstride), *kr = (const float4 *)(Ks + lane * a.kstride);
+            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+            for (int c4 = 0; c4 < d4; c4++) {
+                const float4 x = qr[c4], y = kr[c4];
+                d0 = __fmaf_rn(x.x, y.x, d0);
+                d1 = __fmaf_rn(x.y, y.y, d1);
+                d2 = __fmaf_rn(x.z, y.z, d2);
+                d3 = __fmaf_rn(x.w, y.w, d3);
+            }
+            s = __fmul_rn(__fadd_rn(__fadd_rn(d0, d1), __fadd_rn(d2, d3)), a.scale);
+        }
+        float tmax = s;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+        const float mn = fmaxf(m, tmax);
+        float p = 0.0f, al = 1.0f;
+        if (mn != -INFINITY) {
+            p = s == -INFINITY ? 0.0f : expf(s - mn);
+            al = m == -INFINITY ? 0.0f : expf(m - mn);
+        }
+        float ts = p;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ts += __shfl_xor_sync(0xffffffffu, ts, o);
+        l = __fadd_rn(__fmul_rn(l, al), ts);
+        m = mn;
+        Ps[warp * MLA_KB + lane] = p;
+        if (lane == 0) alpha[warp] = al;
+        __syncthreads();
+        /* acc = acc * alpha + P K over this tile's rows, columns c = tid + j * MLA_T */
+#pragma unroll
+        for (int qq = 0; qq < MLA_QB; qq++) {
+            const float aq = alpha[qq];
+#pragma unroll
+            for (int j = 0; j < MLA_CPT; j++) acc[qq][j] = __fmul_rn(acc[qq][j], aq);
+        }
+        for (int k = 0; k < nk; k++) {
+            float kv[MLA_CPT];
+#pragma unroll
+            for (int j = 0; j < MLA_CPT; j++) {
+                const int c = tid + j * MLA_T;
+                kv[j] = c < R ? Ks[k * a.kstride + c] : 0.0f;
+            }
+#pragma unroll
+            for (int qq = 0; qq < MLA_QB; qq++) {
+                const float pq = Ps[qq * MLA_KB + k];
+#pragma unroll
+                for (int j = 0; j < MLA_CPT; j++) acc[qq][j] = __fmaf_rn(pq, kv[j], acc[qq][j]);
+            }
+        }
+    }
+    /* m and l of query qq live in warp qq: share them */
+    __syncthreads();
+    if (lane == 0) {
+        Ps[warp] = m;
+        Ps[MLA_QB + warp] = l;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int qq = 0; qq < MLA_QB; qq++) {
+        const int qi = q0 + qq;
+        if (qi >= a.Q) continue;
+        const float mq = Ps[qq], lq = Ps[MLA_QB + qq];
+        if (a.splits == 1) {
+#pragma unroll
+            for (int j = 0; j < MLA_CPT; j++) {
+                const int c = tid + j * MLA_T;
+                if (c < R) a.olat[(size_t)qi * R + c] = __fdiv_rn(acc[qq][j], lq);
+            }
+        } else {
+            float *pp = a.part + ((size_t)qi * a.splits + split) * (2 + R);
+            if (tid == 0) {
+                pp[0] = mq;
+                pp[1] = lq;
+            }
+#pragma unroll
+            for (int j = 0; j < MLA_CPT; j++) {
+                const int c = tid + j * MLA_T;
+                if (c < R) pp[2 + c] = acc[qq][j];
+            }
+        }
+    }
+}
+
+/* One block per query: o = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp(m_s - M),
+ * splits in order. Splits past the query's position have m = -inf, w = 0. */
+__global__ void __launch_bounds__(256) k_mla_combine(const float *__restrict__ part, int splits, int R,
+                                                      float *__restrict__ olat) {
+    extern __shared__ float wsh[]; /* [splits] */
+    __shared__ float Ls;
+    const float *pq = part + (size_t)blockIdx.x * splits * (2 + R);
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int s = 0; s < splits; s++) M = fmaxf(M, pq[(size_t)s * (2 + R)]);
+        float L = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            const float ms = pq[(size_t)s * (2 + R)];
+            const float w = ms == -INFINITY ? 0.0f : expf(ms - M);
+            wsh[s] = w;
+            L = __fmaf_rn(w, pq[(size_t)s * (2 + R) + 1], L);
+        }
+        Ls = L;
+    }
+    __syncthreads();
+    const float L = Ls;
+    for (int c = threadIdx.x; c < R; c += 256) {
+        float o = 0.0f;
+        for (int s = 0; s < splits; s++) o = __fmaf_rn(wsh[s], pq[(size_t)s * (2 + R) + 2 + c], o);
+        olat[(size_t)blockIdx.x * R + c] = __fdiv_rn(o, L);
+    }
+}
+
+extern "C" df_status gpu_mla_attend(const mla_shape *sh, const float *cache, const float *q, const float *qlat,
+                                    int pos, int n, float *olat, gpu_ws *ws, void *stream) {
+    if (!sh || !cache || !q || !qlat || !olat || !ws || pos < 0 || n < 1 || sh->nh < 1 || sh->R < 1 ||
+        sh->dr < 0 || sh->dq < sh->dn + sh->dr || sh->dn < 0)
+        return DF_ERR_ARG;
+    if (sh->R % 4 || sh->dr % 4 || sh->R > MLA_MAX_R || sh->R + sh->dr > MLA_MAX_DK) return DF_ERR_UNSUPPORTED;
+    mla_args a;
+    a.cache = cache;
+    a.q = q;
+    a.qlat = qlat;
+    a.olat = olat;
+    a.part = NULL;
+    a.R = sh->R;
+    a.dr = sh->dr;
+    a.dk = sh->R + sh->dr;
+    a.nh = sh->nh;
+    a.dq = sh->dq;
+    a.dn = sh->dn;
+    a.n = n;
+    a.pos = pos;
+    a.Q = sh->nh * n;
+    a.scale = sh->softmax_scale;
+    a.qstride = a.dk;
+    /* K rows: a multiple of 4 floats (float4) that is an odd multiple of 4,
+     * so the 8 rows of a quarter-warp's 16-byte reads hit distinct banks */
+    a.kstride = a.dk % 8 ? a.dk : a.dk + 4;
+    const int64_t L = (int64_t)pos + n; /* positions the last token sees */
+    const int64_t qtiles = cdiv(a.Q, MLA_QB);
+    int64_t want = cdiv(MLA_TARGET_BLOCKS, qtiles);
+    int64_t len = cdiv(cdiv(L, want), MLA_KB) * MLA_KB;
+    if (len < MLA_MIN_SPLIT) len = MLA_MIN_SPLIT;
+    if (cdiv(L, len) > MLA_MAX_SPLITS) len = cdiv(cdiv(L, MLA_MAX_SPLITS), MLA_KB) * MLA_KB;
+    if (len >= L) len = L;
+    if (len > 0x7fffffff || qtiles > 0x7fffffff) return DF_ERR_UNSUPPORTED;
+    a.split_len = (int)len;
+    a.splits = (int)cdiv(L, len);
+    cudaStream_t s = (cudaStream_t)stream;
+    df_status st;
+    if (a.splits > 1) {
+        const size_t need = (size_t)a.Q * a.splits * (2 + a.R) * sizeof(float);
+        if ((st = ws_reserve(ws, need, "gpu_mla_attend workspace"))) return st;
+        a.part = (float *)ws->buf;
+    }
+    const size_t smem = ((size_t)MLA_QB * a.qstride + (size_t)MLA_KB * a.kstride + MLA_QB * MLA_KB + MLA_QB) *
+                        sizeof(float);
+    if ((st = smem_opt_in(k_mla_attend, smem, "k_mla_attend smem"))) return st;
+    k_mla_attend<<<dim3((unsigned)qtiles, (unsigned)a.splits), MLA_T, smem, s>>>(a);
+    if ((st = launched("k_mla_attend"))) return st;
+    if (a.splits == 1) return DF_OK;
+    k_mla_combine<<<a.Q, 256, (size_t)a.splits * sizeof(float), s>>>(a.part, a.splits, a.R, olat);
+    return launched("k_mla_combine");
+}
+
+/* ---- 5. attention residuals ------------------------------------------------- */
+
+enum { RES_THREADS = 256, RES_MAX_A = 64 };
+
+/* One block per token: the na + 1 scores (block sums: squares in double,
+ * the dot's per-thread float sums added in double), the softmax as
+ * op_softmax (thread 0), then out = sum_j p_j V_j spelled as op_attn_res
+ * (from 0, j ascending, product then sum, rounded each). */
+__global__ void __launch_bounds__(RES_THREADS)
+k_attn_res(const float *anchors, int64_t astride, int na, const float *cur, const float *__restrict__ w, int H,
+           float eps, float *out) {
+    __shared__ double rbuf[66];
+    __shared__ float score[RES_MAX_A + 1];
+    const int t = blockIdx.x;
+    const float *at = anchors + (size_t)t * astride, *ct = cur + (size_t)t * H;
+    for (int j = 0; j <= na; j++) {
+        const float *v = j < na ? at + (size_t)j * H : ct;
+        double ss = 0.0;
+        float dp = 0.0f;
+        for (int d = threadIdx.x; d < H; d += RES_THREADS) {
+            ss += (double)v[d] * v[d];
+            dp = __fmaf_rn(v[d], w[d], dp);
+        }
+        double dd = dp;
+        block_sum2(ss, dd, rbuf);
+        if (threadIdx.x == 0) {
+            const float inv = (float)(1.0 / sqrt(ss / H + (double)eps));
+            score[j] = __fmul_rn((float)dd, inv);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* op_softmax */
+        float m = score[0];
+        for (int j = 1; j <= na; j++)
+            if (score[j] > m) m = score[j];
+        double s = 0.0;
+        for (int j = 0; j <= na; j++) {
+            score[j] = expf(score[j] - m);
+            s += score[j];
+        }
+        const float inv = (float)(1.0 / s);
+        for (int j = 0; j <= na; j++) score[j] = __fmul_rn(score[j], inv);
+    }
+    __syncthreads();
+    float *ot = out + (size_t)t * H;
+    for (int d = threadIdx.x; d < H; d += RES_THREADS) {
+        float o = 0.0f;
+        for (int j = 0; j <= na; j++) o = __fadd_rn(o, __fmul_rn(score[j], j < na ? at[(size_t)j * H + d] : ct[d]));
+        ot[d] = o;
+    }
+}
+
+extern "C" df_status gpu_attn_res(const float *anchors, int64_t astride, int na, const float *cur, const float *w,
+                                  int H, float eps, int n, float *out, void *stream) {
+    if (na > RES_MAX_A) return DF_ERR_UNSUPPORTED;
+    if (!cur || !w || !out || H < 1 || n < 1 || na < 0 || (na > 0 && (!anchors || astride < (int64_t)na * H)))
+        return DF_ERR_ARG;
+    k_attn_res<<<n, RES_THREADS, 0, (cudaStream_t)stream>>>(anchors, astride, na, cur, w, H, eps, out);
+    return launched("k_attn_res");
+}

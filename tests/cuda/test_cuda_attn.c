@@ -1,0 +1,577 @@
+/* test_cuda_attn.c — the attention kernels (gpu_attn.cu) against the
+ * engine's own CPU functions (suite cuda_attn_). Built into
+ * build/run_cuda_tests; every test skips, saying why, without a GPU.
+ *
+ * Oracles (linked from the engine: kda_core.o, mla_core.o, ops.o) and the
+ * bounds checked (u = 2^-24; random data from a per-test seed; device
+ * outputs poisoned with NaN bytes before each launch):
+ *  - gpu_kda vs kda_conv_channel + kda_recur_head: per token t and head,
+ *    ||o - o_cpu||_2 <= 4 (t + 1)(D + 16) u ||o_cpu||_2; per head
+ *    ||S - S_cpu||_F <= 4 n (D + 16) u ||S_cpu||_F; the conv state bit-equal;
+ *    q, k, v left as given; n one-token launches bit-equal (state and o) to
+ *    one n-token launch. Both gates, K3-like shapes (D = 128, W = 4, n = 1
+ *    and a 17-token chunk), D = 16 .. 256 (S in memory above 128), W = 1.
+ *  - gpu_mla_write vs mla_write_row: c_kv within 2^-22 |ref|, k_pe exact
+ *    without RoPE, rotated values within 2^-20 (|x_a| + |x_b|) mscale, rows
+ *    outside pos .. pos+n-1 untouched, q_nope untouched.
+ *  - gpu_mla_attend vs mla_attend_one and vs a float64 evaluation: with
+ *    B = ((R + dr + 24) A + 2 L + 96) u M_c (gpu.h), |o - exact| <= B,
+ *    |o_cpu - exact| <= B (the CPU meets it too), |o - o_cpu| <= 2B; and
+ *    with q = 0 and integer c_kv, o is the mean of rows 0..p within
+ *    2^-23 |mean| (any skipped or repeated position shows). Shapes: R = 512,
+ *    dr = 64, nh = 4 at pos 0, pos 37 n = 5, pos ~5000 (split over blocks,
+ *    decode and a 17-token chunk); a small odd shape.
+ *  - gpu_attn_res vs op_attn_res and a float64 evaluation (H = 7168,
+ *    na = 0..3, n = 3): with B(m) = (2 (m + 8) max_j a_j + 2 na + 16) u V_d
+ *    (gpu.h), |out - exact| <= B(ceil(H/256)), |out_cpu - exact| <=
+ *    B(ceil(H/4)), |out - out_cpu| <= their sum; na = 0 is exactly cur; out
+ *    aliasing cur gives the same bits.
+ * Each test prints its largest error as a fraction of its bound.
+ */
+#include "../test.h"
+#include "cuda_test_util.h"
+#include "../../src/cuda/gpu.h"
+#include "../../src/kernels/ops.h"
+#include "../../src/model/kda_core.h"
+#include "../../src/model/mla_core.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double U = 0x1p-24;
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static float *hrand(size_t n, float lo, float hi, uint64_t *s) {
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * 0.5f * (frand(s) + 1.0f);
+    return x;
+}
+
+static float *dcopy(const float *h, size_t n) {
+    float *d = gpu_malloc(n * sizeof(float));
+    if (d && gpu_put(d, h, n * sizeof(float)) != DF_OK) {
+        gpu_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static float *hdup(const float *h, size_t n) {
+    float *c = malloc(n * sizeof(float));
+    memcpy(c, h, n * sizeof(float));
+    return c;
+}
+
+static int poison(float *d, size_t n) { return gpu_fill(d, 0xff, n * sizeof(float)) == DF_OK; }
+
+/* ||a - b||_2 and ||b||_2 over n values spaced by stride */
+static void norms(const float *a, const float *b, size_t n, size_t stride, double *diff, double *ref) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = (double)a[i * stride] - b[i * stride];
+        d += x * x;
+        r += (double)b[i * stride] * b[i * stride];
+    }
+    *diff = sqrt(d);
+    *ref = sqrt(r);
+}
+
+/* ---- KDA ---------------------------------------------------------------------- */
+
+typedef struct {
+    kda_shape sh;
+    int n, P;
+    int64_t SF;
+    float *conv[3], *a, *dt_bias, *o_norm;            /* host parameters */
+    float *q, *k, *v, *f, *braw, *gate, *state;       /* host inputs */
+    float *dconv[3], *da, *ddt, *dnorm;               /* device copies */
+    float *dq, *dk, *dv, *df, *db, *dg, *dstate, *do_;
+    kda_params dp;
+} kda_case;
+
+static void kda_case_free(kda_case *c) {
+    for (int i = 0; i < 3; i++) { free(c->conv[i]); gpu_free(c->dconv[i]); }
+    free(c->a); free(c->dt_bias); free(c->o_norm); free(c->q); free(c->k); free(c->v); free(c->f);
+    free(c->braw); free(c->gate); free(c->state);
+    gpu_free(c->da); gpu_free(c->ddt); gpu_free(c->dnorm); gpu_free(c->dq); gpu_free(c->dk); gpu_free(c->dv);
+    gpu_free(c->df); gpu_free(c->db); gpu_free(c->dg); gpu_free(c->dstate); gpu_free(c->do_);
+}
+
+static int kda_case_make(kda_case *c, int H, int D, int W, int lb, int n, const char *tag) {
+    memset(c, 0, sizeof *c);
+    uint64_t s = seed_of(tag);
+    c->sh = (kda_shape){.hidden = 0, .H = H, .D = D, .W = W, .full_rank_gate = 1, .has_lower_bound = lb,
+                        .lower_bound = -5.0f, .norm_eps = 1e-5f};
+    c->n = n;
+    c->P = H * D;
+    c->SF = kda_state_floats(&c->sh);
+    size_t P = (size_t)c->P, nP = (size_t)n * P;
+    for (int i = 0; i < 3; i++) c->conv[i] = hrand(P * W, -0.5f, 0.5f, &s);
+    c->a = hrand(P, -1.0f, 0.5f, &s); /* A_log, then exp(A_log) as kda_bind stores it */
+    for (size_t i = 0; i < P; i++) c->a[i] = expf(c->a[i]);
+    c->dt_bias = hrand(P, -0.5f, 0.5f, &s);
+    c->o_norm = hrand((size_t)D, 0.8f, 1.2f, &s);
+    c->q = hrand(nP, -2.0f, 2.0f, &s);
+    c->k = hrand(nP, -2.0f, 2.0f, &s);
+    c->v = hrand(nP, -1.0f, 1.0f, &s);
+    c->f = hrand(nP, -1.0f, 1.0f, &s);
+    c->braw = hrand((size_t)n * H, -2.0f, 2.0f, &s);
+    c->gate = hrand(nP, -2.0f, 2.0f, &s);
+    c->state = hrand((size_t)c->SF, -0.2f, 0.2f, &s);
+    for (int64_t i = 0; i < 3 * (int64_t)P * (W - 1); i++) c->state[i] = frand(&s); /* raw conv inputs */
+    for (int i = 0; i < 3; i++) c->dconv[i] = dcopy(c->conv[i], P * W);
+    c->da = dcopy(c->a, P);
+    c->ddt = dcopy(c->dt_bias, P);
+    c->dnorm = dcopy(c->o_norm, (size_t)D);
+    c->dq = dcopy(c->q, nP);
+    c->dk = dcopy(c->k, nP);
+    c->dv = dcopy(c->v, nP);
+    c->df = dcopy(c->f, nP);
+    c->db = dcopy(c->braw, (size_t)n * H);
+    c->dg = dcopy(c->gate, nP);
+    c->dstate = gpu_malloc((size_t)c->SF * sizeof(float));
+    c->do_ = gpu_malloc(nP * sizeof(float));
+    c->dp = (kda_params){{c->dconv[0], c->dconv[1], c->dconv[2]}, c->da, c->ddt, c->dnorm};
+    return c->dconv[0] && c->dconv[1] && c->dconv[2] && c->da && c->ddt && c->dnorm && c->dq && c->dk && c->dv &&
+           c->df && c->db && c->dg && c->dstate && c->do_;
+}
+
+/* The CPU step, as kda_forward runs it: every channel's conv, then every head. */
+static void kda_cpu(const kda_case *c, float *state, float *o) {
+    size_t nP = (size_t)c->n * c->P;
+    float *q = hdup(c->q, nP), *k = hdup(c->k, nP), *v = hdup(c->v, nP);
+    kda_params p = {{c->conv[0], c->conv[1], c->conv[2]}, c->a, c->dt_bias, c->o_norm};
+    kda_io io = {q, k, v, c->f, c->braw, c->gate, o};
+    for (int which = 0; which < 3; which++)
+        for (int ch = 0; ch < c->P; ch++) kda_conv_channel(&c->sh, &p, state, which, ch, c->n, &io);
+    for (int h = 0; h < c->sh.H; h++) kda_recur_head(&c->sh, &p, state, h, c->n, &io);
+    free(q); free(k); free(v);
+}
+
+static void check_kda(int H, int D, int W, int lb, int n, const char *tag) {
+    if (!need_gpu()) return;
+    kda_case c;
+    if (!kda_case_make(&c, H, D, W, lb, n, tag)) {
+        kda_case_free(&c);
+        REQUIRE(0, "%s: device allocation failed", tag);
+    }
+    const int P = c.P;
+    const size_t nP = (size_t)n * P, SF = (size_t)c.SF, conv = (size_t)3 * P * (W - 1);
+    float *st_cpu = hdup(c.state, SF), *o_cpu = malloc(nP * sizeof(float));
+    float *st_gpu = malloc(SF * sizeof(float)), *o_gpu = malloc(nP * sizeof(float));
+    float *st_one = malloc(SF * sizeof(float)), *o_one = malloc(nP * sizeof(float)), *qback = malloc(nP * sizeof(float));
+    kda_cpu(&c, st_cpu, o_cpu);
+
+    df_status st = gpu_put(c.dstate, c.state, SF * sizeof(float));
+    if (st == DF_OK && !poison(c.do_, nP)) st = DF_ERR_IO;
+    if (st == DF_OK) st = gpu_kda(&c.sh, &c.dp, c.dstate, n, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL);
+    if (st == DF_OK) st = gpu_sync();
+    if (st == DF_OK) st = gpu_get(st_gpu, c.dstate, SF * sizeof(float));
+    if (st == DF_OK) st = gpu_get(o_gpu, c.do_, nP * sizeof(float));
+    if (st == DF_OK) st = gpu_get(qback, c.dq, nP * sizeof(float));
+    CHECK(st == DF_OK, "%s: gpu_kda: status %d (%s)", tag, st, gpu_last_error());
+    /* the same tokens one launch each, from the same state */
+    df_status st1 = gpu_put(c.dstate, c.state, SF * sizeof(float));
+    if (st1 == DF_OK && !poison(c.do_, nP)) st1 = DF_ERR_IO;
+    for (int t = 0; t < n && st1 == DF_OK; t++) {
+        size_t off = (size_t)t * P;
+        st1 = gpu_kda(&c.sh, &c.dp, c.dstate, 1, c.dq + off, c.dk + off, c.dv + off, c.df + off, c.db + (size_t)t * H,
+                      c.dg + off, c.do_ + off, NULL);
+    }
+    if (st1 == DF_OK) st1 = gpu_sync();
+    if (st1 == DF_OK) st1 = gpu_get(st_one, c.dstate, SF * sizeof(float));
+    if (st1 == DF_OK) st1 = gpu_get(o_one, c.do_, nP * sizeof(float));
+    CHECK(st1 == DF_OK, "%s: one-token launches: status %d (%s)", tag, st1, gpu_last_error());
+    if (st == DF_OK && st1 == DF_OK) {
+        CHECK(memcmp(st_gpu, st_cpu, conv * sizeof(float)) == 0, "%s: conv state differs from the CPU's", tag);
+        CHECK(memcmp(qback, c.q, nP * sizeof(float)) == 0, "%s: q was modified on the device", tag);
+        CHECK(memcmp(st_one, st_gpu, SF * sizeof(float)) == 0, "%s: state after %d one-token launches != one %d-token launch",
+              tag, n, n);
+        CHECK(memcmp(o_one, o_gpu, nP * sizeof(float)) == 0, "%s: o of one-token launches != one %d-token launch", tag, n);
+        double worst_o = 0, worst_s = 0;
+        int bad = 0;
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < H; h++) {
+                size_t off = (size_t)t * P + (size_t)h * D;
+                double d, r;
+                norms(o_gpu + off, o_cpu + off, (size_t)D, 1, &d, &r);
+                double bound = 4.0 * (t + 1) * (D + 16) * U * r;
+                if (!(d <= bound) && bad++ < 5) CHECK(0, "%s: o token %d head %d: |diff| %.3g, bound %.3g", tag, t, h, d, bound);
+                if (bound > 0 && d / bound > worst_o) worst_o = d / bound;
+            }
+        for (int h = 0; h < H; h++) {
+            size_t off = conv + (size_t)h * D * D;
+            double d, r;
+            norms(st_gpu + off, st_cpu + off, (size_t)D * D, 1, &d, &r);
+            double bound = 4.0 * n * (D + 16) * U * r;
+            if (!(d <= bound) && bad++ < 10) CHECK(0, "%s: S head %d: |diff|_F %.3g, bound %.3g", tag, h, d, bound);
+            if (bound > 0 && d / bound > worst_s) worst_s = d / bound;
+        }
+        fprintf(stderr, "[%s: worst %.3g of the o bound, %.3g of the S bound] ", tag, worst_o, worst_s);
+    }
+    free(st_cpu); free(o_cpu); free(st_gpu); free(o_gpu); free(st_one); free(o_one); free(qback);
+    kda_case_free(&c);
+}
+
+TEST(cuda_attn_kda_k3_decode) { check_kda(4, 128, 4, 1, 1, "kda-k3-n1"); }
+TEST(cuda_attn_kda_k3_chunk) { check_kda(4, 128, 4, 1, 17, "kda-k3-n17"); }
+TEST(cuda_attn_kda_linear_decode) { check_kda(2, 128, 4, 0, 1, "kda-linear-n1"); }
+TEST(cuda_attn_kda_linear_chunk) { check_kda(8, 128, 4, 0, 17, "kda-linear-n17"); }
+TEST(cuda_attn_kda_shapes) {
+    if (!need_gpu()) return;
+    check_kda(8, 64, 4, 1, 5, "kda-d64");
+    check_kda(3, 16, 1, 0, 4, "kda-d16-w1");
+    check_kda(2, 48, 16, 1, 3, "kda-d48-w16");
+    check_kda(2, 144, 3, 0, 3, "kda-d144");
+    check_kda(2, 256, 4, 1, 5, "kda-d256");
+}
+
+TEST(cuda_attn_kda_refused) {
+    if (!need_gpu()) return;
+    kda_case c;
+    REQUIRE(kda_case_make(&c, 2, 16, 4, 1, 1, "kda-refused"), "device allocation failed");
+    REQUIRE(gpu_put(c.dstate, c.state, (size_t)c.SF * sizeof(float)) == DF_OK);
+    REQUIRE(poison(c.do_, (size_t)c.P));
+    kda_shape bad = c.sh;
+    bad.D = 8;
+    CHECK(gpu_kda(&bad, &c.dp, c.dstate, 1, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL) == DF_ERR_UNSUPPORTED);
+    bad = c.sh;
+    bad.W = 17;
+    CHECK(gpu_kda(&bad, &c.dp, c.dstate, 1, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL) == DF_ERR_UNSUPPORTED);
+    CHECK(gpu_kda(&c.sh, &c.dp, c.dstate, 0, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL) == DF_ERR_ARG);
+    CHECK(gpu_kda(&c.sh, &c.dp, NULL, 1, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL) == DF_ERR_ARG);
+    /* refused calls leave the state and the output as they were */
+    float *st = malloc((size_t)c.SF * sizeof(float)), *o = malloc((size_t)c.P * sizeof(float));
+    CHECK(gpu_get(st, c.dstate, (size_t)c.SF * sizeof(float)) == DF_OK &&
+          memcmp(st, c.state, (size_t)c.SF * sizeof(float)) == 0, "state changed by a refused call");
+    uint32_t nan = 0xffffffffu;
+    int untouched = gpu_get(o, c.do_, (size_t)c.P * sizeof(float)) == DF_OK;
+    for (int i = 0; untouched && i < c.P; i++) untouched = memcmp(o + i, &nan, 4) == 0;
+    CHECK(untouched, "output written by a refused call");
+    free(st); free(o);
+    kda_case_free(&c);
+}
+
+/* ---- MLA cache rows ------------------------------------------------------------ */
+
+static mla_shape mla_make(int nh, int R, int dr, int dn, int rope, int interleave, const float *inv_freq) {
+    mla_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.nh = nh;
+    sh.R = R;
+    sh.dr = dr;
+    sh.dn = dn;
+    sh.dv = dn;
+    sh.dq = dn + dr;
+    sh.use_rope = rope;
+    sh.rope_interleave = interleave;
+    sh.inv_freq = inv_freq;
+    sh.rope_mscale = rope ? 1.1f : 1.0f;
+    sh.softmax_scale = (float)(1.0 / sqrt((double)sh.dq));
+    sh.latent_eps = 1e-6f;
+    return sh;
+}
+
+static void check_mla_write(int nh, int R, int dr, int dn, int rope, int interleave, int pos, int n, const char *tag) {
+    if (!need_gpu()) return;
+    uint64_t s = seed_of(tag);
+    float *inv_freq = malloc((size_t)(dr / 2 + 1) * sizeof(float));
+    for (int i = 0; i < dr / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / dr);
+    mla_shape sh = mla_make(nh, R, dr, dn, rope, interleave, inv_freq);
+    const size_t stride = (size_t)(R + dr), rows = (size_t)pos + n + 2, qn = (size_t)n * nh * sh.dq;
+    float *kva = hrand((size_t)n * stride, -3.0f, 3.0f, &s), *wn = hrand((size_t)R, 0.5f, 1.5f, &s);
+    float *q = hrand(qn, -2.0f, 2.0f, &s);
+    float *cache_cpu = malloc(rows * stride * sizeof(float)), *q_cpu = hdup(q, qn);
+    float *cache_gpu = malloc(rows * stride * sizeof(float)), *q_gpu = malloc(qn * sizeof(float));
+    memset(cache_cpu, 0xff, rows * stride * sizeof(float));
+    for (int t = 0; t < n; t++)
+        mla_write_row(&sh, wn, kva + t * stride, pos + t, cache_cpu + (size_t)(pos + t) * stride,
+                      q_cpu + (size_t)t * nh * sh.dq);
+    float *dkva = dcopy(kva, (size_t)n * stride), *dwn = dcopy(wn, (size_t)R), *dq = dcopy(q, qn);
+    float *dfreq = dcopy(inv_freq, (size_t)(dr / 2 + 1)), *dcache = gpu_malloc(rows * stride * sizeof(float));
+    df_status st = dkva && dwn && dq && dfreq && dcache ? DF_OK : DF_ERR_NOMEM;
+    if (st == DF_OK && !poison(dcache, rows * stride)) st = DF_ERR_IO;
+    if (st == DF_OK) st = gpu_mla_write(&sh, dwn, dfreq, dkva, dcache, pos, n, dq, NULL);
+    if (st == DF_OK) st = gpu_sync();
+    if (st == DF_OK) st = gpu_get(cache_gpu, dcache, rows * stride * sizeof(float));
+    if (st == DF_OK) st = gpu_get(q_gpu, dq, qn * sizeof(float));
+    CHECK(st == DF_OK, "%s: gpu_mla_write: status %d (%s)", tag, st, gpu_last_error());
+    if (st == DF_OK) {
+        double worst = 0;
+        int bad = 0, exact = 0, total = 0;
+        CHECK(memcmp(cache_gpu, cache_cpu, (size_t)pos * stride * sizeof(float)) == 0, "%s: rows before pos written", tag);
+        CHECK(memcmp(cache_gpu + (size_t)(pos + n) * stride, cache_cpu + (size_t)(pos + n) * stride,
+                     2 * stride * sizeof(float)) == 0, "%s: rows after pos + n written", tag);
+        for (int t = 0; t < n; t++) {
+            const float *g = cache_gpu + (size_t)(pos + t) * stride, *c = cache_cpu + (size_t)(pos + t) * stride;
+            for (int i = 0; i < R; i++) {
+                double b = 0x1p-22 * fabs(c[i]);
+                total++;
+                exact += g[i] == c[i];
+                if (!(fabs(g[i] - c[i]) <= b) && bad++ < 5) CHECK(0, "%s: t %d c_kv[%d]: gpu %.9g cpu %.9g", tag, t, i, g[i], c[i]);
+                if (b > 0 && fabs(g[i] - c[i]) / b > worst) worst = fabs(g[i] - c[i]) / b;
+            }
+            /* rotated (or copied) vectors: k_pe (v = 0) and each head's q_pe; q_nope untouched */
+            for (int v = 0; v <= nh; v++) {
+                const float *x = v == 0 ? kva + t * stride + R : q + ((size_t)t * nh + v - 1) * sh.dq + dn;
+                const float *yg = v == 0 ? g + R : q_gpu + ((size_t)t * nh + v - 1) * sh.dq + dn;
+                const float *yc = v == 0 ? c + R : q_cpu + ((size_t)t * nh + v - 1) * sh.dq + dn;
+                if (v > 0)
+                    CHECK(memcmp(q_gpu + ((size_t)t * nh + v - 1) * sh.dq, q + ((size_t)t * nh + v - 1) * sh.dq,
+                                 (size_t)dn * sizeof(float)) == 0, "%s: q_nope changed", tag);
+                for (int i = 0; i < dr / 2; i++) {
+                    int ia = interleave ? 2 * i : i, ib = interleave ? 2 * i + 1 : i + dr / 2;
+                    double b = rope ? 0x1p-20 * (fabs(x[ia]) + fabs(x[ib])) * sh.rope_mscale : 0.0;
+                    for (int k = 0; k < 2; k++) {
+                        int e = k ? ib : ia;
+                        double d = fabs((double)yg[e] - yc[e]);
+                        if (!(d <= b) && bad++ < 10)
+                            CHECK(0, "%s: t %d vector %d [%d]: gpu %.9g cpu %.9g bound %.3g", tag, t, v, e, yg[e], yc[e], b);
+                        if (b > 0 && d / b > worst) worst = d / b;
+                    }
+                }
+            }
+        }
+        fprintf(stderr, "[%s: worst %.3g of the bound; %d of %d c_kv bit-equal] ", tag, worst, exact, total);
+    }
+    gpu_free(dkva); gpu_free(dwn); gpu_free(dq); gpu_free(dfreq); gpu_free(dcache);
+    free(inv_freq); free(kva); free(wn); free(q); free(cache_cpu); free(q_cpu); free(cache_gpu); free(q_gpu);
+}
+
+TEST(cuda_attn_mla_write_nope) { check_mla_write(4, 512, 64, 128, 0, 0, 37, 5, "mla-write-nope"); }
+TEST(cuda_attn_mla_write_rope) {
+    if (!need_gpu()) return;
+    check_mla_write(4, 512, 64, 128, 1, 1, 37, 5, "mla-write-rope-interleaved");
+    check_mla_write(3, 64, 32, 16, 1, 0, 0, 3, "mla-write-rope-halves");
+    check_mla_write(2, 64, 64, 32, 1, 1, 70000, 2, "mla-write-rope-far"); /* large cosf / sinf arguments */
+}
+
+/* ---- MLA attention ------------------------------------------------------------- */
+
+/* o over rows 0..p in float64 (the "exact" reference), plus A and M_c of the bound */
+static void attend_exact(const mla_shape *sh, const float *cache, const float *ql, const float *qp, int p,
+                         double *o, double *A, double *M) {
+    const int R = sh->R, dk = sh->R + sh->dr;
+    double *sc = malloc((size_t)(p + 1) * sizeof(double)), mx = -INFINITY, a = 0, sum = 0;
+    for (int k = 0; k <= p; k++) {
+        const float *c = cache + (size_t)k * dk;
+        double d = 0, ad = 0;
+        for (int i = 0; i < R; i++) { d += (double)ql[i] * c[i]; ad += fabs((double)ql[i] * c[i]); }
+        for (int i = 0; i < sh->dr; i++) { d += (double)qp[i] * c[R + i]; ad += fabs((double)qp[i] * c[R + i]); }
+        sc[k] = d * sh->softmax_scale;
+        if (sc[k] > mx) mx = sc[k];
+        if (ad * sh->softmax_scale > a) a = ad * sh->softmax_scale;
+    }
+    for (int i = 0; i < R; i++) { o[i] = 0; M[i] = 0; }
+    for (int k = 0; k <= p; k++) {
+        double w = exp(sc[k] - mx);
+        sum += w;
+        const float *c = cache + (size_t)k * dk;
+        for (int i = 0; i < R; i++) {
+            o[i] += w * c[i];
+            if (fabs(c[i]) > M[i]) M[i] = fabs(c[i]);
+        }
+    }
+    for (int i = 0; i < R; i++) o[i] /= sum;
+    *A = a;
+    free(sc);
+}
+
+/* zero_q: q = 0 and integer cache values, so o must be the exact mean. */
+static void check_mla_attend(int nh, int R, int dr, int dn, int pos, int n, int zero_q, gpu_ws *ws, const char *tag) {
+    uint64_t s = seed_of(tag);
+    mla_shape sh = mla_make(nh, R, dr, dn, 0, 0, NULL);
+    const int dk = R + dr, L = pos + n;
+    const size_t Q = (size_t)nh * n, qn = (size_t)n * nh * sh.dq;
+    float *cache = hrand((size_t)L * dk, -1.0f, 1.0f, &s), *q = hrand(qn, -1.0f, 1.0f, &s);
+    float *qlat = hrand(Q * R, -1.0f, 1.0f, &s);
+    if (zero_q) {
+        for (size_t i = 0; i < (size_t)L * dk; i++) cache[i] = (float)(int)(rng_next(&s) % 17) - 8.0f;
+        memset(q, 0, qn * sizeof(float));
+        memset(qlat, 0, Q * R * sizeof(float));
+    }
+    float *o_gpu = malloc(Q * R * sizeof(float)), *o_cpu = malloc(Q * R * sizeof(float));
+    float *sc = malloc((size_t)L * sizeof(float));
+    double *ex = malloc((size_t)R * sizeof(double)), *M = malloc((size_t)R * sizeof(double));
+    float *dcache = dcopy(cache, (size_t)L * dk), *dq = dcopy(q, qn), *dql = dcopy(qlat, Q * R);
+    float *dout = gpu_malloc(Q * R * sizeof(float));
+    df_status st = dcache && dq && dql && dout ? DF_OK : DF_ERR_NOMEM;
+    if (st == DF_OK && !poison(dout, Q * R)) st = DF_ERR_IO;
+    if (st == DF_OK) st = gpu_mla_attend(&sh, dcache, dq, dql, pos, n, dout, ws, NULL);
+    if (st == DF_OK) st = gpu_sync();
+    if (st == DF_OK) st = gpu_get(o_gpu, dout, Q * R * sizeof(float));
+    CHECK(st == DF_OK, "%s: gpu_mla_attend: status %d (%s)", tag, st, gpu_last_error());
+    if (st == DF_OK) {
+        double worst_ex = 0, worst_cpu = 0, worst_self = 0;
+        int bad = 0;
+        for (int h = 0; h < nh; h++)
+            for (int t = 0; t < n; t++) {
+                const size_t qi = (size_t)h * n + t;
+                const int p = pos + t;
+                const float *ql = qlat + qi * R, *qp = q + ((size_t)t * nh + h) * sh.dq + dn;
+                mla_attend_one(&sh, cache, ql, qp, p, sc, o_cpu + qi * R);
+                double A;
+                attend_exact(&sh, cache, ql, qp, p, ex, &A, M);
+                for (int c = 0; c < R; c++) {
+                    double g = o_gpu[qi * R + c], cp = o_cpu[qi * R + c];
+                    if (zero_q) { /* exact mean, correctly rounded */
+                        double b = 0x1p-23 * fabs(ex[c]) + 1e-30;
+                        if (!(fabs(g - ex[c]) <= b) && bad++ < 5)
+                            CHECK(0, "%s: h %d t %d c %d: gpu %.9g, mean of rows 0..%d %.9g", tag, h, t, c, g, p, ex[c]);
+                        if (fabs(g - ex[c]) / b > worst_ex) worst_ex = fabs(g - ex[c]) / b;
+                        continue;
+                    }
+                    double B = ((dk + 24.0) * A + 2.0 * (p + 1) + 96) * U * M[c];
+                    if (!(fabs(g - ex[c]) <= B) && bad++ < 5)
+                        CHECK(0, "%s: h %d t %d c %d: gpu %.9g exact %.9g bound %.3g", tag, h, t, c, g, ex[c], B);
+                    if (!(fabs(cp - ex[c]) <= B) && bad++ < 5)
+                        CHECK(0, "%s: h %d t %d c %d: cpu %.9g exact %.9g bound %.3g", tag, h, t, c, cp, ex[c], B);
+                    if (!(fabs(g - cp) <= 2 * B) && bad++ < 5)
+                        CHECK(0, "%s: h %d t %d c %d: gpu %.9g cpu %.9g bound %.3g", tag, h, t, c, g, cp, 2 * B);
+                    if (B > 0) {
+                        if (fabs(g - ex[c]) / B > worst_ex) worst_ex = fabs(g - ex[c]) / B;
+                        if (fabs(g - cp) / (2 * B) > worst_cpu) worst_cpu = fabs(g - cp) / (2 * B);
+                        if (fabs(cp - ex[c]) / B > worst_self) worst_self = fabs(cp - ex[c]) / B;
+                    }
+                }
+            }
+        if (zero_q) fprintf(stderr, "[%s: worst %.3g of 2^-23 |mean|] ", tag, worst_ex);
+        else
+            fprintf(stderr, "[%s: worst %.3g of the bound vs exact, %.3g vs cpu (cpu: %.3g)] ", tag, worst_ex,
+                    worst_cpu, worst_self);
+    }
+    gpu_free(dcache); gpu_free(dq); gpu_free(dql); gpu_free(dout);
+    free(cache); free(q); free(qlat); free(o_gpu); free(o_cpu); free(sc); free(ex); free(M);
+}
+
+TEST(cuda_attn_mla_short) {
+    if (!need_gpu()) return;
+    gpu_ws ws = {0};
+    check_mla_attend(4, 512, 64, 128, 0, 1, 0, &ws, "mla-pos0");
+    check_mla_attend(4, 512, 64, 128, 37, 5, 0, &ws, "mla-pos37-n5");
+    check_mla_attend(3, 96, 32, 16, 300, 4, 0, &ws, "mla-small");
+    check_mla_attend(2, 64, 0, 16, 9, 2, 0, &ws, "mla-no-rope-dims");
+    gpu_ws_free(&ws);
+}
+
+TEST(cuda_attn_mla_long) {
+    if (!need_gpu()) return;
+    gpu_ws ws = {0};
+    check_mla_attend(4, 512, 64, 128, 5000, 1, 0, &ws, "mla-ctx5000");
+    check_mla_attend(4, 512, 64, 128, 4990, 17, 0, &ws, "mla-ctx5000-n17");
+    gpu_ws_free(&ws);
+}
+
+/* Every position counts once: q = 0 gives equal scores, integer rows give exact sums. */
+TEST(cuda_attn_mla_coverage) {
+    if (!need_gpu()) return;
+    gpu_ws ws = {0};
+    check_mla_attend(4, 512, 64, 128, 37, 5, 1, &ws, "mla-mean-short");
+    check_mla_attend(4, 512, 64, 128, 4999, 3, 1, &ws, "mla-mean-5000");
+    check_mla_attend(1, 64, 4, 16, 70000, 1, 1, &ws, "mla-mean-70000");
+    gpu_ws_free(&ws);
+}
+
+TEST(cuda_attn_mla_refused) {
+    if (!need_gpu()) return;
+    gpu_ws ws = {0};
+    float *d = gpu_malloc(4096);
+    REQUIRE(d != NULL);
+    mla_shape sh = mla_make(1, 1028, 64, 16, 0, 0, NULL);
+    CHECK(gpu_mla_attend(&sh, d, d, d, 0, 1, d, &ws, NULL) == DF_ERR_UNSUPPORTED, "R > 1024");
+    sh = mla_make(1, 510, 64, 16, 0, 0, NULL);
+    CHECK(gpu_mla_attend(&sh, d, d, d, 0, 1, d, &ws, NULL) == DF_ERR_UNSUPPORTED, "R %% 4");
+    sh = mla_make(1, 512, 64, 16, 0, 0, NULL);
+    CHECK(gpu_mla_attend(&sh, d, d, d, 0, 1, d, NULL, NULL) == DF_ERR_ARG, "no workspace");
+    CHECK(gpu_mla_attend(&sh, d, d, d, -1, 1, d, &ws, NULL) == DF_ERR_ARG, "pos < 0");
+    CHECK(ws.buf == NULL, "a refused call grew the workspace");
+    gpu_free(d);
+    gpu_ws_free(&ws);
+}
+
+/* ---- attention residuals ------------------------------------------------------- */
+
+TEST(cuda_attn_res) {
+    if (!need_gpu()) return;
+    enum { H = 7168, N = 3, A = 4 };
+    uint64_t s = seed_of("attn-res");
+    float *anc = malloc((size_t)N * A * H * sizeof(float)), *cur = malloc((size_t)N * H * sizeof(float));
+    float *w = hrand(H, -0.02f, 0.02f, &s), *ref = malloc((size_t)N * H * sizeof(float));
+    float *out = malloc((size_t)N * H * sizeof(float)), *out2 = malloc((size_t)N * H * sizeof(float));
+    for (int t = 0; t < N; t++) {
+        for (int j = 0; j < A; j++)
+            for (int d = 0; d < H; d++) anc[((size_t)t * A + j) * H + d] = (1.0f + j) * frand(&s);
+        for (int d = 0; d < H; d++) cur[(size_t)t * H + d] = 2.5f * frand(&s);
+    }
+    float *danc = dcopy(anc, (size_t)N * A * H), *dcur = dcopy(cur, (size_t)N * H), *dw = dcopy(w, H);
+    float *dout = gpu_malloc((size_t)N * H * sizeof(float));
+    REQUIRE(danc && dcur && dw && dout, "device allocation failed");
+    const float eps = 1e-6f;
+    double worst = 0, worst_cpu = 0;
+    int bad = 0;
+    for (int na = 0; na <= 3; na++) {
+        for (int t = 0; t < N; t++)
+            op_attn_res(anc + (size_t)t * A * H, na, cur + (size_t)t * H, w, H, eps, ref + (size_t)t * H);
+        df_status st = poison(dout, (size_t)N * H) ? DF_OK : DF_ERR_IO;
+        if (st == DF_OK) st = gpu_attn_res(danc, (int64_t)A * H, na, dcur, dw, H, eps, N, dout, NULL);
+        if (st == DF_OK) st = gpu_sync();
+        if (st == DF_OK) st = gpu_get(out, dout, (size_t)N * H * sizeof(float));
+        CHECK(st == DF_OK, "na %d: gpu_attn_res: status %d (%s)", na, st, gpu_last_error());
+        if (st != DF_OK) continue;
+        if (na == 0) CHECK(memcmp(out, cur, (size_t)N * H * sizeof(float)) == 0, "na 0: out != cur");
+        for (int t = 0; t < N; t++) {
+            const float *at = anc + (size_t)t * A * H, *ct = cur + (size_t)t * H;
+            double amax = 0, sc[4];
+            for (int j = 0; j <= na; j++) {
+                const float *v = j < na ? at + (size_t)j * H : ct;
+                double ss = 0, ad = 0, dt = 0;
+                for (int d = 0; d < H; d++) {
+                    ss += (double)v[d] * v[d];
+                    ad += fabs((double)v[d] * w[d]);
+                    dt += (double)v[d] * w[d];
+                }
+                double r = sqrt(ss / H + eps);
+                sc[j] = dt / r;
+                if (ad / r > amax) amax = ad / r;
+            }
+            for (int d = 0; d < H; d++) {
+                double vmax = 0, ex = 0, z = 0, mx = -INFINITY;
+                for (int j = 0; j <= na; j++) {
+                    double v = fabs(j < na ? at[(size_t)j * H + d] : ct[d]);
+                    if (v > vmax) vmax = v;
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                for (int j = 0; j <= na; j++) {
+                    double e = exp(sc[j] - mx);
+                    z += e;
+                    ex += e * (j < na ? at[(size_t)j * H + d] : ct[d]);
+                }
+                ex /= z;
+                double bg = (2.0 * ((H + 255) / 256 + 8) * amax + 2.0 * na + 16) * U * vmax;
+                double bc = (2.0 * ((H + 3) / 4 + 8) * amax + 2.0 * na + 16) * U * vmax;
+                double g = out[(size_t)t * H + d], c = ref[(size_t)t * H + d];
+                if (!(fabs(g - ex) <= bg) && bad++ < 5)
+                    CHECK(0, "na %d t %d d %d: gpu %.9g exact %.9g bound %.3g", na, t, d, g, ex, bg);
+                if (!(fabs(c - ex) <= bc) && bad++ < 5)
+                    CHECK(0, "na %d t %d d %d: cpu %.9g exact %.9g bound %.3g", na, t, d, c, ex, bc);
+                if (!(fabs(g - c) <= bg + bc) && bad++ < 5)
+                    CHECK(0, "na %d t %d d %d: gpu %.9g cpu %.9g bound %.3g", na, t, d, g, c, bg + bc);
+                if (bg > 0 && fabs(g - ex) / bg > worst) worst = fabs(g - ex) / bg;
+                if (bg + bc > 0 && fabs(g - c) / (bg + bc) > worst_cpu) worst_cpu = fabs(g - c) / (bg + bc);
+            }
+        }
+        /* in place over cur (a scratch copy of it): the same bits */
+        float *dtmp = dcopy(cur, (size_t)N * H);
+        REQUIRE(dtmp != NULL);
+        st = gpu_attn_res(danc, (int64_t)A * H, na, dtmp, dw, H, eps, N, dtmp, NULL);
+        if (st == DF_OK) st = gpu_get(out2, dtmp, (size_t)N * H * sizeof(float));
+        CHECK(st == DF_OK && memcmp(out2, out, (size_t)N * H * sizeof(float)) == 0, "na %d: in place differs", na);
+        gpu_free(dtmp);
+    }
+    CHECK(gpu_attn_res(danc, (int64_t)A * H, 65, dcur, dw, H, eps, N, dout, NULL) == DF_ERR_UNSUPPORTED);
+    fprintf(stderr, "[worst %.3g of the bound vs exact, %.3g vs cpu] ", worst, worst_cpu);
+    gpu_free(danc); gpu_free(dcur); gpu_free(dw); gpu_free(dout);
+    free(anc); free(cur); free(w); free(ref); free(out); free(out2);
+}
