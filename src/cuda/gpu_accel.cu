@@ -56,7 +56,26 @@ struct acc {
     int npend, cap_pend;
     int *qrows;
     int nrows, cap_rows;
+    float *kh, *kd; /* KDA staging: a step's inputs and o (pinned / device) */
+    size_t cap_k;
 };
+
+/* One layer's session state on the device, with device copies of the
+ * layer's per-channel parameters taken when it was made (so nothing is
+ * keyed by host addresses that a later engine may reuse). */
+struct dev_state {
+    void *d;
+    int64_t bytes;
+    float *conv[3], *a, *dt_bias, *o_norm;
+};
+
+void dev_state_free(dev_state *st) {
+    if (!st) return;
+    float *all[6] = {st->conv[0], st->conv[1], st->conv[2], st->a, st->dt_bias, st->o_norm};
+    for (int j = 0; j < 6; j++) cudaFree(all[j]);
+    cudaFree(st->d);
+    free(st);
+}
 
 void handle_free(handle *h) {
     if (!h) return;
@@ -315,6 +334,90 @@ void acc_uploads_wait(void *ctx) {
     cudaStreamSynchronize(a->copy);
 }
 
+/* ---- KDA on the device ---- */
+
+int kda_supported(const df_accel_kda *l) {
+    return l && l->H >= 1 && l->D >= 16 && l->D <= 256 && l->D % 16 == 0 && l->W >= 1 && l->W <= 16;
+}
+
+void *acc_state_new(void *ctx, const df_accel_kda *layer, int64_t bytes, char *err) {
+    acc *a = (acc *)ctx;
+    if (!kda_supported(layer)) {
+        snprintf(err, DF_ERRMSG, "cuda: no KDA kernel for head dim %d, conv %d", layer ? layer->D : 0,
+                 layer ? layer->W : 0);
+        return NULL;
+    }
+    cudaSetDevice(a->device);
+    dev_state *st = (dev_state *)calloc(1, sizeof *st);
+    if (!st) return NULL;
+    cudaError_t e = cudaMalloc(&st->d, (size_t)bytes);
+    if (e == cudaSuccess) e = cudaMemset(st->d, 0, (size_t)bytes);
+    const size_t P = (size_t)layer->H * layer->D;
+    const float *src[6] = {layer->conv[0], layer->conv[1], layer->conv[2], layer->a, layer->dt_bias, layer->o_norm};
+    float **dst[6] = {&st->conv[0], &st->conv[1], &st->conv[2], &st->a, &st->dt_bias, &st->o_norm};
+    const size_t cnt[6] = {P * layer->W, P * layer->W, P * layer->W, P, P, (size_t)layer->D};
+    for (int i = 0; i < 6 && e == cudaSuccess; i++) {
+        e = cudaMalloc((void **)dst[i], cnt[i] * sizeof(float));
+        if (e == cudaSuccess) e = cudaMemcpy(*dst[i], src[i], cnt[i] * sizeof(float), cudaMemcpyHostToDevice);
+    }
+    if (e != cudaSuccess) {
+        cerr(err, e, "session state");
+        dev_state_free(st);
+        return NULL;
+    }
+    st->bytes = bytes;
+    return st;
+}
+
+void acc_state_free(void *ctx, void *state) {
+    acc *a = (acc *)ctx;
+    dev_state *st = (dev_state *)state;
+    if (!st) return;
+    cudaSetDevice(a->device);
+    cudaStreamSynchronize(a->stream);
+    dev_state_free(st);
+}
+
+df_status acc_state_zero(void *ctx, void *state, char *err) {
+    acc *a = (acc *)ctx;
+    dev_state *st = (dev_state *)state;
+    cudaError_t e = cudaMemsetAsync(st->d, 0, (size_t)st->bytes, a->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(a->stream);
+    return e == cudaSuccess ? DF_OK : cerr(err, e, "clearing a session state");
+}
+
+/* One KDA layer step: inputs to the device (one staging copy), gpu_kda on
+ * the session's state, o back. */
+df_status acc_kda(void *ctx, const df_accel_kda *l, void *state, int n, const float *q, const float *k,
+                  const float *v, const float *f, const float *braw, const float *gate, float *o, char *err) {
+    acc *a = (acc *)ctx;
+    dev_state *st = (dev_state *)state;
+    const size_t nP = (size_t)n * l->H * l->D, nH = (size_t)n * l->H, in = 5 * nP + nH;
+    if (!grow(&a->kh, &a->kd, &a->cap_k, in + nP, err)) return DF_ERR_NOMEM;
+    const float *src[6] = {q, k, v, f, gate, braw};
+    const size_t cnt[6] = {nP, nP, nP, nP, nP, nH};
+    size_t off = 0;
+    for (int i = 0; i < 6; i++) {
+        memcpy(a->kh + off, src[i], cnt[i] * sizeof(float));
+        off += cnt[i];
+    }
+    if (act_copy(a, a->kd, a->kh, in, err) != DF_OK) return DF_ERR_IO;
+    const kda_shape sh = {0, l->H, l->D, l->W, 0, l->has_lower_bound, l->lower_bound, l->norm_eps};
+    const kda_params p = {{st->conv[0], st->conv[1], st->conv[2]}, st->a, st->dt_bias, st->o_norm};
+    float *d = a->kd;
+    df_status rs = gpu_kda(&sh, &p, (float *)st->d, n, d, d + nP, d + 2 * nP, d + 3 * nP, d + 5 * nP, d + 4 * nP,
+                           d + in, a->stream);
+    if (rs != DF_OK) {
+        snprintf(err, DF_ERRMSG, "cuda: kda: %s", rs == DF_ERR_IO ? gpu_last_error() : "refused");
+        return rs;
+    }
+    if (act_copy(a, a->kh + in, a->kd + in, nP, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "kda");
+    memcpy(o, a->kh + in, nP * sizeof(float));
+    return DF_OK;
+}
+
 df_status acc_pin(void *ctx, void *ptr, size_t bytes, char *err) {
     acc *a = (acc *)ctx;
     cudaSetDevice(a->device);
@@ -413,6 +516,10 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.expert_queue = acc_expert_queue;
     a->pub.expert_finish = acc_expert_finish;
     a->pub.uploads_wait = acc_uploads_wait;
+    a->pub.state_new = acc_state_new;
+    a->pub.state_free = acc_state_free;
+    a->pub.state_zero = acc_state_zero;
+    a->pub.kda = acc_kda;
     return &a->pub;
 }
 
@@ -434,6 +541,8 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFree(a->qdh);
     free(a->pend);
     free(a->qrows);
+    cudaFreeHost(a->kh);
+    cudaFree(a->kd);
     gpu_ws_free(&a->ws);
     spares_free(a);
     cudaStreamDestroy(a->copy);

@@ -19,7 +19,12 @@
  * be exceeded by at most those spares. Weight bytes are copied from wherever
  * the engine has them; the engine page-locks the expert cache through pin
  * (cudaHostRegister), so expert uploads run at the DMA rate and truly
- * asynchronously.
+ * asynchronously. KDA (state_new / kda): a session's per-layer states live
+ * in device memory with device copies of each layer's parameters taken at
+ * state_new; a step stages q, k, v, f, gate and beta logits through pinned
+ * memory in one copy, runs gpu_kda, and returns o (head dims without a
+ * kernel are refused at state_new: the engine keeps those states on the
+ * CPU).
  */
 #ifndef DF_CUDA_GPU_ACCEL_H
 #define DF_CUDA_GPU_ACCEL_H

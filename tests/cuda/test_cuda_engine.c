@@ -13,7 +13,10 @@
  *    spare copies refilled under queued experts, a two-slot RAM cache whose
  *    slots are reused while uploads may read them) and with --ram 1K alone
  *    are bit-identical to the default budget: placement never changes the
- *    result.
+ *    result;
+ *  - KDA on the device (synth's tiny kimi_k3 / kimi_linear, head dim 32):
+ *    logits within 1e-4 max|logit| of the CPU's, greedy ids equal,
+ *    bit-identical across --gpu-mem, and bench reports the device steps.
  */
 #include "../test.h"
 #include "../../src/cuda/gpu.h"
@@ -157,4 +160,58 @@ TEST(cuda_engine_inspect_placement) {
     CHECK(strstr(out, "gpu placement") != NULL, "inspect shows the placement: %s", out);
     rc = t_sh(out, sizeof out, "%s inspect --model tests/fixtures/kimi_k3_mxfp4 --device cpu", bin());
     CHECK(rc == 0 && strstr(out, "device         cpu") != NULL, "%s", out);
+}
+
+/* KDA on the device (the state_new / kda hooks): the fixtures' head dims
+ * (20, 24) have no KDA kernel, so their states stay on the CPU; synth's tiny
+ * Kimi models have head dim 32. Logits within 1e-4 max|logit| of the CPU's,
+ * the same greedy ids, bit-identical across --gpu-mem, and bench reports
+ * the KDA steps on the device. */
+TEST(cuda_engine_kda_on_device) {
+    if (!have_gpu()) return;
+    const char *tmp = t_tmpdir("cuda_kda");
+    static const char *arch[2] = {"kimi_k3", "kimi_linear"};
+    const char *toks = "5,17,300,2,901,44,7,7,512,3,88,61,250,9,1000,12,33,64,128,255";
+    for (int i = 0; i < 2; i++) {
+        char model[600], out[16384];
+        snprintf(model, sizeof model, "%.400s/%s", tmp, arch[i]);
+        int rc = t_sh(out, sizeof out, "%s synth --arch %s --preset tiny --seed 7 --out %s", bin(), arch[i], model);
+        REQUIRE(rc == 0, "synth %s: %s", arch[i], out);
+        const char *dev[3] = {"cpu", "cuda", "cuda --gpu-mem 1M"};
+        float *lg[3] = {0};
+        size_t nl[3] = {0};
+        for (int d = 0; d < 3; d++) {
+            char path[700];
+            snprintf(path, sizeof path, "%.600s/l%d.bin", model, d);
+            rc = t_sh(out, sizeof out, "%s logits --model %s --tokens %s --out %s --device %s", bin(), model, toks,
+                      path, dev[d]);
+            CHECK(rc == 0, "%s logits %s: %s", arch[i], dev[d], out);
+            lg[d] = read_floats(path, &nl[d]);
+        }
+        if (lg[0] && lg[1] && lg[2] && nl[0] && nl[1] == nl[0] && nl[2] == nl[0]) {
+            double mx = 0, md = 0;
+            for (size_t k = 0; k < nl[0]; k++) {
+                mx = fmax(mx, fabs(lg[0][k]));
+                md = fmax(md, fabs((double)lg[1][k] - lg[0][k]));
+            }
+            CHECK(md <= 1e-4 * mx, "%s: max |cuda - cpu| %.3g > %.3g", arch[i], md, 1e-4 * mx);
+            CHECK(!memcmp(lg[1], lg[2], nl[0] * 4), "%s: logits depend on --gpu-mem", arch[i]);
+            fprintf(stderr, "    %-12s KDA on the device: max|d| %.3g = %.3f of tol\n", arch[i], md,
+                    mx > 0 ? md / (1e-4 * mx) : 0);
+        } else {
+            CHECK(0, "%s: logits missing", arch[i]);
+        }
+        for (int d = 0; d < 3; d++) free(lg[d]);
+        char ids[2][4096];
+        for (int d = 0; d < 2; d++) {
+            rc = t_sh(ids[d], sizeof ids[d], "%s run --model %s --tokens %s --max-new 8 --ids --device %s", bin(),
+                      model, toks, d ? "cuda" : "cpu");
+            CHECK(rc == 0, "%s run: %s", arch[i], ids[d]);
+        }
+        CHECK(!strcmp(ids[0], ids[1]), "%s: greedy ids differ: cpu '%s' cuda '%s'", arch[i], ids[0], ids[1]);
+        rc = t_sh(out, sizeof out, "%s bench --decode --model %s --tokens 3 --prompt-tokens 4 --device cuda", bin(),
+                  model);
+        CHECK(rc == 0 && strstr(out, "KDA on the device"), "%s: bench does not report KDA on the device: %s",
+              arch[i], out);
+    }
 }
