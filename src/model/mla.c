@@ -78,6 +78,25 @@ void mla_scratch_free(mla_scratch *s) {
 
 /* ---- parallel stages ---- */
 
+void mla_head(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
+              int n, int h, float *qlat, float *olat, float *attn, float *scratch) {
+    /* q_lat[h][t] = W_UK[h]^T q_nope[t][h] */
+    float *ql = qlat + (size_t)h * n * sh->R;
+    memset(ql, 0, (size_t)n * sh->R * sizeof(float));
+    for (int d = 0; d < sh->dn; d++) {
+        kn_dequant_row(kv_b, h * (sh->dn + sh->dv) + d, scratch);
+        for (int t = 0; t < n; t++) op_axpy(ql + (size_t)t * sh->R, q[((size_t)t * sh->nh + h) * sh->dq + d], scratch, sh->R);
+    }
+    /* softmax attention over the cached latents */
+    for (int t = 0; t < n; t++)
+        mla_attend_one(sh, cache, ql + (size_t)t * sh->R, q + ((size_t)t * sh->nh + h) * sh->dq + sh->dn, pos + t,
+                       scratch, olat + ((size_t)h * n + t) * sh->R);
+    /* attn[t][h*dv..] = W_UV[h] o_lat[h][t] */
+    int64_t r0 = (int64_t)h * (sh->dn + sh->dv) + sh->dn;
+    kn_matmul(lv, kv_b, olat + (size_t)h * n * sh->R, n, attn + (size_t)h * sh->dv, (int64_t)sh->nh * sh->dv, r0,
+              r0 + sh->dv);
+}
+
 typedef struct {
     df_engine *e;
     const mla_shape *sh;
@@ -87,47 +106,12 @@ typedef struct {
     int pos, n;
 } job;
 
-/* q_lat[h][t] = W_UK[h]^T q_nope[t][h], one head per index. */
-static void absorb_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
+static void heads(void *ctx, int64_t h0, int64_t h1, int tid) {
     job *j = ctx;
-    const mla_shape *sh = j->sh;
     mla_scratch *s = j->s;
-    float *row = s->tscratch + (size_t)tid * s->tstride;
-    for (int64_t h = h0; h < h1; h++) {
-        float *ql = s->qlat + (size_t)h * j->n * sh->R;
-        memset(ql, 0, (size_t)j->n * sh->R * sizeof(float));
-        for (int d = 0; d < sh->dn; d++) {
-            kn_dequant_row(&j->a->kv_b, h * (sh->dn + sh->dv) + d, row);
-            for (int t = 0; t < j->n; t++)
-                op_axpy(ql + (size_t)t * sh->R, s->q[((size_t)t * sh->nh + h) * sh->dq + d], row, sh->R);
-        }
-    }
-}
-
-/* Softmax attention over the cached latents, one (head, token) per index. */
-static void attend(void *ctx, int64_t i0, int64_t i1, int tid) {
-    job *j = ctx;
-    const mla_shape *sh = j->sh;
-    mla_scratch *s = j->s;
-    float *sc = s->tscratch + (size_t)tid * s->tstride;
-    for (int64_t i = i0; i < i1; i++) {
-        int h = (int)(i / j->n), t = (int)(i % j->n);
-        mla_attend_one(sh, j->cache, s->qlat + ((size_t)h * j->n + t) * sh->R,
-                       s->q + ((size_t)t * sh->nh + h) * sh->dq + sh->dn, j->pos + t, sc,
-                       s->olat + ((size_t)h * j->n + t) * sh->R);
-    }
-}
-
-/* attn[t][h*dv..] = W_UV[h] o_lat[h][t], one head per index. */
-static void lift_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
-    (void)tid;
-    job *j = ctx;
-    const mla_shape *sh = j->sh;
-    for (int64_t h = h0; h < h1; h++) {
-        int64_t r0 = h * (sh->dn + sh->dv) + sh->dn;
-        kn_matmul(j->e->level, &j->a->kv_b, j->s->olat + (size_t)h * j->n * sh->R, j->n,
-                  j->s->attn + h * sh->dv, (int64_t)sh->nh * sh->dv, r0, r0 + sh->dv);
-    }
+    for (int64_t h = h0; h < h1; h++)
+        mla_head(j->sh, j->e->level, &j->a->kv_b, j->cache, s->q, j->pos, j->n, (int)h, s->qlat, s->olat, s->attn,
+                 s->tscratch + (size_t)tid * s->tstride);
 }
 
 /* ---- forward ---- */
@@ -149,9 +133,7 @@ void mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *c
         mla_write_row(sh, a->kv_a_norm, s->kva + (size_t)t * stride, pos + t, cache + (size_t)(pos + t) * stride,
                       s->q + (size_t)t * sh->nh * sh->dq);
     job j = {e, sh, a, cache, s, pos, n};
-    pool_for(e->pool, sh->nh, 1, absorb_heads, &j);
-    pool_for(e->pool, (int64_t)sh->nh * n, 1, attend, &j);
-    pool_for(e->pool, sh->nh, 1, lift_heads, &j);
+    pool_for(e->pool, sh->nh, 1, heads, &j);
     if (a->has_gate) {
         mm(e, &a->g, xn, n, s->gate, vdim);
         for (size_t i = 0; i < (size_t)n * vdim; i++) s->attn[i] *= op_sigmoid(s->gate[i]);

@@ -31,6 +31,14 @@ typedef struct {
     int64_t tstride;
 } mla_scratch;
 
+/* The absorbed attention of head h for n tokens at pos.. (the cache rows
+ * written, q_pe rotated): q_lat[h] = W_UK[h]^T q_nope, softmax over the
+ * cache, attn[t][h*dv..] = W_UV[h] o_lat[h][t]. q [n][nh][dq], qlat and
+ * olat [nh][n][R], attn [n][nh*dv]; scratch max(R, pos + n) floats. Heads
+ * are independent (the pool runs them in any order, the result is the same). */
+void mla_head(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
+              int n, int h, float *qlat, float *olat, float *attn, float *scratch);
+
 /* Binds `<base>q_a_proj` ... `<base>o_proj` (+ `<base>g_proj` if gate). */
 df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate, mla_layer *a,
                    char *err);
