@@ -90,6 +90,18 @@ typedef struct df_accel_kda {
     const float *o_norm;      /* [D] */
 } df_accel_kda;
 
+/* One MLA layer as an accelerator's mla hook sees it (the math and the
+ * cache layout: src/model/mla_core.h and mla.h's mla_head): shape, RoPE
+ * and host copies of its small parameters, stable while the engine is open. */
+typedef struct df_accel_mla {
+    int nh, dn, dr, dv, R;    /* heads, nope / rope / value head dims, kv_lora_rank */
+    int use_rope, rope_interleave;
+    const float *inv_freq;    /* [dr/2] (RoPE only) */
+    float rope_mscale, softmax_scale, latent_eps;
+    const float *kv_a_norm;   /* [R] */
+    const void *kv_b;         /* const df_weight * (src/format/weight.h): [nh*(dn+dv)][R] */
+} df_accel_mla;
+
 /* An accelerator for the matrix products (deltafin-cuda: src/cuda/gpu_accel.h).
  * The engine uploads each matrix bound resident once at open; matrices whose
  * bytes come and go (routed experts from the expert cache, a streamed spine)
@@ -97,9 +109,8 @@ typedef struct df_accel_kda {
  * `budget` bytes for all device copies together; one that does not fit is
  * uploaded for the call and released after it. Matrices the accelerator
  * refuses (a type or shape it has no kernel for) stay on the CPU. With the
- * kda hooks the KDA recurrence and its state move to the device too; every
- * other part of a step (norms, routing, MLA attention and its absorbed
- * products) stays on the CPU. The results differ from the CPU kernels only by
+ * state hooks, KDA recurrences and MLA attention (with their states) move
+ * to the device too; norms, routing and residual mixing stay on the CPU. The results differ from the CPU kernels only by
  * summation order (tests bound the logits and require the same greedy ids).
  * Calls come from one thread at a time. */
 typedef struct df_accel {
@@ -142,20 +153,28 @@ typedef struct df_accel {
      * bytes (uploads may run behind the calls that started them; the engine
      * calls this before it reuses host memory an upload may read). */
     void (*uploads_wait)(void *ctx);
-    /* Optional (all four or none): session state kept on the device, so the
-     * KDA recurrence runs there. state_new returns `bytes` of zeroed device
-     * memory for the state of `layer` (NULL with err when it cannot, e.g. a
-     * shape without a kernel; the session then keeps every state on the
-     * CPU), state_zero clears it. kda runs kda_core.h's conv +
-     * recurrence for n tokens of one layer on that state: q, k, v, f, gate
-     * [n][H*D] and braw [n][H] in host memory (read only), o [n][H*D] out
-     * (host); synchronous. An error leaves the state undefined (the engine
-     * then resets the session). Session state is not part of `budget`. */
-    void *(*state_new)(void *ctx, const df_accel_kda *layer, int64_t bytes, char *err);
+    /* Optional: session state kept on the device, so attention runs there.
+     * state_new returns `bytes` of zeroed device memory for the state of a
+     * KDA layer (kda non-NULL: its recurrent state) or an MLA layer (mla
+     * non-NULL: its latent cache); NULL with err when it cannot, e.g. a
+     * shape or type without a kernel (the session then keeps those states
+     * on the CPU). state_zero clears one. Session state is not part of
+     * `budget`. Both hooks below are synchronous, with inputs and outputs in
+     * host memory; an error leaves the state undefined (the engine then
+     * resets the session).
+     * kda: kda_core.h's conv + recurrence for n tokens of one layer: q, k,
+     *   v, f, gate [n][H*D] and braw [n][H] (read only), o [n][H*D] out.
+     * mla: for positions pos .. pos+n-1: writes the cache rows from kva
+     *   [n][R+dr] (kv_a_proj's output), rotates q_pe, and computes attn
+     *   [n][nh*dv] = mla_head for every head from q [n][nh][dn+dr] (read
+     *   only); kv_b is the device copy of layer->kv_b from upload. */
+    void *(*state_new)(void *ctx, const df_accel_kda *kda, const df_accel_mla *mla, int64_t bytes, char *err);
     void (*state_free)(void *ctx, void *state);
     df_status (*state_zero)(void *ctx, void *state, char *err);
     df_status (*kda)(void *ctx, const df_accel_kda *layer, void *state, int n, const float *q, const float *k,
                      const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
+    df_status (*mla)(void *ctx, const df_accel_mla *layer, void *kv_b, void *state, int pos, int n,
+                     const float *q, const float *kva, float *attn, char *err);
 } df_accel;
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer
@@ -233,7 +252,7 @@ typedef struct {
     uint64_t tier_hits;                    /* routed experts run from device copies, never read into RAM */
     uint64_t sync_calls;                   /* calls the host waited on: products, expert batches */
     double sync_s;                         /* host time inside them (device work + round trips) */
-    uint64_t kda_calls;                    /* KDA layer steps run on the device (state there) */
+    uint64_t kda_calls, mla_calls;         /* KDA / MLA layer steps run on the device (state there) */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);

@@ -15,6 +15,7 @@
 #include "../src/model/model.h"
 #include "../src/kernels/ops.h"
 #include "../src/model/kda_core.h"
+#include "../src/model/mla.h"
 #include <math.h>
 #include "deltafin.h"
 #include <stdlib.h>
@@ -128,10 +129,10 @@ static df_status fake_finish(void *ctx, char *err) {
  * size in front, for state_zero), kda_core.h's functions on it, so logits
  * stay bit-identical to the CPU path. fake_kda_fail makes the next call fail. */
 static int fake_kda_calls, fake_kda_fail, fake_states;
-static void *fake_state_new(void *ctx, const df_accel_kda *layer, int64_t bytes, char *err) {
+static void *fake_state_new(void *ctx, const df_accel_kda *kda, const df_accel_mla *mla, int64_t bytes, char *err) {
     (void)ctx;
     (void)err;
-    if (!layer || layer->H < 1) return NULL;
+    if (kda ? kda->H < 1 : !mla || mla->nh < 1) return NULL;
     int64_t *p = calloc(1, (size_t)bytes + 16);
     if (!p) return NULL;
     p[0] = bytes;
@@ -173,6 +174,34 @@ static df_status fake_kda(void *ctx, const df_accel_kda *l, void *state, int n, 
     free(qc);
     free(kc);
     free(vc);
+    return DF_OK;
+}
+
+/* The mla hook on the stand-in: mla_core.h's row write and mla.h's
+ * mla_head over the stand-in's copy of kv_b, on the "device" cache. */
+static int fake_mla_calls;
+static df_status fake_mla(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int pos, int n, const float *q,
+                          const float *kva, float *attn, char *err) {
+    (void)err;
+    fake_mla_calls++;
+    const fake_h *kb = kv_b;
+    const int dq = l->dn + l->dr;
+    mla_shape sh = {0, l->nh, l->dn, l->dr, l->dv, dq, l->R, 0, l->use_rope, l->rope_interleave, l->inv_freq,
+                    l->rope_mscale, l->softmax_scale, l->latent_eps};
+    float *cache = state, *qc = malloc((size_t)n * l->nh * dq * sizeof(float));
+    memcpy(qc, q, (size_t)n * l->nh * dq * sizeof(float)); /* q is read only: rotate a copy */
+    for (int t = 0; t < n; t++)
+        mla_write_row(&sh, l->kv_a_norm, kva + (size_t)t * (l->R + l->dr), pos + t,
+                      cache + (size_t)(pos + t) * (l->R + l->dr), qc + (size_t)t * l->nh * dq);
+    size_t lat = (size_t)l->nh * n * l->R;
+    float *qlat = malloc(lat * sizeof(float)), *olat = malloc(lat * sizeof(float));
+    float *scratch = malloc((size_t)(pos + n + l->R) * sizeof(float));
+    for (int h = 0; h < l->nh; h++)
+        mla_head(&sh, *(kn_level *)ctx, &kb->w, cache, qc, pos, n, h, qlat, olat, attn, scratch);
+    free(qc);
+    free(qlat);
+    free(olat);
+    free(scratch);
     return DF_OK;
 }
 
@@ -251,7 +280,7 @@ TEST(model_accel_bit_identical_any_budget) {
             /* the last three with the expert hook: every routed expert in one call */
             df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                           b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
-                          b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda};
+                          b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla};
             df_accel_stats st;
             fake_expert_calls = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, &read);
@@ -283,6 +312,8 @@ TEST(model_accel_bit_identical_any_budget) {
             int kimi = strstr(fx[i], "kimi_k3") || strstr(fx[i], "kimi_linear");
             CHECK((st.kda_calls > 0) == (b >= 3 && kimi), "%s budget %d: %llu KDA steps on the device", fx[i], b,
                   (unsigned long long)st.kda_calls);
+            CHECK((st.mla_calls > 0) == (b >= 3 && kimi), "%s budget %d: %llu MLA steps on the device", fx[i], b,
+                  (unsigned long long)st.mla_calls);
             if (b % 3 == 0) budgets[b + 1] = st.resident_bytes + (24 << 10);
             free(lg);
         }
@@ -419,7 +450,7 @@ TEST(model_accel_kda_failure_resets) {
     float *ref = logits_with(dir, NULL, 1, NULL, NULL);
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda};
+                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla};
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;

@@ -179,9 +179,9 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                    (unsigned long long)ac.tier_hits);
             printf("host waits on the device    %.1f per token, %.2f ms per token inside them (decode)\n",
                    (double)(ac.sync_calls - ac0.sync_calls) / ntok, (ac.sync_s - ac0.sync_s) / ntok * 1e3);
-            if (ac.kda_calls)
-                printf("KDA on the device           %.1f layer steps per token (states on the device)\n",
-                       (double)(ac.kda_calls - ac0.kda_calls) / ntok);
+            if (ac.kda_calls || ac.mla_calls)
+                printf("attention on the device     %.1f KDA + %.1f MLA layer steps per token (states there)\n",
+                       (double)(ac.kda_calls - ac0.kda_calls) / ntok, (double)(ac.mla_calls - ac0.mla_calls) / ntok);
         }
         printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads):\n", ntok);
         double sum = 0;

@@ -249,6 +249,19 @@ df_status gpu_mla_attend(const mla_shape *sh, const float *cache, const float *q
 df_status gpu_attn_res(const float *anchors, int64_t astride, int na, const float *cur, const float *w,
                        int H, float eps, int n, float *out, void *stream);
 
+/* The absorbed MLA products around gpu_mla_attend (mla.h's mla_head), for
+ * kv_b [nh (dn + dv)][R] in bf16 (gpu_mla_products_take; other types:
+ * DF_ERR_UNSUPPORTED) and n <= 32 tokens:
+ *   absorb: qlat[h][t][r] = sum_d q[t][h][d] W_UK[h][d][r]   (q [n][nh][dq])
+ *   lift:   attn[t][h dv + v] = sum_r W_UV[h][v][r] olat[h][t][r]
+ * fp32 sums over exact weights: |y - exact| <= K u sum |w x| with K = dn
+ * (absorb) and R/32 + 5 (lift). */
+int gpu_mla_products_take(const gpu_weight *kv_b);
+df_status gpu_mla_absorb(const gpu_weight *kv_b, const mla_shape *sh, const float *q, int n, float *qlat,
+                         void *stream);
+df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, const float *olat, int n, float *attn,
+                       void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -58,6 +58,9 @@ struct acc {
     int nrows, cap_rows;
     float *kh, *kd; /* KDA staging: a step's inputs and o (pinned / device) */
     size_t cap_k;
+    float *mh, *md; /* MLA staging (pinned) and device inputs + scratch + attn */
+    size_t cap_m;
+    gpu_ws mla_ws;  /* gpu_mla_attend's split workspace */
 };
 
 /* One layer's session state on the device, with device copies of the
@@ -66,15 +69,31 @@ struct acc {
 struct dev_state {
     void *d;
     int64_t bytes;
-    float *conv[3], *a, *dt_bias, *o_norm;
+    float *conv[3], *a, *dt_bias, *o_norm; /* KDA */
+    float *kv_a_norm, *inv_freq;           /* MLA */
 };
 
 void dev_state_free(dev_state *st) {
     if (!st) return;
-    float *all[6] = {st->conv[0], st->conv[1], st->conv[2], st->a, st->dt_bias, st->o_norm};
-    for (int j = 0; j < 6; j++) cudaFree(all[j]);
+    float *all[8] = {st->conv[0], st->conv[1], st->conv[2], st->a, st->dt_bias, st->o_norm, st->kv_a_norm,
+                     st->inv_freq};
+    for (int j = 0; j < 8; j++) cudaFree(all[j]);
     cudaFree(st->d);
     free(st);
+}
+
+/* Device copies of n host floats into *dst (nothing for n == 0). */
+cudaError_t dev_copy(float **dst, const float *src, size_t n) {
+    if (!n) return cudaSuccess;
+    cudaError_t e = cudaMalloc((void **)dst, n * sizeof(float));
+    return e == cudaSuccess ? cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice) : e;
+}
+
+/* The mla_shape of a layer (the host inv_freq is never read on the device). */
+mla_shape mla_shape_of(const df_accel_mla *l) {
+    mla_shape sh = {0, l->nh, l->dn, l->dr, l->dv, l->dn + l->dr, l->R, 0, l->use_rope, l->rope_interleave,
+                    l->inv_freq, l->rope_mscale, l->softmax_scale, l->latent_eps};
+    return sh;
 }
 
 void handle_free(handle *h) {
@@ -340,11 +359,19 @@ int kda_supported(const df_accel_kda *l) {
     return l && l->H >= 1 && l->D >= 16 && l->D <= 256 && l->D % 16 == 0 && l->W >= 1 && l->W <= 16;
 }
 
-void *acc_state_new(void *ctx, const df_accel_kda *layer, int64_t bytes, char *err) {
+/* 1 if the MLA kernels take this layer (shapes of gpu_mla_write /
+ * gpu_mla_attend, bf16 kv_b for the absorbed products). */
+int mla_supported(const df_accel_mla *l) {
+    if (!l || l->nh < 1 || l->R % 4 || l->dr % 4 || l->R > 1024 || l->R + l->dr > 1280 || l->dr > 512) return 0;
+    const df_weight *kv_b = (const df_weight *)l->kv_b;
+    return kv_b && kv_b->type == WT_BF16 && l->dn <= 1024;
+}
+
+void *acc_state_new(void *ctx, const df_accel_kda *layer, const df_accel_mla *mla, int64_t bytes, char *err) {
     acc *a = (acc *)ctx;
-    if (!kda_supported(layer)) {
-        snprintf(err, DF_ERRMSG, "cuda: no KDA kernel for head dim %d, conv %d", layer ? layer->D : 0,
-                 layer ? layer->W : 0);
+    if (layer ? !kda_supported(layer) : !mla_supported(mla)) {
+        if (layer) snprintf(err, DF_ERRMSG, "cuda: no KDA kernel for head dim %d, conv %d", layer->D, layer->W);
+        else snprintf(err, DF_ERRMSG, "cuda: no MLA kernels for this layer (kv_b_proj must be bf16)");
         return NULL;
     }
     cudaSetDevice(a->device);
@@ -352,13 +379,17 @@ void *acc_state_new(void *ctx, const df_accel_kda *layer, int64_t bytes, char *e
     if (!st) return NULL;
     cudaError_t e = cudaMalloc(&st->d, (size_t)bytes);
     if (e == cudaSuccess) e = cudaMemset(st->d, 0, (size_t)bytes);
-    const size_t P = (size_t)layer->H * layer->D;
-    const float *src[6] = {layer->conv[0], layer->conv[1], layer->conv[2], layer->a, layer->dt_bias, layer->o_norm};
-    float **dst[6] = {&st->conv[0], &st->conv[1], &st->conv[2], &st->a, &st->dt_bias, &st->o_norm};
-    const size_t cnt[6] = {P * layer->W, P * layer->W, P * layer->W, P, P, (size_t)layer->D};
-    for (int i = 0; i < 6 && e == cudaSuccess; i++) {
-        e = cudaMalloc((void **)dst[i], cnt[i] * sizeof(float));
-        if (e == cudaSuccess) e = cudaMemcpy(*dst[i], src[i], cnt[i] * sizeof(float), cudaMemcpyHostToDevice);
+    if (layer) {
+        const size_t P = (size_t)layer->H * layer->D, W = (size_t)layer->W;
+        if (e == cudaSuccess) e = dev_copy(&st->conv[0], layer->conv[0], P * W);
+        if (e == cudaSuccess) e = dev_copy(&st->conv[1], layer->conv[1], P * W);
+        if (e == cudaSuccess) e = dev_copy(&st->conv[2], layer->conv[2], P * W);
+        if (e == cudaSuccess) e = dev_copy(&st->a, layer->a, P);
+        if (e == cudaSuccess) e = dev_copy(&st->dt_bias, layer->dt_bias, P);
+        if (e == cudaSuccess) e = dev_copy(&st->o_norm, layer->o_norm, (size_t)layer->D);
+    } else {
+        if (e == cudaSuccess) e = dev_copy(&st->kv_a_norm, mla->kv_a_norm, (size_t)mla->R);
+        if (e == cudaSuccess && mla->use_rope) e = dev_copy(&st->inv_freq, mla->inv_freq, (size_t)mla->dr / 2);
     }
     if (e != cudaSuccess) {
         cerr(err, e, "session state");
@@ -415,6 +446,38 @@ df_status acc_kda(void *ctx, const df_accel_kda *l, void *state, int n, const fl
     cudaError_t e = cudaStreamSynchronize(a->stream);
     if (e != cudaSuccess) return cerr(err, e, "kda");
     memcpy(o, a->kh + in, nP * sizeof(float));
+    return DF_OK;
+}
+
+/* One MLA layer step: q and kva to the device (one staging copy), the cache
+ * rows + q_pe rotation, absorb, attention over the cache, lift, attn back. */
+df_status acc_mla(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int pos, int n, const float *q,
+                  const float *kva, float *attn, char *err) {
+    acc *a = (acc *)ctx;
+    dev_state *st = (dev_state *)state;
+    const gpu_weight *w = &((const handle *)kv_b)->g;
+    if (handle_wait(a, (const handle *)kv_b, err) != DF_OK) return DF_ERR_IO;
+    const mla_shape sh = mla_shape_of(l);
+    const size_t nq = (size_t)n * l->nh * sh.dq, nkv = (size_t)n * (l->R + l->dr), nlat = (size_t)l->nh * n * l->R;
+    const size_t nat = (size_t)n * l->nh * l->dv, in = nq + nkv;
+    if (!grow(&a->mh, &a->md, &a->cap_m, in + 2 * nlat + nat, err)) return DF_ERR_NOMEM;
+    memcpy(a->mh, q, nq * sizeof(float));
+    memcpy(a->mh + nq, kva, nkv * sizeof(float));
+    if (act_copy(a, a->md, a->mh, in, err) != DF_OK) return DF_ERR_IO;
+    float *dq = a->md, *dkv = a->md + nq, *qlat = a->md + in, *olat = qlat + nlat, *dat = olat + nlat;
+    float *cache = (float *)st->d;
+    df_status rs = gpu_mla_write(&sh, st->kv_a_norm, st->inv_freq, dkv, cache, pos, n, dq, a->stream);
+    if (rs == DF_OK) rs = gpu_mla_absorb(w, &sh, dq, n, qlat, a->stream);
+    if (rs == DF_OK) rs = gpu_mla_attend(&sh, cache, dq, qlat, pos, n, olat, &a->mla_ws, a->stream);
+    if (rs == DF_OK) rs = gpu_mla_lift(w, &sh, olat, n, dat, a->stream);
+    if (rs != DF_OK) {
+        snprintf(err, DF_ERRMSG, "cuda: mla: %s", rs == DF_ERR_IO ? gpu_last_error() : df_status_name(rs));
+        return rs;
+    }
+    if (act_copy(a, a->mh + in, dat, nat, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "mla");
+    memcpy(attn, a->mh + in, nat * sizeof(float));
     return DF_OK;
 }
 
@@ -520,6 +583,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.state_free = acc_state_free;
     a->pub.state_zero = acc_state_zero;
     a->pub.kda = acc_kda;
+    a->pub.mla = acc_mla;
     return &a->pub;
 }
 
@@ -543,6 +607,9 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     free(a->qrows);
     cudaFreeHost(a->kh);
     cudaFree(a->kd);
+    cudaFreeHost(a->mh);
+    cudaFree(a->md);
+    gpu_ws_free(&a->mla_ws);
     gpu_ws_free(&a->ws);
     spares_free(a);
     cudaStreamDestroy(a->copy);

@@ -43,7 +43,7 @@
  * version (as FlashMLA) is the next step if it shows in profiles.
  *
  * Sections: 1. helpers  2. KDA  3. MLA cache rows  4. MLA attention
- *           5. attention residuals
+ *           5. attention residuals  6. MLA absorbed products
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -661,4 +661,95 @@ extern "C" df_status gpu_attn_res(const float *anchors, int64_t astride, int na,
         return DF_ERR_ARG;
     k_attn_res<<<n, RES_THREADS, 0, (cudaStream_t)stream>>>(anchors, astride, na, cur, w, H, eps, out);
     return launched("k_attn_res");
+}
+
+/* ---- 6. MLA absorbed products ------------------------------------------------
+ *
+ * kv_b [nh (dn + dv)][R] (bf16): head h's rows h (dn + dv) .. + dn are W_UK,
+ * the next dv rows W_UV. Absorb: a block per (head, 128 latent columns),
+ * thread r sums q_nope[t][h][d] W_UK[h][d][r] over d ascending (one FMA
+ * chain per token, q of the head in shared memory). Lift: a warp per output
+ * row (h, v), lanes over r, a fixed butterfly; each row is read once per
+ * token (from L1 after the first). Both are fp32 sums over exact weights, so
+ *   |y - exact| <= K u sum |w x|   (K = dn for absorb, R/32 + 5 for lift).
+ */
+
+__device__ __forceinline__ float bf16_at(const uint16_t *w, int64_t i) { return __uint_as_float((uint32_t)w[i] << 16); }
+
+enum { ABS_T = 128, LIFT_WARPS = 8 };
+
+__global__ void __launch_bounds__(ABS_T) k_mla_absorb(const uint16_t *__restrict__ w, int nh, int dn, int dv, int dq,
+                                                     int R, const float *__restrict__ q, int n,
+                                                     float *__restrict__ qlat) {
+    extern __shared__ float qs[]; /* [n][dn] */
+    const int h = blockIdx.x, r = blockIdx.y * ABS_T + threadIdx.x;
+    for (int i = threadIdx.x; i < n * dn; i += ABS_T) {
+        const int t = i / dn, d = i % dn;
+        qs[i] = q[((int64_t)t * nh + h) * dq + d];
+    }
+    __syncthreads();
+    if (r >= R) return;
+    float acc[32];
+#pragma unroll
+    for (int t = 0; t < 32; t++) acc[t] = 0.0f;
+    const uint16_t *row = w + (int64_t)h * (dn + dv) * R + r;
+    for (int d = 0; d < dn; d++) {
+        const float wv = bf16_at(row, (int64_t)d * R);
+#pragma unroll
+        for (int t = 0; t < 32; t++)
+            if (t < n) acc[t] = fmaf(qs[t * dn + d], wv, acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < 32; t++)
+        if (t < n) qlat[((int64_t)h * n + t) * R + r] = acc[t];
+}
+
+__global__ void __launch_bounds__(LIFT_WARPS * 32) k_mla_lift(const uint16_t *__restrict__ w, int nh, int dn, int dv,
+                                                             int R, const float *__restrict__ olat, int n,
+                                                             float *__restrict__ attn) {
+    const int lane = threadIdx.x & 31, gw = blockIdx.x * LIFT_WARPS + (threadIdx.x >> 5);
+    if (gw >= nh * dv) return;
+    const int h = gw / dv, v = gw % dv;
+    const uint16_t *row = w + ((int64_t)h * (dn + dv) + dn + v) * R;
+    for (int t = 0; t < n; t++) {
+        const float *o = olat + ((int64_t)h * n + t) * R;
+        float s = 0.0f;
+        for (int r = lane; r < R; r += 32) s = fmaf(bf16_at(row, r), o[r], s);
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+        if (lane == 0) attn[(int64_t)t * nh * dv + (int64_t)h * dv + v] = s;
+    }
+}
+
+static df_status mla_kv_b_check(const gpu_weight *kv_b, const mla_shape *sh, int n) {
+    if (!kv_b || !kv_b->data || !sh || n < 1) return DF_ERR_ARG;
+    if (n > 32 || kv_b->type != WT_BF16 || sh->dn > 1024) return DF_ERR_UNSUPPORTED;
+    if (kv_b->rows != (int64_t)sh->nh * (sh->dn + sh->dv) || kv_b->cols != sh->R) return DF_ERR_ARG;
+    return DF_OK;
+}
+
+extern "C" int gpu_mla_products_take(const gpu_weight *kv_b) { return kv_b && kv_b->type == WT_BF16; }
+
+extern "C" df_status gpu_mla_absorb(const gpu_weight *kv_b, const mla_shape *sh, const float *q, int n, float *qlat,
+                                    void *stream) {
+    df_status st = mla_kv_b_check(kv_b, sh, n);
+    if (st != DF_OK) return st;
+    if (!q || !qlat) return DF_ERR_ARG;
+    const size_t smem = (size_t)n * sh->dn * sizeof(float);
+    if (smem > 48 * 1024) return DF_ERR_UNSUPPORTED;
+    dim3 grid((unsigned)sh->nh, (unsigned)cdiv(sh->R, ABS_T));
+    k_mla_absorb<<<grid, ABS_T, smem, (cudaStream_t)stream>>>((const uint16_t *)kv_b->data, sh->nh, sh->dn, sh->dv,
+                                                              sh->dq, sh->R, q, n, qlat);
+    return launched("k_mla_absorb");
+}
+
+extern "C" df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, const float *olat, int n, float *attn,
+                                  void *stream) {
+    df_status st = mla_kv_b_check(kv_b, sh, n);
+    if (st != DF_OK) return st;
+    if (!olat || !attn) return DF_ERR_ARG;
+    const int64_t rows = (int64_t)sh->nh * sh->dv;
+    k_mla_lift<<<(unsigned)cdiv(rows, LIFT_WARPS), LIFT_WARPS * 32, 0, (cudaStream_t)stream>>>(
+        (const uint16_t *)kv_b->data, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
+    return launched("k_mla_lift");
 }

@@ -383,13 +383,15 @@ void acc_uploads_wait(acc_table *t) {
 
 /* ---- session state on the device (KDA) ---- */
 
-int acc_has_kda(const acc_table *t) {
-    return t && t->a->state_new && t->a->state_free && t->a->state_zero && t->a->kda;
+static int has_states(const acc_table *t) {
+    return t && t->a->state_new && t->a->state_free && t->a->state_zero;
 }
+int acc_has_kda(const acc_table *t) { return has_states(t) && t->a->kda; }
+int acc_has_mla(const acc_table *t) { return has_states(t) && t->a->mla; }
 
-void *acc_state_new(acc_table *t, const df_accel_kda *layer, int64_t bytes) {
-    if (!acc_has_kda(t)) return NULL;
-    void *st = t->a->state_new(t->a->ctx, layer, bytes, t->err);
+void *acc_state_new(acc_table *t, const df_accel_kda *kda, const df_accel_mla *mla, int64_t bytes) {
+    if (kda ? !acc_has_kda(t) : !acc_has_mla(t)) return NULL;
+    void *st = t->a->state_new(t->a->ctx, kda, mla, bytes, t->err);
     if (!st) snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
     return st;
 }
@@ -418,6 +420,28 @@ df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, c
     return DF_OK;
 }
 
+df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const float *q,
+                  const float *kva, float *attn, char *err) {
+    const df_weight *kv_b = layer->kv_b;
+    acc_ent *ent = NULL;
+    int transient = 0;
+    void *h = expert_handle(t, kv_b, &ent, &transient);
+    if (!h) return df_fail(err, DF_ERR_IO, "accelerator: no device copy of an MLA kv_b_proj: %s", t->last_err);
+    int32_t id = ent ? (int32_t)(ent - t->ent) : -1;
+    double t0 = now_s();
+    df_status st = t->a->mla(t->a->ctx, layer, h, state, pos, n, q, kva, attn, t->err);
+    t->st.sync_s += now_s() - t0;
+    t->st.sync_calls++;
+    if (id >= 0) t->ent[id].busy = 0;
+    if (transient) t->a->release(t->a->ctx, h);
+    if (st != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        return df_fail(err, st, "%s", t->err);
+    }
+    t->st.mla_calls++;
+    return DF_OK;
+}
+
 void acc_get_stats(const acc_table *t, df_accel_stats *out) {
     if (!t) { memset(out, 0, sizeof *out); return; }
     *out = t->st;
@@ -430,7 +454,7 @@ void acc_reset_stats(acc_table *t) {
     t->st.tier_hits = 0;
     t->st.sync_s = 0;
     t->st.sync_calls = 0;
-    t->st.kda_calls = 0;
+    t->st.kda_calls = t->st.mla_calls = 0;
 }
 
 void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes, int n_experts) {

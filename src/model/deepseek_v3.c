@@ -244,7 +244,9 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
         if (est != DF_OK) return est;
         for (int t = 0; t < n; t++) op_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, y->attn_norm, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
-        mla_forward(e, &m->mla, &y->attn, s->cache + l * cstride, &s->mla, pos, n, s->xn, s->y);
+        df_status ast = mla_forward(e, &m->mla, &y->attn, s->cache + l * cstride, NULL, &s->mla, pos, n, s->xn,
+                                    s->y, err);
+        if (ast != DF_OK) return ast;
         prof_add(e, DF_PROF_MLA, &pt);
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];
         for (int t = 0; t < n; t++) op_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, y->ffn_norm, H, m->eps);

@@ -202,6 +202,8 @@ typedef struct {
     float *kda_state;            /* [n_kda][kda_state_floats] */
     void **kda_dev;              /* [n_kda] the same on the device (acc_has_kda), else NULL */
     int n_dev;
+    void **mla_dev;              /* [n_mla] the caches on the device (acc_has_mla), else NULL */
+    int n_mla_dev;
     acc_table *acc;              /* owner of kda_dev */
     float *h, *xin, *xn, *y;     /* [C][H] */
     float *anchors;              /* [C][max_anchors][H] */
@@ -231,6 +233,10 @@ static void km_state_free(void *p) {
         for (int i = 0; i < s->n_dev; i++) acc_state_free(s->acc, s->kda_dev[i]);
         free(s->kda_dev);
     }
+    if (s->mla_dev) {
+        for (int i = 0; i < s->n_mla_dev; i++) acc_state_free(s->acc, s->mla_dev[i]);
+        free(s->mla_dev);
+    }
     mla_scratch_free(&s->mla);
     kda_scratch_free(&s->kda);
     moe_scratch_free(&s->moe);
@@ -253,7 +259,7 @@ static void kda_states_on_device(df_engine *e, const km_model *m, km_state *s) {
     for (int l = 0; l < m->L && s->n_dev < m->n_kda; l++) {
         const km_layer *y = &m->layers[l];
         if (!y->kda) continue;
-        if (!(s->kda_dev[y->slot] = acc_state_new(e->acc, &y->k.dev, bytes))) break;
+        if (!(s->kda_dev[y->slot] = acc_state_new(e->acc, &y->k.dev, NULL, bytes))) break;
         s->n_dev++;
     }
     if (s->n_dev == m->n_kda) return;
@@ -261,6 +267,24 @@ static void kda_states_on_device(df_engine *e, const km_model *m, km_state *s) {
     free(s->kda_dev);
     s->kda_dev = NULL;
     s->n_dev = 0;
+}
+
+/* The MLA latent caches on the device likewise (all layers or none). */
+static void mla_caches_on_device(df_engine *e, const km_model *m, km_state *s) {
+    if (!m->n_mla || !acc_has_mla(e->acc) || !(s->mla_dev = calloc((size_t)m->n_mla, sizeof(void *)))) return;
+    s->acc = e->acc;
+    int64_t bytes = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla) * (int64_t)sizeof(float);
+    for (int l = 0; l < m->L && s->n_mla_dev < m->n_mla; l++) {
+        const km_layer *y = &m->layers[l];
+        if (y->kda) continue;
+        if (!(s->mla_dev[y->slot] = acc_state_new(e->acc, NULL, &y->a.dev, bytes))) break;
+        s->n_mla_dev++;
+    }
+    if (s->n_mla_dev == m->n_mla) return;
+    for (int i = 0; i < s->n_mla_dev; i++) acc_state_free(e->acc, s->mla_dev[i]);
+    free(s->mla_dev);
+    s->mla_dev = NULL;
+    s->n_mla_dev = 0;
 }
 
 static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
@@ -286,6 +310,7 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
         return DF_ERR_NOMEM;
     }
     kda_states_on_device(e, m, s);
+    mla_caches_on_device(e, m, s);
     *out = s;
     return DF_OK;
 }
@@ -329,7 +354,11 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
             df_status kst = kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride,
                                         s->kda_dev ? s->kda_dev[y->slot] : NULL, &s->kda, n, s->xn, s->y, err);
             if (kst != DF_OK) return kst;
-        } else mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, &s->mla, pos, n, s->xn, s->y);
+        } else {
+            df_status ast = mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride,
+                                        s->mla_dev ? s->mla_dev[y->slot] : NULL, &s->mla, pos, n, s->xn, s->y, err);
+            if (ast != DF_OK) return ast;
+        }
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
         if (restart) memcpy(s->h, s->y, nh * sizeof(float));
         else for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];

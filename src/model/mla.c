@@ -38,6 +38,8 @@ df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate
         a->has_gate = 1;
         if ((st = model_bind_at(e, base, "g_proj", (int64_t)sh->nh * sh->dv, sh->hidden, &a->g, err))) return st;
     }
+    a->dev = (df_accel_mla){sh->nh, sh->dn, sh->dr, sh->dv, sh->R, sh->use_rope, sh->rope_interleave, sh->inv_freq,
+                            sh->rope_mscale, sh->softmax_scale, sh->latent_eps, a->kv_a_norm, &a->kv_b};
     return DF_OK;
 }
 
@@ -116,8 +118,8 @@ static void heads(void *ctx, int64_t h0, int64_t h1, int tid) {
 
 /* ---- forward ---- */
 
-void mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache,
-                 mla_scratch *s, int pos, int n, const float *xn, float *out) {
+df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache, void *dev_cache,
+                      mla_scratch *s, int pos, int n, const float *xn, float *out, char *err) {
     int qdim = sh->nh * sh->dq, vdim = sh->nh * sh->dv;
     int64_t stride = sh->R + sh->dr;
     if (sh->qlr > 0) {
@@ -129,14 +131,20 @@ void mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *c
         mm(e, &a->q, xn, n, s->q, qdim);
     }
     mm(e, &a->kv_a, xn, n, s->kva, stride);
-    for (int t = 0; t < n; t++)
-        mla_write_row(sh, a->kv_a_norm, s->kva + (size_t)t * stride, pos + t, cache + (size_t)(pos + t) * stride,
-                      s->q + (size_t)t * sh->nh * sh->dq);
-    job j = {e, sh, a, cache, s, pos, n};
-    pool_for(e->pool, sh->nh, 1, heads, &j);
+    if (dev_cache) {
+        df_status st = acc_mla(e->acc, &a->dev, dev_cache, pos, n, s->q, s->kva, s->attn, err);
+        if (st != DF_OK) return st;
+    } else {
+        for (int t = 0; t < n; t++)
+            mla_write_row(sh, a->kv_a_norm, s->kva + (size_t)t * stride, pos + t, cache + (size_t)(pos + t) * stride,
+                          s->q + (size_t)t * sh->nh * sh->dq);
+        job j = {e, sh, a, cache, s, pos, n};
+        pool_for(e->pool, sh->nh, 1, heads, &j);
+    }
     if (a->has_gate) {
         mm(e, &a->g, xn, n, s->gate, vdim);
         for (size_t i = 0; i < (size_t)n * vdim; i++) s->attn[i] *= op_sigmoid(s->gate[i]);
     }
     mm(e, &a->o, s->attn, n, out, sh->hidden);
+    return DF_OK;
 }

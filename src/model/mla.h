@@ -22,6 +22,7 @@ typedef struct {
     df_weight q_a, q_b, q, kv_a, kv_b, o;
     int has_gate;               /* sigmoid output gate g_proj (K3) */
     df_weight g;
+    df_accel_mla dev;           /* the same layer for an accelerator's mla hook */
 } mla_layer;
 
 /* Per-chunk scratch shared by every MLA layer of a session. */
@@ -46,7 +47,10 @@ void mla_free(mla_layer *a);
 df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, mla_scratch *s);
 void mla_scratch_free(mla_scratch *s);
 /* Runs n positions pos..pos+n-1: xn [n][hidden] normalised input, cache
- * [max_ctx][R+dr] of this layer, out [n][hidden] = attention output. */
-void mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache,
-                 mla_scratch *s, int pos, int n, const float *xn, float *out);
+ * [max_ctx][R+dr] of this layer (host floats, or with dev_cache non-NULL
+ * the device cache from acc_state_new: the attention then runs on the
+ * accelerator), out [n][hidden] = attention output. Fails only on the
+ * device (err says why; the cache is then undefined). */
+df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache, void *dev_cache,
+                      mla_scratch *s, int pos, int n, const float *xn, float *out, char *err);
 #endif

@@ -146,17 +146,25 @@ void acc_count_tier_hit(acc_table *t); /* a routed expert served without the RAM
  * they fit; the accelerator copies asynchronously where it can, so this
  * overlaps the products running now). Never changes results. */
 void acc_prefetch(acc_table *t, const df_weight *w, int n);
-/* Session state on the device (the accelerator's kda hooks): 1 if offered. */
+/* Session state on the device (the accelerator's state hooks with kda /
+ * mla): 1 if offered. */
 int acc_has_kda(const acc_table *t);
-/* bytes of zeroed device memory for the state of `layer`; NULL if not
- * offered, refused (a shape without a kernel) or out of memory. */
-void *acc_state_new(acc_table *t, const df_accel_kda *layer, int64_t bytes);
+int acc_has_mla(const acc_table *t);
+/* bytes of zeroed device memory for the state of a KDA layer (kda) or an
+ * MLA layer's cache (mla); NULL if not offered, refused (a shape or type
+ * without a kernel) or out of memory. */
+void *acc_state_new(acc_table *t, const df_accel_kda *kda, const df_accel_mla *mla, int64_t bytes);
 void acc_state_free(acc_table *t, void *state); /* NULL-safe */
 df_status acc_state_zero(acc_table *t, void *state, char *err);
 /* kda_core.h's conv + recurrence on the device state for n tokens (inputs
  * and o in host memory). On error the state is undefined. */
 df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, const float *q, const float *k,
                   const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
+/* An MLA layer's attention on the device (cache rows pos.., q_pe rotation,
+ * absorbed attention for every head; q, kva, attn in host memory). On error
+ * the cache is undefined. */
+df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const float *q,
+                  const float *kva, float *attn, char *err);
 void acc_get_stats(const acc_table *t, df_accel_stats *out);
 void acc_reset_stats(acc_table *t);
 /* The placement: budget, what is resident, the tiers, and the plan for the

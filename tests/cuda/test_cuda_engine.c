@@ -14,9 +14,9 @@
  *    slots are reused while uploads may read them) and with --ram 1K alone
  *    are bit-identical to the default budget: placement never changes the
  *    result;
- *  - KDA on the device (synth's tiny kimi_k3 / kimi_linear, head dim 32):
- *    logits within 1e-4 max|logit| of the CPU's, greedy ids equal,
- *    bit-identical across --gpu-mem, and bench reports the device steps.
+ *  - KDA and MLA on the device (synth's tiny kimi_k3 / kimi_linear, head
+ *    dim 32, bf16): logits within 1e-4 max|logit| of the CPU's, greedy ids
+ *    equal, bit-identical across --gpu-mem, bench reports the device steps.
  */
 #include "../test.h"
 #include "../../src/cuda/gpu.h"
@@ -162,12 +162,13 @@ TEST(cuda_engine_inspect_placement) {
     CHECK(rc == 0 && strstr(out, "device         cpu") != NULL, "%s", out);
 }
 
-/* KDA on the device (the state_new / kda hooks): the fixtures' head dims
- * (20, 24) have no KDA kernel, so their states stay on the CPU; synth's tiny
- * Kimi models have head dim 32. Logits within 1e-4 max|logit| of the CPU's,
- * the same greedy ids, bit-identical across --gpu-mem, and bench reports
- * the KDA steps on the device. */
-TEST(cuda_engine_kda_on_device) {
+/* Attention on the device (the state hooks with kda / mla): the fixtures'
+ * KDA head dims (20, 24) have no kernel and their kv_b is f32, so their
+ * states stay on the CPU; synth's tiny Kimi models have head dim 32 and bf16
+ * weights. Logits within 1e-4 max|logit| of the CPU's, the same greedy ids,
+ * bit-identical across --gpu-mem, and bench reports KDA and MLA steps on
+ * the device. */
+TEST(cuda_engine_attention_on_device) {
     if (!have_gpu()) return;
     const char *tmp = t_tmpdir("cuda_kda");
     static const char *arch[2] = {"kimi_k3", "kimi_linear"};
@@ -211,7 +212,10 @@ TEST(cuda_engine_kda_on_device) {
         CHECK(!strcmp(ids[0], ids[1]), "%s: greedy ids differ: cpu '%s' cuda '%s'", arch[i], ids[0], ids[1]);
         rc = t_sh(out, sizeof out, "%s bench --decode --model %s --tokens 3 --prompt-tokens 4 --device cuda", bin(),
                   model);
-        CHECK(rc == 0 && strstr(out, "KDA on the device"), "%s: bench does not report KDA on the device: %s",
+        const char *steps = strstr(out, "attention on the device");
+        double kda = 0, mla = 0;
+        int got = steps ? sscanf(steps, "attention on the device %lf KDA + %lf MLA", &kda, &mla) : 0;
+        CHECK(rc == 0 && got == 2 && kda > 0 && mla > 0, "%s: bench does not report KDA and MLA on the device: %s",
               arch[i], out);
     }
 }
