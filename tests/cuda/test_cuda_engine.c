@@ -197,7 +197,7 @@ TEST(cuda_engine_attention_on_device) {
             }
             CHECK(md <= 1e-4 * mx, "%s: max |cuda - cpu| %.3g > %.3g", arch[i], md, 1e-4 * mx);
             CHECK(!memcmp(lg[1], lg[2], nl[0] * 4), "%s: logits depend on --gpu-mem", arch[i]);
-            fprintf(stderr, "    %-12s KDA on the device: max|d| %.3g = %.3f of tol\n", arch[i], md,
+            fprintf(stderr, "    %-12s attention on the device: max|d| %.3g = %.3f of tol\n", arch[i], md,
                     mx > 0 ? md / (1e-4 * mx) : 0);
         } else {
             CHECK(0, "%s: logits missing", arch[i]);
