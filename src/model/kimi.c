@@ -250,41 +250,28 @@ static void km_state_reset(df_engine *e, void *p) {
     for (int i = 0; i < s->n_dev; i++) acc_state_zero(s->acc, s->kda_dev[i], NULL); /* a failure shows at the next step */
 }
 
-/* The KDA states on the device when the accelerator offers it (all layers
- * or none: a layer that cannot get one keeps every state on the CPU). */
-static void kda_states_on_device(df_engine *e, const km_model *m, km_state *s) {
-    if (!m->n_kda || !acc_has_kda(e->acc) || !(s->kda_dev = calloc((size_t)m->n_kda, sizeof(void *)))) return;
+/* The session states of one kind on the device when the accelerator offers
+ * it: KDA states (kda = 1) or MLA latent caches, all layers or none (if a
+ * layer cannot get one, every state of that kind stays on the CPU). */
+static void states_on_device(df_engine *e, const km_model *m, km_state *s, int kda, void ***dev, int *count) {
+    int want = kda ? m->n_kda : m->n_mla;
+    if (!want || !(kda ? acc_has_kda(e->acc) : acc_has_mla(e->acc)) || !(*dev = calloc((size_t)want, sizeof(void *))))
+        return;
     s->acc = e->acc;
-    int64_t bytes = kda_state_floats(&m->kda) * (int64_t)sizeof(float);
-    for (int l = 0; l < m->L && s->n_dev < m->n_kda; l++) {
+    int64_t floats = kda ? kda_state_floats(&m->kda) : (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
+    for (int l = 0; l < m->L && *count < want; l++) {
         const km_layer *y = &m->layers[l];
-        if (!y->kda) continue;
-        if (!(s->kda_dev[y->slot] = acc_state_new(e->acc, &y->k.dev, NULL, bytes))) break;
-        s->n_dev++;
+        if (!y->kda != !kda) continue;
+        void *st = acc_state_new(e->acc, kda ? &y->k.dev : NULL, kda ? NULL : &y->a.dev, floats * (int64_t)sizeof(float));
+        if (!st) break;
+        (*dev)[y->slot] = st;
+        (*count)++;
     }
-    if (s->n_dev == m->n_kda) return;
-    for (int i = 0; i < s->n_dev; i++) acc_state_free(e->acc, s->kda_dev[i]);
-    free(s->kda_dev);
-    s->kda_dev = NULL;
-    s->n_dev = 0;
-}
-
-/* The MLA latent caches on the device likewise (all layers or none). */
-static void mla_caches_on_device(df_engine *e, const km_model *m, km_state *s) {
-    if (!m->n_mla || !acc_has_mla(e->acc) || !(s->mla_dev = calloc((size_t)m->n_mla, sizeof(void *)))) return;
-    s->acc = e->acc;
-    int64_t bytes = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla) * (int64_t)sizeof(float);
-    for (int l = 0; l < m->L && s->n_mla_dev < m->n_mla; l++) {
-        const km_layer *y = &m->layers[l];
-        if (y->kda) continue;
-        if (!(s->mla_dev[y->slot] = acc_state_new(e->acc, NULL, &y->a.dev, bytes))) break;
-        s->n_mla_dev++;
-    }
-    if (s->n_mla_dev == m->n_mla) return;
-    for (int i = 0; i < s->n_mla_dev; i++) acc_state_free(e->acc, s->mla_dev[i]);
-    free(s->mla_dev);
-    s->mla_dev = NULL;
-    s->n_mla_dev = 0;
+    if (*count == want) return;
+    for (int i = 0; i < *count; i++) acc_state_free(e->acc, (*dev)[i]);
+    free(*dev);
+    *dev = NULL;
+    *count = 0;
 }
 
 static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
@@ -309,8 +296,8 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
         km_state_free(s);
         return DF_ERR_NOMEM;
     }
-    kda_states_on_device(e, m, s);
-    mla_caches_on_device(e, m, s);
+    states_on_device(e, m, s, 1, &s->kda_dev, &s->n_dev);
+    states_on_device(e, m, s, 0, &s->mla_dev, &s->n_mla_dev);
     *out = s;
     return DF_OK;
 }
