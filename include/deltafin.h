@@ -249,6 +249,8 @@ typedef struct {
     uint64_t cache_hits, cache_uploads, cache_evictions, transient_uploads;
     uint64_t upload_bytes;                 /* host-to-device weight bytes since open or reset */
     int64_t pinned_bytes;                  /* expert cache page-locked for uploads (0: none) */
+    int64_t spine_pinned_bytes;            /* other host bytes page-locked for uploads (a spine
+                                              that does not fit the device, its stream buffers) */
     uint64_t tier_hits;                    /* routed experts run from device copies, never read into RAM */
     uint64_t sync_calls;                   /* calls the host waited on: products, expert batches */
     double sync_s;                         /* host time inside them (device work + round trips) */

@@ -477,3 +477,68 @@ TEST(model_accel_kda_failure_resets) {
     free(lg);
     free(ref);
 }
+
+/* A spine that does not fit the device budget is page-locked (its mapped
+ * bytes, page-aligned ranges, none overlapping) so its repeated uploads run
+ * at the DMA rate; one that fits is not. Logits stay the CPU's. */
+typedef struct {
+    uintptr_t a[4096];
+    size_t len[4096];
+    int n, unpins;
+} pin_log;
+static pin_log pins;
+static df_status log_pin(void *ctx, void *p, size_t bytes, char *err) {
+    (void)ctx;
+    (void)err;
+    if (pins.n < 4096) {
+        pins.a[pins.n] = (uintptr_t)p;
+        pins.len[pins.n++] = bytes;
+    }
+    return DF_OK;
+}
+static void log_unpin(void *ctx, void *p) {
+    (void)ctx;
+    (void)p;
+    pins.unpins++;
+}
+
+TEST(model_accel_pins_a_spine_that_does_not_fit) {
+    kn_level lv = kn_detect();
+    const char *dir = "tests/fixtures/kimi_k3_mxfp4";
+    int32_t tok[64];
+    int n = read_tokens(dir, tok, 64);
+    if (n <= 0) SKIP("fixtures missing");
+    float *ref = logits_with(dir, NULL, 1, NULL, NULL);
+    REQUIRE(ref != NULL, "cpu logits");
+    for (int b = 0; b < 2; b++) {
+        memset(&pins, 0, sizeof pins);
+        df_accel a = {.name = "pins", .ctx = &lv, .budget = b ? (int64_t)1 << 40 : 4096, .upload = fake_upload,
+                      .release = fake_release, .matmul = fake_matmul, .pin = log_pin, .unpin = log_unpin};
+        df_accel_stats st;
+        float *lg = logits_with(dir, &a, 1, &st, NULL);
+        REQUIRE(lg != NULL, "logits with budget %lld", (long long)a.budget);
+        df_engine_opts o;
+        df_engine_opts_default(&o);
+        df_engine *e = NULL;
+        char err[DF_ERRMSG];
+        size_t bytes = (size_t)n * 4;
+        if (df_engine_open(dir, &o, &e, err) == DF_OK) {
+            bytes *= (size_t)df_engine_vocab_size(e);
+            df_engine_close(e);
+        }
+        CHECK(memcmp(lg, ref, bytes) == 0, "budget %lld: logits differ", (long long)a.budget);
+        /* the expert cache is always one pin; the spine adds more only when it does not fit */
+        CHECK(b ? pins.n == 1 : pins.n > 1, "budget %lld: %d ranges page-locked", (long long)a.budget, pins.n);
+        CHECK(b ? st.spine_pinned_bytes == 0 : st.spine_pinned_bytes > 0, "budget %lld: %lld spine bytes pinned",
+              (long long)a.budget, (long long)st.spine_pinned_bytes);
+        CHECK(pins.unpins == pins.n, "%d pins, %d unpins", pins.n, pins.unpins);
+        for (int i = 1; i < pins.n; i++) {
+            CHECK((pins.a[i] & 4095) == 0 && (pins.len[i] & 4095) == 0, "range %d not page-aligned", i);
+            for (int j = 1; j < i; j++)
+                CHECK(pins.a[i] >= pins.a[j] + pins.len[j] || pins.a[j] >= pins.a[i] + pins.len[i],
+                      "ranges %d and %d overlap", i, j);
+        }
+        free(lg);
+    }
+    free(ref);
+}

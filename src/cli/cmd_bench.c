@@ -177,6 +177,9 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                    (unsigned long long)ac.cache_uploads, (unsigned long long)ac.cache_evictions,
                    (unsigned long long)ac.transient_uploads, ac.upload_bytes / 1e9,
                    (unsigned long long)ac.tier_hits);
+            if (ac.spine_pinned_bytes)
+                printf("spine page-locked           %.3f GB (it does not fit the device: uploaded per use)\n",
+                       ac.spine_pinned_bytes / 1e9);
             printf("host waits on the device    %.1f per token, %.2f ms per token inside them (decode)\n",
                    (double)(ac.sync_calls - ac0.sync_calls) / ntok, (ac.sync_s - ac0.sync_s) / ntok * 1e3);
             if (ac.kda_calls || ac.mla_calls)

@@ -485,9 +485,13 @@ df_status acc_pin(void *ctx, void *ptr, size_t bytes, char *err) {
     acc *a = (acc *)ctx;
     cudaSetDevice(a->device);
     cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
-    if (e != cudaSuccess) {
+    if (e != cudaSuccess) { /* read-only mappings (a mapped spine) need the read-only flag */
         cudaGetLastError(); /* not sticky: clear it */
-        return cerr(err, e, "page-locking the expert cache");
+        e = cudaHostRegister(ptr, bytes, cudaHostRegisterReadOnly);
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return cerr(err, e, "page-locking host memory for uploads");
     }
     return DF_OK;
 }

@@ -175,6 +175,7 @@ df_status sp_finalize(sp_store *s, char *err) {
 }
 
 int64_t sp_slot_bytes(const sp_store *s) { return s->slot_bytes; }
+void *sp_slot(const sp_store *s, int k) { return k == 0 || k == 1 ? s->slot[k] : NULL; }
 int64_t sp_bytes_read(const sp_store *s) { return s->bytes_read; }
 
 /* ---- reading ---- */

@@ -36,5 +36,7 @@ df_status sp_finalize(sp_store *s, char *err);
  * (g+1, wrapping to 0 after the last). DF_ERR_IO if a read failed. */
 df_status sp_enter(sp_store *s, int group, char *err);
 int64_t sp_slot_bytes(const sp_store *s);
+/* Slot k (0 or 1) of the double buffer; NULL before sp_finalize. */
+void *sp_slot(const sp_store *s, int k);
 int64_t sp_bytes_read(const sp_store *s);
 #endif

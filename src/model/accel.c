@@ -32,6 +32,8 @@ typedef struct {
     int32_t prev, next; /* LRU list of CACHED entries (indices, -1 = none) */
     int state;
     int busy; /* being handed to acc_expert_queue: not evicted */
+    const void *src[2];  /* host bytes of a matrix bound resident (data, scale; NULL: lazily bound) */
+    int64_t src_bytes[2];
 } acc_ent;
 
 /* Entries live in a growing array (indices stay valid); an open-addressing
@@ -45,7 +47,9 @@ struct acc_table {
     size_t cap;
     int32_t lru_head, lru_tail;
     int64_t planned_bytes; /* PENDING + RESIDENT */
-    void *pinned;          /* host memory page-locked through a->pin */
+    void **pins;           /* host ranges page-locked through a->pin (unpinned in acc_free) */
+    int npins, cap_pins;
+    int experts_pinned;    /* the expert cache is among them */
     df_accel_stats st;
     char err[DF_ERRMSG];
     char last_err[DF_ERRMSG];
@@ -139,27 +143,89 @@ void acc_free(acc_table *t) {
     if (!t) return;
     for (size_t i = 0; i < t->n; i++)
         if (t->ent[i].h) t->a->release(t->a->ctx, t->ent[i].h);
-    if (t->pinned && t->a->unpin) t->a->unpin(t->a->ctx, t->pinned);
+    for (int i = 0; i < t->npins && t->a->unpin; i++) t->a->unpin(t->a->ctx, t->pins[i]);
+    free(t->pins);
     free(t->ent);
     free(t->index);
     free(t);
 }
 
-int acc_pin_host(acc_table *t, void *p, int64_t bytes) {
-    if (!t || !p || bytes <= 0 || !t->a->pin || t->pinned) return 0;
+int acc_pin_range(acc_table *t, void *p, int64_t bytes) {
+    if (!t || !p || bytes <= 0 || !t->a->pin) return 0;
+    if (t->npins == t->cap_pins) {
+        int nc = t->cap_pins ? 2 * t->cap_pins : 8;
+        void **np = realloc(t->pins, (size_t)nc * sizeof *np);
+        if (!np) return 0;
+        t->pins = np;
+        t->cap_pins = nc;
+    }
     if (t->a->pin(t->a->ctx, p, (size_t)bytes, t->err) != DF_OK) {
         snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
         return 0;
     }
-    t->pinned = p;
-    t->st.pinned_bytes = bytes;
+    t->pins[t->npins++] = p;
+    t->st.spine_pinned_bytes += bytes;
     return 1;
+}
+
+int acc_pin_host(acc_table *t, void *p, int64_t bytes) {
+    if (!t || t->experts_pinned || !acc_pin_range(t, p, bytes)) return 0;
+    t->st.spine_pinned_bytes -= bytes; /* counted as the expert cache's */
+    t->st.pinned_bytes = bytes;
+    t->experts_pinned = 1;
+    return 1;
+}
+
+typedef struct {
+    uintptr_t a, b;
+} range;
+
+static int by_start(const void *x, const void *y) {
+    const range *p = x, *q = y;
+    return p->a < q->a ? -1 : p->a > q->a;
+}
+
+int64_t acc_pin_spine(acc_table *t) {
+    if (!t || !t->a->pin || t->planned_bytes <= t->a->budget) return 0;
+    const uintptr_t page = 4096;
+    range *r = malloc(2 * t->n * sizeof *r + 1);
+    if (!r) return 0;
+    size_t nr = 0;
+    for (size_t i = 0; i < t->n; i++)
+        for (int k = 0; k < 2; k++) {
+            const acc_ent *e = &t->ent[i];
+            if (!e->src[k] || e->src_bytes[k] <= 0 || e->state == A_CPU) continue;
+            uintptr_t a = (uintptr_t)e->src[k];
+            r[nr++] = (range){a / page * page, (a + (uintptr_t)e->src_bytes[k] + page - 1) / page * page};
+        }
+    qsort(r, nr, sizeof *r, by_start);
+    int64_t done = 0;
+    for (size_t i = 0; i < nr;) {
+        range m = r[i++];
+        while (i < nr && r[i].a <= m.b) { /* overlapping or adjacent pages: one range */
+            if (r[i].b > m.b) m.b = r[i].b;
+            i++;
+        }
+        if (acc_pin_range(t, (void *)m.a, (int64_t)(m.b - m.a))) done += (int64_t)(m.b - m.a);
+    }
+    free(r);
+    return done;
 }
 
 void acc_bind(acc_table *t, const df_weight *w) {
     const void *k = key_of(w);
     if (!t || !k || find(t, k)) return;
-    if (insert(t, k, wt_bytes(w), A_PENDING)) t->planned_bytes += wt_bytes(w);
+    acc_ent *e = insert(t, k, wt_bytes(w), A_PENDING);
+    if (!e) return;
+    t->planned_bytes += wt_bytes(w);
+    if (w->data && w->t_data) {
+        e->src[0] = w->data;
+        e->src_bytes[0] = w->t_data->nbytes;
+    }
+    if (w->scale && w->t_scale) {
+        e->src[1] = w->scale;
+        e->src_bytes[1] = w->t_scale->nbytes;
+    }
 }
 
 static int64_t used_bytes(const acc_table *t) { return t->st.resident_bytes + t->st.cached_bytes; }
@@ -481,7 +547,7 @@ void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes,
              t->a->name ? t->a->name : "accelerator", t->a->budget / 1e9, t->planned_bytes / 1e9,
              t->planned_bytes > t->a->budget ? ", more than the budget: the excess is cached" : "",
              (long long)s->resident_mats, s->resident_bytes / 1e9, s->cached_bytes / 1e9, (long long)s->cpu_mats,
-             t->pinned ? "page-locked for uploads" : "pageable",
+             t->experts_pinned ? "page-locked for uploads" : "pageable",
              t->a->expert_queue ? "; routed experts are queued on the device, uploads overlapping" : "",
              acc_has_kda(t) ? "KDA states and recurrence on the device; norms, routing and MLA attention on the CPU"
                             : "attention, norms, routing and the absorbed MLA products run on the CPU",

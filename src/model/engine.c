@@ -127,6 +127,14 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     if (e->store && (st = xs_finalize(e->store, err)) != DF_OK) goto fail;
     /* uploads of routed experts come from the cache slots: page-locked, they
      * go at the DMA rate (best effort: pageable uploads give the same results) */
+    /* a spine that does not fit the device is uploaded again and again:
+     * from page-locked memory (its streaming buffers, or its mapped bytes) */
+    if (e->acc && !opts->plan_only) {
+        if (e->spine)
+            for (int k = 0; k < 2; k++) acc_pin_range(e->acc, sp_slot(e->spine, k), sp_slot_bytes(e->spine));
+        else
+            acc_pin_spine(e->acc);
+    }
     if (e->store && e->acc) {
         acc_pin_host(e->acc, xs_pool(e->store), xs_pool_bytes(e->store));
         /* uploads run behind the calls that start them: a slot is reused

@@ -123,6 +123,13 @@ void acc_bind(acc_table *t, const df_weight *w);
  * acc_free); 1 if done, 0 if not offered or refused (uploads then stay
  * pageable: slower, same results). */
 int acc_pin_host(acc_table *t, void *p, int64_t bytes);
+/* When the matrices bound resident exceed the budget (they then go through
+ * the device cache and are uploaded again and again), page-locks their host
+ * bytes (page-aligned, overlapping ranges merged) so those uploads run at the
+ * DMA rate. Best effort; returns the bytes page-locked. */
+int64_t acc_pin_spine(acc_table *t);
+/* Page-locks [p, p + bytes) for uploads (not the expert cache); 1 if done. */
+int acc_pin_range(acc_table *t, void *p, int64_t bytes);
 int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
 /* 1 if w has a device copy now (acc_mm then needs no host bytes: w->data
  * may be NULL, and acc_mm returns 0 only on a device failure). */
