@@ -50,6 +50,7 @@ struct acc_table {
     void **pins;           /* host ranges page-locked through a->pin (unpinned in acc_free) */
     int npins, cap_pins;
     int experts_pinned;    /* the expert cache is among them */
+    int spine_pin_tried;   /* pin_spine_ranges ran (once at most) */
     df_accel_stats st;
     char err[DF_ERRMSG];
     char last_err[DF_ERRMSG];
@@ -185,8 +186,10 @@ static int by_start(const void *x, const void *y) {
     return p->a < q->a ? -1 : p->a > q->a;
 }
 
-int64_t acc_pin_spine(acc_table *t) {
-    if (!t || !t->a->pin || t->planned_bytes <= t->a->budget) return 0;
+/* Page-locks the host bytes of every matrix bound resident, once. */
+static int64_t pin_spine_ranges(acc_table *t) {
+    if (!t->a->pin || t->spine_pin_tried) return 0;
+    t->spine_pin_tried = 1;
     const uintptr_t page = 4096;
     range *r = malloc(2 * t->n * sizeof *r + 1);
     if (!r) return 0;
@@ -210,6 +213,11 @@ int64_t acc_pin_spine(acc_table *t) {
     }
     free(r);
     return done;
+}
+
+int64_t acc_pin_spine(acc_table *t) {
+    if (!t || t->planned_bytes <= t->a->budget) return 0;
+    return pin_spine_ranges(t);
 }
 
 void acc_bind(acc_table *t, const df_weight *w) {
@@ -284,6 +292,17 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* First use of a matrix bound resident: uploaded to stay; if it does not
+ * fit, it is cached from now on, and (the first time this happens) every
+ * matrix bound resident is page-locked, since such matrices are uploaded
+ * again and again. */
+static void upload_pending(acc_table *t, acc_ent *e, const df_weight *w) {
+    if (upload(t, e, w, 1) || e->state != A_PENDING) return;
+    t->planned_bytes -= e->bytes;
+    e->state = A_ABSENT;
+    pin_spine_ranges(t);
+}
+
 static int run(acc_table *t, void *h, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
     double t0 = now_s();
     df_status st = t->a->matmul(t->a->ctx, h, X, n, Y, ldy, 0, w->rows, t->err);
@@ -321,10 +340,7 @@ int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, in
     if (!e && !(e = insert(t, k, wt_bytes(w), A_ABSENT))) return 0;
     if (e->state == A_CPU) { t->st.cpu_calls++; return 0; }
     if (e->state == A_PENDING) {
-        if (!upload(t, e, w, 1) && e->state == A_PENDING) {
-            t->planned_bytes -= e->bytes; /* did not fit: cached from now on */
-            e->state = A_ABSENT;
-        }
+        upload_pending(t, e, w);
     } else if (e->state == A_ABSENT) {
         upload(t, e, w, 0);
     } else if (e->state == A_CACHED) {
@@ -373,7 +389,10 @@ static void *expert_handle(acc_table *t, const df_weight *w, acc_ent **ent, int 
             lru_unlink(t, e);
             lru_push(t, e);
         }
-    } else if (w->data && (e->state == A_ABSENT || e->state == A_PENDING)) {
+    } else if (w->data && e->state == A_PENDING) {
+        upload_pending(t, e, w);
+        if (e->state == A_ABSENT) upload(t, e, w, 0);
+    } else if (w->data && e->state == A_ABSENT) {
         upload(t, e, w, 0);
     }
     if (e->h) {

@@ -126,7 +126,8 @@ int acc_pin_host(acc_table *t, void *p, int64_t bytes);
 /* When the matrices bound resident exceed the budget (they then go through
  * the device cache and are uploaded again and again), page-locks their host
  * bytes (page-aligned, overlapping ranges merged) so those uploads run at the
- * DMA rate. Best effort; returns the bytes page-locked. */
+ * DMA rate. acc_mm does the same the first time such a matrix finds no room.
+ * Once at most; best effort; returns the bytes page-locked. */
 int64_t acc_pin_spine(acc_table *t);
 /* Page-locks [p, p + bytes) for uploads (not the expert cache); 1 if done. */
 int acc_pin_range(acc_table *t, void *p, int64_t bytes);
