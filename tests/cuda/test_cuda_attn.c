@@ -26,6 +26,9 @@
  *    (gpu.h), |out - exact| <= B(ceil(H/256)), |out_cpu - exact| <=
  *    B(ceil(H/4)), |out - out_cpu| <= their sum; na = 0 is exactly cur; out
  *    aliasing cur gives the same bits.
+ *  - gpu_mla_absorb / gpu_mla_lift vs float64 sums over the same bf16 kv_b:
+ *    |y - exact| <= K u sum|w x|, K = dn (absorb), R/32 + 5 (lift); n = 1
+ *    and 17; n > 32 and non-bf16 kv_b refused.
  * Each test prints its largest error as a fraction of its bound.
  */
 #include "../test.h"
@@ -574,4 +577,95 @@ TEST(cuda_attn_res) {
     fprintf(stderr, "[worst %.3g of the bound vs exact, %.3g vs cpu] ", worst, worst_cpu);
     gpu_free(danc); gpu_free(dcur); gpu_free(dw); gpu_free(dout);
     free(anc); free(cur); free(w); free(ref); free(out); free(out2);
+}
+
+/* ---- MLA absorbed products ------------------------------------------------------ */
+
+/* gpu_mla_absorb / gpu_mla_lift against float64 sums over the same bf16
+ * kv_b: |y - exact| <= K u sum|w x| with K = dn (absorb) and R/32 + 5
+ * (lift), gpu.h's bounds; n = 1 and a 17-token chunk; a refused f32-free
+ * type (fp8) and n > 32. */
+static void check_mla_products(int nh, int dn, int dv, int R, int n, const char *tag) {
+    uint64_t s = seed_of(tag);
+    const int dr = 64, dq = dn + dr;
+    const int64_t rows = (int64_t)nh * (dn + dv);
+    uint16_t *wb = malloc((size_t)rows * R * sizeof(uint16_t));
+    for (int64_t i = 0; i < rows * R; i++) {
+        float f = frand(&s) * 0.1f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        wb[i] = (uint16_t)(u >> 16);
+    }
+    df_weight w = {.type = WT_BF16, .rows = rows, .cols = R, .data = wb};
+    gpu_weight g;
+    char err[DF_ERRMSG];
+    REQUIRE(gpu_weight_upload(&w, &g, err) == DF_OK, "%s", err);
+    mla_shape sh = {0, nh, dn, dr, dv, dq, R, 0, 0, 0, NULL, 1.0f, 1.0f, 1e-6f};
+    float *q = hrand((size_t)n * nh * dq, -1, 1, &s), *olat = hrand((size_t)nh * n * R, -1, 1, &s);
+    float *dq_ = dcopy(q, (size_t)n * nh * dq), *dol = dcopy(olat, (size_t)nh * n * R);
+    size_t nlat = (size_t)nh * n * R, nat = (size_t)n * nh * dv;
+    float *dql = gpu_malloc(nlat * sizeof(float)), *dat = gpu_malloc(nat * sizeof(float));
+    REQUIRE(dq_ && dol && dql && dat, "device memory");
+    REQUIRE(poison(dql, nlat) && poison(dat, nat), "poison");
+    CHECK(gpu_mla_absorb(&g, &sh, dq_, n, dql, NULL) == DF_OK && gpu_mla_lift(&g, &sh, dol, n, dat, NULL) == DF_OK &&
+              gpu_sync() == DF_OK,
+          "%s: launch: %s", tag, gpu_last_error());
+    float *ql = malloc(nlat * sizeof(float)), *at = malloc(nat * sizeof(float));
+    REQUIRE(gpu_get(ql, dql, nlat * sizeof(float)) == DF_OK && gpu_get(at, dat, nat * sizeof(float)) == DF_OK, "get");
+    double worst_a = 0, worst_l = 0;
+    for (int h = 0; h < nh; h++)
+        for (int t = 0; t < n; t++) {
+            for (int r = 0; r < R; r++) { /* absorb */
+                double ex = 0, mag = 0;
+                for (int d = 0; d < dn; d++) {
+                    uint32_t u = (uint32_t)wb[((int64_t)h * (dn + dv) + d) * R + r] << 16;
+                    float wf;
+                    memcpy(&wf, &u, 4);
+                    double p = (double)q[((size_t)t * nh + h) * dq + d] * wf;
+                    ex += p;
+                    mag += fabs(p);
+                }
+                double got = ql[((size_t)h * n + t) * R + r], bound = dn * U * mag + 1e-30;
+                if (!(fabs(got - ex) <= bound)) worst_a = INFINITY;
+                else worst_a = fmax(worst_a, fabs(got - ex) / bound);
+            }
+            for (int v = 0; v < dv; v++) { /* lift */
+                double ex = 0, mag = 0;
+                for (int r = 0; r < R; r++) {
+                    uint32_t u = (uint32_t)wb[((int64_t)h * (dn + dv) + dn + v) * R + r] << 16;
+                    float wf;
+                    memcpy(&wf, &u, 4);
+                    double p = (double)wf * olat[((size_t)h * n + t) * R + r];
+                    ex += p;
+                    mag += fabs(p);
+                }
+                double got = at[(size_t)t * nh * dv + (size_t)h * dv + v], bound = (R / 32 + 5) * U * mag + 1e-30;
+                if (!(fabs(got - ex) <= bound)) worst_l = INFINITY;
+                else worst_l = fmax(worst_l, fabs(got - ex) / bound);
+            }
+        }
+    CHECK(worst_a <= 1 && worst_l <= 1, "%s: worst absorb %.3g, lift %.3g of the bound", tag, worst_a, worst_l);
+    fprintf(stderr, "[%s: worst absorb %.3g, lift %.3g of the bound] ", tag, worst_a, worst_l);
+    /* refused: n > 32, a type other than bf16 */
+    CHECK(gpu_mla_absorb(&g, &sh, dq_, 33, dql, NULL) == DF_ERR_UNSUPPORTED, "%s: n = 33 must be refused", tag);
+    gpu_weight g8 = g;
+    g8.type = WT_FP8_BLOCK;
+    CHECK(!gpu_mla_products_take(&g8) && gpu_mla_lift(&g8, &sh, dol, n, dat, NULL) == DF_ERR_UNSUPPORTED,
+          "%s: fp8 kv_b must be refused", tag);
+    gpu_weight_free(&g);
+    gpu_free(dq_);
+    gpu_free(dol);
+    gpu_free(dql);
+    gpu_free(dat);
+    free(wb);
+    free(q);
+    free(olat);
+    free(ql);
+    free(at);
+}
+
+TEST(cuda_attn_mla_products) {
+    if (!need_gpu()) return;
+    check_mla_products(4, 128, 128, 512, 1, "mla-products-n1");
+    check_mla_products(3, 48, 40, 96, 17, "mla-products-n17");
 }
