@@ -485,6 +485,25 @@ void acc_state_free(acc_table *t, void *state) {
     if (t && state) t->a->state_free(t->a->ctx, state);
 }
 
+void **acc_states_new(acc_table *t, int count, const df_accel_kda *const *kda, const df_accel_mla *const *mla,
+                      int64_t bytes) {
+    if (count < 1 || (kda ? !acc_has_kda(t) : !acc_has_mla(t))) return NULL;
+    void **st = calloc((size_t)count, sizeof *st);
+    if (!st) return NULL;
+    for (int i = 0; i < count; i++)
+        if (!(st[i] = acc_state_new(t, kda ? kda[i] : NULL, kda ? NULL : mla[i], bytes))) {
+            acc_states_free(t, st, i);
+            return NULL;
+        }
+    return st;
+}
+
+void acc_states_free(acc_table *t, void **st, int count) {
+    if (!st) return;
+    for (int i = 0; i < count; i++) acc_state_free(t, st[i]);
+    free(st);
+}
+
 df_status acc_state_zero(acc_table *t, void *state, char *err) {
     df_status st = t->a->state_zero(t->a->ctx, state, t->err);
     if (st != DF_OK) return df_fail(err, st, "%s", t->err);

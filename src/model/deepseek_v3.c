@@ -183,8 +183,10 @@ fail:
 /* ---- state ---- */
 
 typedef struct {
-    int max_ctx;
+    int max_ctx, L;
     float *cache;                /* [L][max_ctx][R+dr] */
+    void **cache_dev;            /* [L] the same on the device (acc_has_mla), else NULL */
+    acc_table *acc;              /* owner of cache_dev */
     float *x, *xn, *y;           /* [C][H] */
     mla_scratch mla;
     moe_scratch moe;
@@ -199,6 +201,7 @@ static void ds_state_free(void *p) {
     ds_state *s = p;
     if (!s) return;
     free(s->cache); free(s->x); free(s->xn); free(s->y);
+    acc_states_free(s->acc, s->cache_dev, s->cache_dev ? s->L : 0);
     mla_scratch_free(&s->mla);
     moe_scratch_free(&s->moe);
     free(s);
@@ -221,6 +224,16 @@ static df_status ds_state_new(df_engine *e, int max_ctx, void **out) {
         ds_state_free(s);
         return DF_ERR_NOMEM;
     }
+    /* the latent caches on the device when the accelerator runs MLA there */
+    const df_accel_mla **desc = calloc((size_t)m->L, sizeof *desc);
+    if (desc && acc_has_mla(e->acc)) {
+        for (int l = 0; l < m->L; l++) desc[l] = &m->layers[l].attn.dev;
+        int64_t bytes = (int64_t)max_ctx * mla_cache_floats_per_pos(&m->mla) * (int64_t)sizeof(float);
+        s->L = m->L;
+        s->acc = e->acc;
+        s->cache_dev = acc_states_new(e->acc, m->L, NULL, desc, bytes);
+    }
+    free(desc);
     *out = s;
     return DF_OK;
 }
@@ -244,8 +257,8 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
         if (est != DF_OK) return est;
         for (int t = 0; t < n; t++) op_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, y->attn_norm, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
-        df_status ast = mla_forward(e, &m->mla, &y->attn, s->cache + l * cstride, NULL, &s->mla, pos, n, s->xn,
-                                    s->y, err);
+        df_status ast = mla_forward(e, &m->mla, &y->attn, s->cache + l * cstride, s->cache_dev ? s->cache_dev[l] : NULL,
+                                    &s->mla, pos, n, s->xn, s->y, err);
         if (ast != DF_OK) return ast;
         prof_add(e, DF_PROF_MLA, &pt);
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];

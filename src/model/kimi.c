@@ -229,14 +229,8 @@ static void km_state_free(void *p) {
     if (!s) return;
     free(s->mla_cache); free(s->kda_state); free(s->h); free(s->xin); free(s->xn); free(s->y);
     free(s->anchors);
-    if (s->kda_dev) {
-        for (int i = 0; i < s->n_dev; i++) acc_state_free(s->acc, s->kda_dev[i]);
-        free(s->kda_dev);
-    }
-    if (s->mla_dev) {
-        for (int i = 0; i < s->n_mla_dev; i++) acc_state_free(s->acc, s->mla_dev[i]);
-        free(s->mla_dev);
-    }
+    acc_states_free(s->acc, s->kda_dev, s->n_dev);
+    acc_states_free(s->acc, s->mla_dev, s->n_mla_dev);
     mla_scratch_free(&s->mla);
     kda_scratch_free(&s->kda);
     moe_scratch_free(&s->moe);
@@ -251,27 +245,26 @@ static void km_state_reset(df_engine *e, void *p) {
 }
 
 /* The session states of one kind on the device when the accelerator offers
- * it: KDA states (kda = 1) or MLA latent caches, all layers or none (if a
- * layer cannot get one, every state of that kind stays on the CPU). */
+ * it: KDA states (kda = 1) or MLA latent caches, one per layer of that kind
+ * in slot order, all or none. */
 static void states_on_device(df_engine *e, const km_model *m, km_state *s, int kda, void ***dev, int *count) {
-    int want = kda ? m->n_kda : m->n_mla;
-    if (!want || !(kda ? acc_has_kda(e->acc) : acc_has_mla(e->acc)) || !(*dev = calloc((size_t)want, sizeof(void *))))
-        return;
-    s->acc = e->acc;
-    int64_t floats = kda ? kda_state_floats(&m->kda) : (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
-    for (int l = 0; l < m->L && *count < want; l++) {
+    int want = kda ? m->n_kda : m->n_mla, k = 0;
+    const void **desc = want > 0 ? calloc((size_t)want, sizeof *desc) : NULL;
+    if (!desc) return;
+    for (int l = 0; l < m->L; l++) {
         const km_layer *y = &m->layers[l];
-        if (!y->kda != !kda) continue;
-        void *st = acc_state_new(e->acc, kda ? &y->k.dev : NULL, kda ? NULL : &y->a.dev, floats * (int64_t)sizeof(float));
-        if (!st) break;
-        (*dev)[y->slot] = st;
-        (*count)++;
+        if (!y->kda != !kda || y->slot >= want) continue;
+        desc[y->slot] = kda ? (const void *)&y->k.dev : (const void *)&y->a.dev;
+        k++;
     }
-    if (*count == want) return;
-    for (int i = 0; i < *count; i++) acc_state_free(e->acc, (*dev)[i]);
-    free(*dev);
-    *dev = NULL;
-    *count = 0;
+    int64_t floats = kda ? kda_state_floats(&m->kda) : (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
+    if (k == want &&
+        (*dev = acc_states_new(e->acc, want, kda ? (const df_accel_kda *const *)desc : NULL,
+                               kda ? NULL : (const df_accel_mla *const *)desc, floats * (int64_t)sizeof(float)))) {
+        *count = want;
+        s->acc = e->acc;
+    }
+    free(desc);
 }
 
 static df_status km_state_new(df_engine *e, int max_ctx, void **out) {

@@ -163,6 +163,12 @@ int acc_has_mla(const acc_table *t);
  * without a kernel) or out of memory. */
 void *acc_state_new(acc_table *t, const df_accel_kda *kda, const df_accel_mla *mla, int64_t bytes);
 void acc_state_free(acc_table *t, void *state); /* NULL-safe */
+/* One device state per layer i < count (kda[i], or mla[i] when kda is
+ * NULL), bytes each: all or none (NULL: every state of this kind stays on
+ * the CPU). Freed with acc_states_free (NULL-safe). */
+void **acc_states_new(acc_table *t, int count, const df_accel_kda *const *kda, const df_accel_mla *const *mla,
+                      int64_t bytes);
+void acc_states_free(acc_table *t, void **st, int count);
 df_status acc_state_zero(acc_table *t, void *state, char *err);
 /* kda_core.h's conv + recurrence on the device state for n tokens (inputs
  * and o in host memory). On error the state is undefined. */
