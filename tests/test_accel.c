@@ -277,7 +277,7 @@ TEST(model_accel_bit_identical_any_budget) {
         /* everything fits; resident + 24 KB of cache (evictions); 1 byte (all transient) */
         int64_t budgets[] = {(int64_t)1 << 40, 0, 1, (int64_t)1 << 40, 0, 1};
         for (int b = 0; b < 6; b++) {
-            /* the last three with the expert hook: every routed expert in one call */
+            /* the last three with the expert queue and the attention state hooks */
             df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                           b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
                           b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla};
