@@ -7,7 +7,11 @@
  * cached with evictions, transient, refused (f32 matrices stay on the CPU).
  * This checks keys (tied head, expert views over reused RAM slots), the LRU
  * budget, the device tier (experts with device copies are never read into
- * RAM again) and the fallbacks without a GPU; tests/cuda checks the real one.
+ * RAM again), the expert queue (outputs only at finish, RAM slots held until
+ * then), KDA states and MLA caches on the "device" (kda_core.h / mla_head on
+ * the stand-in's memory; a failing step resets the session), the page-locked
+ * spine when it does not fit, and the fallbacks without a GPU; tests/cuda
+ * checks the real one.
  */
 #include "test.h"
 #include "../src/format/weight.h"
