@@ -442,6 +442,13 @@ TEST(model_accel_describe_plan) {
     }
 }
 
+/* The fixture's tokens (at most 64; *n = 0 when missing) and the CPU's
+ * logits over them. */
+static float *cpu_logits(const char *dir, int32_t tok[64], int *n) {
+    *n = read_tokens(dir, tok, 64);
+    return *n > 0 ? logits_with(dir, NULL, 1, NULL, NULL) : NULL;
+}
+
 /* A KDA step that fails on the device fails the eval with the hook's message
  * and resets the session (its state is undefined); evaluating the prompt
  * again gives the CPU's logits exactly. */
@@ -449,9 +456,9 @@ TEST(model_accel_kda_failure_resets) {
     kn_level lv = kn_detect();
     const char *dir = "tests/fixtures/kimi_k3_mxfp4";
     int32_t tok[64];
-    int n = read_tokens(dir, tok, 64);
-    if (n <= 0) SKIP("fixtures missing");
-    float *ref = logits_with(dir, NULL, 1, NULL, NULL);
+    int n = 0;
+    float *ref = cpu_logits(dir, tok, &n);
+    if (!n) SKIP("fixtures missing");
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                   fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla};
@@ -510,9 +517,9 @@ TEST(model_accel_pins_a_spine_that_does_not_fit) {
     kn_level lv = kn_detect();
     const char *dir = "tests/fixtures/kimi_k3_mxfp4";
     int32_t tok[64];
-    int n = read_tokens(dir, tok, 64);
-    if (n <= 0) SKIP("fixtures missing");
-    float *ref = logits_with(dir, NULL, 1, NULL, NULL);
+    int n = 0;
+    float *ref = cpu_logits(dir, tok, &n);
+    if (!n) SKIP("fixtures missing");
     REQUIRE(ref != NULL, "cpu logits");
     for (int b = 0; b < 2; b++) {
         memset(&pins, 0, sizeof pins);

@@ -195,6 +195,8 @@ df_status gpu_route(const gpu_router *r, const float *logits, int n, int *sel, f
  *   and head, and ||S - S_cpu||_F <= 4 n (D + 16) u ||S_cpu||_F per head
  * (the delta rule is non-expansive: |k| = 1, 0 < beta < 1, decay <= 1, so
  * each token adds its own rounding error and damps the earlier ones). */
+/* 1 if gpu_kda takes this shape (the limits above). */
+int gpu_kda_takes(const kda_shape *sh);
 df_status gpu_kda(const kda_shape *sh, const kda_params *p, float *state, int n, const float *q,
                   const float *k, const float *v, const float *f, const float *braw,
                   const float *gate, float *o, void *stream);
@@ -257,6 +259,9 @@ df_status gpu_attn_res(const float *anchors, int64_t astride, int na, const floa
  * fp32 sums over exact weights: |y - exact| <= K u sum |w x| with K = dn
  * (absorb) and R/32 + 5 (lift). */
 int gpu_mla_products_take(const gpu_weight *kv_b);
+/* 1 if every MLA kernel here (write, attend, absorb, lift) takes this shape
+ * for any n <= 32 tokens; the kv_b type is gpu_mla_products_take's. */
+int gpu_mla_takes(const mla_shape *sh);
 df_status gpu_mla_absorb(const gpu_weight *kv_b, const mla_shape *sh, const float *q, int n, float *qlat,
                          void *stream);
 df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, const float *olat, int n, float *attn,

@@ -355,16 +355,25 @@ void acc_uploads_wait(void *ctx) {
 
 /* ---- KDA on the device ---- */
 
+kda_shape kda_shape_of(const df_accel_kda *l) {
+    kda_shape sh = {0, l->H, l->D, l->W, 0, l->has_lower_bound, l->lower_bound, l->norm_eps};
+    return sh;
+}
+
 int kda_supported(const df_accel_kda *l) {
-    return l && l->H >= 1 && l->D >= 16 && l->D <= 256 && l->D % 16 == 0 && l->W >= 1 && l->W <= 16;
+    if (!l || l->H < 1) return 0;
+    const kda_shape sh = kda_shape_of(l);
+    return gpu_kda_takes(&sh);
 }
 
 /* 1 if the MLA kernels take this layer (shapes of gpu_mla_write /
  * gpu_mla_attend, bf16 kv_b for the absorbed products). */
 int mla_supported(const df_accel_mla *l) {
-    if (!l || l->nh < 1 || l->R % 4 || l->dr % 4 || l->R > 1024 || l->R + l->dr > 1280 || l->dr > 512) return 0;
-    const df_weight *kv_b = (const df_weight *)l->kv_b;
-    return kv_b && kv_b->type == WT_BF16 && l->dn <= 1024;
+    if (!l || !l->kv_b) return 0;
+    const mla_shape sh = mla_shape_of(l);
+    gpu_weight kv_b = {};
+    kv_b.type = ((const df_weight *)l->kv_b)->type;
+    return gpu_mla_takes(&sh) && gpu_mla_products_take(&kv_b);
 }
 
 void *acc_state_new(void *ctx, const df_accel_kda *layer, const df_accel_mla *mla, int64_t bytes, char *err) {
@@ -433,7 +442,7 @@ df_status acc_kda(void *ctx, const df_accel_kda *l, void *state, int n, const fl
         off += cnt[i];
     }
     if (act_copy(a, a->kd, a->kh, in, err) != DF_OK) return DF_ERR_IO;
-    const kda_shape sh = {0, l->H, l->D, l->W, 0, l->has_lower_bound, l->lower_bound, l->norm_eps};
+    const kda_shape sh = kda_shape_of(l);
     const kda_params p = {{st->conv[0], st->conv[1], st->conv[2]}, st->a, st->dt_bias, st->o_norm};
     float *d = a->kd;
     df_status rs = gpu_kda(&sh, &p, (float *)st->d, n, d, d + nP, d + 2 * nP, d + 3 * nP, d + 5 * nP, d + 4 * nP,

@@ -263,6 +263,10 @@ __global__ void __launch_bounds__(KDA_MAX_T) k_kda(const __grid_constant__ kda_a
     }
 }
 
+extern "C" int gpu_kda_takes(const kda_shape *sh) {
+    return sh && sh->D >= 16 && sh->D <= 256 && sh->D % 16 == 0 && sh->W >= 1 && sh->W <= 16;
+}
+
 extern "C" df_status gpu_kda(const kda_shape *sh, const kda_params *p, float *state, int n, const float *q,
                              const float *k, const float *v, const float *f, const float *braw,
                              const float *gate, float *o, void *stream) {
@@ -270,7 +274,7 @@ extern "C" df_status gpu_kda(const kda_shape *sh, const kda_params *p, float *st
         !p->conv[0] || !p->conv[1] || !p->conv[2] || !p->a || !p->dt_bias || !p->o_norm)
         return DF_ERR_ARG;
     const int D = sh->D, W = sh->W;
-    if (D < 16 || D > 256 || D % 16 || W < 1 || W > 16) return DF_ERR_UNSUPPORTED;
+    if (!gpu_kda_takes(sh)) return DF_ERR_UNSUPPORTED;
     kda_args a;
     a.H = sh->H;
     a.D = D;
@@ -721,14 +725,21 @@ __global__ void __launch_bounds__(LIFT_WARPS * 32) k_mla_lift(const uint16_t *__
     }
 }
 
+enum { ABS_SMEM = 48 * 1024 }; /* absorb keeps q of <= 32 tokens in shared memory */
+
 static df_status mla_kv_b_check(const gpu_weight *kv_b, const mla_shape *sh, int n) {
     if (!kv_b || !kv_b->data || !sh || n < 1) return DF_ERR_ARG;
-    if (n > 32 || kv_b->type != WT_BF16 || sh->dn > 1024) return DF_ERR_UNSUPPORTED;
+    if (n > 32 || kv_b->type != WT_BF16 || (size_t)n * sh->dn * sizeof(float) > ABS_SMEM) return DF_ERR_UNSUPPORTED;
     if (kv_b->rows != (int64_t)sh->nh * (sh->dn + sh->dv) || kv_b->cols != sh->R) return DF_ERR_ARG;
     return DF_OK;
 }
 
 extern "C" int gpu_mla_products_take(const gpu_weight *kv_b) { return kv_b && kv_b->type == WT_BF16; }
+
+extern "C" int gpu_mla_takes(const mla_shape *sh) {
+    return sh && sh->nh >= 1 && sh->R >= 1 && sh->dr >= 0 && sh->dr % 4 == 0 && sh->dr <= 512 && sh->R % 4 == 0 &&
+           sh->R <= MLA_MAX_R && sh->R + sh->dr <= MLA_MAX_DK && (size_t)32 * sh->dn * sizeof(float) <= ABS_SMEM;
+}
 
 extern "C" df_status gpu_mla_absorb(const gpu_weight *kv_b, const mla_shape *sh, const float *q, int n, float *qlat,
                                     void *stream) {
@@ -736,7 +747,6 @@ extern "C" df_status gpu_mla_absorb(const gpu_weight *kv_b, const mla_shape *sh,
     if (st != DF_OK) return st;
     if (!q || !qlat) return DF_ERR_ARG;
     const size_t smem = (size_t)n * sh->dn * sizeof(float);
-    if (smem > 48 * 1024) return DF_ERR_UNSUPPORTED;
     dim3 grid((unsigned)sh->nh, (unsigned)cdiv(sh->R, ABS_T));
     k_mla_absorb<<<grid, ABS_T, smem, (cudaStream_t)stream>>>((const uint16_t *)kv_b->data, sh->nh, sh->dn, sh->dv,
                                                               sh->dq, sh->R, q, n, qlat);

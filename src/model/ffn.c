@@ -39,17 +39,21 @@ df_status ffn_bind(df_engine *e, const char *base, const char *const names[3], i
     return model_bind(e, b, hidden, inter, &w->down, err);
 }
 
-/* The whole MLP as one queued device call and one wait (instead of a wait
- * per product); 1 if the device computed out. */
-static int ffn_on_device(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
-                         float *out) {
+/* An MLP queued on the device as one call (out [n][down rows] written when
+ * the queue is finished); 1 if queued. */
+static int queue_mlp(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n, float *out) {
     if (!e->acc) return 0;
     int rows[n > 0 ? n : 1];
     for (int t = 0; t < n; t++) rows[t] = t;
     const df_weight three[3] = {w->gate, w->up, w->down};
-    if (!acc_expert_queue(e->acc, three, act->situ, act->beta, act->linear_beta, X, n, out, rows, w->down.rows))
-        return 0;
-    return acc_expert_finish(e->acc, NULL) == DF_OK;
+    return acc_expert_queue(e->acc, three, act->situ, act->beta, act->linear_beta, X, n, out, rows, w->down.rows);
+}
+
+/* The whole MLP as one queued device call and one wait (instead of a wait
+ * per product); 1 if the device computed out. */
+static int ffn_on_device(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
+                         float *out) {
+    return queue_mlp(e, w, act, X, n, out) && acc_expert_finish(e->acc, NULL) == DF_OK;
 }
 
 void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
@@ -363,18 +367,6 @@ static df_status run_from_store(df_engine *e, const moe_layer *m, const ffn_act 
     return st;
 }
 
-/* The shared experts queued on the device like a routed expert (one wait
- * for the whole layer instead of three): sh is written when the queue is
- * finished. 1 if queued. */
-static int queue_shared(df_engine *e, const moe_layer *m, const ffn_act *act, const float *xn, int n, float *sh) {
-    if (!e->acc) return 0;
-    int rows[n > 0 ? n : 1];
-    for (int t = 0; t < n; t++) rows[t] = t;
-    const df_weight three[XS_MATS] = {m->shared.gate, m->shared.up, m->shared.down};
-    return acc_expert_queue(e->acc, three, act->situ, act->beta, act->linear_beta, xn, n, sh, rows,
-                            m->router.cols);
-}
-
 /* Offers the next layer's predicted experts (moe_lookahead) that sit in the
  * RAM cache to the device: their uploads start now and run behind this
  * layer's work and the next layer's attention. Never changes results. */
@@ -442,7 +434,9 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     prof_add(e, DF_PROF_ROUTER, &pt);
     /* work that overlaps the reads */
     const float *xin = xn;
-    if (m->has_shared && !queue_shared(e, m, act, xn, n, s->sh))
+    /* the shared experts queued like a routed one: s->sh is written when
+     * the layer's queue is finished (one wait for the layer, not three) */
+    if (m->has_shared && !queue_mlp(e, &m->shared, act, xn, n, s->sh))
         ffn_forward(e, &m->shared, act, xn, n, s->sh, s->g, s->u);
     prof_add(e, DF_PROF_SHARED, &pt);
     if (m->latent) {
