@@ -1,0 +1,297 @@
+/* opts.c — what every `deltafin` subcommand shares (prefix cli_): the model
+ * options (--model, --ram, --io, --spine, --device ...) and their help text,
+ * engine options and opening an engine from them, the size and token-list
+ * parsers, timing and the usage-error line. main.c only dispatches; the
+ * cmd_*.c files use these helpers and nothing of main.c.
+ */
+#include "cli.h"
+#ifdef DF_WITH_CUDA
+#include "../cuda/gpu_accel.h"
+#endif
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char cli_model_opts_help[] =
+    "  --model DIR        model directory (config.json + safetensors)\n"
+    "  --threads N        worker threads (default: all CPUs)\n"
+    "  --ctx N            context limit of the session (default: min(model, 4096))\n"
+    "  --no-mmap          read weights with pread into RAM instead of mapping them\n"
+    "  --simd LEVEL       kernel level: scalar, avx2, avx512 (default: best available)\n"
+    "  --io MODE          routed experts: direct (O_DIRECT reads into the expert cache, default),\n"
+    "                     pread (buffered reads into the cache), mmap (page cache, for comparison)\n"
+    "  --ram SIZE         expert cache budget, e.g. 8G (default: available memory - 2 GiB)\n"
+    "  --io-depth N       expert reads in flight (default 32)\n"
+    "  --spine MODE       non-expert weights: auto (default: stream when they do not fit beside the\n"
+    "                     expert cache), resident, stream (per layer through a double buffer)\n"
+    "  --no-prefetch      turn off router-lookahead prefetch (the output never changes)\n"
+    "  --evict POLICY     expert cache eviction: lru (default) or heat (lowest decayed use count)\n"
+    "  --heat FILE        expert heat statistics: loaded at start if present, saved at exit\n"
+    "  --pin SIZE         keep the hottest experts (by --heat) resident, up to SIZE\n"
+    "  --trace FILE       router trace: one JSON line per token and MoE layer\n"
+    "  --top-k N          LOSSY: route each token to only N experts (labelled in every stats line)\n"
+    "  --cache-limit SIZE stream-mode mirror: disk budget for fetched experts, coldest evicted\n"
+    "                     (default: the one set at setup; 0 = none)\n"
+#ifdef DF_WITH_CUDA
+    "  --device DEV       auto (default: cuda when a GPU is present), cpu, cuda: matrix products,\n"
+    "                     routed experts and KDA / MLA attention (with their session state) on the\n"
+    "                     GPU; norms, routing and residual mixing stay on the CPU\n"
+    "  --gpu-mem SIZE     device memory for matrices (default: free memory - 2 GiB); routed experts\n"
+    "                     beyond it are cached LRU or uploaded per use\n"
+#else
+    "  --device DEV       cpu (this build has no CUDA: build/deltafin-cuda from `make cuda` has cuda)\n"
+#endif
+    ;
+
+void cli_model_opts_init(cli_model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->simd = -1;
+    o->cache_limit = -1;
+}
+
+static int parse_int(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 0 || v > 1 << 30) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int64_t cli_parse_size(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B' || *end == 'b') end++;
+    if (*end == 'B') end++;
+    if (*end) return -1;
+    return (int64_t)(v * mul);
+}
+
+int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--no-mmap")) { o->no_mmap = 1; return 1; }
+    if (!strcmp(a, "--no-prefetch")) { o->no_prefetch = 1; return 1; }
+    if (!strcmp(a, "--trace") || !strcmp(a, "--heat") || !strcmp(a, "--pin") || !strcmp(a, "--top-k")) {
+        if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
+        (*i)++;
+        if (!strcmp(a, "--trace")) o->trace_path = val;
+        else if (!strcmp(a, "--heat")) o->heat_path = val;
+        else if (!strcmp(a, "--pin")) {
+            if ((o->pin = cli_parse_size(val)) <= 0) {
+                fprintf(stderr, "deltafin: bad size for --pin: '%s'\n", val);
+                return -1;
+            }
+        } else if (parse_int(val, &o->top_k) || o->top_k < 1) {
+            fprintf(stderr, "deltafin: --top-k needs a positive count (got '%s')\n", val);
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(a, "--evict")) {
+        if (!val || (strcmp(val, "lru") && strcmp(val, "heat"))) {
+            fprintf(stderr, "deltafin: --evict must be lru or heat\n");
+            return -1;
+        }
+        (*i)++;
+        o->evict_heat = !strcmp(val, "heat");
+        return 1;
+    }
+    if (!strcmp(a, "--device")) {
+        if (!val || (strcmp(val, "auto") && strcmp(val, "cpu") && strcmp(val, "cuda"))) {
+            fprintf(stderr, "deltafin: --device must be auto, cpu or cuda\n");
+            return -1;
+        }
+        (*i)++;
+        o->device = !strcmp(val, "cpu") ? CLI_DEV_CPU : !strcmp(val, "cuda") ? CLI_DEV_CUDA : CLI_DEV_AUTO;
+#ifndef DF_WITH_CUDA
+        if (o->device == CLI_DEV_CUDA) {
+            fprintf(stderr, "deltafin: --device cuda: this build has no CUDA backend; use build/deltafin-cuda "
+                            "(make cuda)\n");
+            return -1;
+        }
+#endif
+        return 1;
+    }
+    if (!strcmp(a, "--gpu-mem")) {
+        if (!val || (o->gpu_mem = cli_parse_size(val)) <= 0) {
+            fprintf(stderr, "deltafin: --gpu-mem needs a size, e.g. 40G\n");
+            return -1;
+        }
+        (*i)++;
+        return 1;
+    }
+    if (!strcmp(a, "--cache-limit")) {
+        if (!val || (o->cache_limit = cli_parse_size(val)) < 0) {
+            fprintf(stderr, "deltafin: --cache-limit needs a size, e.g. 200G (0 = none)\n");
+            return -1;
+        }
+        (*i)++;
+        return 1;
+    }
+    if (!strcmp(a, "--spine")) {
+        if (!val) { fprintf(stderr, "deltafin: --spine needs a value\n"); return -1; }
+        (*i)++;
+        if (!strcmp(val, "auto")) o->spine = DF_SPINE_AUTO;
+        else if (!strcmp(val, "resident")) o->spine = DF_SPINE_RESIDENT;
+        else if (!strcmp(val, "stream")) o->spine = DF_SPINE_STREAM;
+        else { fprintf(stderr, "deltafin: --spine must be auto, resident or stream (got '%s')\n", val); return -1; }
+        return 1;
+    }
+    if (!strcmp(a, "--io") || !strcmp(a, "--ram") || !strcmp(a, "--io-depth")) {
+        if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
+        (*i)++;
+        if (!strcmp(a, "--io")) {
+            if (!strcmp(val, "direct")) o->expert_io = DF_EXPERTS_DIRECT;
+            else if (!strcmp(val, "pread")) o->expert_io = DF_EXPERTS_PREAD;
+            else if (!strcmp(val, "mmap")) o->expert_io = DF_EXPERTS_MMAP;
+            else { fprintf(stderr, "deltafin: --io must be direct, pread or mmap (got '%s')\n", val); return -1; }
+        } else if (!strcmp(a, "--ram")) {
+            if ((o->ram = cli_parse_size(val)) <= 0) {
+                fprintf(stderr, "deltafin: bad size for --ram: '%s' (e.g. 8G, 512M)\n", val);
+                return -1;
+            }
+        } else if (parse_int(val, &o->io_depth) || o->io_depth < 1) {
+            fprintf(stderr, "deltafin: bad value for --io-depth: '%s'\n", val);
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(a, "--model") || !strcmp(a, "--threads") || !strcmp(a, "--ctx") || !strcmp(a, "--simd")) {
+        if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
+        (*i)++;
+        if (!strcmp(a, "--model")) o->model = val;
+        else if (!strcmp(a, "--threads")) { if (parse_int(val, &o->threads)) goto bad; }
+        else if (!strcmp(a, "--ctx")) { if (parse_int(val, &o->ctx)) goto bad; }
+        else {
+            if (!strcmp(val, "scalar")) o->simd = 0;
+            else if (!strcmp(val, "avx2")) o->simd = 1;
+            else if (!strcmp(val, "avx512")) o->simd = 2;
+            else goto bad;
+        }
+        return 1;
+    bad:
+        fprintf(stderr, "deltafin: bad value for %s: '%s'\n", a, val);
+        return -1;
+    }
+    return 0;
+}
+
+/* The router trace: one JSON line per token and MoE layer. The file is the
+ * CLI's (opened in cli_open, closed at exit). */
+static void trace_line(void *ctx, int pos, int layer, const int *ex, const float *w, int k) {
+    FILE *f = ctx;
+    fprintf(f, "{\"step\": %d, \"layer\": %d, \"experts\": [", pos, layer);
+    for (int i = 0; i < k; i++) fprintf(f, i ? ", %d" : "%d", ex[i]);
+    fprintf(f, "], \"weights\": [");
+    for (int i = 0; i < k; i++) fprintf(f, i ? ", %.6g" : "%.6g", w[i]);
+    fprintf(f, "]}\n");
+}
+
+int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
+    df_engine_opts_default(eo);
+    eo->n_threads = o->threads;
+    eo->use_mmap = !o->no_mmap;
+    eo->simd_level = o->simd;
+    eo->expert_io = o->expert_io;
+    eo->ram_bytes = o->ram;
+    eo->prefetch = !o->no_prefetch;
+    if (o->io_depth > 0) eo->io_depth = o->io_depth;
+    eo->top_k = o->top_k;
+    eo->heat_path = o->heat_path;
+    eo->pin_bytes = o->pin;
+    eo->plan_only = o->plan_only;
+    eo->profile = o->profile;
+    eo->spine = o->spine;
+    eo->evict_heat = o->evict_heat;
+#ifdef DF_WITH_CUDA
+    /* one accelerator per process, closed at exit by the C runtime's teardown */
+    static const df_accel *accel;
+    if (o->device != CLI_DEV_CPU && !accel) {
+        char err[DF_ERRMSG];
+        accel = gpu_accel_open(0, o->gpu_mem, err);
+        if (!accel && o->device == CLI_DEV_CUDA) {
+            fprintf(stderr, "deltafin: --device cuda: %s\n", err);
+            return -1;
+        }
+        if (!accel) fprintf(stderr, "deltafin: --device auto: no usable GPU (%s); running on the CPU\n", err);
+    }
+    if (o->device != CLI_DEV_CPU) eo->accel = accel;
+#endif
+    if (o->trace_path) {
+        FILE *f = fopen(o->trace_path, "w");
+        if (!f) {
+            fprintf(stderr, "deltafin: cannot write the trace file %s\n", o->trace_path);
+            return -1;
+        }
+        eo->trace = trace_line;
+        eo->trace_ctx = f; /* flushed and closed by the C runtime at exit */
+    }
+    return cli_hub_attach(o->model, o->expert_io, o->cache_limit, eo) != 0 ? -1 : 0;
+}
+
+df_engine *cli_open(const cli_model_opts *o) {
+    df_engine_opts eo;
+    if (cli_engine_opts(o, &eo) != 0) return NULL;
+    df_engine *e = NULL;
+    char err[DF_ERRMSG];
+    df_status st = df_engine_open(o->model, &eo, &e, err);
+    if (st != DF_OK) {
+        fprintf(stderr, "deltafin: cannot open model: %s\n", err);
+        return NULL;
+    }
+    if (*df_engine_lossy(e)) fprintf(stderr, "deltafin: %s (quality differs from the model)\n", df_engine_lossy(e));
+    return e;
+}
+
+int cli_parse_tokens(const char *s, int32_t **out) {
+    int cap = 16, n = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    if (!v) return -1;
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) { free(v); return -1; }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *nv = realloc(v, (size_t)cap * sizeof *v);
+            if (!nv) { free(v); return -1; }
+            v = nv;
+        }
+        v[n++] = (int32_t)x;
+        p = end;
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p == ',') p++;
+        else if (*p) { free(v); return -1; }
+    }
+    if (n == 0) { free(v); return -1; }
+    *out = v;
+    return n;
+}
+
+double cli_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+int cli_usage(const char *cmd, const char *msg) {
+    fprintf(stderr, "deltafin %s: %s (see `deltafin %s --help`)\n", cmd, msg, cmd);
+    return CLI_USAGE;
+}
