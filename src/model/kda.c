@@ -1,6 +1,6 @@
 /* kda.c — Kimi Delta Attention (see kda.h for the math and the state).
  *
- * Sections: binding (A_log broadcast by shape); scratch; pool jobs (the
+ * Sections: binding (A_log: one value per head, the release's padding checked); scratch; pool jobs (the
  * short convolution per channel and the recurrence per head, whose math is
  * kda_core.c's); forward.
  */
@@ -12,13 +12,11 @@
 
 /* ---- binding ---- */
 
-const char *kda_a_mode_name(kda_a_mode m) {
-    switch (m) {
-    case KDA_A_PER_HEAD: return "per head";
-    case KDA_A_PER_KEY: return "per key channel";
-    case KDA_A_PER_HEAD_KEY: return "per head and key channel";
-    }
-    return "?";
+void kda_a_mode_text(const kda_layer *k, int H, char *out, size_t cap) {
+    if (k->a_mode == KDA_A_PER_HEAD_PADDED)
+        snprintf(out, cap, "per head (first %d of %d values, rest zero: the K3 release layout)", H, k->a_stored);
+    else
+        snprintf(out, cap, "per head");
 }
 
 static int64_t numel(const st_tensor *t) {
@@ -58,29 +56,41 @@ df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_laye
     if (!(k->dt_bias = model_vec_flat(e, name, P, &st, err))) return st;
     tname(name, "%so_norm.weight", base);
     if (!(k->o_norm = model_vec_flat(e, name, sh->D, &st, err))) return st;
-    /* A_log: the broadcast follows the shape. [H] and [1,1,H,1] are per head
-     * (Moonshot's declaration, fla's indexing); [D] per key channel when
-     * D != H; [H*D] or [H, D] per head and channel. */
+    /* A_log: one value per head. Stored as [H] / [1,1,H,1], or (the K3
+     * release) as a longer vector whose first H values are the heads' and
+     * whose tail is zero. Anything else is refused: a [D] vector with a
+     * non-zero tail could be meant per key channel, and no reference reads
+     * it so. */
     tname(name, "%sA_log", base);
     const st_tensor *t = st_find(e->st, name);
     if (!t) return df_fail(err, DF_ERR_MISMATCH, "tensor '%s' not found in %s", name, e->dir);
     int64_t n = numel(t);
-    if (n == sh->H) k->a_mode = KDA_A_PER_HEAD;
-    else if (n == sh->D) k->a_mode = KDA_A_PER_KEY;
-    else if (n == P) k->a_mode = KDA_A_PER_HEAD_KEY;
-    else
+    int non1 = 0;
+    for (int i = 0; i < t->ndim; i++) non1 += t->shape[i] != 1;
+    if (n < sh->H || (n > sh->H && non1 > 1) || n > ((int64_t)1 << 20))
         return df_fail(err, DF_ERR_MISMATCH,
-                       "tensor '%s' has %lld values; expected %d (per head), %d (per key channel) or %lld",
-                       name, (long long)n, sh->H, sh->D, (long long)P);
+                       "tensor '%s' has %lld values; expected one per head (%d, stored as [%d], [1, 1, %d, 1] "
+                       "or, as the K3 release does, padded with zeros to a longer vector)",
+                       name, (long long)n, sh->H, sh->H, sh->H);
     float *raw = model_vec_flat(e, name, n, &st, err);
     if (!raw) return st;
+    k->a_mode = n == sh->H ? KDA_A_PER_HEAD : KDA_A_PER_HEAD_PADDED;
+    k->a_stored = (int)n;
+    for (int64_t i = sh->H; i < n; i++)
+        if (raw[i] != 0.0f) {
+            df_status bad = df_fail(err, DF_ERR_MISMATCH,
+                                    "tensor '%s' has %lld values for %d heads and value %lld (%g) past the "
+                                    "first %d is not zero: ambiguous (one per head padded, as the K3 release "
+                                    "stores it, needs a zero tail; one per key channel is not how Moonshot's "
+                                    "KimiDeltaAttention reads A_log). Store [%d] per-head values",
+                                    name, (long long)n, sh->H, (long long)i, raw[i], sh->H, sh->H);
+            free(raw);
+            return bad;
+        }
     k->a = malloc((size_t)P * sizeof(float));
     if (!k->a) { free(raw); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
     for (int h = 0; h < sh->H; h++)
-        for (int d = 0; d < sh->D; d++) {
-            float al = k->a_mode == KDA_A_PER_HEAD ? raw[h] : k->a_mode == KDA_A_PER_KEY ? raw[d] : raw[h * sh->D + d];
-            k->a[h * sh->D + d] = expf(al);
-        }
+        for (int d = 0; d < sh->D; d++) k->a[h * sh->D + d] = expf(raw[h]);
     free(raw);
     k->dev = (df_accel_kda){sh->H, sh->D, sh->W, sh->has_lower_bound, sh->lower_bound, sh->norm_eps,
                             {k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};

@@ -6,7 +6,7 @@
  *   q, k     = l2norm(.) (eps 1e-6 inside the rsqrt); q *= K^-1/2
  *   decay[k] = exp(g[k]),  g = lb*sigmoid(exp(A)*(f + dt_bias))  with a lower bound lb
  *                          g = -exp(A)*softplus(f + dt_bias)     without (Kimi-Linear)
- *              where f = W_fb W_fa x and A = A_log broadcast by its shape
+ *              where f = W_fb W_fa x and A = A_log[h], one value per head
  *   beta     = sigmoid(W_b x)[h]
  *   S        = diag(decay) S;  S += beta k (v - S^T k)^T;  o = S^T q
  *   out      = W_o concat_h( RMSNorm(o_h, o_norm) * sigmoid(gate_h) ),
@@ -22,7 +22,14 @@
 #include "kda_core.h"
 #include "model.h"
 
-typedef enum { KDA_A_PER_HEAD = 0, KDA_A_PER_KEY, KDA_A_PER_HEAD_KEY } kda_a_mode;
+/* How A_log was stored; both readings give one value per head (Moonshot's
+ * KimiDeltaAttention declares [num_heads], fla indexes it per head):
+ *   PER_HEAD         [H] (K3 fixtures) or [1, 1, H, 1] (Kimi-Linear-48B)
+ *   PER_HEAD_PADDED  a vector of n > H values whose first H are the heads'
+ *                    and the rest zero: the K3 release stores [128] for 96
+ *                    heads (padded to head_dim). A tail that is not zero is
+ *                    refused: it would be ambiguous (per key channel?). */
+typedef enum { KDA_A_PER_HEAD = 0, KDA_A_PER_HEAD_PADDED } kda_a_mode;
 
 typedef struct {
     df_weight q, k, v, fa, fb, b, g, ga, gb, o;
@@ -31,6 +38,7 @@ typedef struct {
     float *dt_bias;             /* [P] owned */
     float *o_norm;              /* [D] owned */
     kda_a_mode a_mode;
+    int a_stored;               /* values A_log holds (H, or the padded length) */
     df_accel_kda dev;           /* the same layer for an accelerator's kda hook */
 } kda_layer;
 
@@ -48,5 +56,6 @@ void kda_scratch_free(kda_scratch *s);
  * Fails only on the device (err says why; the state is then undefined). */
 df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
                       kda_scratch *s, int n, const float *xn, float *out, char *err);
-const char *kda_a_mode_name(kda_a_mode m);
+/* "per head", "per head (first 96 of 128, rest zero: release layout)" */
+void kda_a_mode_text(const kda_layer *k, int H, char *out, size_t cap);
 #endif

@@ -219,9 +219,16 @@ static int64_t km_state_bytes_per_pos(const df_engine *e) {
     return (int64_t)n_mla * (c->kv_lora_rank + c->qk_rope_head_dim) * (int64_t)sizeof(float);
 }
 
+/* From the config alone: the memory plan asks before the program is open. */
 static int64_t km_state_fixed_bytes(const df_engine *e) {
-    const km_model *m = e->prog;
-    return (int64_t)m->n_kda * kda_state_floats(&m->kda) * (int64_t)sizeof(float);
+    const df_config *c = &e->cfg;
+    int n_kda = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n_kda += c->is_kda[l] != 0;
+    kda_shape ks = {0};
+    ks.H = c->kda_num_heads;
+    ks.D = c->kda_head_dim;
+    ks.W = c->kda_conv_kernel;
+    return (int64_t)n_kda * kda_state_floats(&ks) * (int64_t)sizeof(float);
 }
 
 static void km_state_free(void *p) {
@@ -382,9 +389,9 @@ static void km_describe(df_engine *e, char *b, size_t cap) {
     const df_config *c = &e->cfg;
     int64_t total = st_total_bytes(e->st);
     int64_t per_tok = (int64_t)c->num_experts_per_tok * m->n_moe * m->expert_bytes;
-    kda_a_mode am = KDA_A_PER_HEAD;
+    char am[128] = "per head";
     for (int l = 0; l < m->L; l++)
-        if (m->layers[l].kda) { am = m->layers[l].k.a_mode; break; }
+        if (m->layers[l].kda) { kda_a_mode_text(&m->layers[l].k, m->kda.H, am, sizeof am); break; }
     int64_t kda_bytes = (int64_t)m->n_kda * kda_state_floats(&m->kda) * (int64_t)sizeof(float);
     snprintf(b, cap,
              "layers         %d KDA + %d MLA (NoPE%s); attention residuals %s\n"
@@ -398,7 +405,7 @@ static void km_describe(df_engine *e, char *b, size_t cap) {
              m->n_kda, m->n_mla, c->mla_use_output_gate ? ", output gate" : "",
              m->block > 0 ? "on" : "off", m->kda.H, m->kda.D, m->kda.W,
              m->kda.full_rank_gate ? "full rank" : "low rank",
-             m->kda.has_lower_bound ? ", lower bound" : "", kda_a_mode_name(am), m->mla.qlr, m->mla.R,
+             m->kda.has_lower_bound ? ", lower bound" : "", am, m->mla.qlr, m->mla.R,
              m->mla.nh, m->mla.dn, m->mla.dr, m->mla.dv, m->n_moe, c->n_routed_experts,
              c->num_experts_per_tok, c->n_shared_experts, m->act.situ ? "SiTU" : "SiLU",
              c->routed_expert_hidden_size, c->latent_moe_use_norm ? " (normed)" : "",

@@ -312,7 +312,9 @@ static void mla(sy_plan *p, const char *b, const sy_dims *d, int out_gate) {
     lin(p, b, "o_proj", H, (int64_t)d->heads * d->v, 1.0);
 }
 
-/* KDA (K3.md §1.6). K3: full-rank g_proj, A_log [H]; Kimi-Linear: low-rank
+/* KDA (K3.md §1.6). K3: full-rank g_proj, A_log as the release stores it:
+ * [head_dim] f32 whose first H values are the per-head ones and the rest
+ * zero ([H] when there are more heads than channels); Kimi-Linear: low-rank
  * g_a/g_b, A_log [1, 1, H, 1]. The small vectors are F32 as in the release. */
 static void kda(sy_plan *p, const char *b, const sy_dims *d, int k3) {
     int64_t H = d->hidden, P = (int64_t)d->kda_heads * d->kda_dim;
@@ -323,7 +325,10 @@ static void kda(sy_plan *p, const char *b, const sy_dims *d, int k3) {
     static const char *const convs[3] = {"q_conv1d", "k_conv1d", "v_conv1d"};
     for (int i = 0; i < 3; i++)
         gen(add(p, nm(s, b, "%s.weight", convs[i]), DT_F32, 3, P, 1, d->conv), SY_GEN_NORMAL, 0.0f, 0.3f, 0, 0);
-    if (k3) gen(add(p, nm(s, b, "A_log"), DT_F32, 1, d->kda_heads, 0, 0), SY_GEN_LOGUNIF, 1.0f, 16.0f, 0, 0);
+    if (k3) {
+        int64_t n = d->kda_dim > d->kda_heads ? d->kda_dim : d->kda_heads;
+        gen(add(p, nm(s, b, "A_log"), DT_F32, 1, n, 0, 0), SY_GEN_LOGUNIF, 1.0f, 16.0f, d->kda_heads, 0);
+    }
     else {
         sy_tensor *t = add(p, nm(s, b, "A_log"), DT_F32, 3, 1, 1, d->kda_heads);
         if (t) { t->ndim = 4; t->shape[3] = 1; } /* [1, 1, H, 1] */

@@ -131,7 +131,7 @@ df_status sy_write(const sy_plan *p, const char *dir, const sy_io *io, int64_t *
 
 typedef enum {
     SY_GEN_NORMAL = 1,   /* a + b * N(0,1)            (F32, BF16) */
-    SY_GEN_LOGUNIF,      /* log(U(a, b))              (F32, BF16) */
+    SY_GEN_LOGUNIF,      /* log(U(a, b)); with i0 > 0 only the first i0 values, the rest 0 (F32, BF16) */
     SY_GEN_BYTES,        /* uniform random bytes: MXFP4 e2m1 code pairs (U8) */
     SY_GEN_E8M0,         /* i0, or i0 + 1 with probability i1/256: MXFP4 scales (U8) */
     SY_GEN_INT4,         /* 8 nibbles q+8 per word, q in [-7, 7] (I32) */

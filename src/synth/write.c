@@ -182,9 +182,11 @@ void sy_fill(const sy_tensor *t, uint64_t seed, int64_t chunk, void *out, int64_
         for (; i < n; i++) put(out, t->dtype, i, a + b * normal_lut[next(&r) >> 48]);
         break;
     }
-    case SY_GEN_LOGUNIF:
-        for (int64_t i = 0; i < n; i++) put(out, t->dtype, i, logf(t->a + (t->b - t->a) * unit24(next(&r))));
+    case SY_GEN_LOGUNIF: {
+        int64_t keep = t->i0 > 0 && chunk == 0 ? t->i0 : t->i0 > 0 ? 0 : n;
+        for (int64_t i = 0; i < n; i++) put(out, t->dtype, i, i < keep ? logf(t->a + (t->b - t->a) * unit24(next(&r))) : 0.0f);
         break;
+    }
     case SY_GEN_BYTES:
         random_bytes(&r, o, nbytes);
         break;
