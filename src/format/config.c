@@ -567,10 +567,11 @@ static df_status validate(reader *r, const df_config *c) {
     if (!(c->rope_theta > 0 && isfinite(c->rope_theta)))
         return df_fail(r->err, DF_ERR_CONFIG, "%s: field '%srope_theta' must be positive (got %g)",
                        r->path, r->where, c->rope_theta);
-    if (strcmp(c->hidden_act, "silu") != 0 &&
-        !(strcmp(c->hidden_act, "situ") == 0 && c->arch == ARCH_KIMI_K3))
+    /* the Kimi family's activations (silu, K3's situ) are checked by cfg_load_kimi */
+    if (c->arch == ARCH_DEEPSEEK_V3 && strcmp(c->hidden_act, "silu") != 0)
         return df_fail(r->err, DF_ERR_UNSUPPORTED,
-                       "%s: field '%shidden_act' is '%s' (silu is supported; situ only for kimi_k3)",
+                       "%s: field '%shidden_act' is '%s' (DeepSeek-V3 / Kimi-K2 use silu; situ is a "
+                       "Kimi K3 activation)",
                        r->path, r->where, c->hidden_act);
     return DF_OK;
 }

@@ -2,7 +2,8 @@
  *
  * Reads linear_attn_config (KDA shape, the 1-based kda_layers and
  * full_attn_layers lists, full-rank gate, gate lower bound), the MLA output
- * gate, attention residuals, SiTU betas and the latent MoE size. Refuses
+ * gate, attention residuals, SiTU betas and the latent MoE size (any of
+ * them makes the model K3, whatever model_type says). Refuses
  * layer lists that overlap or leave a gap, unknown activations and absurd
  * sizes, naming the field. Reads no weights.
  */
@@ -119,6 +120,11 @@ df_status cfg_load_kimi(json_t *tc, const char *path, df_config *c, char *err) {
         return df_fail(err, DF_ERR_CONFIG, "%s: field 'routed_expert_hidden_size' must be a positive integer or null", path);
     if (get_bool(tc, "latent_moe_use_norm", 0, &c->latent_moe_use_norm))
         return df_fail(err, DF_ERR_CONFIG, "%s: field 'latent_moe_use_norm' must be true or false", path);
+    /* Features follow the fields, never the root model_type: a text config
+     * saved on its own by Moonshot's code says kimi_linear but carries K3's
+     * fields, and is K3. */
+    if (situ || c->attn_res_block_size > 0 || c->routed_expert_hidden_size > 0 || c->mla_use_output_gate)
+        c->arch = ARCH_KIMI_K3;
     json_t *f = json_object_get(tc, "moe_router_activation_func");
     if (f && !json_is_null(f)) {
         const char *s = json_string_value(f);
