@@ -28,6 +28,6 @@ run() {
 run ram --device cuda --prompt-tokens 64 --gpu-mem "$GM"
 run ram-no-lookahead --device cuda --prompt-tokens 64 --gpu-mem "$GM" --no-prefetch
 run gpu --device cuda --prompt-tokens 64
-run disk --device cuda --ram 2G
+run disk --device cuda --expert-cache 2G
 run cpu-ram --device cpu --prompt-tokens 64
-run cpu-disk --device cpu --ram 2G
+run cpu-disk --device cpu --expert-cache 2G

@@ -54,7 +54,13 @@ typedef struct {
     int use_mmap;    /* non-expert tensors: 1 map shards (default); 0 read into RAM with pread */
     int simd_level;  /* -1: best available; 0 scalar, 1 AVX2, 2 AVX-512 (capped to the CPU) */
     int expert_io;   /* df_expert_io */
-    int64_t ram_bytes; /* expert cache budget; 0: available memory minus a 2 GiB margin */
+    /* Memory budget of the whole process (spine, expert cache, session
+     * state, metadata); 0: what the kernel can give (MemAvailable capped
+     * by the cgroup) minus a margin. A budget given here that cannot hold
+     * the minimum is refused at open (DF_ERR_ARG, naming every part). */
+    int64_t ram_bytes;
+    int64_t expert_cache_bytes; /* the expert cache alone; 0: what ram_bytes leaves */
+    int plan_ctx;    /* context positions the plan reserves session state for (0: 4096) */
     int prefetch;    /* 1: router lookahead prefetch (default); never changes the output */
     int io_depth;    /* expert reads in flight (default 32) */
     int top_k;       /* LOSSY when > 0 and below the model's: route to only this many experts */

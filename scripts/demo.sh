@@ -18,8 +18,8 @@ rm -f "$TOK"
 echo "== deltafin inspect --model $DIR"
 "$BIN" inspect --model "$DIR"
 echo
-echo "== deltafin run --model $DIR --tokens 1,2,3,4,5,6,7,8 --max-new 32 --ids --stats --ram 64M"
-"$BIN" run --model "$DIR" --tokens 1,2,3,4,5,6,7,8 --max-new 32 --ids --stats --ram 64M
+echo "== deltafin run --model $DIR --tokens 1,2,3,4,5,6,7,8 --max-new 32 --ids --stats --expert-cache 64M"
+"$BIN" run --model "$DIR" --tokens 1,2,3,4,5,6,7,8 --max-new 32 --ids --stats --expert-cache 64M
 echo
 echo "== deltafin run --model $DIR --prompt 'What is an expert cache?' --chat --max-new 32 --stats"
 "$BIN" run --model "$DIR" --prompt "What is an expert cache?" --chat --max-new 32 --stats

@@ -241,7 +241,7 @@ static float *logits_with(const char *dir, const df_accel *a, int64_t ram, df_ac
     df_engine_opts_default(&o);
     o.n_threads = 3;
     o.accel = a;
-    o.ram_bytes = ram;
+    o.expert_cache_bytes = ram;
     df_engine *e = NULL;
     char err[DF_ERRMSG];
     if (df_engine_open(dir, &o, &e, err) != DF_OK) { fprintf(stderr, "%s\n", err); return NULL; }
@@ -423,7 +423,7 @@ TEST(model_accel_describe_plan) {
         df_engine_opts_default(&o);
         o.n_threads = 2;
         o.accel = &a;
-        o.ram_bytes = (int64_t)1 << 20;
+        o.expert_cache_bytes = (int64_t)1 << 20;
         df_engine *e = NULL;
         char err[DF_ERRMSG];
         REQUIRE(df_engine_open(dir, &o, &e, err) == DF_OK, "%s", err);
@@ -466,7 +466,7 @@ TEST(model_accel_kda_failure_resets) {
     df_engine_opts_default(&o);
     o.n_threads = 3;
     o.accel = &a;
-    o.ram_bytes = 1;
+    o.expert_cache_bytes = 1;
     df_engine *e = NULL;
     char err[DF_ERRMSG];
     REQUIRE(df_engine_open(dir, &o, &e, err) == DF_OK, "%s", err);

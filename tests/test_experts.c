@@ -50,7 +50,7 @@ static df_engine *open_faulty(int io) {
     df_engine_opts_default(&o);
     o.n_threads = 2;
     o.expert_io = io;
-    o.ram_bytes = 1; /* two slots: constant eviction and re-reading */
+    o.expert_cache_bytes = 1; /* two slots: constant eviction and re-reading */
     o.io = &faulty;
     df_engine *e = NULL;
     char err[DF_ERRMSG];
@@ -187,7 +187,7 @@ TEST(xs_peak_rss_within_plan) {
                   t_bin(), d);
     REQUIRE(rc == 0, "synth: %s", out);
     rc = t_sh(out, sizeof out,
-              "%s run --model %s --ram 4M --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 "
+              "%s run --model %s --expert-cache 4M --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 "
               "--max-new 24 --ids --stats",
               t_bin(), d);
     REQUIRE(rc == 0, "run: %s", out);

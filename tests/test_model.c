@@ -336,7 +336,7 @@ TEST(model_expert_io_budget_prefetch_bit_identical) {
         };
         for (size_t k = 0; ref && k < sizeof v / sizeof v[0]; k++) {
             o.expert_io = v[k].io;
-            o.ram_bytes = v[k].ram;
+            o.expert_cache_bytes = v[k].ram;
             o.prefetch = v[k].prefetch;
             o.spine = v[k].spine;
             o.evict_heat = v[k].heat;

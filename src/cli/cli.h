@@ -12,7 +12,8 @@ typedef struct {
     int simd;       /* -1 best */
     int ctx;
     int expert_io;  /* df_expert_io */
-    int64_t ram;    /* expert cache budget, 0 = default */
+    int64_t ram;    /* --ram: the process's memory budget, 0 = default */
+    int64_t expert_cache; /* --expert-cache: the expert cache alone, 0 = what the budget leaves */
     int no_prefetch;
     int io_depth;
     int top_k;              /* LOSSY override, 0 = the model's */

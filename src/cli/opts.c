@@ -22,7 +22,10 @@ const char cli_model_opts_help[] =
     "  --simd LEVEL       kernel level: scalar, avx2, avx512 (default: best available)\n"
     "  --io MODE          routed experts: direct (O_DIRECT reads into the expert cache, default),\n"
     "                     pread (buffered reads into the cache), mmap (page cache, for comparison)\n"
-    "  --ram SIZE         expert cache budget, e.g. 8G (default: available memory - 2 GiB)\n"
+    "  --ram SIZE         memory budget of the whole process, e.g. 8G: spine, expert cache, session\n"
+    "                     state and metadata are planned inside it, and a budget that cannot hold\n"
+    "                     the minimum is refused (default: available memory less a margin)\n"
+    "  --expert-cache SIZE  the routed-expert cache alone (default: what the budget leaves)\n"
     "  --io-depth N       expert reads in flight (default 32)\n"
     "  --spine MODE       non-expert weights: auto (default: stream when they do not fit beside the\n"
     "                     expert cache), resident, stream (per layer through a double buffer)\n"
@@ -150,7 +153,7 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         else { fprintf(stderr, "deltafin: --spine must be auto, resident or stream (got '%s')\n", val); return -1; }
         return 1;
     }
-    if (!strcmp(a, "--io") || !strcmp(a, "--ram") || !strcmp(a, "--io-depth")) {
+    if (!strcmp(a, "--io") || !strcmp(a, "--ram") || !strcmp(a, "--expert-cache") || !strcmp(a, "--io-depth")) {
         if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
         (*i)++;
         if (!strcmp(a, "--io")) {
@@ -158,9 +161,10 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
             else if (!strcmp(val, "pread")) o->expert_io = DF_EXPERTS_PREAD;
             else if (!strcmp(val, "mmap")) o->expert_io = DF_EXPERTS_MMAP;
             else { fprintf(stderr, "deltafin: --io must be direct, pread or mmap (got '%s')\n", val); return -1; }
-        } else if (!strcmp(a, "--ram")) {
-            if ((o->ram = cli_parse_size(val)) <= 0) {
-                fprintf(stderr, "deltafin: bad size for --ram: '%s' (e.g. 8G, 512M)\n", val);
+        } else if (!strcmp(a, "--ram") || !strcmp(a, "--expert-cache")) {
+            int64_t *dst = !strcmp(a, "--ram") ? &o->ram : &o->expert_cache;
+            if ((*dst = cli_parse_size(val)) <= 0) {
+                fprintf(stderr, "deltafin: bad size for %s: '%s' (e.g. 8G, 512M)\n", a, val);
                 return -1;
             }
         } else if (parse_int(val, &o->io_depth) || o->io_depth < 1) {
@@ -207,6 +211,8 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     eo->simd_level = o->simd;
     eo->expert_io = o->expert_io;
     eo->ram_bytes = o->ram;
+    eo->expert_cache_bytes = o->expert_cache;
+    eo->plan_ctx = o->ctx;
     eo->prefetch = !o->no_prefetch;
     if (o->io_depth > 0) eo->io_depth = o->io_depth;
     eo->top_k = o->top_k;

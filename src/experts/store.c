@@ -211,6 +211,8 @@ df_status xs_finalize(xs_store *x, char *err) {
     return DF_OK;
 }
 
+void xs_set_budget(xs_store *x, int64_t ram_bytes) { x->o.ram_bytes = ram_bytes; }
+
 df_status xs_new(const df_io *io, st_set *st, int n_layers, int n_experts, const xs_opts *o,
                  xs_store **out, char *err) {
     *out = NULL;

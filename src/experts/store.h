@@ -61,6 +61,8 @@ df_status xs_new(const df_io *io, st_set *st, int n_layers, int n_experts, const
 void xs_free(xs_store *x);
 /* Records expert (layer, e) from its lazily bound views (wt_bind_lazy). */
 df_status xs_register(xs_store *x, int layer, int e, const df_weight w[XS_MATS], char *err);
+/* Replaces the cache budget given to xs_new (before xs_finalize). */
+void xs_set_budget(xs_store *x, int64_t ram_bytes);
 /* Sizes the slots from the registered experts, allocates and pre-faults the
  * pool, opens the shard files. */
 df_status xs_finalize(xs_store *x, char *err);

@@ -28,20 +28,6 @@ void df_engine_opts_default(df_engine_opts *o) {
     o->io_depth = 32;
 }
 
-static int64_t avail_bytes(void) {
-    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    return pages > 0 && psz > 0 ? (int64_t)pages * psz : (int64_t)4 << 30;
-}
-
-/* Expert cache budget when the caller gives none: what available memory
- * leaves after the spine's share (all of it when resident, the two layer
- * buffers when streamed, estimated as 4 average layers) and a 2 GiB margin;
- * at least 256 MiB. */
-static int64_t default_ram(int64_t spine_share) {
-    int64_t r = avail_bytes() - spine_share - ((int64_t)2 << 30);
-    return r < ((int64_t)256 << 20) ? (int64_t)256 << 20 : r;
-}
-
 static int64_t spine_bytes(const df_engine *e);
 
 /* ---- engine open/close ---- */
@@ -93,24 +79,18 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         st = df_fail(err, DF_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    /* The spine: resident when it fits beside the expert cache (auto), else
-     * streamed per layer. Decided before the cache so the default budget can
-     * leave the spine its room. */
+    /* The memory plan (plan.c): the spine resident when it fits beside the
+     * expert cache in the budget, else streamed per layer; decided before
+     * the program binds, the cache sized after. */
     e->spine_group = -1;
-    int64_t spine = spine_bytes(e), gib = (int64_t)1 << 30;
-    int stream = opts->spine == DF_SPINE_STREAM;
-    if (opts->spine == DF_SPINE_AUTO) {
-        int64_t cache = opts->ram_bytes > 0 ? opts->ram_bytes : gib; /* at least 1 GiB of cache by default */
-        if (opts->expert_io == DF_EXPERTS_MMAP || e->cfg.n_routed_experts == 0) cache = 0;
-        stream = spine > avail_bytes() - cache - 2 * gib;
-    }
+    if ((st = plan_decide(e, err)) != DF_OK) goto fail;
+    int stream = e->plan.stream;
     if (stream && (st = sp_new(e->io, e->st, e->cfg.num_hidden_layers + 1, opts->expert_io != DF_EXPERTS_PREAD,
                                opts->plan_only, &e->spine, err)) != DF_OK)
         goto fail;
     if (opts->expert_io != DF_EXPERTS_MMAP && e->cfg.n_routed_experts > 0) {
         xs_opts xo = {0};
-        int64_t share = stream ? 4 * (spine / (e->cfg.num_hidden_layers + 1)) : spine;
-        xo.ram_bytes = opts->ram_bytes > 0 ? opts->ram_bytes : default_ram(share);
+        xo.ram_bytes = e->plan.cache;
         xo.direct = opts->expert_io == DF_EXPERTS_DIRECT;
         xo.reader = XR_AUTO;
         xo.depth = opts->io_depth > 0 ? opts->io_depth : 32;
@@ -124,6 +104,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     if (st != DF_OK) goto fail;
     e->spine_group = -1;
     if (e->spine && (st = sp_finalize(e->spine, err)) != DF_OK) goto fail;
+    if (e->store) xs_set_budget(e->store, plan_expert_cache(e));
     if (e->store && (st = xs_finalize(e->store, err)) != DF_OK) goto fail;
     /* uploads of routed experts come from the cache slots: page-locked, they
      * go at the DMA rate (best effort: pageable uploads give the same results) */
@@ -213,13 +194,12 @@ const char *df_engine_describe(df_engine *e) {
     }
     used = strlen(b);
     if (e->spine)
-        snprintf(b + used, cap - used, "spine          streamed per layer through 2 x %.3f GB buffers\n",
-                 sp_slot_bytes(e->spine) / 1e9);
+        snprintf(b + used, cap - used, "spine          %.3f GB %s; 2 x %.3f GB buffers\n", spine_bytes(e) / 1e9,
+                 e->plan.why, sp_slot_bytes(e->spine) / 1e9);
     else
-        snprintf(b + used, cap - used, "spine          resident (mapped), %.3f GB\n", spine_bytes(e) / 1e9);
+        snprintf(b + used, cap - used, "spine          %.3f GB %s\n", spine_bytes(e) / 1e9, e->plan.why);
     used = strlen(b);
-    snprintf(b + used, cap - used, "memory plan    %.3f GB for a 4096-token session (weights outside the cache + cache + state + metadata + 64 MB)\n",
-             df_engine_plan_bytes(e, 4096) / 1e9);
+    plan_describe(e, b + used, cap - used);
     used = strlen(b);
     if (e->acc)
         acc_describe(e->acc, b + used, cap - used, e->store ? xs_expert_bytes(e->store) : 0,
@@ -529,24 +509,6 @@ int df_engine_experts_per_token(const df_engine *e) {
 }
 
 const char *df_engine_lossy(const df_engine *e) { return e->lossy; }
-
-int64_t df_engine_plan_bytes(const df_engine *e, int max_ctx) {
-    int64_t resident = 0;
-    for (int64_t i = 0; i < st_count(e->st); i++) {
-        const st_tensor *t = st_at(e->st, i);
-        if (e->store && strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) continue;
-        resident += t->nbytes;
-    }
-    /* streamed spine: what was bound resident (routers, embedding, norms) + the two buffers */
-    if (e->spine) resident = e->resident_bound + 2 * sp_slot_bytes(e->spine);
-    int64_t cache = e->store ? xs_pool_bytes(e->store) : 0;
-    int64_t state = e->ops->state_bytes_per_pos(e) * (int64_t)max_ctx +
-                    (e->ops->state_fixed_bytes ? e->ops->state_fixed_bytes(e) : 0);
-    /* tensor index, expert tables and the JSON parse at open: ~640 bytes per
-     * tensor, measured on the full K3 inventory (497k tensors, 298 MB peak) */
-    int64_t meta = st_count(e->st) * 640;
-    return resident + cache + state + meta + ((int64_t)64 << 20);
-}
 
 int df_engine_moe_layers(const df_engine *e) {
     int n = 0;

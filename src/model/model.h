@@ -43,6 +43,31 @@ typedef struct {
     void (*describe)(df_engine *e, char *buf, size_t cap);
 } df_program_ops;
 
+/* The memory plan (plan.c): one budget split between the spine, the expert
+ * cache, session state and metadata. */
+typedef struct {
+    int64_t avail;            /* what the kernel can give: MemAvailable capped by the cgroup */
+    int64_t budget;           /* --ram, or avail minus a margin */
+    int budget_given;         /* 1: --ram (a ceiling the user set: refused when too small) */
+    int64_t fixed;            /* metadata + session state for the planned context + scratch */
+    int64_t spine_resident;   /* the spine's bytes resident (embedding: rows a session touches) */
+    int64_t spine_stream;     /* streamed: what stays resident + two layer buffers (estimate) */
+    int64_t min_cache;        /* one token's experts of one layer */
+    int64_t cache;            /* the expert cache */
+    int stream;               /* the spine streams */
+    char why[320];            /* why the spine streams or stays resident */
+} eng_plan;
+
+/* Decides spine residency and the cache estimate before the program binds
+ * (refuses a --ram too small for the minimum); after binding,
+ * plan_expert_cache sizes the cache from what was really bound. */
+df_status plan_decide(df_engine *e, char *err);
+int64_t plan_expert_cache(df_engine *e);
+/* Bytes of weights the plan holds in RAM (mapped or in the stream buffers). */
+int64_t plan_weight_bytes(const df_engine *e);
+/* The "memory plan" line of the describe text. */
+void plan_describe(const df_engine *e, char *b, size_t cap);
+
 struct df_engine {
     char dir[1024];
     df_config cfg;
@@ -61,6 +86,7 @@ struct df_engine {
     char lossy[64];           /* "" or the label of the lossy settings in force */
     double prof[DF_PROF_N];   /* seconds per part of a step, when opts.profile */
     struct acc_table *acc;    /* device copies when opts.accel is set (accel.c); NULL: CPU only */
+    eng_plan plan;
 };
 
 struct df_session {
