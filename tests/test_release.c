@@ -1,0 +1,209 @@
+/* test_release.c — issue-12 regressions: the K3 release's layouts and the
+ * memory plan (suite rel_).
+ *
+ * Oracles: synth writes A_log as the release does ([head_dim] f32, the
+ * per-head values first, zeros after) and inspect names that reading; a
+ * non-zero tail is refused as ambiguous; a flat K3 text config (model_type
+ * kimi_linear with K3's fields, as Moonshot's code saves the text model)
+ * gives the nested checkpoint's logits bit for bit; the MemAvailable /
+ * cgroup parsers read what the kernel writes; --ram is the process's budget
+ * (refused when too small, naming the parts; the spine stays resident when
+ * it fits and says why it streams when not; peak RSS stays inside it).
+ * Reference logits for the release layouts are checked by the model_ suite
+ * on tests/fixtures/kimi_k3_flat.
+ */
+#include "test.h"
+#include "deltafin.h"
+#include "../src/base/mem.h"
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char out[16384];
+
+/* Shard file and absolute byte offset of a tensor of a synth checkpoint
+ * (sharded with an index, or one model.safetensors); -1 if not found. */
+static int64_t tensor_at(const char *dir, const char *name, char *file, size_t cap, json_t **shape) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    json_t *idx = json_load_file(p, 0, NULL);
+    const char *shard = idx ? json_string_value(json_object_get(json_object_get(idx, "weight_map"), name)) : NULL;
+    snprintf(file, cap, "%s/%s", dir, shard ? shard : "model.safetensors");
+    json_decref(idx);
+    FILE *f = fopen(file, "rb");
+    if (!f) return -1;
+    uint8_t lb[8];
+    int64_t at = -1;
+    if (fread(lb, 1, 8, f) == 8) {
+        uint64_t n = 0;
+        for (int i = 7; i >= 0; i--) n = n << 8 | lb[i];
+        char *h = n < (1u << 28) ? malloc(n) : NULL;
+        json_t *j = h && fread(h, 1, n, f) == n ? json_loadb(h, n, 0, NULL) : NULL;
+        json_t *t = json_object_get(j, name);
+        if (t) {
+            at = 8 + (int64_t)n + json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
+            if (shape) *shape = json_incref(json_object_get(t, "shape"));
+        }
+        json_decref(j);
+        free(h);
+    }
+    fclose(f);
+    return at;
+}
+
+static int put_f32(const char *file, int64_t at, float v) {
+    int fd = open(file, O_WRONLY);
+    if (fd < 0) return -1;
+    int ok = pwrite(fd, &v, 4, at) == 4;
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+static const char *synth_k3(const char *tag) {
+    const char *d = t_tmpdir(tag);
+    if (!d || t_sh(out, sizeof out, "%s synth --arch kimi_k3 --out %s --quiet", t_bin(), d) != 0) return NULL;
+    return d;
+}
+
+/* ---- A_log in the release layout ---- */
+
+TEST(rel_k3_a_log_release_layout) {
+    const char *d = synth_k3("rel_alog");
+    REQUIRE(d, "synth failed: %s", out);
+    char file[900];
+    json_t *shape = NULL;
+    const char *name = "language_model.model.layers.0.self_attn.A_log";
+    int64_t at = tensor_at(d, name, file, sizeof file, &shape);
+    REQUIRE(at > 0 && shape, "A_log not found in %s", d);
+    /* tiny K3: 3 heads of 32 channels -> [32], first 3 values drawn, the rest zero */
+    CHECK(json_array_size(shape) == 1 && json_integer_value(json_array_get(shape, 0)) == 32,
+          "A_log is stored [head_dim] as in the release");
+    json_decref(shape);
+    float v[32];
+    FILE *f = fopen(file, "rb");
+    REQUIRE(f);
+    CHECK(fseek(f, at, SEEK_SET) == 0 && fread(v, 4, 32, f) == 32);
+    fclose(f);
+    int zero_tail = 1;
+    for (int i = 3; i < 32; i++) zero_tail &= v[i] == 0.0f;
+    CHECK(v[0] != 0 && v[1] != 0 && v[2] != 0 && zero_tail, "per-head values first, zeros after");
+    int rc = t_sh(out, sizeof out, "%s inspect --model %s", t_bin(), d);
+    CHECK(rc == 0 && strstr(out, "A_log per head (first 3 of 32 values, rest zero: the K3 release layout)"),
+          "inspect names the reading: %s", out);
+    char base[8192];
+    rc = t_sh(base, sizeof base, "%s run --model %s --tokens 5,6,7 --max-new 4 --ids 2>&1", t_bin(), d);
+    CHECK(rc == 0, "%s", base);
+    /* a tail that is not zero is ambiguous: refused, naming the tensor */
+    REQUIRE(put_f32(file, at + 4 * 7, 0.25f) == 0);
+    rc = t_sh(out, sizeof out, "%s run --model %s --tokens 5,6,7 --max-new 4 --ids 2>&1", t_bin(), d);
+    CHECK(rc == 1 && strstr(out, name) && strstr(out, "ambiguous") && strstr(out, "value 7"),
+          "rc %d: %s", rc, out);
+    REQUIRE(put_f32(file, at + 4 * 7, 0.0f) == 0);
+    rc = t_sh(out, sizeof out, "%s run --model %s --tokens 5,6,7 --max-new 4 --ids 2>&1", t_bin(), d);
+    CHECK(rc == 0 && !strcmp(out, base), "restored: %s vs %s", out, base);
+}
+
+/* ---- a flat K3 text config ---- */
+
+TEST(rel_k3_flat_text_config_same_logits) {
+    const char *d = synth_k3("rel_nested");
+    REQUIRE(d, "synth failed: %s", out);
+    const char *flat = t_tmpdir("rel_flat");
+    REQUIRE(flat);
+    /* the text model saved on its own: text_config becomes the root */
+    char p[800];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    json_t *root = json_load_file(p, 0, NULL);
+    REQUIRE(root);
+    json_t *tc = json_incref(json_object_get(root, "text_config"));
+    REQUIRE(tc && !strcmp(json_string_value(json_object_get(tc, "model_type")), "kimi_linear"));
+    int cp = t_sh(out, sizeof out, "cp %s/*.safetensors %s/ && (cp %s/*.index.json %s/ 2>/dev/null; true)", d, flat,
+                  d, flat);
+    REQUIRE(cp == 0, "%s", out);
+    snprintf(p, sizeof p, "%s/config.json", flat);
+    REQUIRE(json_dump_file(tc, p, JSON_INDENT(2)) == 0);
+    json_decref(tc);
+    json_decref(root);
+    int rc = t_sh(out, sizeof out, "%s inspect --model %s", t_bin(), flat);
+    CHECK(rc == 0 && strstr(out, "architecture   kimi_k3 (model_type kimi_linear)") && strstr(out, "SiTU"),
+          "the fields make it K3: %s", out);
+    rc = t_sh(out, sizeof out,
+              "%s logits --model %s --tokens 3,1,4,1,5,9 --out %s/a.f32 && %s logits --model %s --tokens "
+              "3,1,4,1,5,9 --out %s/b.f32 && cmp %s/a.f32 %s/b.f32",
+              t_bin(), d, flat, t_bin(), flat, flat, flat, flat);
+    CHECK(rc == 0, "flat and nested logits differ: %s", out);
+}
+
+/* ---- memory the kernel can give ---- */
+
+TEST(rel_mem_parsers) {
+    const char *mi = "MemTotal:       24000000 kB\nMemFree:          100000 kB\nMemAvailable:   20000000 kB\n"
+                     "Buffers:            1000 kB\n";
+    CHECK(mem_parse_meminfo(mi, "MemAvailable") == (int64_t)20000000 * 1024);
+    CHECK(mem_parse_meminfo(mi, "MemFree") == (int64_t)100000 * 1024);
+    CHECK(mem_parse_meminfo(mi, "SwapTotal") == -1);
+    CHECK(mem_parse_meminfo("MemAvailableX: 5 kB\n", "MemAvailable") == -1, "whole key only");
+    CHECK(mem_parse_limit("max\n") == -1 && mem_parse_limit("8589934592\n") == 8589934592LL);
+    CHECK(mem_parse_limit("9223372036854771712\n") == -1, "cgroup v1's no-limit value");
+    CHECK(mem_parse_limit("") == -1 && mem_parse_limit("garbage") == -1);
+    const char *cg = "12:memory:/x\n0::/user.slice/app.scope\n";
+    const char *path = mem_parse_cgroup2_path(cg);
+    CHECK(path && !strncmp(path, "/user.slice/app.scope", 21));
+    CHECK(mem_parse_cgroup2_path("1:name=systemd:/\n") == NULL);
+    int64_t a = mem_available();
+    CHECK(a > 0, "mem_available %lld", (long long)a);
+}
+
+/* ---- --ram is the process's budget ---- */
+
+TEST(rel_ram_budget_plans_spine_and_refuses) {
+    /* a sparse K3-width slice: 9.1 GB of spine (2.3 of it an embedding a session
+     * touches a row at a time), 2 x 300 experts (10.5 GB), planned without
+     * allocating. Sizes: 14G = 15.03 GB. */
+    const char *d = t_tmpdir("rel_plan");
+    REQUIRE(d);
+    int rc = t_sh(out, sizeof out, "%s synth --arch kimi_k3 --preset k3-slice --experts 300 --sparse --out %s --quiet",
+                  t_bin(), d);
+    REQUIRE(rc == 0, "%s", out);
+    char file[900];
+    json_t *shape = NULL;
+    CHECK(tensor_at(d, "language_model.model.layers.0.self_attn.A_log", file, sizeof file, &shape) > 0 && shape &&
+              json_integer_value(json_array_get(shape, 0)) == 128 && json_array_size(shape) == 1,
+          "k3-slice A_log is f32 [128] as in the release");
+    json_decref(shape);
+    rc = t_sh(out, sizeof out, "%s inspect --model %s --ram 14G", t_bin(), d);
+    CHECK(rc == 0 && strstr(out, "resident: it fits beside the expert cache in the 15.03 GB budget (--ram)"),
+          "14G keeps the spine resident: %s", out);
+    CHECK(strstr(out, "of a 15.032 GB budget (--ram)"), "%s", out);
+    rc = t_sh(out, sizeof out, "%s inspect --model %s --ram 14G --expert-cache 8G", t_bin(), d);
+    CHECK(rc == 0 && strstr(out, "streamed per layer: the spine") && strstr(out, "beside a 8.59 GB expert cache"),
+          "an 8G cache leaves no room: the spine streams and says why: %s", out);
+    rc = t_sh(out, sizeof out, "%s inspect --model %s --ram 6G", t_bin(), d);
+    CHECK(rc == 0 && strstr(out, "streamed per layer: the spine"), "%s", out);
+    rc = t_sh(out, sizeof out, "%s inspect --model %s --ram 6G | grep 'memory plan'", t_bin(), d);
+    double plan = -1, budget = -1;
+    const char *m = strstr(out, "memory plan");
+    if (m) sscanf(m, "memory plan %lf GB of a %lf GB", &plan, &budget);
+    CHECK(plan > 0 && plan <= budget + 1e-9, "the plan fits the budget: %s", out);
+    rc = t_sh(out, sizeof out, "%s inspect --model %s --ram 1G 2>&1", t_bin(), d);
+    CHECK(rc == 1 && strstr(out, "--ram 1.07 GB cannot hold this model") && strstr(out, "expert cache") &&
+              strstr(out, "session state"),
+          "too small a budget is refused naming the parts: rc %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s inspect --model %s --ram 4G --spine resident 2>&1", t_bin(), d);
+    CHECK(rc == 1 && strstr(out, "cannot hold this model") && strstr(out, "spine resident"), "rc %d: %s", rc, out);
+}
+
+TEST(rel_ram_budget_bounds_peak_rss) {
+    const char *d = synth_k3("rel_rss");
+    REQUIRE(d, "synth failed: %s", out);
+    int rc = t_sh(out, sizeof out, "%s run --model %s --ram 160M --ctx 256 --tokens 1,2,3,4 --max-new 8 --ids --stats 2>&1",
+                  t_bin(), d);
+    REQUIRE(rc == 0, "%s", out);
+    const char *m = strstr(out, "peak RSS");
+    double peak = -1;
+    if (m) sscanf(m, "peak RSS %lf MB", &peak);
+    CHECK(peak > 0 && peak * 1048576.0 <= 160.0 * 1048576.0, "peak RSS %.1f MB within --ram 160M: %s", peak, out);
+}
