@@ -9,9 +9,9 @@
  *  - logits over `tokens`: max |cuda - cpu| <= 1e-4 * max |cpu logit|
  *    (the GPU kernels differ from the CPU ones only by summation order);
  *  - logits with --gpu-mem 1M (every routed expert uploaded per use, most
- *    matrices transient), with --gpu-mem 200K --ram 1K (device evictions,
+ *    matrices transient), with --gpu-mem 200K --expert-cache 1K (device evictions,
  *    spare copies refilled under queued experts, a two-slot RAM cache whose
- *    slots are reused while uploads may read them) and with --ram 1K alone
+ *    slots are reused while uploads may read them) and with --expert-cache 1K alone
  *    are bit-identical to the default budget: placement never changes the
  *    result;
  *  - KDA and MLA on the device (synth's tiny kimi_k3 / kimi_linear /
@@ -118,8 +118,8 @@ TEST(cuda_engine_fixtures) {
         /* logits */
         /* the last two: a device cache with evictions and reused spare copies,
          * over a RAM cache of two slots (slots reused under queued uploads) */
-        const char *dev[ND] = {"cpu", "cuda", "cuda --gpu-mem 1M", "cuda --gpu-mem 200K --ram 1K",
-                               "cuda --ram 1K"};
+        const char *dev[ND] = {"cpu", "cuda", "cuda --gpu-mem 1M", "cuda --gpu-mem 200K --expert-cache 1K",
+                               "cuda --expert-cache 1K"};
         float *lg[ND] = {0};
         size_t nl[ND] = {0};
         for (int d = 0; d < ND; d++) {
