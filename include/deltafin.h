@@ -225,11 +225,13 @@ int df_argmax(const float *v, int n);
 
 /* Counters since open or the last reset (expert cache and reads). */
 typedef struct {
-    uint64_t expert_hits;      /* experts a pass found ready in RAM */
+    uint64_t expert_hits;      /* experts a pass found in RAM, not read for it (prefetched ones are not hits) */
     uint64_t expert_misses;    /* experts a pass had to read */
     uint64_t prefetched;       /* lookahead reads issued */
-    uint64_t prefetch_used;    /* of those, experts a pass then used */
-    uint64_t bytes_read;       /* expert bytes read from disk */
+    uint64_t prefetch_used;    /* of those, experts the pass they were read for used */
+    uint64_t prefetch_wasted;  /* of those, experts that pass did not use, or evicted unused */
+    uint64_t bytes_read;       /* expert bytes read from storage */
+    uint64_t spine_bytes_read; /* non-expert bytes read from storage by a streamed spine */
     double io_wait_s;          /* time compute waited for expert reads */
     int cache_slots, cache_slots_used;
     int64_t slot_bytes;
@@ -280,6 +282,10 @@ int64_t df_engine_spine_bytes_per_token(const df_engine *e);
  * positions (non-expert weights + the expert cache + session state + a
  * fixed allowance for scratch and code). */
 int64_t df_engine_plan_bytes(const df_engine *e, int max_ctx);
+/* 1 when the spine streams per layer; the plan's reason for its choice
+ * (one line, owned by the engine). */
+int df_engine_spine_streamed(const df_engine *e);
+const char *df_engine_spine_why(const df_engine *e);
 /* Layers with routed experts. */
 int df_engine_moe_layers(const df_engine *e);
 /* Routed experts per token (after a --top-k override). */

@@ -9,6 +9,7 @@
  * measured / floor where floor = bytes read per token / disk GB/s.
  */
 #include "cli.h"
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +64,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     }
     double prefill_s = cli_now() - t0;
     df_engine_stats(e, &b);
-    uint64_t prefill_bytes = b.bytes_read;
+    uint64_t prefill_bytes = b.bytes_read + b.spine_bytes_read;
     double prof0[DF_PROF_N], prof1[DF_PROF_N];
     df_engine_profile(e, prof0);
     uint64_t hits = 0, all = 0;
@@ -80,14 +81,15 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         }
         dt[i] = cli_now() - t;
         df_engine_stats(e, &b);
-        bytes[i] = b.bytes_read - a.bytes_read;
-        if (i > 0) {
-            uint64_t h = (b.expert_hits - a.expert_hits) + (b.prefetch_used - a.prefetch_used);
+        bytes[i] = (b.bytes_read - a.bytes_read) + (b.spine_bytes_read - a.spine_bytes_read);
+        if (i > 0) { /* a prefetched expert was read for this token: not a hit */
+            uint64_t h = b.expert_hits - a.expert_hits;
             hits += h;
-            all += h + (b.expert_misses - a.expert_misses);
+            all += h + (b.expert_misses - a.expert_misses) + (b.prefetch_used - a.prefetch_used);
         }
         if (!json)
-            fprintf(stderr, "token %d: %.3f s, %.1f MB read\n", i + 1, dt[i], bytes[i] / 1e6);
+            fprintf(stderr, "token %d: %.3f s, %.1f MB read (spine %.1f MB)\n", i + 1, dt[i], bytes[i] / 1e6,
+                    (b.spine_bytes_read - a.spine_bytes_read) / 1e6);
     }
     df_engine_profile(e, prof1);
     df_engine_accel_stats(e, &ac);
@@ -96,12 +98,13 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     double up_tok = ntok ? (double)(ac.upload_bytes - ac0.upload_bytes) / ntok : 0;
     double h2d = ac.calls ? df_engine_probe_h2d(e) : 0;
     double h2d_floor = h2d > 0 ? up_tok / (h2d * 1e9) : 0;
-    /* lookahead quality over the decode: precision = prefetched experts a pass
-     * then used; recall = share of the experts a pass would have missed that
-     * the prefetch had already started */
+    /* lookahead quality over the decode: precision = of the prefetches whose
+     * outcome is known, the share their pass used; recall = share of the
+     * experts a pass would have missed that the prefetch had read */
     uint64_t pf = b.prefetched - dec0.prefetched, pu = b.prefetch_used - dec0.prefetch_used;
+    uint64_t pw = b.prefetch_wasted - dec0.prefetch_wasted;
     uint64_t miss = b.expert_misses - dec0.expert_misses;
-    double pf_precision = pf ? (double)pu / pf : 0, pf_recall = pu + miss ? (double)pu / (pu + miss) : 0;
+    double pf_precision = pu + pw ? (double)pu / (pu + pw) : 0, pf_recall = pu + miss ? (double)pu / (pu + miss) : 0;
     int steady = ntok > 1 ? ntok - 1 : ntok, first = ntok > 1 ? 1 : 0;
     double *sorted = dt + ntok, mean_bytes = 0; /* the spare tail of dt */
     for (int i = 0; i < steady; i++) {
@@ -109,6 +112,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         mean_bytes += (double)bytes[first + i];
     }
     mean_bytes /= steady;
+    /* the spine's share of the bytes read per token (streamed spines only) */
+    double spine_read_tok = (double)(b.spine_bytes_read - dec0.spine_bytes_read) / ntok;
     qsort(sorted, (size_t)steady, sizeof(double), cmp_double);
     double med = steady % 2 ? sorted[steady / 2] : 0.5 * (sorted[steady / 2 - 1] + sorted[steady / 2]);
     double floor_s = mean_bytes / (disk * 1e9);
@@ -128,25 +133,52 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     uint64_t tier = (ac.tier_hits - ac0.tier_hits) * (uint64_t)steady / (uint64_t)(ntok ? ntok : 1);
     double hit = all + tier ? (double)(hits + tier) / (all + tier) : 1.0;
     if (json) {
-        printf("{\"model\": \"%s\", \"expert_io\": \"%s\", \"ram_bytes\": %lld, \"threads\": %d, "
-               "\"prompt_tokens\": %d, \"decode_tokens\": %d, \"prefill_s\": %.6f, \"prefill_bytes\": %llu, "
-               "\"s_per_token\": %.6f, \"tokens_per_s\": %.4f, \"bytes_read_per_token\": %.0f, "
-               "\"hit_rate\": %.4f, \"disk_gbps\": %.4f, \"floor_s_per_token\": %.6f, \"ratio\": %.4f, "
-               "\"cache_slots\": %d, \"max_in_flight\": %d, \"prefetch\": %s, \"lossy\": \"%s\", "
-               "\"spine_bytes_per_token\": %lld, \"dram_gbps\": %.3f, \"memory_floor_s_per_token\": %.6f, "
-               "\"ratio_to_larger_floor\": %.4f, \"prefetch_precision\": %.4f, \"prefetch_recall\": %.4f, "
-               "\"prefill_floor_s\": %.6f, \"prefill_ratio\": %.4f, \"device_upload_bytes_per_token\": %.0f, "
-               "\"h2d_gbps\": %.3f, \"upload_floor_s_per_token\": %.6f, \"expert_cache_pinned\": %s}\n",
-               mo->model, b.expert_io, (long long)mo->ram, df_engine_n_threads(e), nprompt, ntok, prefill_s,
-               (unsigned long long)prefill_bytes, med, med > 0 ? 1.0 / med : 0.0, mean_bytes, hit, disk,
-               floor_s, ratio, b.cache_slots, b.max_in_flight, mo->no_prefetch ? "false" : "true", df_engine_lossy(e),
-               (long long)spine, dram, mem_floor, best_floor > 0 ? med / best_floor : 0, pf_precision, pf_recall,
-               prefill_floor, prefill_floor > 0 ? prefill_s / prefill_floor : 0, up_tok, h2d, h2d_floor,
-               ac.pinned_bytes ? "true" : "false");
-        printf("{\"profile_s_per_token\": {");
+        /* one object: the contract of --json (the profile nested in it) */
+        json_t *o = json_object(), *prof = json_object();
+        json_object_set_new(o, "model", json_string(mo->model));
+        json_object_set_new(o, "expert_io", json_string(b.expert_io));
+        json_object_set_new(o, "ram_bytes", json_integer(mo->ram));
+        json_object_set_new(o, "expert_cache_bytes", json_integer(b.cache_slots * b.slot_bytes));
+        json_object_set_new(o, "spine", json_string(df_engine_spine_streamed(e) ? "stream" : "resident"));
+        json_object_set_new(o, "spine_plan", json_string(df_engine_spine_why(e)));
+        json_object_set_new(o, "threads", json_integer(df_engine_n_threads(e)));
+        json_object_set_new(o, "prompt_tokens", json_integer(nprompt));
+        json_object_set_new(o, "decode_tokens", json_integer(ntok));
+        json_object_set_new(o, "prefill_s", json_real(prefill_s));
+        json_object_set_new(o, "prefill_bytes", json_integer((json_int_t)prefill_bytes));
+        json_object_set_new(o, "s_per_token", json_real(med));
+        json_object_set_new(o, "tokens_per_s", json_real(med > 0 ? 1.0 / med : 0.0));
+        json_object_set_new(o, "bytes_read_per_token", json_real(mean_bytes));
+        json_object_set_new(o, "spine_bytes_read_per_token", json_real(spine_read_tok));
+        json_object_set_new(o, "expert_bytes_read_per_token", json_real(mean_bytes - spine_read_tok));
+        json_object_set_new(o, "hit_rate", json_real(hit));
+        json_object_set_new(o, "disk_gbps", json_real(disk));
+        json_object_set_new(o, "floor_s_per_token", json_real(floor_s));
+        json_object_set_new(o, "ratio", json_real(ratio));
+        json_object_set_new(o, "cache_slots", json_integer(b.cache_slots));
+        json_object_set_new(o, "max_in_flight", json_integer(b.max_in_flight));
+        json_object_set_new(o, "prefetch", json_boolean(!mo->no_prefetch));
+        json_object_set_new(o, "lossy", json_string(df_engine_lossy(e)));
+        json_object_set_new(o, "spine_bytes_per_token", json_integer(spine));
+        json_object_set_new(o, "dram_gbps", json_real(dram));
+        json_object_set_new(o, "memory_floor_s_per_token", json_real(mem_floor));
+        json_object_set_new(o, "ratio_to_larger_floor", json_real(best_floor > 0 ? med / best_floor : 0));
+        json_object_set_new(o, "prefetch_issued_per_token", json_real((double)pf / ntok));
+        json_object_set_new(o, "prefetch_precision", json_real(pf_precision));
+        json_object_set_new(o, "prefetch_recall", json_real(pf_recall));
+        json_object_set_new(o, "prefill_floor_s", json_real(prefill_floor));
+        json_object_set_new(o, "prefill_ratio", json_real(prefill_floor > 0 ? prefill_s / prefill_floor : 0));
+        json_object_set_new(o, "device_upload_bytes_per_token", json_real(up_tok));
+        json_object_set_new(o, "h2d_gbps", json_real(h2d));
+        json_object_set_new(o, "upload_floor_s_per_token", json_real(h2d_floor));
+        json_object_set_new(o, "expert_cache_pinned", json_boolean(ac.pinned_bytes != 0));
         for (int i = 0; i < DF_PROF_N; i++)
-            printf("%s\"%s\": %.6f", i ? ", " : "", df_prof_name(i), (prof1[i] - prof0[i]) / ntok);
-        printf("}}\n");
+            json_object_set_new(prof, df_prof_name(i), json_real((prof1[i] - prof0[i]) / ntok));
+        json_object_set_new(o, "profile_s_per_token", prof);
+        char *txt = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8));
+        if (txt) printf("%s\n", txt);
+        free(txt);
+        json_decref(o);
     } else {
         if (*df_engine_lossy(e)) printf("%s\n", df_engine_lossy(e));
         printf("experts via %s, %d cache slots of %.1f MB, threads %d\n", b.expert_io, b.cache_slots,
@@ -156,10 +188,14 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                "                            every weight byte once from RAM, the larger), ratio %.2f\n",
                nprompt, prefill_s, prefill_bytes / 1e6, prefill_floor, prefill_floor > 0 ? prefill_s / prefill_floor : 0);
         printf("decode median               %.4f s/token (%.2f tokens/s)\n", med, med > 0 ? 1 / med : 0);
-        printf("bytes read per token        %.1f MB, hit rate %.1f%%\n", mean_bytes / 1e6, hit * 100);
-        printf("router lookahead            precision %.1f%%, recall %.1f%% (of would-be misses)\n",
-               pf_precision * 100, pf_recall * 100);
-        printf("disk floor                  %.4f s/token, ratio %.3f\n", floor_s, ratio);
+        printf("spine                       %s\n", df_engine_spine_why(e));
+        printf("bytes read per token        %.1f MB (experts %.1f + spine %.1f), hit rate %.1f%% (prefetched\n"
+               "                            experts count as reads, not hits)\n",
+               mean_bytes / 1e6, (mean_bytes - spine_read_tok) / 1e6, spine_read_tok / 1e6, hit * 100);
+        printf("router lookahead            %.1f reads per token, precision %.1f%%, recall %.1f%% (of would-be misses)\n",
+               (double)pf / ntok, pf_precision * 100, pf_recall * 100);
+        printf("disk floor                  %.4f s/token (every byte read per token, spine included), ratio %.3f\n",
+               floor_s, ratio);
         printf("memory floor                %.4f s/token (%.2f GB of weights per step at %.1f GB/s DRAM)\n",
                mem_floor, touched / 1e9, dram);
         printf("ratio to the larger floor   %.3f\n", best_floor > 0 ? med / best_floor : 0);

@@ -130,8 +130,9 @@ int cmd_run(int argc, char **argv) {
     df_stats before, after;
     df_engine_stats(e, &after);
     if (stats)
-        snprintf(statbuf, statcap, "prefill: %d tokens, %.3f s, %.1f MB of experts read\n", n, t1 - t0,
-                 after.bytes_read / 1e6);
+        snprintf(statbuf, statcap, "prefill: %d tokens, %.3f s, %.1f MB read (experts %.1f, spine %.1f)\n", n,
+                 t1 - t0, (after.bytes_read + after.spine_bytes_read) / 1e6, after.bytes_read / 1e6,
+                 after.spine_bytes_read / 1e6);
     int made = 0;
     double tprev = t1;
     for (; made < max_new; made++) {
@@ -147,9 +148,9 @@ int cmd_run(int argc, char **argv) {
         }
         double tnow = cli_now();
         df_engine_stats(e, &after);
-        uint64_t rd = after.bytes_read - before.bytes_read;
-        uint64_t hit = (after.expert_hits - before.expert_hits) + (after.prefetch_used - before.prefetch_used);
-        uint64_t all = hit + (after.expert_misses - before.expert_misses);
+        uint64_t rd = after.bytes_read - before.bytes_read + after.spine_bytes_read - before.spine_bytes_read;
+        uint64_t hit = after.expert_hits - before.expert_hits; /* prefetched experts were read: not hits */
+        uint64_t all = hit + (after.expert_misses - before.expert_misses) + (after.prefetch_used - before.prefetch_used);
         double dt = tnow - tprev;
         tprev = tnow;
         char line[256];
@@ -179,6 +180,7 @@ int cmd_run(int argc, char **argv) {
         while (st && fgets(ln, sizeof ln, st))
             if (!strncmp(ln, "VmHWM:", 6)) hwm_kb = atol(ln + 6);
         if (st) fclose(st);
+        fprintf(stderr, "spine: %s\n", df_engine_spine_why(e));
         if (hwm_kb >= 0)
             fprintf(stderr, "memory: peak RSS %.1f MB, plan %.1f MB\n", hwm_kb / 1024.0,
                     df_engine_plan_bytes(e, df_session_pos(s) > 0 ? (mo.ctx > 0 ? mo.ctx : 4096) : 4096) / 1048576.0);

@@ -51,6 +51,7 @@ typedef struct {
     int16_t pins;
     int16_t pending;      /* span reads outstanding */
     uint8_t prefetch;     /* loaded by a hint and not used by a pass yet */
+    uint8_t pf_rank;      /* the hint's confidence rank (0 = most confident) */
     uint8_t pinned;       /* held for good (hottest experts) */
     uint64_t last;        /* tick of last use (LRU) */
 } slot_t;
@@ -84,6 +85,9 @@ struct xs_store {
     int *readyq;          /* [E] */
     int rq_head, rq_tail;
     xs_stats stats;
+    /* lookahead outcomes per confidence rank, decayed counts (prefetch policy) */
+    float pf_used[XS_PF_RANKS], pf_wasted[XS_PF_RANKS];
+    uint16_t pf_probe[XS_PF_RANKS]; /* hints skipped at a rank since its last probe */
     void (*reuse_hook)(void *ctx); /* called before a cached expert's slot is reused */
     void *reuse_ctx;
 };
@@ -274,6 +278,16 @@ static int colder(const xs_store *x, const slot_t *a, const slot_t *b) {
     return a->last < b->last;
 }
 
+/* A prefetched slot's outcome: used by the pass it was read for, or not. */
+static void pf_outcome(xs_store *x, slot_t *s, int used) {
+    int r = s->pf_rank < XS_PF_RANKS ? s->pf_rank : XS_PF_RANKS - 1;
+    x->pf_used[r] = x->pf_used[r] * XS_PF_DECAY + (float)used;
+    x->pf_wasted[r] = x->pf_wasted[r] * XS_PF_DECAY + (float)!used;
+    if (used) x->stats.prefetch_used++;
+    else x->stats.prefetch_wasted++;
+    s->prefetch = 0;
+}
+
 static int take_slot(xs_store *x) {
     int best = -1;
     for (int i = 0; i < x->n_slots; i++) {
@@ -283,6 +297,7 @@ static int take_slot(xs_store *x) {
     }
     if (best >= 0) {
         slot_t *s = &x->slots[best];
+        if (s->prefetch) pf_outcome(x, s, 0); /* read ahead and evicted unused */
         if (x->reuse_hook) x->reuse_hook(x->reuse_ctx); /* nothing may still read it */
         x->slot_of[s->key] = -1;
         s->key = -1;
@@ -404,10 +419,17 @@ df_status xs_begin(xs_store *x, int layer, const int *experts, int n, char *err)
         slot_t *s = &x->slots[si];
         s->pins++;
         s->last = ++x->tick;
-        if (s->prefetch) { x->stats.prefetch_used++; s->prefetch = 0; }
+        if (s->prefetch) pf_outcome(x, s, 1);
         else if (s->state == SLOT_READY) x->stats.hits++;
         if (s->state == SLOT_READY) pass_push_ready(x, i);
         else x->pass_st[i] = P_LOADING;
+    }
+    /* hints for this layer that the pass did not use were mispredictions
+     * (the expert stays cached: a later use counts as a hit) */
+    for (int i = 0; i < x->n_slots; i++) {
+        slot_t *s = &x->slots[i];
+        if (s->prefetch && s->key >= 0 && s->key / x->E == layer && x->pass_idx[s->key % x->E] < 0)
+            pf_outcome(x, s, 0);
     }
     submit_waiting(x);
     return DF_OK;
@@ -503,15 +525,38 @@ void xs_set_reuse_hook(xs_store *x, void (*fn)(void *ctx), void *ctx) {
     x->reuse_ctx = ctx;
 }
 
+/* Whether a hint at confidence rank r is worth a read: its measured
+ * precision (decayed, with one optimistic prior) reaches the floor, or it
+ * is this rank's turn to probe (every XS_PF_PROBE skipped hints, so a rank
+ * that was turned down can come back when routing becomes predictable). */
+static int pf_rank_pays(xs_store *x, int r) {
+    if (r >= XS_PF_RANKS) r = XS_PF_RANKS - 1;
+    float u = x->pf_used[r], w = x->pf_wasted[r];
+    if ((u + 1.0f) / (u + w + 1.0f) >= x->o.prefetch_min_precision) return 1;
+    if (++x->pf_probe[r] >= XS_PF_PROBE) { x->pf_probe[r] = 0; return 1; }
+    return 0;
+}
+
 void xs_prefetch(xs_store *x, int layer, const int *experts, int n) {
     if (layer < 0 || layer >= x->L) return;
     reap(x, 0);
-    for (int i = 0; i < n; i++) {
+    /* the budget: slots the current pass does not need, so a hint is not
+     * evicted by the pass's own reads before its layer runs */
+    int pinned = 0;
+    for (int i = 0; i < x->n_slots; i++) pinned += x->slots[i].pinned || x->slots[i].pins > 0;
+    int pass_left = 0;
+    for (int i = 0; i < x->pass_n; i++) pass_left += x->pass_st[i] == P_WAIT;
+    int room = x->n_slots - pinned - pass_left - 1;
+    for (int i = 0; i < n && room > 0; i++) {
         int key = layer * x->E + experts[i];
         if (!x->ex[key].reg || x->slot_of[key] >= 0) continue;
         if (x->in_flight >= x->n_slots / 2) break; /* leave room for the pass itself */
-        if (start_load(x, key, 1) < 0) break;
+        if (!pf_rank_pays(x, i)) continue;
+        int si = start_load(x, key, 1);
+        if (si < 0) break;
+        x->slots[si].pf_rank = (uint8_t)(i < 255 ? i : 255);
         x->stats.prefetched++;
+        room--;
     }
 }
 

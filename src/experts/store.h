@@ -41,13 +41,23 @@ typedef struct {
     int io_threads;                   /* for the pread pool */
     int plan_only;                    /* size the cache but allocate nothing (inspect) */
     int evict;                        /* XS_EVICT_LRU or XS_EVICT_HEAT */
+    float prefetch_min_precision;     /* a hint rank is read while its measured precision reaches this */
 } xs_opts;
+
+/* Prefetch policy: outcomes are kept per confidence rank of a hint (the
+ * order xs_prefetch gets them in), as counts decayed by XS_PF_DECAY per
+ * outcome; a rank below the precision floor still probes every
+ * XS_PF_PROBE-th hint. */
+enum { XS_PF_RANKS = 64, XS_PF_PROBE = 16 };
+#define XS_PF_DECAY 0.97f
+#define XS_PF_MIN_PRECISION 0.5f
 
 enum { XS_EVICT_LRU = 0, XS_EVICT_HEAT };
 
 typedef struct {
     uint64_t hits, misses;            /* experts found cached / read */
-    uint64_t prefetched, prefetch_used; /* prefetch reads issued / later used by a pass */
+    uint64_t prefetched, prefetch_used; /* prefetch reads issued / used by the pass they were read for */
+    uint64_t prefetch_wasted;         /* prefetched experts that pass did not use, or evicted unused */
     uint64_t bytes_read;
     double wait_s;                    /* time xs_next spent waiting for reads */
     int slots, slots_used;
@@ -86,7 +96,9 @@ int xs_peek(xs_store *x, int layer, int e, df_weight w[XS_MATS]);
 /* fn(ctx) runs before a slot holding a cached expert is given to another
  * (e.g. an accelerator waits there for uploads still reading the slot). */
 void xs_set_reuse_hook(xs_store *x, void (*fn)(void *ctx), void *ctx);
-/* Hint: read these experts of `layer` if free slots allow. */
+/* Hint: read these experts of `layer`, most confident first, while free
+ * slots allow (never the slots the current pass still needs) and while
+ * each confidence rank's measured precision pays (store.c). */
 void xs_prefetch(xs_store *x, int layer, const int *experts, int n);
 /* Waits for outstanding prefetch reads (before timing-sensitive code). */
 void xs_drain(xs_store *x);

@@ -97,6 +97,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         xo.io_threads = 8;
         xo.plan_only = opts->plan_only;
         xo.evict = opts->evict_heat ? XS_EVICT_HEAT : XS_EVICT_LRU;
+        xo.prefetch_min_precision = XS_PF_MIN_PRECISION;
         st = xs_new(e->io, e->st, e->cfg.num_hidden_layers, e->cfg.n_routed_experts, &xo, &e->store, err);
         if (st != DF_OK) goto fail;
     }
@@ -454,6 +455,7 @@ void df_engine_profile(const df_engine *e, double out[DF_PROF_N]) {
 void df_engine_stats(const df_engine *e, df_stats *out) {
     memset(out, 0, sizeof *out);
     out->expert_io = e->store ? (e->opts.expert_io == DF_EXPERTS_DIRECT ? "direct" : "pread") : "mmap";
+    if (e->spine) out->spine_bytes_read = (uint64_t)(sp_bytes_read(e->spine) - e->spine_read0);
     if (!e->store) return;
     xs_stats x;
     xs_get_stats(e->store, &x);
@@ -461,6 +463,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->expert_misses = x.misses;
     out->prefetched = x.prefetched;
     out->prefetch_used = x.prefetch_used;
+    out->prefetch_wasted = x.prefetch_wasted;
     out->bytes_read = x.bytes_read;
     out->io_wait_s = x.wait_s;
     out->cache_slots = x.slots;
@@ -475,6 +478,7 @@ void df_engine_reset_stats(df_engine *e) {
     memset(e->prof, 0, sizeof e->prof);
     acc_reset_stats(e->acc);
     if (e->store) xs_reset_stats(e->store);
+    if (e->spine) e->spine_read0 = sp_bytes_read(e->spine);
 }
 
 double df_engine_probe_h2d(df_engine *e) {
@@ -509,6 +513,8 @@ int df_engine_experts_per_token(const df_engine *e) {
 }
 
 const char *df_engine_lossy(const df_engine *e) { return e->lossy; }
+int df_engine_spine_streamed(const df_engine *e) { return e->spine != NULL; }
+const char *df_engine_spine_why(const df_engine *e) { return e->plan.why; }
 
 int df_engine_moe_layers(const df_engine *e) {
     int n = 0;

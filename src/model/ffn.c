@@ -94,7 +94,8 @@ df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl
     s->mark = calloc((size_t)E, 1);
     s->ahead = malloc((size_t)E * sizeof(int));
     s->held = malloc((size_t)E * sizeof(int));
-    if (!s->ahead || !s->held || !s->g || !s->u || !s->rlog || !s->sel || !s->selw || !s->ys || !s->etok || !s->eslot ||
+    s->conf = malloc((size_t)E * sizeof(float));
+    if (!s->ahead || !s->held || !s->conf || !s->g || !s->u || !s->rlog || !s->sel || !s->selw || !s->ys || !s->etok || !s->eslot ||
         !s->xl || !s->xe || !s->ye || !s->acc || !s->sh || !s->uni || !s->nlog || !s->mark) {
         moe_scratch_free(s);
         return DF_ERR_NOMEM;
@@ -107,6 +108,7 @@ void moe_scratch_free(moe_scratch *s) {
     free(s->g); free(s->u); free(s->rlog); free(s->sel); free(s->selw); free(s->ys);
     free(s->etok); free(s->eslot); free(s->xl); free(s->xe); free(s->ye); free(s->acc);
     free(s->sh); free(s->uni); free(s->nlog); free(s->mark); free(s->ahead); free(s->held);
+    free(s->conf);
     memset(s, 0, sizeof *s);
 }
 
@@ -120,7 +122,7 @@ void moe_layer_free(moe_layer *m) {
 
 /* ---- router ---- */
 
-void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw) {
+void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw, float *margin) {
     int E = m->E, K = m->K, G = m->n_group > 0 ? m->n_group : 1, per = E / G;
     float score[E], choice[E];
     if (m->sigmoid) {
@@ -159,9 +161,18 @@ void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw) {
             if (!taken[x] && (best < 0 || choice[x] > choice[best])) best = x;
         taken[best] = 1;
     }
-    float sum = 0.0f;
+    float sum = 0.0f, next_best = -INFINITY; /* the best expert left out */
+    if (margin)
+        for (int x = 0; x < E; x++)
+            if (!taken[x] && choice[x] > next_best) next_best = choice[x];
     for (int x = 0, k = 0; x < E; x++)
-        if (taken[x]) { sel[k] = x; selw[k] = score[x]; sum += score[x]; k++; }
+        if (taken[x]) {
+            sel[k] = x;
+            selw[k] = score[x];
+            if (margin) margin[k] = choice[x] - next_best;
+            sum += score[x];
+            k++;
+        }
     for (int k = 0; k < K; k++) {
         if (m->renorm) selw[k] /= (sum + 1e-20f);
         selw[k] *= m->scale;
@@ -380,24 +391,40 @@ static void device_prefetch(df_engine *e, const moe_layer *nx, moe_scratch *s) {
 }
 
 /* Router lookahead: the next MoE layer's router on this layer's input
- * predicts most of its experts; their reads start now. Never changes which
- * experts run. */
+ * predicts most of its experts; their reads start now, most confident
+ * first (confidence: how far an expert's biased score is above the best
+ * one left out; for a chunk, its best margin over the tokens), so the
+ * store's policy can drop the ranks whose precision does not pay. Never
+ * changes which experts run. */
 void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const float *xn, int n) {
     if (!nx || !nx->store || !nx->lookahead) return;
     int K = nx->K, E = nx->E;
     int *sel = s->etok; /* free until run_expert */
+    float *conf = s->conf;
     mm(e, &nx->router, xn, n, s->nlog, E);
     int nu = 0;
     for (int t = 0; t < n; t++) {
-        float wt[K];
-        moe_route(nx, s->nlog + (size_t)t * E, sel, wt);
-        for (int k = 0; k < K; k++)
-            if (!s->mark[sel[k]]) { s->mark[sel[k]] = 1; s->uni[nu++] = sel[k]; }
+        float wt[K], mg[K];
+        moe_route(nx, s->nlog + (size_t)t * E, sel, wt, mg);
+        for (int k = 0; k < K; k++) {
+            int x = sel[k];
+            if (!s->mark[x]) { s->mark[x] = 1; s->uni[nu++] = x; conf[x] = mg[k]; }
+            else if (mg[k] > conf[x]) conf[x] = mg[k];
+        }
     }
     for (int i = 0; i < nu; i++) s->mark[s->uni[i]] = 0;
     int keep = 0; /* experts already on the device need no read */
     for (int i = 0; i < nu; i++)
         if (!expert_on_device(e, nx, s->uni[i])) s->uni[keep++] = s->uni[i];
+    /* most confident first (insertion sort: keep <= chunk x K, ties by id) */
+    for (int i = 1; i < keep; i++) {
+        int x = s->uni[i], j = i;
+        while (j > 0 && (conf[s->uni[j - 1]] < conf[x] || (conf[s->uni[j - 1]] == conf[x] && s->uni[j - 1] > x))) {
+            s->uni[j] = s->uni[j - 1];
+            j--;
+        }
+        s->uni[j] = x;
+    }
     xs_prefetch(nx->store, nx->layer, s->uni, keep);
     if (e->acc) {
         memcpy(s->ahead, s->uni, (size_t)keep * sizeof(int));
@@ -412,7 +439,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     double pt = prof_now(e);
     mm(e, &m->router, xn, n, s->rlog, m->E);
     for (int t = 0; t < n; t++) {
-        moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K);
+        moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K, NULL);
         if (m->trace) m->trace(m->trace_ctx, pos + t, m->trace_layer, s->sel + t * K, s->selw + t * K, K);
     }
     /* the union of the chunk's experts, ascending */

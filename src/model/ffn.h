@@ -65,6 +65,7 @@ typedef struct {
     float *nlog;                /* [chunk][E] next layer's router logits (lookahead) */
     uint8_t *mark;              /* [E] */
     int *ahead;                 /* [E] the next layer's predicted experts (lookahead) */
+    float *conf;                /* [E] their router margins (lookahead order) */
     int n_ahead;                /* how many; 0 after they were offered to the device */
     int *held;                  /* [E] experts of a store pass queued on the device, not yet done */
 } moe_scratch;
@@ -111,5 +112,7 @@ df_status ffn_block(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, 
                     const ffn_act *act, moe_scratch *s, const float *xn, int n, int pos, float *y, double *pt,
                     char *err);
 /* The router alone (exposed for tests): sel/selw of one token. */
-void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw);
+/* margin (NULL, or [K]): how far each chosen expert's biased score is above
+ * the best expert left out (the router's confidence in it). */
+void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw, float *margin);
 #endif

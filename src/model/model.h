@@ -87,6 +87,7 @@ struct df_engine {
     double prof[DF_PROF_N];   /* seconds per part of a step, when opts.profile */
     struct acc_table *acc;    /* device copies when opts.accel is set (accel.c); NULL: CPU only */
     eng_plan plan;
+    int64_t spine_read0;      /* sp_bytes_read at the last df_engine_reset_stats */
 };
 
 struct df_session {
