@@ -14,6 +14,7 @@
  */
 #include "test.h"
 #include "deltafin.h"
+#include "../src/base/io.h"
 #include "../src/base/mem.h"
 #include <fcntl.h>
 #include <jansson.h>
@@ -149,10 +150,15 @@ TEST(rel_mem_parsers) {
     CHECK(mem_parse_limit("max\n") == -1 && mem_parse_limit("8589934592\n") == 8589934592LL);
     CHECK(mem_parse_limit("9223372036854771712\n") == -1, "cgroup v1's no-limit value");
     CHECK(mem_parse_limit("") == -1 && mem_parse_limit("garbage") == -1);
-    const char *cg = "12:memory:/x\n0::/user.slice/app.scope\n";
-    const char *path = mem_parse_cgroup2_path(cg);
-    CHECK(path && !strncmp(path, "/user.slice/app.scope", 21));
-    CHECK(mem_parse_cgroup2_path("1:name=systemd:/\n") == NULL);
+    const char *cg = "12:cpu,memory:/x/y\n4:pids:/\n0::/user.slice/app.scope\n";
+    const char *path = mem_parse_cgroup_path(cg, "");
+    CHECK(path && !strncmp(path, "/user.slice/app.scope\n", 22), "v2 path");
+    path = mem_parse_cgroup_path(cg, "memory");
+    CHECK(path && !strncmp(path, "/x/y\n", 5), "v1 path in a controller list");
+    CHECK(mem_parse_cgroup_path("1:name=systemd:/\n", "") == NULL && mem_parse_cgroup_path(cg, "mem") == NULL);
+    const char *st = "cache 10\ninactive_file 4096\ntotal_inactive_file 8192\n";
+    CHECK(mem_parse_stat(st, "inactive_file") == 4096 && mem_parse_stat(st, "total_inactive_file") == 8192);
+    CHECK(mem_parse_stat(st, "active_file") == -1);
     int64_t a = mem_available();
     CHECK(a > 0, "mem_available %lld", (long long)a);
 }
@@ -206,4 +212,92 @@ TEST(rel_ram_budget_bounds_peak_rss) {
     double peak = -1;
     if (m) sscanf(m, "peak RSS %lf MB", &peak);
     CHECK(peak > 0 && peak * 1048576.0 <= 160.0 * 1048576.0, "peak RSS %.1f MB within --ram 160M: %s", peak, out);
+}
+
+/* ---- router lookahead: precision turns it down ---- */
+
+#include "../src/experts/store.h"
+#include "../src/format/weight.h"
+
+/* Opens kimi_k3_mxfp4's experts of layer 1 (10 experts, MXFP4) in a store
+ * of `slots` slots, prefetch floor 0.75. */
+static xs_store *fixture_store(st_set **st, int slots) {
+    char err[DF_ERRMSG];
+    if (st_open_dir("tests/fixtures/kimi_k3_mxfp4", df_io_default(), 1, st, err) != DF_OK) return NULL;
+    xs_opts o = {0};
+    o.ram_bytes = 1;
+    o.direct = 0;
+    o.reader = XR_AUTO;
+    o.depth = 8;
+    o.io_threads = 2;
+    o.prefetch_min_precision = XS_PF_MIN_PRECISION;
+    xs_store *x = NULL;
+    if (xs_new(df_io_default(), *st, 5, 10, &o, &x, err) != DF_OK) return NULL;
+    static const char *mats[3] = {"w1", "w3", "w2"};
+    static const int shape[3][2] = {{96, 64}, {96, 64}, {64, 96}};
+    for (int e = 0; e < 10; e++) {
+        df_weight w[3];
+        for (int k = 0; k < 3; k++) {
+            char b[200];
+            snprintf(b, sizeof b, "language_model.model.layers.1.block_sparse_moe.experts.%d.%s", e, mats[k]);
+            if (wt_bind_lazy(*st, b, shape[k][0], shape[k][1], 0, 0, &w[k], err) != DF_OK) return NULL;
+        }
+        if (xs_register(x, 1, e, w, err) != DF_OK) return NULL;
+    }
+    int64_t per = 0;
+    xs_set_budget(x, 1);
+    if (xs_finalize(x, err) != DF_OK) return NULL;
+    per = xs_expert_bytes(x);
+    xs_free(x);
+    x = NULL;
+    o.ram_bytes = per * slots;
+    if (xs_new(df_io_default(), *st, 5, 10, &o, &x, err) != DF_OK) return NULL;
+    for (int e = 0; e < 10; e++) {
+        df_weight w[3];
+        for (int k = 0; k < 3; k++) {
+            char b[200];
+            snprintf(b, sizeof b, "language_model.model.layers.1.block_sparse_moe.experts.%d.%s", e, mats[k]);
+            if (wt_bind_lazy(*st, b, shape[k][0], shape[k][1], 0, 0, &w[k], err) != DF_OK) return NULL;
+        }
+        if (xs_register(x, 1, e, w, err) != DF_OK) return NULL;
+    }
+    return xs_finalize(x, err) == DF_OK ? x : NULL;
+}
+
+static void run_pass(xs_store *x, const int *ex, int n) {
+    char err[DF_ERRMSG];
+    if (xs_begin(x, 1, ex, n, err) != DF_OK) return;
+    int e;
+    df_weight w[3];
+    while (xs_next(x, &e, w, err) == DF_OK && e >= 0) xs_done(x, e);
+    xs_end(x);
+}
+
+TEST(rel_lookahead_precision_turns_ranks_down) {
+    st_set *st = NULL;
+    xs_store *x = fixture_store(&st, 8);
+    REQUIRE(x, "store");
+    /* each round: hints ranked [a, b, c, d], the pass uses a and b only (ranks
+     * 2 and 3 always mispredict); a, b rotate so nothing is a cache hit */
+    xs_stats s0, s1;
+    uint64_t early = 0, late = 0;
+    for (int round = 0; round < 200; round++) {
+        int a = (round * 4) % 10, hints[4] = {a, (a + 1) % 10, (a + 2) % 10, (a + 3) % 10};
+        xs_get_stats(x, &s0);
+        xs_prefetch(x, 1, hints, 4);
+        xs_drain(x);
+        xs_get_stats(x, &s1);
+        if (round < 4) early += s1.prefetched - s0.prefetched;
+        if (round >= 100) late += s1.prefetched - s0.prefetched;
+        int used[2] = {hints[0] < hints[1] ? hints[0] : hints[1], hints[0] < hints[1] ? hints[1] : hints[0]};
+        run_pass(x, used, 2);
+    }
+    xs_get_stats(x, &s1);
+    CHECK(early >= 12, "all four ranks read at first (%llu reads in 4 rounds)", (unsigned long long)early);
+    /* later: ranks 0 and 1 always, rank 2 probed every 32nd hint, rank 3 never */
+    CHECK(late >= 200 && late <= 200 + 8, "%llu reads in 100 rounds", (unsigned long long)late);
+    CHECK(s1.prefetch_used + s1.prefetch_wasted <= s1.prefetched && s1.prefetch_wasted < s1.prefetch_used / 4,
+          "used %llu wasted %llu", (unsigned long long)s1.prefetch_used, (unsigned long long)s1.prefetch_wasted);
+    xs_free(x);
+    st_close(st);
 }

@@ -43,13 +43,40 @@ int64_t mem_parse_limit(const char *text) {
     return (int64_t)v;
 }
 
-const char *mem_parse_cgroup2_path(const char *text) {
+const char *mem_parse_cgroup_path(const char *text, const char *controller) {
+    size_t cl = strlen(controller);
     for (const char *p = text; p && *p;) {
-        if (strncmp(p, "0::", 3) == 0) return p + 3;
+        /* "ID:CONTROLLERS:PATH"; v2 is "0::PATH" (controller "") */
+        const char *c1 = strchr(p, ':'), *nl = strchr(p, '\n');
+        if (c1 && (!nl || c1 < nl)) {
+            const char *list = c1 + 1, *c2 = strchr(list, ':');
+            if (c2 && (!nl || c2 < nl)) {
+                if (cl == 0 ? c2 == list : 0) return c2 + 1;
+                for (const char *q = list; cl && q < c2;) { /* comma-separated controllers */
+                    const char *e = memchr(q, ',', (size_t)(c2 - q));
+                    if (!e) e = c2;
+                    if ((size_t)(e - q) == cl && strncmp(q, controller, cl) == 0) return c2 + 1;
+                    q = e + 1;
+                }
+            }
+        }
+        p = nl ? nl + 1 : NULL;
+    }
+    return NULL;
+}
+
+int64_t mem_parse_stat(const char *text, const char *key) {
+    size_t kl = strlen(key);
+    for (const char *p = text; p && *p;) {
+        if (strncmp(p, key, kl) == 0 && p[kl] == ' ') {
+            char *end;
+            long long v = strtoll(p + kl + 1, &end, 10);
+            return end == p + kl + 1 || v < 0 ? -1 : (int64_t)v;
+        }
         p = strchr(p, '\n');
         if (p) p++;
     }
-    return NULL;
+    return -1;
 }
 
 /* ---- probes ---- */
@@ -64,44 +91,55 @@ static int slurp(const char *path, char *buf, size_t cap) {
     return n > 0 ? 0 : -1;
 }
 
-/* Room left under a cgroup directory's limit (-1: no limit there). */
-static int64_t cg2_room(const char *dir) {
-    char p[4300], b[128];
-    snprintf(p, sizeof p, "%s/memory.max", dir);
+/* Room left under one cgroup directory's limit (-1: no limit there): the
+ * limit less what is in use, plus the file pages the kernel can reclaim
+ * (usage counts the page cache). v2 names: memory.max / memory.current,
+ * inactive_file; v1: memory.limit_in_bytes / memory.usage_in_bytes,
+ * total_inactive_file. */
+static int64_t cg_room(const char *dir, int v2) {
+    char p[4300], b[8192];
+    snprintf(p, sizeof p, "%s/%s", dir, v2 ? "memory.max" : "memory.limit_in_bytes");
     if (slurp(p, b, sizeof b)) return -1;
     int64_t max = mem_parse_limit(b);
     if (max < 0) return -1;
-    snprintf(p, sizeof p, "%s/memory.current", dir);
+    snprintf(p, sizeof p, "%s/%s", dir, v2 ? "memory.current" : "memory.usage_in_bytes");
     int64_t cur = slurp(p, b, sizeof b) ? 0 : mem_parse_limit(b);
     if (cur < 0) cur = 0;
+    snprintf(p, sizeof p, "%s/memory.stat", dir);
+    int64_t reclaim = slurp(p, b, sizeof b) ? 0 : mem_parse_stat(b, v2 ? "inactive_file" : "total_inactive_file");
+    if (reclaim > 0) cur -= reclaim < cur ? reclaim : cur;
     return max > cur ? max - cur : 0;
 }
 
-int64_t mem_cgroup_room(void) {
-    char text[4096], dir[4200];
+/* The tightest room over a cgroup directory and every level above it up to
+ * the controller's mount (root). */
+static int64_t cg_walk(const char *root, const char *rel, int v2) {
+    char dir[4200];
+    size_t n = strcspn(rel, "\n");
+    snprintf(dir, sizeof dir, "%s%.*s", root, (int)(n < 4000 ? n : 4000), rel);
+    size_t rl = strlen(root);
     int64_t best = -1;
-    if (slurp("/proc/self/cgroup", text, sizeof text) == 0) {
-        const char *rel = mem_parse_cgroup2_path(text);
-        if (rel) {
-            size_t n = strcspn(rel, "\n");
-            snprintf(dir, sizeof dir, "/sys/fs/cgroup%.*s", (int)(n < 4000 ? n : 4000), rel);
-            /* every level up to the root: the tightest limit wins */
-            for (;;) {
-                int64_t r = cg2_room(dir);
-                if (r >= 0 && (best < 0 || r < best)) best = r;
-                char *slash = strrchr(dir, '/');
-                if (!slash || slash == dir || strcmp(dir, "/sys/fs/cgroup") == 0) break;
-                *slash = 0;
-            }
-        }
+    for (;;) {
+        int64_t r = cg_room(dir, v2);
+        if (r >= 0 && (best < 0 || r < best)) best = r;
+        char *slash = strrchr(dir, '/');
+        if (!slash || (size_t)(slash - dir) < rl) break;
+        *slash = 0;
     }
-    if (best < 0) { /* cgroup v1 */
-        char b[128];
-        if (slurp("/sys/fs/cgroup/memory/memory.limit_in_bytes", b, sizeof b) == 0) {
-            int64_t lim = mem_parse_limit(b);
-            int64_t use = slurp("/sys/fs/cgroup/memory/memory.usage_in_bytes", b, sizeof b) ? 0 : mem_parse_limit(b);
-            if (lim >= 0) best = lim > use ? lim - (use > 0 ? use : 0) : 0;
-        }
+    return best;
+}
+
+int64_t mem_cgroup_room(void) {
+    char text[4096];
+    if (slurp("/proc/self/cgroup", text, sizeof text)) return -1;
+    int64_t best = -1;
+    const char *v1 = mem_parse_cgroup_path(text, "memory");
+    if (v1) best = cg_walk("/sys/fs/cgroup/memory", v1, 0);
+    const char *v2 = mem_parse_cgroup_path(text, "");
+    if (v2) { /* unified at the root, or beside v1 (hybrid) */
+        int64_t r = cg_walk("/sys/fs/cgroup", v2, 1), u = cg_walk("/sys/fs/cgroup/unified", v2, 1);
+        if (u >= 0 && (r < 0 || u < r)) r = u;
+        if (r >= 0 && (best < 0 || r < best)) best = r;
     }
     return best;
 }

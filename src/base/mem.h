@@ -14,6 +14,9 @@ int64_t mem_cgroup_room(void);
 int64_t mem_parse_meminfo(const char *text, const char *key);
 /* A cgroup limit or usage file: bytes, or -1 for "max" / no limit. */
 int64_t mem_parse_limit(const char *text);
-/* The v2 path ("0::/a/b") in a /proc/self/cgroup text, or NULL. */
-const char *mem_parse_cgroup2_path(const char *text);
+/* The path of a controller's cgroup in a /proc/self/cgroup text ("memory"
+ * for v1's "4:memory:/a/b", "" for v2's "0::/a/b"), or NULL. */
+const char *mem_parse_cgroup_path(const char *text, const char *controller);
+/* "key 123" lines (memory.stat) -> 123; -1 if key is absent. */
+int64_t mem_parse_stat(const char *text, const char *key);
 #endif

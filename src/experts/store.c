@@ -87,7 +87,8 @@ struct xs_store {
     xs_stats stats;
     /* lookahead outcomes per confidence rank, decayed counts (prefetch policy) */
     float pf_used[XS_PF_RANKS], pf_wasted[XS_PF_RANKS];
-    uint16_t pf_probe[XS_PF_RANKS]; /* hints skipped at a rank since its last probe */
+    int pf_depth;         /* hints at ranks below this are read; the rank at it is probed */
+    int pf_since_probe;   /* hints at rank pf_depth skipped since the last probe */
     void (*reuse_hook)(void *ctx); /* called before a cached expert's slot is reused */
     void *reuse_ctx;
 };
@@ -225,6 +226,7 @@ df_status xs_new(const df_io *io, st_set *st, int n_layers, int n_experts, const
     x->io = io;
     x->st = st;
     x->o = *o;
+    x->pf_depth = XS_PF_RANKS;
     x->L = n_layers;
     x->E = n_experts;
     size_t n = (size_t)n_layers * n_experts;
@@ -278,7 +280,16 @@ static int colder(const xs_store *x, const slot_t *a, const slot_t *b) {
     return a->last < b->last;
 }
 
-/* A prefetched slot's outcome: used by the pass it was read for, or not. */
+/* Measured precision of hints at rank r: decayed counts with an optimistic
+ * prior of three uses (one early miss does not turn a rank down). */
+static float pf_precision(const xs_store *x, int r) {
+    return (x->pf_used[r] + 3.0f) / (x->pf_used[r] + x->pf_wasted[r] + 3.0f);
+}
+
+/* A prefetched slot's outcome: used by the pass it was read for, or not.
+ * The depth follows the ranks' precision (which falls with the rank): a
+ * rank read whose precision falls below the floor cuts the depth there; a
+ * probed rank (the one at the depth) that reaches it extends the depth. */
 static void pf_outcome(xs_store *x, slot_t *s, int used) {
     int r = s->pf_rank < XS_PF_RANKS ? s->pf_rank : XS_PF_RANKS - 1;
     x->pf_used[r] = x->pf_used[r] * XS_PF_DECAY + (float)used;
@@ -286,6 +297,9 @@ static void pf_outcome(xs_store *x, slot_t *s, int used) {
     if (used) x->stats.prefetch_used++;
     else x->stats.prefetch_wasted++;
     s->prefetch = 0;
+    float floor = x->o.prefetch_min_precision;
+    if (r < x->pf_depth && pf_precision(x, r) < floor) x->pf_depth = r;
+    else if (r == x->pf_depth && r < XS_PF_RANKS - 1 && pf_precision(x, r) >= floor) x->pf_depth = r + 1;
 }
 
 static int take_slot(xs_store *x) {
@@ -525,16 +539,15 @@ void xs_set_reuse_hook(xs_store *x, void (*fn)(void *ctx), void *ctx) {
     x->reuse_ctx = ctx;
 }
 
-/* Whether a hint at confidence rank r is worth a read: its measured
- * precision (decayed, with one optimistic prior) reaches the floor, or it
- * is this rank's turn to probe (every XS_PF_PROBE skipped hints, so a rank
- * that was turned down can come back when routing becomes predictable). */
+/* Whether a hint at confidence rank r is read: every rank above the depth
+ * is; the rank at the depth is probed every XS_PF_PROBE-th hint, so the
+ * depth can grow back when routing becomes predictable. */
 static int pf_rank_pays(xs_store *x, int r) {
-    if (r >= XS_PF_RANKS) r = XS_PF_RANKS - 1;
-    float u = x->pf_used[r], w = x->pf_wasted[r];
-    if ((u + 1.0f) / (u + w + 1.0f) >= x->o.prefetch_min_precision) return 1;
-    if (++x->pf_probe[r] >= XS_PF_PROBE) { x->pf_probe[r] = 0; return 1; }
-    return 0;
+    if (r < x->pf_depth) return 1;
+    if (r > x->pf_depth) return 0;
+    if (++x->pf_since_probe < XS_PF_PROBE) return 0;
+    x->pf_since_probe = 0;
+    return 1;
 }
 
 void xs_prefetch(xs_store *x, int layer, const int *experts, int n) {

@@ -45,12 +45,17 @@ typedef struct {
 } xs_opts;
 
 /* Prefetch policy: outcomes are kept per confidence rank of a hint (the
- * order xs_prefetch gets them in), as counts decayed by XS_PF_DECAY per
- * outcome; a rank below the precision floor still probes every
- * XS_PF_PROBE-th hint. */
-enum { XS_PF_RANKS = 64, XS_PF_PROBE = 16 };
+ * order xs_prefetch gets them in: most confident first), as counts decayed
+ * by XS_PF_DECAY per outcome. Ranks are read down to a depth: a rank whose
+ * precision falls below the floor cuts the depth there, the rank at the
+ * depth is probed every XS_PF_PROBE-th hint and extends it when it reaches
+ * the floor.
+ * The floor (0.75) is where a wasted read, which costs a whole expert's
+ * bytes when reads are the bottleneck, is outweighed by the latency the
+ * used ones hide (measured on the K3-width slice: bench/lookahead.sh). */
+enum { XS_PF_RANKS = 64, XS_PF_PROBE = 32 };
 #define XS_PF_DECAY 0.97f
-#define XS_PF_MIN_PRECISION 0.5f
+#define XS_PF_MIN_PRECISION 0.75f
 
 enum { XS_EVICT_LRU = 0, XS_EVICT_HEAT };
 
