@@ -5,8 +5,8 @@
  * given, else what the kernel can give back (MemAvailable capped by the
  * cgroup, src/base/mem.c) minus a margin. Out of it come, in this order:
  *
- *   fixed     tensor metadata + session state for plan_ctx positions + 64 MB
- *             of scratch and code
+ *   fixed     tensor metadata and the expert tables + session state for
+ *             plan_ctx positions + scratch (64 MB and the per-chunk buffers)
  *   spine     resident: every non-expert tensor (the embedding counted by
  *             the rows a session can touch); streamed: what stays resident
  *             (routers, norms, small vectors) + two layer buffers
@@ -98,9 +98,22 @@ static tensor_sums sums_of(const df_engine *e) {
 }
 
 static int64_t meta_bytes(const df_engine *e) {
-    /* tensor index, expert tables and the JSON parse at open: ~640 bytes per
-     * tensor, measured on the full K3 inventory (497k tensors, 298 MB peak) */
-    return st_count(e->st) * 640;
+    /* tensor index and the JSON parse at open: ~640 bytes per tensor,
+     * measured on the full K3 inventory (497k tensors, 298 MB peak); the
+     * expert store's tables (an entry of spans and views per expert, its
+     * slot, heat): ~440 bytes per routed expert */
+    const df_config *c = &e->cfg;
+    int64_t experts = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) experts += cfg_is_moe_layer(c, l) ? c->n_routed_experts : 0;
+    return st_count(e->st) * 640 + experts * 440;
+}
+
+/* Scratch and code: 64 MB, plus a session's per-chunk buffers, which grow
+ * with the widths (the chunk's logits rows, projections and MLP rows). */
+static int64_t scratch_bytes(const df_engine *e) {
+    const df_config *c = &e->cfg;
+    int64_t wide = (int64_t)c->vocab_size + 16 * (int64_t)c->hidden_size + 4 * (int64_t)c->intermediate_size;
+    return 64 * MIB + (int64_t)DF_CHUNK * 4 * wide;
 }
 
 static int64_t state_bytes(const df_engine *e, int ctx) {
@@ -134,7 +147,7 @@ df_status plan_decide(df_engine *e, char *err) {
     int ctx = plan_ctx(e);
     tensor_sums s = sums_of(e);
     int64_t expert_bytes = n_moe > 0 && c->n_routed_experts > 0 ? s.routed / ((int64_t)n_moe * c->n_routed_experts) : 0;
-    p->fixed = meta_bytes(e) + state_bytes(e, ctx) + 64 * MIB;
+    p->fixed = meta_bytes(e) + state_bytes(e, ctx) + scratch_bytes(e);
     int64_t emb = embed_touched(e, s.embed, ctx);
     p->spine_resident = s.spine - s.embed + emb;
     p->spine_stream = (s.spine - s.streamed - s.embed + emb) + 2 * s.max_group;
@@ -211,7 +224,7 @@ int64_t plan_weight_bytes(const df_engine *e) {
 
 int64_t df_engine_plan_bytes(const df_engine *e, int max_ctx) {
     int64_t cache = e->store ? xs_pool_bytes(e->store) : 0;
-    return plan_weight_bytes(e) + cache + state_bytes(e, max_ctx) + meta_bytes(e) + 64 * MIB;
+    return plan_weight_bytes(e) + cache + state_bytes(e, max_ctx) + meta_bytes(e) + scratch_bytes(e);
 }
 
 void plan_describe(const df_engine *e, char *b, size_t cap) {
@@ -222,5 +235,5 @@ void plan_describe(const df_engine *e, char *b, size_t cap) {
              "cache %.3f + state %.3f + metadata and scratch %.3f; the kernel can give %.3f GB now\n",
              gb(df_engine_plan_bytes(e, ctx)), gb(e->plan.budget),
              e->plan.budget_given ? "--ram" : "available memory less a margin", ctx, gb(w), gb(cache),
-             gb(state_bytes(e, ctx)), gb(meta_bytes(e) + 64 * MIB), gb(e->plan.avail));
+             gb(state_bytes(e, ctx)), gb(meta_bytes(e) + scratch_bytes(e)), gb(e->plan.avail));
 }
