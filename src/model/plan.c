@@ -142,7 +142,12 @@ df_status plan_decide(df_engine *e, char *err) {
     int experts_per_tok = o->top_k > 0 && o->top_k < c->num_experts_per_tok ? o->top_k : c->num_experts_per_tok;
     p->avail = mem_available();
     p->budget_given = o->ram_bytes > 0;
-    int64_t margin = p->avail / 10 < GIB ? p->avail / 10 : GIB;
+    /* room for what others allocate meanwhile (a mapped spine that loses its
+     * page cache to them is read again every token): 1/16 of what is
+     * available, at least 2 GiB (half of it on a small machine), at most 8 */
+    int64_t margin = p->avail / 16;
+    if (margin < 2 * GIB) margin = p->avail < 4 * GIB ? p->avail / 2 : 2 * GIB;
+    if (margin > 8 * GIB) margin = 8 * GIB;
     p->budget = p->budget_given ? o->ram_bytes : p->avail - margin;
     int ctx = plan_ctx(e);
     tensor_sums s = sums_of(e);
