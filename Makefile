@@ -24,7 +24,7 @@ endif
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mavx2
 
-LIB_SRC  := $(sort $(wildcard src/base/*.c src/format/*.c src/kernels/*.c src/model/*.c src/synth/*.c src/experts/*.c src/text/*.c src/hub/*.c src/server/*.c))
+LIB_SRC  := $(sort $(wildcard src/base/*.c src/format/*.c src/kernels/*.c src/model/*.c src/synth/*.c src/experts/*.c src/text/*.c src/hub/*.c src/server/*.c src/spine8/*.c))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)

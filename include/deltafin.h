@@ -76,6 +76,7 @@ typedef struct {
     int plan_only;   /* describe only: plan the expert cache without allocating it */
     int profile;     /* time each part of a step (df_engine_profile) */
     int spine;       /* df_spine_mode: keep non-expert weights resident or stream them per layer */
+    int spine_dtype; /* df_spine_dtype: the checkpoint's matrices or a converted int8 spine (LOSSY) */
     int evict_heat;  /* expert cache eviction: 0 least recently used (default), 1 lowest decayed heat */
     /* Optional accelerator (struct df_accel below): NULL runs every matrix
      * on the CPU. Borrowed: it must outlive the engine. */
@@ -189,6 +190,13 @@ typedef struct df_accel {
  * cache. Never changes the output. */
 typedef enum { DF_SPINE_AUTO = 0, DF_SPINE_RESIDENT, DF_SPINE_STREAM } df_spine_mode;
 
+/* Which copy of the spine's matrices is used: auto takes DIR/int8-spine
+ * when `deltafin convert-spine` made one (and refuses one that no longer
+ * matches the checkpoint), else the checkpoint's own; int8 requires it;
+ * checkpoint never uses it. The int8 spine changes the math: the engine
+ * labels it LOSSY (df_engine_lossy). */
+typedef enum { DF_SPINE_DTYPE_AUTO = 0, DF_SPINE_DTYPE_CHECKPOINT, DF_SPINE_DTYPE_INT8 } df_spine_dtype;
+
 void df_engine_opts_default(df_engine_opts *o);
 
 /* Opens a model directory (config.json + safetensors, single or sharded).
@@ -282,6 +290,9 @@ int64_t df_engine_spine_bytes_per_token(const df_engine *e);
  * positions (non-expert weights + the expert cache + session state + a
  * fixed allowance for scratch and code). */
 int64_t df_engine_plan_bytes(const df_engine *e, int max_ctx);
+/* The spine's matrices in use: "int8" (converted) or the checkpoint's
+ * stored type, e.g. "bf16". */
+const char *df_engine_spine_dtype(const df_engine *e);
 /* 1 when the spine streams per layer; the plan's reason for its choice
  * (one line, owned by the engine). */
 int df_engine_spine_streamed(const df_engine *e);

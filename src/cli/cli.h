@@ -23,6 +23,7 @@ typedef struct {
     int plan_only;          /* inspect: plan, allocate nothing */
     int profile;            /* time the parts of a step */
     int spine;              /* df_spine_mode */
+    int spine_dtype;        /* df_spine_dtype */
     int evict_heat;
     int64_t cache_limit;    /* stream mirrors: expert disk budget; -1 = the mirror's, 0 = none */
     int device;             /* CLI_DEV_*: --device auto|cpu|cuda */
@@ -63,6 +64,7 @@ int cmd_setup(int argc, char **argv);
 int cmd_fetch_experts(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_warm(int argc, char **argv);
+int cmd_convert_spine(int argc, char **argv);
 /* If model is a stream-mode hub mirror, opens it and sets eo->io (printing
  * what is local); cache_limit as cli_model_opts; 0, or -1 after printing why
  * not (cmd_hub.c). */

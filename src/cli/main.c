@@ -18,6 +18,7 @@ static const char usage_text[] =
     "  fetch-experts  complete a stream-mode mirror (all, or --layers)\n"
     "  warm           fetch the most-used missing experts of a mirror (--trace / --heat)\n"
     "  doctor         offline health check of a mirror made by setup\n"
+    "  convert-spine  the spine's matrices to row-wise int8 beside the checkpoint (--spine-dtype int8)\n"
     "text:\n"
     "  tokenize       text -> token ids (tiktoken rank file, tokenizer.json, model dir)\n"
     "  detokenize     token ids -> text\n"
@@ -45,6 +46,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "doctor")) return cmd_doctor(argc - 1, argv + 1);
     if (!strcmp(c, "warm")) return cmd_warm(argc - 1, argv + 1);
     if (!strcmp(c, "chat")) return cmd_chat(argc - 1, argv + 1);
+    if (!strcmp(c, "convert-spine")) return cmd_convert_spine(argc - 1, argv + 1);
     fprintf(stderr, "deltafin: unknown command '%s'\n\n%s", c, usage_text);
     return CLI_USAGE;
 }

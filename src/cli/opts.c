@@ -29,6 +29,8 @@ const char cli_model_opts_help[] =
     "  --io-depth N       expert reads in flight (default 32)\n"
     "  --spine MODE       non-expert weights: auto (default: stream when they do not fit beside the\n"
     "                     expert cache), resident, stream (per layer through a double buffer)\n"
+    "  --spine-dtype T    auto (default: the int8 spine when `deltafin convert-spine` made one), bf16\n"
+    "                     (the checkpoint's own matrices) or int8 (LOSSY: labelled in every stats line)\n"
     "  --no-prefetch      turn off router-lookahead prefetch (the output never changes)\n"
     "  --evict POLICY     expert cache eviction: lru (default) or heat (lowest decayed use count)\n"
     "  --heat FILE        expert heat statistics: loaded at start if present, saved at exit\n"
@@ -144,6 +146,15 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         (*i)++;
         return 1;
     }
+    if (!strcmp(a, "--spine-dtype")) {
+        if (!val) { fprintf(stderr, "deltafin: --spine-dtype needs a value\n"); return -1; }
+        (*i)++;
+        if (!strcmp(val, "auto")) o->spine_dtype = DF_SPINE_DTYPE_AUTO;
+        else if (!strcmp(val, "int8")) o->spine_dtype = DF_SPINE_DTYPE_INT8;
+        else if (!strcmp(val, "bf16") || !strcmp(val, "checkpoint")) o->spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
+        else { fprintf(stderr, "deltafin: --spine-dtype must be auto, bf16 (the checkpoint's own) or int8 (got '%s')\n", val); return -1; }
+        return 1;
+    }
     if (!strcmp(a, "--spine")) {
         if (!val) { fprintf(stderr, "deltafin: --spine needs a value\n"); return -1; }
         (*i)++;
@@ -212,6 +223,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     eo->expert_io = o->expert_io;
     eo->ram_bytes = o->ram;
     eo->expert_cache_bytes = o->expert_cache;
+    eo->spine_dtype = o->spine_dtype;
     eo->plan_ctx = o->ctx;
     eo->prefetch = !o->no_prefetch;
     if (o->io_depth > 0) eo->io_depth = o->io_depth;

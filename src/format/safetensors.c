@@ -74,6 +74,10 @@ struct st_set {
     void **cache;       /* pread mode: per-tensor buffers */
     arena_chunk *arena;
     int64_t total_bytes;
+    /* while st_add_dir reads an overlay: the folder its shards are in and
+     * the prefix its tensor names get (NULL / "" otherwise) */
+    const char *shard_dir;
+    const char *prefix;
 };
 
 static uint32_t fnv1a(const char *s) {
@@ -289,6 +293,12 @@ static df_status parse_entry(const char *path, const char *name, json_t *v, int6
 }
 
 static df_status add_tensor(st_set *s, const char *name, const st_tensor *t, char *err) {
+    char full[1024];
+    if (s->prefix && *s->prefix) {
+        if ((size_t)snprintf(full, sizeof full, "%s%s", s->prefix, name) >= sizeof full)
+            return df_fail(err, DF_ERR_FORMAT, "%s: tensor name too long: '%.64s...'", s->shards[t->shard].path, name);
+        name = full;
+    }
     uint32_t h = fnv1a(name);
     int64_t prev = lookup(s, name, h);
     if (prev >= 0)
@@ -503,7 +513,7 @@ static df_status open_shards(st_set *s, const char *const *names, size_t n, size
     if (!pre) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         pre[i].fname = names[i];
-        pre[i].path = join_path(s->dir, names[i]);
+        pre[i].path = join_path(s->shard_dir ? s->shard_dir : s->dir, names[i]);
         pre[i].fd = -1;
         pre[i].st = pre[i].path ? DF_OK : df_fail(pre[i].err, DF_ERR_NOMEM, "out of memory");
     }
@@ -607,7 +617,9 @@ static df_status open_indexed(st_set *s, const char *ipath, char *err) {
     /* Every tensor must be where the index says. */
     json_object_foreach(wm, key, v) {
         const char *f = json_string_value(v);
-        const st_tensor *t = st_find(s, key);
+        char full[1024];
+        snprintf(full, sizeof full, "%s%s", s->prefix ? s->prefix : "", key);
+        const st_tensor *t = st_find(s, full);
         if (!t) {
             st = df_fail(err, DF_ERR_FORMAT, "%s: tensor '%s' is listed in shard '%s', which has no such tensor",
                          ipath, key, f);
@@ -681,6 +693,25 @@ df_status st_open_dir(const char *dir, const df_io *io, int use_mmap, st_set **o
     }
     *out = s;
     return DF_OK;
+}
+
+df_status st_add_dir(st_set *s, const char *subdir, const char *prefix, char *err) {
+    char *ipath = join_path(subdir, INDEX_NAME);
+    if (!ipath) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    int64_t before = s->n_tensors;
+    s->shard_dir = subdir;
+    s->prefix = prefix;
+    df_status st = open_indexed(s, ipath, err);
+    s->shard_dir = NULL;
+    s->prefix = NULL;
+    free(ipath);
+    if (st == DF_OK && s->cache && s->n_tensors > before) { /* pread mode: room for the new tensors */
+        void **nc = realloc(s->cache, (size_t)s->n_tensors * sizeof *nc);
+        if (!nc) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+        memset(nc + before, 0, (size_t)(s->n_tensors - before) * sizeof *nc);
+        s->cache = nc;
+    }
+    return st;
 }
 
 /* ---- 4. data access -------------------------------------------------------- */

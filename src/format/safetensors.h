@@ -32,6 +32,10 @@ typedef struct st_set st_set;
  * dir/ *.safetensors (single-file models). use_mmap selects the access path. */
 df_status st_open_dir(const char *dir, const df_io *io, int use_mmap, st_set **out, char *err);
 void st_close(st_set *s);
+/* Adds the shards of another indexed folder (an overlay, e.g. a converted
+ * int8 spine) to the set, each tensor name with `prefix` in front. On error
+ * the set may hold part of the overlay's shards; close it. */
+df_status st_add_dir(st_set *s, const char *subdir, const char *prefix, char *err);
 
 const st_tensor *st_find(const st_set *s, const char *name);   /* NULL if absent */
 int64_t st_count(const st_set *s);

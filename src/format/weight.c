@@ -188,6 +188,26 @@ static df_status bind_packed(st_set *s, const char *base, const st_tensor *p, in
     return DF_OK;
 }
 
+/* Row-int8 (deltafin convert-spine): base.weight I8 [rows, cols] and
+ * base.weight_scale F32 with one value per row ([rows] or [rows, 1]). */
+static df_status bind_i8(st_set *s, const char *base, const st_tensor *t, int64_t rows, df_weight *w, int lazy,
+                         char *err) {
+    char name[512];
+    const st_tensor *sc = find2(s, base, ".weight_scale", name, sizeof name);
+    if (!sc) return missing(s, name, "an I8 weight needs one f32 scale per row", err);
+    int64_t n = 1;
+    for (int i = 0; i < sc->ndim; i++) n *= sc->shape[i];
+    if (sc->dtype != DT_F32 || n != rows || sc->ndim < 1 || sc->ndim > 2 || sc->shape[0] != rows)
+        return df_fail(err, DF_ERR_MISMATCH, "%s: tensor '%s' must be F32 [%lld] (one scale per row of '%s')",
+                       st_shard_path(s, sc->shard), sc->name, (long long)rows, t->name);
+    w->t_data = t;
+    w->t_scale = sc;
+    if (lazy) return DF_OK;
+    w->data = st_data(s, t, err);
+    w->scale = w->data ? st_data(s, sc, err) : NULL;
+    return w->data && w->scale ? DF_OK : DF_ERR_IO;
+}
+
 static df_status bind_any(st_set *s, const char *base, int64_t rows, int64_t cols, int fp8_br,
                           int fp8_bc, df_weight *w, int lazy, char *err) {
     memset(w, 0, sizeof *w);
@@ -209,14 +229,16 @@ static df_status bind_any(st_set *s, const char *base, int64_t rows, int64_t col
     case DT_BF16: w->type = WT_BF16; break;
     case DT_F16: w->type = WT_F16; break;
     case DT_F8_E4M3: w->type = WT_FP8_BLOCK; break;
+    case DT_I8: w->type = WT_I8_ROW; break;
     default:
         return df_fail(err, DF_ERR_UNSUPPORTED,
-                       "%s: tensor '%s' has dtype %s (F32, BF16, F16 or F8_E4M3 supported)", path,
+                       "%s: tensor '%s' has dtype %s (F32, BF16, F16, F8_E4M3 or I8 supported)", path,
                        t->name, dtype_name(t->dtype));
     }
     df_status st = need_shape2(s, t, rows, cols, "rows x cols from the config", err);
     if (st != DF_OK) return st;
     if (w->type == WT_FP8_BLOCK) return bind_fp8(s, base, t, rows, cols, fp8_br, fp8_bc, w, lazy, err);
+    if (w->type == WT_I8_ROW) return bind_i8(s, base, t, rows, w, lazy, err);
     w->t_data = t;
     if (lazy) return DF_OK;
     w->data = st_data(s, t, err);

@@ -8,6 +8,7 @@
 #include "../base/err.h"
 #include "../experts/spine.h"
 #include "../experts/store.h"
+#include "../spine8/spine8.h"
 #include "ffn.h"
 #include <fcntl.h>
 #include <stdarg.h>
@@ -29,6 +30,59 @@ void df_engine_opts_default(df_engine_opts *o) {
 }
 
 static int64_t spine_bytes(const df_engine *e);
+
+/* The spine's matrices: a converted int8 spine (DIR/int8-spine) joins the
+ * shard set as "int8:" tensors when asked for, or found in auto. */
+static df_status open_spine_dtype(df_engine *e, const char *dir, const df_engine_opts *o, char *err) {
+    const char *stored = "bf16";
+    char name[DF_NAME];
+    tname(name, "%sembed_tokens.weight", e->cfg.prefix);
+    for (int64_t i = 0; i < st_count(e->st); i++) { /* the type of the first layer's matrices */
+        const st_tensor *t = st_at(e->st, i);
+        if (t->ndim == 2 && strstr(t->name, ".layers.0.") && s8_selected(t->name, t)) {
+            stored = dtype_name(t->dtype);
+            break;
+        }
+    }
+    snprintf(e->spine_dtype, sizeof e->spine_dtype, "%s", stored);
+    for (char *c = e->spine_dtype; *c; c++) *c = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
+    if (o->spine_dtype == DF_SPINE_DTYPE_CHECKPOINT) return DF_OK;
+    char s8[1100];
+    snprintf(s8, sizeof s8, "%s/%s", dir, S8_DIR);
+    int absent = 0;
+    char why[DF_ERRMSG];
+    df_status st = s8_check(e->io, dir, s8, &absent, why);
+    if (st != DF_OK) {
+        if (absent && o->spine_dtype == DF_SPINE_DTYPE_AUTO) return DF_OK;
+        return df_fail(err, st, "%s", why);
+    }
+    if ((st = st_add_dir(e->st, s8, S8_PREFIX, err)) != DF_OK) return st;
+    e->int8 = 1;
+    snprintf(e->spine_dtype, sizeof e->spine_dtype, "int8");
+    return DF_OK;
+}
+
+int model_spine_live(const df_engine *e, const st_tensor *t) {
+    size_t pl = strlen(S8_PREFIX);
+    if (strncmp(t->name, S8_PREFIX, pl) == 0) return e->int8;
+    if (!e->int8) return 1;
+    char twin[DF_NAME];
+    size_t n = strlen(t->name);
+    if (n > 17 && strcmp(t->name + n - 17, ".weight_scale_inv") == 0)
+        tname(twin, "%s%.*s.weight", S8_PREFIX, (int)(n - 17), t->name);
+    else
+        tname(twin, "%s%s", S8_PREFIX, t->name);
+    return st_find(e->st, twin) == NULL;
+}
+
+/* The name a spine matrix binds under: its int8 twin when that is in use. */
+static const char *bind_name(const df_engine *e, const char *base, char *buf) {
+    if (!e->int8) return base;
+    tname(buf, "%s%s.weight", S8_PREFIX, base);
+    if (!st_find(e->st, buf)) return base;
+    tname(buf, "%s%s", S8_PREFIX, base);
+    return buf;
+}
 
 /* ---- engine open/close ---- */
 
@@ -65,6 +119,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     }
     st = st_open_dir(dir, e->io, opts->use_mmap, &e->st, err);
     if (st != DF_OK) goto fail;
+    if ((st = open_spine_dtype(e, dir, opts, err)) != DF_OK) goto fail;
     int nt = opts->n_threads;
     if (nt <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -129,6 +184,10 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         goto fail;
     if (opts->top_k > 0 && opts->top_k < e->cfg.num_experts_per_tok)
         snprintf(e->lossy, sizeof e->lossy, "LOSSY top-k %d of %d", opts->top_k, e->cfg.num_experts_per_tok);
+    if (e->int8) {
+        size_t u = strlen(e->lossy);
+        snprintf(e->lossy + u, sizeof e->lossy - u, "%sint8 spine", u ? ", " : "LOSSY ");
+    }
     *out = e;
     return DF_OK;
 fail:
@@ -228,12 +287,16 @@ void tname(char *out, const char *fmt, ...) {
 
 df_status model_bind(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w, char *err) {
     if (!e->spine || e->spine_group < 0) return model_bind_resident(e, base, rows, cols, w, err);
+    char buf[DF_NAME];
+    base = bind_name(e, base, buf);
     df_status st = wt_bind_lazy(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
     return st != DF_OK ? st : sp_register(e->spine, e->spine_group, w, err);
 }
 
 df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w,
                               char *err) {
+    char buf[DF_NAME];
+    base = bind_name(e, base, buf);
     df_status st = wt_bind(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
     if (st == DF_OK) e->resident_bound += wt_bytes(w);
     if (st == DF_OK && e->acc) acc_bind(e->acc, w);
@@ -253,7 +316,8 @@ static int64_t spine_bytes(const df_engine *e) {
     int64_t n = 0;
     for (int64_t i = 0; i < st_count(e->st); i++) {
         const st_tensor *t = st_at(e->st, i);
-        if (!(strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts"))) n += t->nbytes;
+        if (!(strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) && model_spine_live(e, t))
+            n += t->nbytes;
     }
     return n;
 }
@@ -513,6 +577,7 @@ int df_engine_experts_per_token(const df_engine *e) {
 }
 
 const char *df_engine_lossy(const df_engine *e) { return e->lossy; }
+const char *df_engine_spine_dtype(const df_engine *e) { return e->spine_dtype; }
 int df_engine_spine_streamed(const df_engine *e) { return e->spine != NULL; }
 const char *df_engine_spine_why(const df_engine *e) { return e->plan.why; }
 
@@ -527,7 +592,7 @@ int64_t df_engine_spine_bytes_per_token(const df_engine *e) {
     int64_t total = 0;
     for (int64_t i = 0; i < st_count(e->st); i++) {
         const st_tensor *t = st_at(e->st, i);
-        if (strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) continue;
+        if ((strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) || !model_spine_live(e, t)) continue;
         total += t->nbytes;
         if (!e->cfg.tie_word_embeddings && strstr(t->name, "embed_tokens.weight") && t->ndim == 2 && t->shape[0] > 0)
             total -= t->nbytes - t->nbytes / t->shape[0];

@@ -88,6 +88,8 @@ struct df_engine {
     struct acc_table *acc;    /* device copies when opts.accel is set (accel.c); NULL: CPU only */
     eng_plan plan;
     int64_t spine_read0;      /* sp_bytes_read at the last df_engine_reset_stats */
+    int int8;                 /* the converted int8 spine is bound (tensors "int8:NAME" in st) */
+    char spine_dtype[16];     /* "int8", or the checkpoint's matrices' type */
 };
 
 struct df_session {
@@ -122,6 +124,10 @@ float *model_vec_flat(df_engine *e, const char *name, int64_t n, df_status *st, 
  * lm_head (the embedding when tied; else the last streamed group) and the
  * final norm (f32 copy, malloc'd into *final_norm). */
 df_status model_bind_ends(df_engine *e, df_weight *embed, df_weight *head, float **final_norm, char *err);
+/* 1 if a non-expert tensor is part of the spine in use: with the int8
+ * spine, a converted matrix's original (and its fp8 scales) is not, its
+ * "int8:" twin is; without it, no "int8:" tensor is. */
+int model_spine_live(const df_engine *e, const st_tensor *t);
 /* Settles cfg.prefix / cfg.lm_head on the names the tensors really use. */
 df_status model_find_prefix(df_engine *e, char *err);
 

@@ -84,6 +84,7 @@ static tensor_sums sums_of(const df_engine *e) {
     for (int64_t i = 0; i < st_count(e->st); i++) {
         const st_tensor *t = st_at(e->st, i);
         if (is_routed_expert(t->name)) { s.routed += t->nbytes; continue; }
+        if (!model_spine_live(e, t)) continue;
         s.spine += t->nbytes;
         if (is_embedding(t->name)) s.embed += t->nbytes;
         if (!is_streamed_matrix(t)) continue;
@@ -221,7 +222,7 @@ int64_t plan_weight_bytes(const df_engine *e) {
     int64_t w = 0;
     for (int64_t i = 0; i < st_count(e->st); i++) {
         const st_tensor *t = st_at(e->st, i);
-        if (e->store && is_routed_expert(t->name)) continue;
+        if ((e->store && is_routed_expert(t->name)) || (!is_routed_expert(t->name) && !model_spine_live(e, t))) continue;
         w += t->nbytes;
     }
     return w - untouched;
