@@ -65,6 +65,7 @@ int cmd_fetch_experts(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_warm(int argc, char **argv);
 int cmd_convert_spine(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 /* If model is a stream-mode hub mirror, opens it and sets eo->io (printing
  * what is local); cache_limit as cli_model_opts; 0, or -1 after printing why
  * not (cmd_hub.c). */

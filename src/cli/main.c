@@ -12,6 +12,7 @@ static const char usage_text[] =
     "  chat           interactive conversation in the model's chat format (/reset, /stats)\n"
     "  logits         float32 logits for every position of a token sequence\n"
     "  inspect        architecture, experts, memory plan\n"
+    "  eval           perplexity on a text; KL divergence and top-1 against a base run's logits\n"
     "  serve          OpenAI-compatible HTTP server\n"
     "hub:\n"
     "  setup          install a model from a Hugging Face-compatible hub (full or stream)\n"
@@ -47,6 +48,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "warm")) return cmd_warm(argc - 1, argv + 1);
     if (!strcmp(c, "chat")) return cmd_chat(argc - 1, argv + 1);
     if (!strcmp(c, "convert-spine")) return cmd_convert_spine(argc - 1, argv + 1);
+    if (!strcmp(c, "eval")) return cmd_eval(argc - 1, argv + 1);
     fprintf(stderr, "deltafin: unknown command '%s'\n\n%s", c, usage_text);
     return CLI_USAGE;
 }
