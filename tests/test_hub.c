@@ -161,6 +161,8 @@ TEST(hub_listing_parsers) {
     const char *h4 = "<https://h/a-very-long-url-that-does-not-fit-in-sixty-four-bytes-of-buffer>; rel=next";
     CHECK(hub_link_next(h4, strlen(h4), url, sizeof url) == -1);
     CHECK(hub_link_next("<", 1, url, sizeof url) == 0 && hub_link_next("", 0, url, sizeof url) == 0);
+    /* a NUL or a control byte in the target is not a URL (found by fuzz_hub_listing: it read as no link) */
+    CHECK(hub_link_next("<\0x>; rel=next", 14, url, sizeof url) == -1 && hub_link_next("<a\rb>; rel=next", 15, url, sizeof url) == -1);
 }
 
 /* ---- the emulator ---- */

@@ -83,7 +83,7 @@ typedef struct {
     char body[512];       /* start of an error response's body */
     size_t nbody;
     char next[HUB_MAX_LINK]; /* Link: <URL>; rel="next" of the last response, "" */
-    int next_long;        /* that URL did not fit in next */
+    int next_long;        /* that URL did not fit in next, or was not a URL */
 } xfer_info;
 
 static void header_value(char *dst, size_t cap, const char *v, size_t n) {
@@ -332,6 +332,8 @@ int hub_link_next(const char *v, size_t n, char *out, size_t cap) {
         }
         if (b > a && rel_is_next(v + b + 1, e - b - 1)) {
             if (b - a >= cap) return -1;
+            for (size_t k = a; k < b; k++)
+                if ((unsigned char)v[k] <= ' ' || v[k] == 0x7f) return -1; /* not a URL (a NUL would cut it short) */
             memcpy(out, v + a, b - a);
             out[b - a] = 0;
             return 1;
@@ -460,8 +462,8 @@ static df_status get_body(hub_conn *hc, const hub_client *c, const char *url, co
         if (rc == CURLE_OK && code == 200) {
             if (x.next_long) {
                 free(m.p);
-                return df_fail(err, DF_ERR_FORMAT, "%s: the hub's next-page link is longer than %zu bytes", what,
-                               sizeof x.next - 1);
+                return df_fail(err, DF_ERR_FORMAT, "%s: the hub's next-page link is not a URL of at most %zu bytes",
+                               what, sizeof x.next - 1);
             }
             if (next) snprintf(next, sizeof x.next, "%s", x.next);
             *body = m.p ? m.p : strdup("");

@@ -146,7 +146,8 @@ df_status hub_list(const hub_client *c, const char *repo, const char *rev, hub_l
  * of {"type", "path", "size", "oid", "lfs"}) fills the size and checks of
  * the files of l that have no size yet; it adds no files. hub_link_next:
  * the target of the first rel="next" link of a Link header value v[0..n)
- * into out: 1, 0 if none, -1 if it needs more than cap bytes. */
+ * into out: 1, 0 if none, -1 if it needs more than cap bytes or holds a
+ * space or control byte. */
 df_status hub_parse_info(const char *body, size_t n, const char *what, hub_listing *out, char *err);
 df_status hub_parse_tree(const char *body, size_t n, const char *what, hub_listing *l, char *err);
 int hub_link_next(const char *v, size_t n, char *out, size_t cap);
