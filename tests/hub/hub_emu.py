@@ -111,8 +111,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Link", link)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.record(200, len(body), None)  # before the body: a client done with it may read the log at once
         self.wfile.write(body)
-        self.record(200, len(body), None)
 
     def authorized(self):
         if not ARGS.token:
