@@ -156,6 +156,8 @@ TEST(hub_listing_parsers) {
     CHECK(hub_link_next(h1, strlen(h1), url, sizeof url) == 1 && !strcmp(url, "https://h/api/models/r/tree/main?cursor=abc"), "%s", url);
     const char *h2 = "<https://h/a?x=1,2>; rel=\"prev\"; title=\"a, b\", <https://h/b>; REL=\"last next\"";
     CHECK(hub_link_next(h2, strlen(h2), url, sizeof url) == 1 && !strcmp(url, "https://h/b"), "%s", url);
+    const char *h5 = "<https://h/d>; rel=next\r\n"; /* unquoted, as the header line ends */
+    CHECK(hub_link_next(h5, strlen(h5), url, sizeof url) == 1 && !strcmp(url, "https://h/d"), "%s", url);
     const char *h3 = "<https://h/a>; rel=prev, <https://h/c>; rel=nexts";
     CHECK(hub_link_next(h3, strlen(h3), url, sizeof url) == 0);
     const char *h4 = "<https://h/a-very-long-url-that-does-not-fit-in-sixty-four-bytes-of-buffer>; rel=next";

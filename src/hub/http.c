@@ -280,19 +280,21 @@ void hub_listing_free(hub_listing *l) {
     memset(l, 0, sizeof *l);
 }
 
+static int lws(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
 /* 1 if one of the space-separated relation types of a link's parameters
  * (p[0..n), "; rel=\"next last\"; type=...") is "next". */
 static int rel_is_next(const char *p, size_t n) {
     for (size_t i = 0; i < n;) {
-        while (i < n && (p[i] == ';' || p[i] == ' ' || p[i] == '\t')) i++;
+        while (i < n && (p[i] == ';' || lws(p[i]))) i++;
         size_t k = i;
         while (k < n && p[k] != '=' && p[k] != ';') k++;
         size_t kn = k;
-        while (kn > i && (p[kn - 1] == ' ' || p[kn - 1] == '\t')) kn--;
+        while (kn > i && lws(p[kn - 1])) kn--;
         int rel = kn - i == 3 && !strncasecmp(p + i, "rel", 3);
         if (k >= n || p[k] == ';') { i = k; continue; } /* a parameter without a value */
         k++;
-        while (k < n && (p[k] == ' ' || p[k] == '\t')) k++;
+        while (k < n && lws(p[k])) k++;
         size_t a = k, b;
         if (k < n && p[k] == '"') {
             a = ++k;
@@ -305,9 +307,9 @@ static int rel_is_next(const char *p, size_t n) {
         }
         if (rel)
             for (size_t t = a; t < b;) {
-                while (t < b && (p[t] == ' ' || p[t] == '\t')) t++;
+                while (t < b && lws(p[t])) t++;
                 size_t e = t;
-                while (e < b && p[e] != ' ' && p[e] != '\t') e++;
+                while (e < b && !lws(p[e])) e++;
                 if (e - t == 4 && !strncasecmp(p + t, "next", 4)) return 1;
                 t = e;
             }
