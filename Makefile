@@ -4,6 +4,8 @@
 #   make test       install missing deps, build, run every test suite
 #   make demo       install missing deps, build, run a small model
 #   make SAN=1 ...  the same with ASan + UBSan (objects in build-san/)
+#   make fuzz       libFuzzer harnesses (clang, objects in build-fuzz/), each run
+#                   FUZZ_SECONDS (default 60)
 #   make CC=clang   any C17 compiler with GNU extensions (gcc, clang)
 
 CC      ?= gcc
@@ -20,6 +22,15 @@ CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 LDFLAGS += -fsanitize=address,undefined
 endif
 
+# `make fuzz` builds with FUZZ=1 CC=clang BUILD=build-fuzz: every object gets
+# libFuzzer's coverage hooks and ASan + UBSan; harnesses link -fsanitize=fuzzer.
+ifeq ($(FUZZ),1)
+OPT     := -O1
+CFLAGS  += -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+
 # SIMD variants get their ISA flags per file; everything else stays portable.
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mavx2
@@ -27,11 +38,14 @@ AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512
 LIB_SRC  := $(sort $(wildcard src/base/*.c src/format/*.c src/kernels/*.c src/model/*.c src/synth/*.c src/experts/*.c src/text/*.c src/hub/*.c src/server/*.c src/spine8/*.c))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/*.c))
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+FUZZ_OBJ := $(FUZZ_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/fuzz/common.o
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/fuzz/%)
 
-.PHONY: all test demo deps help clean bench cuda test-cuda check-warnings
+.PHONY: all test demo deps help clean bench cuda test-cuda check-warnings fuzz fuzz-bins fuzz-objs
 all: $(BUILD)/deltafin $(BUILD)/libdeltafin.a
 
 help:
@@ -42,6 +56,8 @@ help:
 	@echo "  bench           kernel benchmark (deltafin bench --kernels)"
 	@echo "  deps            install the Debian packages the build needs"
 	@echo "  check-warnings  build with gcc and clang, -Werror"
+	@echo "  fuzz            libFuzzer harnesses for every parser of outside bytes (clang, ASan+UBSan,"
+	@echo "                  build-fuzz/), each run FUZZ_SECONDS=60 (FUZZ_ONLY=\"a b\" picks); tests/fuzz/README.md"
 	@echo "  cuda            CUDA backend (nvcc, sm_90 + PTX): build/libdeltafin_cuda.a,"
 	@echo "                  build/run_cuda_tests, build/cuda_bench; needs no GPU to build"
 	@echo "  test-cuda       make cuda, then run the CUDA tests (they skip without a GPU)"
@@ -83,12 +99,27 @@ demo:
 	@$(MAKE) --no-print-directory $(BUILD)/deltafin
 	@sh scripts/demo.sh $(BUILD)/deltafin
 
+# The harnesses: one per parser (tests/fuzz/fuzz_NAME.c -> $(BUILD)/fuzz/NAME);
+# cli_args also links the CLI's objects but main.o.
+$(BUILD)/fuzz/%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/common.o $(BUILD)/libdeltafin.a
+	@mkdir -p $(dir $@)
+	$(CC) -fsanitize=fuzzer,address,undefined -pthread -o $@ $(filter %.o,$^) $(BUILD)/libdeltafin.a $(LDLIBS)
+$(BUILD)/fuzz/cli_args: $(filter-out $(BUILD)/src/cli/main.o,$(CLI_OBJ))
+
+fuzz-bins: $(FUZZ_BIN)
+fuzz-objs: $(FUZZ_OBJ)
+
+fuzz:
+	@sh scripts/install-deps.sh
+	@$(MAKE) --no-print-directory FUZZ=1 SAN= CC=$(FUZZ_CC) BUILD=build-fuzz fuzz-bins
+	@sh tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_ONLY)
+
 bench: $(BUILD)/deltafin
 	./$(BUILD)/deltafin bench --kernels
 
 check-warnings:
-	$(MAKE) BUILD=build-gcc CC=gcc WERROR=-Werror all build-gcc/run_tests
-	$(MAKE) BUILD=build-clang CC=clang WERROR=-Werror all build-clang/run_tests
+	$(MAKE) BUILD=build-gcc CC=gcc WERROR=-Werror all build-gcc/run_tests fuzz-objs
+	$(MAKE) BUILD=build-clang CC=clang WERROR=-Werror all build-clang/run_tests fuzz-objs
 
 # ---- CUDA backend: src/cuda/*.cu. The CPU build never needs CUDA; the tests
 # link the CPU scalar kernels (their oracle) from the objects below.
@@ -135,7 +166,7 @@ test-cuda: cuda
 	DF_CUDA_BIN=$(BUILD)/deltafin-cuda ./$(BUILD)/run_cuda_tests
 
 clean:
-	rm -rf build build-san build-gcc build-clang
+	rm -rf build build-san build-gcc build-clang build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/tests/cuda/test_cuda.d \
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(FUZZ_OBJ:.o=.d) $(BUILD)/tests/cuda/test_cuda.d \
 	$(BUILD)/tests/cuda/test_cuda_engine.d $(BUILD)/tests/cuda/test_cuda_attn.d $(CUDA_CLI_OBJ:.o=.d)

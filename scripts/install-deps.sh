@@ -4,6 +4,9 @@
 # only when something is missing.
 set -e
 PKGS="build-essential clang libjansson-dev liburing-dev libpcre2-dev libcurl4-openssl-dev nettle-dev python3"
+# make fuzz: clang's libFuzzer and sanitizer runtimes (only Recommended by
+# clang, so --no-install-recommends leaves them out)
+PKGS="$PKGS libclang-rt-dev"
 # deltafin serve: libmicrohttpd (HTTP server library); its tests use curl and
 # node (the openai npm client; npm ships with some nodejs builds, else apart)
 PKGS="$PKGS libmicrohttpd-dev curl nodejs"

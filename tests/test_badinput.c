@@ -147,6 +147,12 @@ TEST(bad_usage_exit_code) {
     CHECK(rc == 2, "missing --tokens: exit %d: %s", rc, out);
     rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens 1,x,3", t_bin());
     CHECK(rc == 2, "bad token list: exit %d: %s", rc, out);
+    /* sizes past int64, inf and nan are refused, not cast (fuzz_cli_args found 5e96) */
+    const char *sizes[] = {"5e96", "inf", "nan", "9.3e18", "8E", "-1K"};
+    for (int i = 0; i < 6; i++) {
+        rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens 1 --ram %s", t_bin(), sizes[i]);
+        CHECK(rc == 2 && strstr(out, "bad size for --ram"), "--ram %s: exit %d: %s", sizes[i], rc, out);
+    }
     rc = t_sh(out, sizeof out, "%s frobnicate", t_bin());
     CHECK(rc == 2, "unknown command: exit %d", rc);
     rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens 1,99999 --max-new 1", t_bin());

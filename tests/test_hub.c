@@ -1,11 +1,12 @@
 /* test_hub.c — the hub client, span logs and mirrors (suite hub_).
  *
  * Unit tests: sha256 vectors, span-set algebra, the span log's torn-tail
- * handling. End-to-end tests run `deltafin setup / fetch-experts / doctor /
+ * handling, the listing parsers (model info, tree pages, Link headers). End-to-end tests run `deltafin setup / fetch-experts / doctor /
  * logits` against tests/hub/hub_emu.py (a local hub emulator on loopback)
  * serving a synthetic Kimi K3 (`deltafin synth --preset tiny`), with faults:
- * 500s, dropped connections, short bodies, corrupt bytes, slowness, and a
- * process killed mid-download.
+ * 500s, dropped connections, short bodies, corrupt bytes, slowness, a
+ * process killed mid-download, and a model info without sizes (the tree
+ * API's pages give them).
  */
 #include "test.h"
 #include "../src/format/safetensors.h"
@@ -111,6 +112,59 @@ TEST(hub_log_torn_tail) {
     CHECK(s.n == 0, "a log for another size starts empty");
     hub_log_close(&lg);
     hub_spans_free(&s);
+}
+
+/* The listing parsers: a model info without sizes, tree pages filling them
+ * (directories skipped, files the info does not list ignored), Link headers,
+ * and refusals whose message names the file (it once named freed memory). */
+TEST(hub_listing_parsers) {
+    static const char info[] =
+        "{\"sha\": \"0123456789abcdef0123456789abcdef01234567\", \"siblings\": ["
+        "{\"rfilename\": \"config.json\"}, {\"rfilename\": \"sub/model-00001-of-00001.safetensors\"},"
+        "{\"rfilename\": \"README.md\", \"size\": 5, \"blobId\": \"ce013625030ba8dba906f756967f9e9ca394464a\"}]}";
+    static const char page1[] =
+        "[{\"type\": \"directory\", \"path\": \"sub\", \"size\": 0, \"oid\": \"0000000000000000000000000000000000000000\"},"
+        " {\"type\": \"file\", \"path\": \"config.json\", \"size\": 123, \"oid\": \"ce013625030ba8dba906f756967f9e9ca394464b\"},"
+        " {\"type\": \"file\", \"path\": \"extra.bin\", \"size\": 9}]";
+    static const char page2[] =
+        "[{\"type\": \"file\", \"path\": \"sub/model-00001-of-00001.safetensors\", \"size\": 4000, \"oid\": \"ce013625030ba8dba906f756967f9e9ca394464c\","
+        " \"lfs\": {\"oid\": \"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\", \"size\": 4000, \"pointerSize\": 134}}]";
+    hub_listing l;
+    char err[DF_ERRMSG];
+    REQUIRE(hub_parse_info(info, strlen(info), "listing x", &l, err) == DF_OK, "%s", err);
+    REQUIRE(l.n_files == 3);
+    CHECK(l.files[0].size == -1 && l.files[1].size == -1 && l.files[2].size == 5 && l.files[2].git[0]);
+    CHECK(hub_parse_tree(page1, strlen(page1), "listing x", &l, err) == DF_OK, "%s", err);
+    CHECK(l.files[0].size == 123 && !strcmp(l.files[0].git, "ce013625030ba8dba906f756967f9e9ca394464b") && l.n_files == 3,
+          "config.json from the tree: %lld", (long long)l.files[0].size);
+    CHECK(l.files[1].size == -1, "the shard is on the next page");
+    CHECK(hub_parse_tree(page2, strlen(page2), "listing x", &l, err) == DF_OK, "%s", err);
+    CHECK(l.files[1].size == 4000 && !strcmp(l.files[1].sha256, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") &&
+          !l.files[1].git[0], "an LFS file takes the lfs oid, not the pointer's blob id");
+    CHECK(hub_parse_tree("{}", 2, "listing x", &l, err) == DF_ERR_FORMAT && strstr(err, "not a JSON array"), "%s", err);
+    hub_listing_free(&l);
+    static const char bad_name[] = "{\"sha\": \"0\", \"siblings\": [{\"rfilename\": \"a\", \"size\": 1}, {\"rfilename\": \"../evil-name\"}]}";
+    CHECK(hub_parse_info(bad_name, strlen(bad_name), "listing x", &l, err) == DF_ERR_FORMAT && strstr(err, "'../evil-name'"),
+          "the refused name is named: %s", err);
+    hub_listing_free(&l);
+    static const char twice[] = "{\"sha\": \"0\", \"siblings\": [{\"rfilename\": \"model.bin\"}, {\"rfilename\": \"a\"}, {\"rfilename\": \"model.bin\"}]}";
+    CHECK(hub_parse_info(twice, strlen(twice), "listing x", &l, err) == DF_ERR_FORMAT && strstr(err, "lists model.bin twice"), "%s", err);
+    hub_listing_free(&l);
+    /* Link headers */
+    char url[64];
+    const char *h1 = " <https://h/api/models/r/tree/main?cursor=abc>; rel=\"next\"";
+    CHECK(hub_link_next(h1, strlen(h1), url, sizeof url) == 1 && !strcmp(url, "https://h/api/models/r/tree/main?cursor=abc"), "%s", url);
+    const char *h2 = "<https://h/a?x=1,2>; rel=\"prev\"; title=\"a, b\", <https://h/b>; REL=\"last next\"";
+    CHECK(hub_link_next(h2, strlen(h2), url, sizeof url) == 1 && !strcmp(url, "https://h/b"), "%s", url);
+    const char *h5 = "<https://h/d>; rel=next\r\n"; /* unquoted, as the header line ends */
+    CHECK(hub_link_next(h5, strlen(h5), url, sizeof url) == 1 && !strcmp(url, "https://h/d"), "%s", url);
+    const char *h3 = "<https://h/a>; rel=prev, <https://h/c>; rel=nexts";
+    CHECK(hub_link_next(h3, strlen(h3), url, sizeof url) == 0);
+    const char *h4 = "<https://h/a-very-long-url-that-does-not-fit-in-sixty-four-bytes-of-buffer>; rel=next";
+    CHECK(hub_link_next(h4, strlen(h4), url, sizeof url) == -1);
+    CHECK(hub_link_next("<", 1, url, sizeof url) == 0 && hub_link_next("", 0, url, sizeof url) == 0);
+    /* a NUL or a control byte in the target is not a URL (found by fuzz_hub_listing: it read as no link) */
+    CHECK(hub_link_next("<\0x>; rel=next", 14, url, sizeof url) == -1 && hub_link_next("<a\rb>; rel=next", 15, url, sizeof url) == -1);
 }
 
 /* ---- the emulator ---- */
@@ -303,6 +357,37 @@ TEST(hub_errors_name_repo_and_file) {
     REQUIRE(emu_start(&e, "hubemu3b", src, "--gated") == 0);
     rc = t_sh(out, sizeof out, "HF_ENDPOINT=http://127.0.0.1:%d DF_HUB_RETRY_MS=5 %s setup deltafin/tiny-k3 --dir %s/b --workers 1", e.port, t_bin(), d);
     CHECK(rc == 1 && strstr(out, "gated") && strstr(out, "deltafin/tiny-k3/"), "gated: %s", out);
+    emu_stop(&e);
+}
+
+/* A hub whose model info has no sizes (it ignores ?blobs=true): the tree
+ * API's pages give them, Link by Link; the files arrive verified. */
+TEST(hub_setup_sizes_from_the_tree) {
+    const char *src = src_model();
+    REQUIRE(src, "synth failed");
+    emu e;
+    REQUIRE(emu_start(&e, "hubemu10", src, "--no-sizes --tree-page 1") == 0, "emulator did not start");
+    const char *d = t_tmpdir("hubtree");
+    int rc = t_sh(out, sizeof out, "HF_ENDPOINT=http://127.0.0.1:%d DF_HUB_RETRY_MS=5 %s setup deltafin/tiny-k3 --dir %s/k3 --full", e.port, t_bin(), d);
+    CHECK(rc == 0, "setup: %s", out);
+    int n;
+    log_bytes(&e, 0, "/tree/", &n);
+    CHECK(n == 4, "4 files, one a page: %d tree requests", n);
+    log_bytes(&e, 0, "cursor=3", &n);
+    CHECK(n == 1, "the last page was reached through the Link header");
+    char a[400], b[400];
+    snprintf(a, sizeof a, "%s/model-00002-of-00002.safetensors", src);
+    snprintf(b, sizeof b, "%s/k3/model-00002-of-00002.safetensors", d);
+    CHECK(files_equal(a, b), "shard differs");
+    rc = t_sh(out, sizeof out, "%s doctor %s/k3 --hash", t_bin(), d);
+    CHECK(rc == 0, "the tree's sha256 and blob ids check the files: %s", out);
+    emu_stop(&e);
+    /* neither gives sizes: the error names the first such file, not freed memory */
+    REQUIRE(emu_start(&e, "hubemu10b", src, "--no-sizes --no-tree-sizes --tree-page 3") == 0);
+    rc = t_sh(out, sizeof out, "HF_ENDPOINT=http://127.0.0.1:%d DF_HUB_RETRY_MS=5 %s setup deltafin/tiny-k3 --dir %s/k3b --dry-run", e.port, t_bin(), d);
+    CHECK(rc == 1 && strstr(out, "gives no size for config.json (") && strstr(out, "tree API"), "no sizes anywhere: %s", out);
+    log_bytes(&e, 0, "/tree/", &n);
+    CHECK(n == 2, "both tree pages asked: %d", n);
     emu_stop(&e);
 }
 

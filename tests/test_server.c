@@ -183,6 +183,15 @@ TEST(server_1_tool_call_conversion) {
     o = srv_tool_call_openai(raw, strlen(raw), 0);
     CHECK(!strcmp(json_string_value(json_object_get(json_object_get(o, "function"), "arguments")), "not json"));
     json_decref(o);
+    /* no arguments, or not JSON at all: "{}" (the empty object made for it
+     * was leaked; fuzz_openai_request found it) */
+    const char *bad[] = {"{\"name\":\"f\"}", "not json", ""};
+    for (int i = 0; i < 3; i++) {
+        o = srv_tool_call_openai(bad[i], strlen(bad[i]), 0);
+        fn = json_object_get(o, "function");
+        CHECK(o && !strcmp(json_string_value(json_object_get(fn, "arguments")), "{}"), "%s", bad[i]);
+        json_decref(o);
+    }
     /* invalid UTF-8 from a model becomes U+FFFD, never a NULL JSON string */
     json_t *t = srv_json_text("a\xff" "b", 3);
     CHECK(t && !strcmp(json_string_value(t), "a\xEF\xBF\xBD" "b"));

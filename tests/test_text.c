@@ -325,6 +325,15 @@ TEST(text_special_tokens_only_when_asked) {
     REQUIRE(df_detokenize(t, b.ids, b.n, 1, &txt, &tl, err) == DF_OK);
     CHECK(!strcmp(txt, "xy"), "skip_special: '%s'", txt);
     free(txt);
+    /* nothing to decode (no ids, or only skipped specials): "", no
+     * arithmetic on a NULL buffer (fuzz_tokenizer_json found it under UBSan) */
+    int32_t only = 199999;
+    REQUIRE(df_detokenize(t, &only, 1, 1, &txt, &tl, err) == DF_OK);
+    CHECK(txt && !txt[0] && tl == 0, "only a skipped special: '%s'", txt);
+    free(txt);
+    REQUIRE(df_detokenize(t, NULL, 0, 0, &txt, &tl, err) == DF_OK);
+    CHECK(txt && !txt[0] && tl == 0, "no ids: '%s'", txt);
+    free(txt);
     df_tokens_free(&a);
     df_tokens_free(&b);
 }

@@ -7,6 +7,7 @@
  */
 #include "test.h"
 #include "deltafin.h"
+#include "../src/text/text.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -275,6 +276,37 @@ TEST(text_chat_parse_holds_back_partial_markers) {
     df_chat_parser_feed(p, "still thinking", 14);
     df_chat_parser_finish(p);
     CHECK(!strcmp(d.reasoning, "still thinking") && !d.content[0]);
+    df_chat_parser_free(p);
+}
+
+/* fed a byte at a time, text goes out in whole code points (fuzz_chat_parser
+ * found a trailing lead byte emitted alone: the hold-back never worked) */
+static int split_pieces;
+static void collect_utf8(void *ud, int kind, const char *s, size_t n) {
+    if (tok_utf8_check(s, n) != n) split_pieces++;
+    collect(ud, kind, s, n);
+}
+
+TEST(text_chat_parse_holds_back_split_utf8) {
+    static const char o[] = "caf\xc3\xa9 \xe4\xb8\xad\xf0\x9f\xa4\x96<|close|>think<|sep|><|open|>response<|sep|>"
+                            "\xc3\xa9t\xc3\xa9 \xf0\x9f\xa4\x96";
+    collected c = {0};
+    df_chat_parser *p;
+    split_pieces = 0;
+    REQUIRE(df_chat_parser_new(1, collect_utf8, &c, &p) == DF_OK);
+    for (size_t i = 0; i + 1 < sizeof o - 1; i++) df_chat_parser_feed(p, o + i, 1);
+    CHECK(!strcmp(c.content, "\xc3\xa9t\xc3\xa9 "), "the emoji's bytes wait for the last one: '%s'", c.content);
+    df_chat_parser_feed(p, o + sizeof o - 2, 1);
+    df_chat_parser_finish(p);
+    df_chat_parser_free(p);
+    CHECK(split_pieces == 0, "%d pieces cut a code point", split_pieces);
+    CHECK(!strcmp(c.reasoning, "caf\xc3\xa9 \xe4\xb8\xad\xf0\x9f\xa4\x96"), "'%s'", c.reasoning);
+    CHECK(!strcmp(c.content, "\xc3\xa9t\xc3\xa9 \xf0\x9f\xa4\x96"), "'%s'", c.content);
+    /* invalid bytes are not held back for ever: they go out as they are */
+    collected d = {0};
+    REQUIRE(df_chat_parser_new(0, collect, &d, &p) == DF_OK);
+    df_chat_parser_feed(p, "a\xe0\x80", 3);
+    CHECK(!strcmp(d.content, "a\xe0\x80"), "'%s'", d.content);
     df_chat_parser_free(p);
 }
 

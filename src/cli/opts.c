@@ -69,7 +69,7 @@ int64_t cli_parse_size(const char *s) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
+    if (errno || end == s || !(v >= 0)) return -1; /* NaN too */
     double mul = 1;
     switch (*end) {
     case 'k': case 'K': mul = 1024.0; end++; break;
@@ -81,7 +81,9 @@ int64_t cli_parse_size(const char *s) {
     if (*end == 'i' || *end == 'B' || *end == 'b') end++;
     if (*end == 'B') end++;
     if (*end) return -1;
-    return (int64_t)(v * mul);
+    v *= mul;
+    if (!(v < 9223372036854775807.0)) return -1; /* inf, or past int64 (2^63): the cast would be undefined */
+    return (int64_t)v;
 }
 
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {

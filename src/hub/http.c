@@ -1,11 +1,15 @@
 /* http.c — the hub client on libcurl (see hub.h).
  *
  * Owns: every HTTP exchange with a Hugging Face-compatible hub: the listing
- * of a repository at a revision, whole-file downloads into DIR/NAME.part
+ * of a repository at a revision (model info with ?blobs=true; when that
+ * gives no sizes, the tree API, its pages followed through the Link
+ * header), whole-file downloads into DIR/NAME.part
  * (resumed with Range, verified, renamed), single byte ranges into memory.
  * Redirects are followed (the hub sends LFS files to a file host with a 302;
  * libcurl keeps the Range header and drops Authorization on the new host).
- * Refuses: to retry what cannot get better (4xx other than 408/429, a file
+ * Refuses: a next-page link to another host (the token would go with it);
+ * more than HUB_MAX_PAGES tree pages; to retry what cannot get better
+ * (4xx other than 408/429, a file
  * whose bytes disagree with the commit's sha256 after a full re-download is
  * still retried within the bound, a changed ETag is not); to print.
  *
@@ -30,6 +34,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#define HUB_MAX_PAGES 1000 /* tree pages followed for one listing */
+#define HUB_MAX_LINK 2048  /* bytes of a next-page URL */
 
 /* ---- 1. transfers ----------------------------------------------------------- */
 
@@ -75,6 +82,8 @@ typedef struct {
     char linked_etag[128];/* X-Linked-Etag of any response (the hub's redirect) */
     char body[512];       /* start of an error response's body */
     size_t nbody;
+    char next[HUB_MAX_LINK]; /* Link: <URL>; rel="next" of the last response, "" */
+    int next_long;        /* that URL did not fit in next, or was not a URL */
 } xfer_info;
 
 static void header_value(char *dst, size_t cap, const char *v, size_t n) {
@@ -91,8 +100,9 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *ud) {
     xfer_info *x = ud;
     size_t n = sz * nm;
     if (n >= 5 && !strncmp(p, "HTTP/", 5)) { /* a new response (after a redirect) */
-        x->err_code[0] = x->err_msg[0] = x->etag[0] = 0;
+        x->err_code[0] = x->err_msg[0] = x->etag[0] = x->next[0] = 0;
         x->nbody = 0;
+        x->next_long = 0;
         return n;
     }
     const char *colon = memchr(p, ':', n);
@@ -102,6 +112,10 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *ud) {
     else if (k == 15 && !strncasecmp(p, "x-error-message", 15)) header_value(x->err_msg, sizeof x->err_msg, colon + 1, vn);
     else if (k == 4 && !strncasecmp(p, "etag", 4)) header_value(x->etag, sizeof x->etag, colon + 1, vn);
     else if (k == 13 && !strncasecmp(p, "x-linked-etag", 13)) header_value(x->linked_etag, sizeof x->linked_etag, colon + 1, vn);
+    else if (k == 4 && !strncasecmp(p, "link", 4) && !x->next[0] && !x->next_long) {
+        int r = hub_link_next(colon + 1, vn, x->next, sizeof x->next);
+        if (r < 0) x->next_long = 1;
+    }
     return n;
 }
 
@@ -239,7 +253,7 @@ static df_status http_error(char *err, long code, const xfer_info *x, const char
 
 /* ---- 2. listing --------------------------------------------------------------- */
 
-typedef struct { char *p; size_t n, cap, max; xfer_info *x; CURL *h; } membuf;
+typedef struct { char *p; size_t n, cap, max; } membuf;
 
 static size_t on_mem(char *p, size_t sz, size_t nm, void *ud) {
     membuf *m = ud;
@@ -266,7 +280,102 @@ void hub_listing_free(hub_listing *l) {
     memset(l, 0, sizeof *l);
 }
 
-static df_status parse_listing(const char *body, size_t n, const char *what, hub_listing *out, char *err) {
+static int lws(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+/* 1 if one of the space-separated relation types of a link's parameters
+ * (p[0..n), "; rel=\"next last\"; type=...") is "next". */
+static int rel_is_next(const char *p, size_t n) {
+    for (size_t i = 0; i < n;) {
+        while (i < n && (p[i] == ';' || lws(p[i]))) i++;
+        size_t k = i;
+        while (k < n && p[k] != '=' && p[k] != ';') k++;
+        size_t kn = k;
+        while (kn > i && lws(p[kn - 1])) kn--;
+        int rel = kn - i == 3 && !strncasecmp(p + i, "rel", 3);
+        if (k >= n || p[k] == ';') { i = k; continue; } /* a parameter without a value */
+        k++;
+        while (k < n && lws(p[k])) k++;
+        size_t a = k, b;
+        if (k < n && p[k] == '"') {
+            a = ++k;
+            while (k < n && p[k] != '"') k++;
+            b = k;
+            if (k < n) k++;
+        } else {
+            while (k < n && p[k] != ';') k++;
+            b = k;
+        }
+        if (rel)
+            for (size_t t = a; t < b;) {
+                while (t < b && lws(p[t])) t++;
+                size_t e = t;
+                while (e < b && !lws(p[e])) e++;
+                if (e - t == 4 && !strncasecmp(p + t, "next", 4)) return 1;
+                t = e;
+            }
+        while (k < n && p[k] != ';') k++;
+        i = k;
+    }
+    return 0;
+}
+
+int hub_link_next(const char *v, size_t n, char *out, size_t cap) {
+    for (size_t i = 0; i < n;) {
+        const char *lt = memchr(v + i, '<', n - i);
+        if (!lt) return 0;
+        size_t a = (size_t)(lt - v) + 1;
+        const char *gt = memchr(v + a, '>', n - a);
+        if (!gt) return 0;
+        size_t b = (size_t)(gt - v), e = b + 1;
+        int quoted = 0; /* the link's parameters end at a comma outside quotes */
+        while (e < n && (quoted || v[e] != ',')) {
+            if (v[e] == '"') quoted = !quoted;
+            e++;
+        }
+        if (b > a && rel_is_next(v + b + 1, e - b - 1)) {
+            if (b - a >= cap) return -1;
+            for (size_t k = a; k < b; k++)
+                if ((unsigned char)v[k] <= ' ' || v[k] == 0x7f) return -1; /* not a URL (a NUL would cut it short) */
+            memcpy(out, v + a, b - a);
+            out[b - a] = 0;
+            return 1;
+        }
+        i = e + 1;
+    }
+    return 0;
+}
+
+/* The size and checks of f from a siblings or tree entry: an LFS object's
+ * sha256 and size, or a plain file's git blob id and size. Keeps what the
+ * entry does not say. */
+static void take_entry(hub_file *f, json_t *size, json_t *lfs, json_t *blob) {
+    if (json_is_integer(size) && json_integer_value(size) >= 0) f->size = (int64_t)json_integer_value(size);
+    if (json_is_object(lfs)) {
+        json_t *s = json_object_get(lfs, "sha256");
+        if (!json_is_string(s)) s = json_object_get(lfs, "oid");
+        json_t *ls = json_object_get(lfs, "size");
+        if (json_is_string(s) && json_string_length(s) == 64) snprintf(f->sha256, sizeof f->sha256, "%s", json_string_value(s));
+        if (json_is_integer(ls) && json_integer_value(ls) >= 0) f->size = (int64_t)json_integer_value(ls);
+    } else if (json_is_string(blob) && json_string_length(blob) == 40) {
+        snprintf(f->git, sizeof f->git, "%s", json_string_value(blob));
+    }
+}
+
+static int by_path(const void *a, const void *b) {
+    return strcmp((*(hub_file *const *)a)->path, (*(hub_file *const *)b)->path);
+}
+
+/* The listing's files sorted by path, malloc'd; NULL if out of memory. */
+static hub_file **sorted_files(hub_listing *l) {
+    hub_file **v = malloc((size_t)(l->n_files ? l->n_files : 1) * sizeof *v);
+    if (!v) return NULL;
+    for (int i = 0; i < l->n_files; i++) v[i] = &l->files[i];
+    qsort(v, (size_t)l->n_files, sizeof *v, by_path);
+    return v;
+}
+
+df_status hub_parse_info(const char *body, size_t n, const char *what, hub_listing *out, char *err) {
+    memset(out, 0, sizeof *out);
     json_error_t je;
     json_t *root = json_loadb(body, n, 0, &je);
     if (!root || !json_is_object(root)) {
@@ -278,42 +387,156 @@ static df_status parse_listing(const char *body, size_t n, const char *what, hub
         json_decref(root);
         return df_fail(err, DF_ERR_FORMAT, "%s: the hub's answer lacks 'sha' or 'siblings'", what);
     }
+    df_status st = DF_OK;
     out->commit = strdup(json_string_value(sha));
     size_t nf = json_array_size(sib);
     out->files = calloc(nf ? nf : 1, sizeof *out->files);
-    if (!out->commit || !out->files) { json_decref(root); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
+    if (!out->commit || !out->files) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto done; }
     for (size_t i = 0; i < nf; i++) {
         json_t *f = json_array_get(sib, i);
-        json_t *name = json_object_get(f, "rfilename"), *size = json_object_get(f, "size");
-        json_t *lfs = json_object_get(f, "lfs");
+        json_t *name = json_object_get(f, "rfilename");
         if (!json_is_string(name)) continue;
         const char *nm = json_string_value(name);
-        if (strstr(nm, "..") || nm[0] == '/') {
-            json_decref(root);
-            return df_fail(err, DF_ERR_FORMAT, "%s: refusing file name '%s'", what, nm);
+        /* the message is made while root (which owns nm) is alive */
+        if (strstr(nm, "..") || nm[0] == '/' || !nm[0]) {
+            st = df_fail(err, DF_ERR_FORMAT, "%s: refusing file name '%s'", what, nm);
+            goto done;
         }
         hub_file *hf = &out->files[out->n_files];
         hf->path = strdup(nm);
-        if (!hf->path) { json_decref(root); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
-        hf->size = json_is_integer(size) ? (int64_t)json_integer_value(size) : -1;
-        if (json_is_object(lfs)) {
-            json_t *s = json_object_get(lfs, "sha256");
-            if (!json_is_string(s)) s = json_object_get(lfs, "oid");
-            json_t *ls = json_object_get(lfs, "size");
-            if (json_is_string(s) && strlen(json_string_value(s)) == 64) snprintf(hf->sha256, sizeof hf->sha256, "%s", json_string_value(s));
-            if (json_is_integer(ls)) hf->size = (int64_t)json_integer_value(ls);
-        } else {
-            json_t *b = json_object_get(f, "blobId");
-            if (json_is_string(b) && strlen(json_string_value(b)) == 40) snprintf(hf->git, sizeof hf->git, "%s", json_string_value(b));
-        }
+        if (!hf->path) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto done; }
+        hf->size = -1;
+        take_entry(hf, json_object_get(f, "size"), json_object_get(f, "lfs"), json_object_get(f, "blobId"));
         out->n_files++;
-        if (hf->size < 0) {
-            json_decref(root);
-            return df_fail(err, DF_ERR_FORMAT, "%s: the hub gives no size for %s (need ?blobs=true)", what, nm);
-        }
     }
+    hub_file **v = sorted_files(out); /* one name twice would be two writers of one file */
+    if (!v) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto done; }
+    for (int i = 1; i < out->n_files && st == DF_OK; i++)
+        if (!strcmp(v[i - 1]->path, v[i]->path)) st = df_fail(err, DF_ERR_FORMAT, "%s: the hub lists %s twice", what, v[i]->path);
+    free(v);
+done:
+    json_decref(root);
+    return st;
+}
+
+df_status hub_parse_tree(const char *body, size_t n, const char *what, hub_listing *l, char *err) {
+    json_error_t je;
+    json_t *root = json_loadb(body, n, 0, &je);
+    if (!json_is_array(root)) {
+        json_decref(root);
+        return df_fail(err, DF_ERR_FORMAT, "%s: the hub's tree page is not a JSON array", what);
+    }
+    hub_file **v = sorted_files(l);
+    if (!v) { json_decref(root); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
+    size_t i;
+    json_t *e;
+    json_array_foreach(root, i, e) {
+        json_t *path = json_object_get(e, "path");
+        const char *type = json_string_value(json_object_get(e, "type"));
+        if (!json_is_string(path) || !type || strcmp(type, "file")) continue; /* directories */
+        hub_file key = {.path = (char *)json_string_value(path)}, *kp = &key;
+        hub_file **hit = bsearch(&kp, v, (size_t)l->n_files, sizeof *v, by_path);
+        if (hit && (*hit)->size < 0)
+            take_entry(*hit, json_object_get(e, "size"), json_object_get(e, "lfs"), json_object_get(e, "oid"));
+    }
+    free(v);
     json_decref(root);
     return DF_OK;
+}
+
+/* GETs url into a malloc'd NUL-terminated *body (retried as section 1 says);
+ * next (HUB_MAX_LINK bytes, may be NULL) receives the response's rel="next"
+ * link, "" if none. */
+static df_status get_body(hub_conn *hc, const hub_client *c, const char *url, const char *what, const char *repo,
+                          char **body, size_t *n, char *next, char *err) {
+    *body = NULL;
+    *n = 0;
+    for (int attempt = 0;; attempt++) {
+        xfer_info x = {0};
+        membuf m = {NULL, 0, 0, (size_t)64 << 20};
+        struct curl_slist *hd = setup(hc->h, c, url, &x);
+        curl_easy_setopt(hc->h, CURLOPT_WRITEFUNCTION, on_mem);
+        curl_easy_setopt(hc->h, CURLOPT_WRITEDATA, &m);
+        CURLcode rc = curl_easy_perform(hc->h);
+        long code = 0;
+        curl_easy_getinfo(hc->h, CURLINFO_RESPONSE_CODE, &code);
+        curl_slist_free_all(hd);
+        if (rc == CURLE_OK && code == 200) {
+            if (x.next_long) {
+                free(m.p);
+                return df_fail(err, DF_ERR_FORMAT, "%s: the hub's next-page link is not a URL of at most %zu bytes",
+                               what, sizeof x.next - 1);
+            }
+            if (next) snprintf(next, sizeof x.next, "%s", x.next);
+            *body = m.p ? m.p : strdup("");
+            *n = m.n;
+            return *body ? DF_OK : df_fail(err, DF_ERR_NOMEM, "out of memory");
+        }
+        if (m.p) keep_body(&x, m.p, m.n);
+        free(m.p);
+        int again = rc != CURLE_OK ? retryable_curl(rc) : retryable_http(code);
+        if (!again || attempt >= c->retries) {
+            if (rc != CURLE_OK) return df_fail(err, DF_ERR_IO, "%s: %s (%s)", what, curl_easy_strerror(rc), url);
+            return http_error(err, code, &x, what, repo);
+        }
+        backoff(c, attempt);
+    }
+}
+
+/* The next page's URL from a Link target: a path on the endpoint's host, or
+ * an absolute URL on that same host (anything else would carry the token
+ * elsewhere). *url is malloc'd. */
+static df_status next_page_url(const hub_client *c, const char *link, const char *what, char **url, char *err) {
+    const char *ep = c->endpoint && *c->endpoint ? c->endpoint : "https://huggingface.co";
+    const char *host = strstr(ep, "://");
+    host = host ? host + 3 : ep;
+    size_t on = (size_t)(strchrnul(host, '/') - ep); /* scheme://host[:port] */
+    size_t ln = strlen(link);
+    char *u;
+    if (link[0] == '/' && link[1] != '/') {
+        u = malloc(on + ln + 1);
+        if (u) { memcpy(u, ep, on); memcpy(u + on, link, ln + 1); }
+    } else if (ln > on && !strncasecmp(link, ep, on) && link[on] == '/') {
+        u = strdup(link);
+    } else {
+        return df_fail(err, DF_ERR_FORMAT, "%s: refusing the hub's next-page link to another host: %.300s", what, link);
+    }
+    *url = u;
+    return u ? DF_OK : df_fail(err, DF_ERR_NOMEM, "out of memory");
+}
+
+static int missing_sizes(const hub_listing *l) {
+    for (int i = 0; i < l->n_files; i++)
+        if (l->files[i].size < 0) return 1;
+    return 0;
+}
+
+/* Fills the sizes (and checks) the model info left out from the tree of the
+ * listed commit, page by page, until none is missing or the pages end. */
+static df_status list_tree(hub_conn *hc, const hub_client *c, const char *repo, const char *what, hub_listing *l,
+                           char *err) {
+    char *url = make_url(c, "/api/models/", repo, "/tree/", l->commit, "?recursive=true", NULL);
+    char *next = malloc(HUB_MAX_LINK);
+    df_status st = url && next ? DF_OK : df_fail(err, DF_ERR_NOMEM, "out of memory");
+    for (int page = 0; st == DF_OK && missing_sizes(l); page++) {
+        if (page == HUB_MAX_PAGES) {
+            st = df_fail(err, DF_ERR_FORMAT, "%s: the hub's tree has more than %d pages", what, HUB_MAX_PAGES);
+            break;
+        }
+        char *body;
+        size_t n;
+        st = get_body(hc, c, url, what, repo, &body, &n, next, err);
+        if (st != DF_OK) break;
+        st = hub_parse_tree(body, n, what, l, err);
+        free(body);
+        if (st != DF_OK || !next[0]) break;
+        free(url);
+        url = NULL;
+        st = next_page_url(c, next, what, &url, err);
+    }
+    free(url);
+    free(next);
+    return st;
 }
 
 df_status hub_list(const hub_client *c, const char *repo, const char *rev, hub_listing *out, char *err) {
@@ -323,35 +546,20 @@ df_status hub_list(const hub_client *c, const char *repo, const char *rev, hub_l
     if (!url || !hc) { free(url); hub_conn_free(hc); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
     char what[600];
     snprintf(what, sizeof what, "listing %s at %s", repo, rev ? rev : "main");
-    df_status st = DF_ERR_IO;
-    for (int attempt = 0;; attempt++) {
-        xfer_info x = {0};
-        membuf m = {NULL, 0, 0, (size_t)64 << 20, &x, hc->h};
-        struct curl_slist *hd = setup(hc->h, c, url, &x);
-        curl_easy_setopt(hc->h, CURLOPT_WRITEFUNCTION, on_mem);
-        curl_easy_setopt(hc->h, CURLOPT_WRITEDATA, &m);
-        CURLcode rc = curl_easy_perform(hc->h);
-        long code = 0;
-        curl_easy_getinfo(hc->h, CURLINFO_RESPONSE_CODE, &code);
-        curl_slist_free_all(hd);
-        if (rc == CURLE_OK && code == 200) {
-            st = parse_listing(m.p ? m.p : "", m.n, what, out, err);
-            free(m.p);
-            if (st != DF_OK) hub_listing_free(out);
-            break;
-        }
-        if (m.p) keep_body(&x, m.p, m.n);
-        free(m.p);
-        int again = rc != CURLE_OK ? retryable_curl(rc) : retryable_http(code);
-        if (!again || attempt >= c->retries) {
-            if (rc != CURLE_OK)
-                st = df_fail(err, DF_ERR_IO, "%s: %s (%s)", what, curl_easy_strerror(rc), url);
-            else
-                st = http_error(err, code, &x, what, repo);
-            break;
-        }
-        backoff(c, attempt);
+    char *body;
+    size_t n;
+    df_status st = get_body(hc, c, url, what, repo, &body, &n, NULL, err);
+    if (st == DF_OK) {
+        st = hub_parse_info(body, n, what, out, err);
+        free(body);
     }
+    /* a hub that ignores ?blobs=true: the tree API has the sizes */
+    if (st == DF_OK && missing_sizes(out)) st = list_tree(hc, c, repo, what, out, err);
+    for (int i = 0; st == DF_OK && i < out->n_files; i++)
+        if (out->files[i].size < 0)
+            st = df_fail(err, DF_ERR_FORMAT, "%s: the hub gives no size for %s (neither in the model info with "
+                         "?blobs=true nor in the tree API)", what, out->files[i].path);
+    if (st != DF_OK) hub_listing_free(out);
     free(url);
     hub_conn_free(hc);
     return st;

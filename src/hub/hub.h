@@ -1,7 +1,8 @@
 /* hub.h — installing models from a Hugging Face-compatible hub (prefix hub_).
  *
  * Three layers, one file each:
- *   http.c    the hub client on libcurl: list a repository at a revision,
+ *   http.c    the hub client on libcurl: list a repository at a revision
+ *             (model info, or the tree API's pages when it gives no sizes),
  *             download a whole file (resume, sha256, atomic rename), read
  *             one byte range; bounded retries with backoff; hub errors
  *             (401, 403 gated, 404) named by repo and file.
@@ -132,9 +133,24 @@ typedef struct {
 } hub_listing;
 void hub_listing_free(hub_listing *l);
 
-/* GET {endpoint}/api/models/{repo}/revision/{rev}?blobs=true. */
+/* GET {endpoint}/api/models/{repo}/revision/{rev}?blobs=true; when that
+ * leaves sizes out, GET {endpoint}/api/models/{repo}/tree/{commit}?recursive=true,
+ * following Link: <URL>; rel="next" pages on the endpoint's host. Every file
+ * of the result has a size; on error *out is empty. */
 df_status hub_list(const hub_client *c, const char *repo, const char *rev, hub_listing *out,
                    char *err);
+/* The parsing inside hub_list (tests, fuzzers). hub_parse_info: a model
+ * info body into *out (sizes it does not give are -1; names with "..", a
+ * leading '/' or listed twice are refused); on error *out holds what was
+ * parsed, for hub_listing_free. hub_parse_tree: one tree page (a JSON array
+ * of {"type", "path", "size", "oid", "lfs"}) fills the size and checks of
+ * the files of l that have no size yet; it adds no files. hub_link_next:
+ * the target of the first rel="next" link of a Link header value v[0..n)
+ * into out: 1, 0 if none, -1 if it needs more than cap bytes or holds a
+ * space or control byte. */
+df_status hub_parse_info(const char *body, size_t n, const char *what, hub_listing *out, char *err);
+df_status hub_parse_tree(const char *body, size_t n, const char *what, hub_listing *l, char *err);
+int hub_link_next(const char *v, size_t n, char *out, size_t cap);
 /* {endpoint}/{repo}/resolve/{rev}/{path}, malloc'd. */
 char *hub_resolve_url(const hub_client *c, const char *repo, const char *rev, const char *path);
 

@@ -616,7 +616,7 @@ json_t *srv_tool_call_openai(const char *call_json, size_t n, int index) {
     json_t *c = json_loadb(call_json, n, 0, NULL);
     const char *name = json_string_value(json_object_get(c, "name"));
     json_t *a = json_object_get(c, "arguments");
-    char *args = json_is_string(a) ? strdup(json_string_value(a)) : json_dumps(a ? a : json_object(), JSON_COMPACT | JSON_ENCODE_ANY);
+    char *args = json_is_string(a) ? strdup(json_string_value(a)) : a ? json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
     char id[40];
     rand_id(id, sizeof id, "call_");
     json_t *o = json_pack("{s:i, s:s, s:s, s:{s:s, s:s}}", "index", index, "id", id, "type", "function", "function", "name",

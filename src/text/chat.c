@@ -686,10 +686,15 @@ static int emit_until(df_chat_parser *p, int kind, const char *marker, int next)
         return 1;
     }
     /* only a proper prefix of the marker is held back, and only whole
-     * UTF-8 code points go out */
+     * UTF-8 code points go out: a sequence still unfinished at the end
+     * waits for its last bytes (invalid bytes go out; they never finish) */
     size_t keep = partial_tail(p->buf, p->n, marker);
-    size_t out = p->n - keep;
-    while (out > 0 && out < p->n && ((unsigned char)p->buf[out] & 0xC0) == 0x80) out--;
+    size_t out = p->n - keep, lead = out;
+    while (lead > 0 && out - lead < 3 && ((unsigned char)p->buf[lead - 1] & 0xC0) == 0x80) lead--;
+    if (lead > 0 && (unsigned char)p->buf[lead - 1] >= 0xC0) {
+        uint32_t cp;
+        if (tok_utf8_step((const unsigned char *)p->buf + lead - 1, out - lead + 1, &cp) == 0) out = lead - 1;
+    }
     if (out) { p->emit(p->ud, kind, p->buf, out); consume(p, out); }
     return 0;
 }

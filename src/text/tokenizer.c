@@ -1212,6 +1212,7 @@ static int sb_put(sbuf *b, const void *s, size_t n) {
  * returns how many trailing bytes were an unfinished sequence and were NOT
  * written (only when keep_tail; else they become U+FFFD too), or -1 on OOM. */
 static long put_lossy(sbuf *b, const unsigned char *s, size_t n, int keep_tail) {
+    if (!n) return 0; /* s may be NULL (nothing was decoded) */
     size_t i = 0, run = 0;
     while (i < n) {
         if (s[i] < 0x80) { i++; continue; }

@@ -5,7 +5,9 @@ Serves one directory as one model repository over loopback, with the routes
 the hub client uses (standard library only):
 
   GET  /api/models/{repo}/revision/{rev}[?blobs=true]   model info, siblings
-  GET  /api/models/{repo}/tree/{rev}                    file list
+  GET  /api/models/{repo}/tree/{rev}[?cursor=K]         file list (directories
+       included), --tree-page N entries a page, the next page named by
+       Link: <URL>; rel="next" as the real hub does
   GET|HEAD /{repo}/resolve/{rev}/{path}                 files; *.safetensors
        are LFS: 302 to /cdn/{sha256} with X-Linked-Etag / X-Linked-Size /
        X-Repo-Commit, like the real hub's redirect to its file host
@@ -20,6 +22,10 @@ each used COUNT times, in request order): 500 (an error status), drop (close
 the connection without answering), short (full Content-Length, half the body,
 close), corrupt (flip one byte of the body), list500 (500 on the listing).
 --slow-ms N sleeps N ms per 16 KiB of body.
+
+--no-sizes: the model info lists files by name only (a hub that ignores
+?blobs=true); the tree still has sizes and hashes. --no-tree-sizes: the tree
+has none either.
 
 --log FILE appends one JSON line per request: method, path, range, status,
 bytes of body sent. The chosen port is written to --port-file.
@@ -97,14 +103,16 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         self.record(status, 0, self.headers.get("Range"))
 
-    def json(self, obj):
+    def json(self, obj, link=None):
         body = json.dumps(obj).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        if link:
+            self.send_header("Link", link)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.record(200, len(body), None)  # before the body: a client done with it may read the log at once
         self.wfile.write(body)
-        self.record(200, len(body), None)
 
     def authorized(self):
         if not ARGS.token:
@@ -133,20 +141,35 @@ class Handler(BaseHTTPRequestHandler):
             if kind == "revision":
                 sib = []
                 for p, f in sorted(FILES.items()):
-                    s = {"rfilename": p, "blobId": f["git"], "size": f["size"]}
-                    if f["lfs"]:
-                        s["lfs"] = {"sha256": f["sha256"], "size": f["size"], "pointerSize": 134}
+                    s = {"rfilename": p}
+                    if not ARGS.no_sizes:
+                        s.update({"blobId": f["git"], "size": f["size"]})
+                        if f["lfs"]:
+                            s["lfs"] = {"sha256": f["sha256"], "size": f["size"], "pointerSize": 134}
                     sib.append(s)
                 return self.json({"id": repo, "modelId": repo, "sha": COMMIT, "private": False,
                                   "gated": "manual" if ARGS.gated else False, "siblings": sib})
             if kind == "tree":
                 out = []
+                dirs = sorted({os.path.dirname(p) for p in FILES} - {""})
+                for d in dirs:
+                    out.append({"type": "directory", "oid": "0" * 40, "size": 0, "path": d})
                 for p, f in sorted(FILES.items()):
                     e = {"type": "file", "oid": f["git"], "size": f["size"], "path": p}
                     if f["lfs"]:
                         e["lfs"] = {"oid": f["sha256"], "size": f["size"], "pointerSize": 134}
+                    if ARGS.no_tree_sizes:
+                        del e["size"]
+                        e.pop("lfs", None)
                     out.append(e)
-                return self.json(out)
+                q = urllib.parse.parse_qs(u.query)
+                at = int(q.get("cursor", ["0"])[0])
+                step = ARGS.tree_page or len(out) or 1
+                link = None
+                if at + step < len(out):
+                    link = "<http://%s/api/models/%s/tree/%s?recursive=true&cursor=%d>; rel=\"next\"" % (
+                        self.headers.get("Host"), repo, rev, at + step)
+                return self.json(out[at:at + step], link)
             return self.error(404, "EntryNotFound", "unknown api route")
         if path.startswith("/" + repo + "/resolve/"):
             rest = path[len(repo) + len("/resolve/") + 1:]
@@ -261,6 +284,9 @@ def main():
     ap.add_argument("--gated", action="store_true")
     ap.add_argument("--faults", default="")
     ap.add_argument("--slow-ms", type=float, default=0)
+    ap.add_argument("--no-sizes", action="store_true")
+    ap.add_argument("--no-tree-sizes", action="store_true")
+    ap.add_argument("--tree-page", type=int, default=0)
     ARGS = ap.parse_args()
     for spec in filter(None, ARGS.faults.split(",")):
         k, _, n = spec.partition(":")
