@@ -161,6 +161,9 @@ extern "C" df_status gpu_weight_check(const df_weight *w, char *err) {
     case WT_MXFP4:
         if (w->cols % 32) return fail(err, DF_ERR_UNSUPPORTED, "gpu: mxfp4 needs cols %% 32 == 0");
         return DF_OK;
+    case WT_I8_ROW:
+        if (w->cols % 16) return fail(err, DF_ERR_UNSUPPORTED, "gpu: row-int8 needs cols %% 16 == 0 (cols %lld)", (long long)w->cols);
+        return DF_OK;
     default:
         return fail(err, DF_ERR_UNSUPPORTED, "gpu: no kernel for weight type %s", type_name(w->type));
     }
@@ -176,6 +179,7 @@ static void sizes(const df_weight *w, int64_t *data, int64_t *scale) {
     case WT_FP8_BLOCK: *data = R * C; *scale = fp8_nbr(w) * fp8_nbc(w) * 4; break;
     case WT_INT4_G32: *data = R * C / 2; *scale = R * (C / 32) * scale_elem(w->scale_dtype); break;
     case WT_MXFP4: *data = R * C / 2; *scale = R * (C / 32); break;
+    case WT_I8_ROW: *data = R * C; *scale = R * 4; break;
     default: *data = *scale = 0;
     }
 }
@@ -260,7 +264,7 @@ extern "C" df_status gpu_weight_upload(const df_weight *w, gpu_weight *g, char *
 
 /* ---- 3. decoders ------------------------------------------------------------ */
 
-enum { K_BF16, K_FP8, K_INT4, K_MXFP4 };
+enum { K_BF16, K_FP8, K_INT4, K_MXFP4, K_I8 };
 
 /* Kernel-side view of one matrix. */
 struct kw {
@@ -272,7 +276,7 @@ struct kw {
 };
 
 template <int T> __host__ __device__ constexpr int vals() {
-    return T == K_BF16 ? 8 : T == K_FP8 ? 16 : 32;
+    return T == K_BF16 ? 8 : T == K_FP8 || T == K_I8 ? 16 : 32;
 }
 
 static kw make_kw(const gpu_weight *g) {
@@ -299,6 +303,7 @@ static kw make_kw(const gpu_weight *g) {
         k.sdt = g->scale_dtype == DT_BF16 ? 0 : g->scale_dtype == DT_F16 ? 1 : 2;
         break;
     case WT_MXFP4: k.row_bytes = g->cols / 2; k.nchunk = g->cols / 32; k.sstride = g->cols / 32; break;
+    case WT_I8_ROW: k.row_bytes = g->cols; k.nchunk = g->cols / 16; k.sstride = 1; break;
     default: break;
     }
     return k;
@@ -337,6 +342,13 @@ template <int T> static __device__ __forceinline__ void decode(uint4 q, float *w
                 w[4 * i + 2 * j] = f.x;
                 w[4 * i + 2 * j + 1] = f.y;
             }
+        } else if (T == K_I8) {
+            /* byte b (signed) -> the float 2^23 + 128 + b, exactly, by
+             * placing b + 128 under the exponent of 2^23; minus 2^23 + 128 */
+            const uint32_t x = u ^ 0x80808080u;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                w[4 * i + j] = __fsub_rn(__uint_as_float(__byte_perm(x, 0x4B000000u, (unsigned)(j | 0x7440))), 8388736.0f);
         } else if (T == K_INT4) {
             const __half2 bias = __float2half2_rn(1032.0f);
 #pragma unroll
@@ -366,6 +378,7 @@ template <int T> static __device__ __forceinline__ void decode(uint4 q, float *w
 template <int T>
 static __device__ __forceinline__ float chunk_scale(const kw &w, int64_t srow, int64_t ch) {
     if (T == K_BF16) return 1.0f;
+    if (T == K_I8) return __ldg((const float *)w.scale + srow); /* one per row */
     if (T == K_FP8) {
         int64_t c = ch * 16;
         int64_t b = w.bc_shift >= 0 ? (c >> w.bc_shift) : c / w.bc;
@@ -545,6 +558,7 @@ extern "C" df_status gpu_matmul(const gpu_weight *w, const float *X, int n, floa
     case WT_FP8_BLOCK: return matmul_t<K_FP8>(k, w->cols, X, n, Y, ldy, row0, row1, s);
     case WT_INT4_G32: return matmul_t<K_INT4>(k, w->cols, X, n, Y, ldy, row0, row1, s);
     case WT_MXFP4: return matmul_t<K_MXFP4>(k, w->cols, X, n, Y, ldy, row0, row1, s);
+    case WT_I8_ROW: return matmul_t<K_I8>(k, w->cols, X, n, Y, ldy, row0, row1, s);
     default: return DF_ERR_UNSUPPORTED;
     }
 }
@@ -633,6 +647,7 @@ extern "C" df_status gpu_expert(const gpu_weight *gate, const gpu_weight *up,
     case WT_FP8_BLOCK: st = gateup_t<K_FP8>(gate, up, act, X, n, H, s); break;
     case WT_INT4_G32: st = gateup_t<K_INT4>(gate, up, act, X, n, H, s); break;
     case WT_MXFP4: st = gateup_t<K_MXFP4>(gate, up, act, X, n, H, s); break;
+    case WT_I8_ROW: st = gateup_t<K_I8>(gate, up, act, X, n, H, s); break;
     default: return DF_ERR_UNSUPPORTED;
     }
     if (st) return st;

@@ -252,7 +252,7 @@ df_status gpu_attn_res(const float *anchors, int64_t astride, int na, const floa
                        int H, float eps, int n, float *out, void *stream);
 
 /* The absorbed MLA products around gpu_mla_attend (mla.h's mla_head), for
- * kv_b [nh (dn + dv)][R] in bf16 (gpu_mla_products_take; other types:
+ * kv_b [nh (dn + dv)][R] in bf16 or row-int8 (gpu_mla_products_take; other types:
  * DF_ERR_UNSUPPORTED) and n <= 32 tokens:
  *   absorb: qlat[h][t][r] = sum_d q[t][h][d] W_UK[h][d][r]   (q [n][nh][dq])
  *   lift:   attn[t][h dv + v] = sum_r W_UV[h][v][r] olat[h][t][r]

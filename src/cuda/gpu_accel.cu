@@ -380,7 +380,7 @@ void *acc_state_new(void *ctx, const df_accel_kda *layer, const df_accel_mla *ml
     acc *a = (acc *)ctx;
     if (layer ? !kda_supported(layer) : !mla_supported(mla)) {
         if (layer) snprintf(err, DF_ERRMSG, "cuda: no KDA kernel for head dim %d, conv %d", layer->D, layer->W);
-        else snprintf(err, DF_ERRMSG, "cuda: no MLA kernels for this layer (kv_b_proj must be bf16)");
+        else snprintf(err, DF_ERRMSG, "cuda: no MLA kernels for this layer (kv_b_proj must be bf16 or row-int8)");
         return NULL;
     }
     cudaSetDevice(a->device);

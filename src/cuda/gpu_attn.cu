@@ -669,7 +669,8 @@ extern "C" df_status gpu_attn_res(const float *anchors, int64_t astride, int na,
 
 /* ---- 6. MLA absorbed products ------------------------------------------------
  *
- * kv_b [nh (dn + dv)][R] (bf16): head h's rows h (dn + dv) .. + dn are W_UK,
+ * kv_b [nh (dn + dv)][R] (bf16, or row-int8 from the int8 spine: q x its
+ * row's scale, as kn_dequant_row gives it): head h's rows h (dn + dv) .. + dn are W_UK,
  * the next dv rows W_UV. Absorb: a block per (head, 128 latent columns),
  * thread r sums q_nope[t][h][d] W_UK[h][d][r] over d ascending (one FMA
  * chain per token, q of the head in shared memory). Lift: a warp per output
@@ -680,10 +681,18 @@ extern "C" df_status gpu_attn_res(const float *anchors, int64_t astride, int na,
 
 __device__ __forceinline__ float bf16_at(const uint16_t *w, int64_t i) { return __uint_as_float((uint32_t)w[i] << 16); }
 
+/* Element (row, i) of kv_b with row-major rows of R: bf16, or int8 times the row's scale. */
+template <int I8>
+__device__ __forceinline__ float kvb_at(const void *w, const float *scale, int64_t row, int64_t i, int R) {
+    if (I8) return __fmul_rn((float)((const int8_t *)w)[row * R + i], __ldg(scale + row));
+    return bf16_at((const uint16_t *)w, row * R + i);
+}
+
 enum { ABS_T = 128, LIFT_WARPS = 8 };
 
-__global__ void __launch_bounds__(ABS_T) k_mla_absorb(const uint16_t *__restrict__ w, int nh, int dn, int dv, int dq,
-                                                     int R, const float *__restrict__ q, int n,
+template <int I8>
+__global__ void __launch_bounds__(ABS_T) k_mla_absorb(const void *__restrict__ w, const float *__restrict__ wscale, int nh,
+                                                     int dn, int dv, int dq, int R, const float *__restrict__ q, int n,
                                                      float *__restrict__ qlat) {
     extern __shared__ float qs[]; /* [n][dn] */
     const int h = blockIdx.x, r = blockIdx.y * ABS_T + threadIdx.x;
@@ -696,9 +705,9 @@ __global__ void __launch_bounds__(ABS_T) k_mla_absorb(const uint16_t *__restrict
     float acc[32];
 #pragma unroll
     for (int t = 0; t < 32; t++) acc[t] = 0.0f;
-    const uint16_t *row = w + (int64_t)h * (dn + dv) * R + r;
+    const int64_t row0 = (int64_t)h * (dn + dv);
     for (int d = 0; d < dn; d++) {
-        const float wv = bf16_at(row, (int64_t)d * R);
+        const float wv = kvb_at<I8>(w, wscale, row0 + d, r, R);
 #pragma unroll
         for (int t = 0; t < 32; t++)
             if (t < n) acc[t] = fmaf(qs[t * dn + d], wv, acc[t]);
@@ -708,17 +717,18 @@ __global__ void __launch_bounds__(ABS_T) k_mla_absorb(const uint16_t *__restrict
         if (t < n) qlat[((int64_t)h * n + t) * R + r] = acc[t];
 }
 
-__global__ void __launch_bounds__(LIFT_WARPS * 32) k_mla_lift(const uint16_t *__restrict__ w, int nh, int dn, int dv,
-                                                             int R, const float *__restrict__ olat, int n,
-                                                             float *__restrict__ attn) {
+template <int I8>
+__global__ void __launch_bounds__(LIFT_WARPS * 32) k_mla_lift(const void *__restrict__ w, const float *__restrict__ wscale,
+                                                             int nh, int dn, int dv, int R, const float *__restrict__ olat,
+                                                             int n, float *__restrict__ attn) {
     const int lane = threadIdx.x & 31, gw = blockIdx.x * LIFT_WARPS + (threadIdx.x >> 5);
     if (gw >= nh * dv) return;
     const int h = gw / dv, v = gw % dv;
-    const uint16_t *row = w + ((int64_t)h * (dn + dv) + dn + v) * R;
+    const int64_t row = (int64_t)h * (dn + dv) + dn + v;
     for (int t = 0; t < n; t++) {
         const float *o = olat + ((int64_t)h * n + t) * R;
         float s = 0.0f;
-        for (int r = lane; r < R; r += 32) s = fmaf(bf16_at(row, r), o[r], s);
+        for (int r = lane; r < R; r += 32) s = fmaf(kvb_at<I8>(w, wscale, row, r, R), o[r], s);
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
         if (lane == 0) attn[(int64_t)t * nh * dv + (int64_t)h * dv + v] = s;
@@ -729,12 +739,14 @@ enum { ABS_SMEM = 48 * 1024 }; /* absorb keeps q of <= 32 tokens in shared memor
 
 static df_status mla_kv_b_check(const gpu_weight *kv_b, const mla_shape *sh, int n) {
     if (!kv_b || !kv_b->data || !sh || n < 1) return DF_ERR_ARG;
-    if (n > 32 || kv_b->type != WT_BF16 || (size_t)n * sh->dn * sizeof(float) > ABS_SMEM) return DF_ERR_UNSUPPORTED;
+    if (n > 32 || !gpu_mla_products_take(kv_b) || (size_t)n * sh->dn * sizeof(float) > ABS_SMEM) return DF_ERR_UNSUPPORTED;
     if (kv_b->rows != (int64_t)sh->nh * (sh->dn + sh->dv) || kv_b->cols != sh->R) return DF_ERR_ARG;
     return DF_OK;
 }
 
-extern "C" int gpu_mla_products_take(const gpu_weight *kv_b) { return kv_b && kv_b->type == WT_BF16; }
+extern "C" int gpu_mla_products_take(const gpu_weight *kv_b) {
+    return kv_b && (kv_b->type == WT_BF16 || kv_b->type == WT_I8_ROW);
+}
 
 extern "C" int gpu_mla_takes(const mla_shape *sh) {
     return sh && sh->nh >= 1 && sh->R >= 1 && sh->dr >= 0 && sh->dr % 4 == 0 && sh->dr <= 512 && sh->R % 4 == 0 &&
@@ -748,8 +760,12 @@ extern "C" df_status gpu_mla_absorb(const gpu_weight *kv_b, const mla_shape *sh,
     if (!q || !qlat) return DF_ERR_ARG;
     const size_t smem = (size_t)n * sh->dn * sizeof(float);
     dim3 grid((unsigned)sh->nh, (unsigned)cdiv(sh->R, ABS_T));
-    k_mla_absorb<<<grid, ABS_T, smem, (cudaStream_t)stream>>>((const uint16_t *)kv_b->data, sh->nh, sh->dn, sh->dv,
-                                                              sh->dq, sh->R, q, n, qlat);
+    if (kv_b->type == WT_I8_ROW)
+        k_mla_absorb<1><<<grid, ABS_T, smem, (cudaStream_t)stream>>>(kv_b->data, (const float *)kv_b->scale, sh->nh, sh->dn,
+                                                                     sh->dv, sh->dq, sh->R, q, n, qlat);
+    else
+        k_mla_absorb<0><<<grid, ABS_T, smem, (cudaStream_t)stream>>>(kv_b->data, NULL, sh->nh, sh->dn, sh->dv, sh->dq,
+                                                                     sh->R, q, n, qlat);
     return launched("k_mla_absorb");
 }
 
@@ -759,7 +775,11 @@ extern "C" df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, c
     if (st != DF_OK) return st;
     if (!olat || !attn) return DF_ERR_ARG;
     const int64_t rows = (int64_t)sh->nh * sh->dv;
-    k_mla_lift<<<(unsigned)cdiv(rows, LIFT_WARPS), LIFT_WARPS * 32, 0, (cudaStream_t)stream>>>(
-        (const uint16_t *)kv_b->data, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
+    if (kv_b->type == WT_I8_ROW)
+        k_mla_lift<1><<<(unsigned)cdiv(rows, LIFT_WARPS), LIFT_WARPS * 32, 0, (cudaStream_t)stream>>>(
+            kv_b->data, (const float *)kv_b->scale, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
+    else
+        k_mla_lift<0><<<(unsigned)cdiv(rows, LIFT_WARPS), LIFT_WARPS * 32, 0, (cudaStream_t)stream>>>(
+            kv_b->data, NULL, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
     return launched("k_mla_lift");
 }

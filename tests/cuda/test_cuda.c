@@ -81,6 +81,15 @@ static void hmat_make(hmat *m, wt_type t, int64_t rows, int64_t cols, st_dtype s
         m->scale = sc;
         break;
     }
+    case WT_I8_ROW: { /* the int8 spine: q in [-127, 127], an f32 scale per row */
+        int8_t *d = malloc(n);
+        for (size_t i = 0; i < n; i++) d[i] = (int8_t)((int)(rng_next(&s) % 255) - 127);
+        float *sc = malloc((size_t)rows * 4);
+        for (int64_t i = 0; i < rows; i++) sc[i] = ldexpf(1.0f + 0.5f * frand(&s), -7);
+        m->data = d;
+        m->scale = sc;
+        break;
+    }
     case WT_INT4_G32:
     case WT_MXFP4: {
         uint8_t *d = malloc(n / 2);
@@ -244,6 +253,9 @@ TEST(cuda_matvec_int4_bf16) { check_type(WT_INT4_G32, DT_BF16, 259, 2144, "int4-
 TEST(cuda_matvec_int4_f16) { check_type(WT_INT4_G32, DT_F16, 130, 1024, "int4-f16"); }
 TEST(cuda_matvec_int4_f32) { check_type(WT_INT4_G32, DT_F32, 77, 7168, "int4-f32"); }
 TEST(cuda_matvec_mxfp4) { check_type(WT_MXFP4, DT_UNKNOWN, 263, 2144, "mxfp4"); }
+TEST(cuda_matvec_i8) { check_type(WT_I8_ROW, DT_UNKNOWN, 301, 1008, "i8-row"); }
+TEST(cuda_matvec_i8_wide) { check_type(WT_I8_ROW, DT_UNKNOWN, 67, 7168, "i8-row-7168"); }
+TEST(cuda_matvec_tall_i8) { check_type(WT_I8_ROW, DT_UNKNOWN, 16411, 64, "i8-row-tall"); }
 TEST(cuda_matvec_mxfp4_wide) { check_type(WT_MXFP4, DT_UNKNOWN, 67, 7168, "mxfp4-7168"); }
 /* row counts that are not a multiple of the rows-per-warp of the n = 1 path */
 TEST(cuda_matvec_tall_bf16) { check_type(WT_BF16, DT_UNKNOWN, 16411, 64, "bf16-tall"); }

@@ -583,20 +583,30 @@ TEST(cuda_attn_res) {
 
 /* gpu_mla_absorb / gpu_mla_lift against float64 sums over the same bf16
  * kv_b: |y - exact| <= K u sum|w x| with K = dn (absorb) and R/32 + 5
- * (lift), gpu.h's bounds; n = 1 and a 17-token chunk; a refused f32-free
- * type (fp8) and n > 32. */
-static void check_mla_products(int nh, int dn, int dv, int R, int n, const char *tag) {
+ * (lift), gpu.h's bounds; n = 1 and a 17-token chunk, bf16 and row-int8
+ * (the int8 spine's kv_b: q times its row scale); a refused type (fp8) and
+ * n > 32. */
+static void check_mla_products(int nh, int dn, int dv, int R, int n, int i8, const char *tag) {
     uint64_t s = seed_of(tag);
     const int dr = 64, dq = dn + dr;
     const int64_t rows = (int64_t)nh * (dn + dv);
+    /* bf16, or row-int8 (the int8 spine); wv: the weights as the kernels see them */
     uint16_t *wb = malloc((size_t)rows * R * sizeof(uint16_t));
+    int8_t *w8 = malloc((size_t)rows * R);
+    float *wsc = malloc((size_t)rows * sizeof(float)), *wv = malloc((size_t)rows * R * sizeof(float));
+    for (int64_t i = 0; i < rows; i++) wsc[i] = ldexpf(1.0f + 0.25f * frand(&s), -10);
     for (int64_t i = 0; i < rows * R; i++) {
         float f = frand(&s) * 0.1f;
         uint32_t u;
         memcpy(&u, &f, 4);
         wb[i] = (uint16_t)(u >> 16);
+        w8[i] = (int8_t)((int)(f * 1270.0f));
+        u = (uint32_t)wb[i] << 16;
+        memcpy(&wv[i], &u, 4);
+        if (i8) wv[i] = (float)w8[i] * wsc[i / R];
     }
-    df_weight w = {.type = WT_BF16, .rows = rows, .cols = R, .data = wb};
+    df_weight w = {.type = i8 ? WT_I8_ROW : WT_BF16, .rows = rows, .cols = R, .data = i8 ? (void *)w8 : (void *)wb,
+                   .scale = i8 ? wsc : NULL};
     gpu_weight g;
     char err[DF_ERRMSG];
     REQUIRE(gpu_weight_upload(&w, &g, err) == DF_OK, "%s", err);
@@ -618,9 +628,7 @@ static void check_mla_products(int nh, int dn, int dv, int R, int n, const char 
             for (int r = 0; r < R; r++) { /* absorb */
                 double ex = 0, mag = 0;
                 for (int d = 0; d < dn; d++) {
-                    uint32_t u = (uint32_t)wb[((int64_t)h * (dn + dv) + d) * R + r] << 16;
-                    float wf;
-                    memcpy(&wf, &u, 4);
+                    float wf = wv[((int64_t)h * (dn + dv) + d) * R + r];
                     double p = (double)q[((size_t)t * nh + h) * dq + d] * wf;
                     ex += p;
                     mag += fabs(p);
@@ -632,9 +640,7 @@ static void check_mla_products(int nh, int dn, int dv, int R, int n, const char 
             for (int v = 0; v < dv; v++) { /* lift */
                 double ex = 0, mag = 0;
                 for (int r = 0; r < R; r++) {
-                    uint32_t u = (uint32_t)wb[((int64_t)h * (dn + dv) + dn + v) * R + r] << 16;
-                    float wf;
-                    memcpy(&wf, &u, 4);
+                    float wf = wv[((int64_t)h * (dn + dv) + dn + v) * R + r];
                     double p = (double)wf * olat[((size_t)h * n + t) * R + r];
                     ex += p;
                     mag += fabs(p);
@@ -658,6 +664,9 @@ static void check_mla_products(int nh, int dn, int dv, int R, int n, const char 
     gpu_free(dql);
     gpu_free(dat);
     free(wb);
+    free(w8);
+    free(wsc);
+    free(wv);
     free(q);
     free(olat);
     free(ql);
@@ -666,6 +675,8 @@ static void check_mla_products(int nh, int dn, int dv, int R, int n, const char 
 
 TEST(cuda_attn_mla_products) {
     if (!need_gpu()) return;
-    check_mla_products(4, 128, 128, 512, 1, "mla-products-n1");
-    check_mla_products(3, 48, 40, 96, 17, "mla-products-n17");
+    check_mla_products(4, 128, 128, 512, 1, 0, "mla-products-n1");
+    check_mla_products(3, 48, 40, 96, 17, 0, "mla-products-n17");
+    check_mla_products(4, 128, 128, 512, 1, 1, "mla-products-i8-n1");
+    check_mla_products(3, 48, 40, 96, 17, 1, "mla-products-i8-n17");
 }
