@@ -770,3 +770,30 @@ TEST(hub_warm_from_trace_and_heat) {
     CHECK(rc == 1 && strstr(out, "nope.jsonl"), "a missing trace is named: %s", out);
     emu_stop(&e);
 }
+
+/* The int8 spine of a stream mirror: the converter reads the spine through
+ * the mirror's table (local after setup: nothing fetched), and the result
+ * equals a conversion of the local copy; setup --int8-spine converts too. */
+TEST(hub_stream_int8_spine) {
+    const char *src = src_model();
+    REQUIRE(src, "synth failed");
+    emu e;
+    char dir[300];
+    REQUIRE(stream_setup(&e, "hubemu8", dir, sizeof dir) == 0, "stream setup: %s", out);
+    int n, before = log_lines(&e);
+    int rc = t_sh(out, sizeof out, "HF_ENDPOINT=http://127.0.0.1:%d %s convert-spine %s 2>&1", e.port, t_bin(), dir);
+    CHECK(rc == 0, "convert-spine on a stream mirror: %s", out);
+    CHECK(log_bytes(&e, before, "/cdn/", &n) == 0, "the spine is local: %d requests", n);
+    const char *d = t_tmpdir("hubint8");
+    rc = t_sh(out, sizeof out, "cp -r %s %s/local && %s convert-spine %s/local --force >/dev/null 2>&1 && "
+              "%s logits --model %s/local --tokens %s --out %s/a.bin 2>/dev/null && "
+              "HF_ENDPOINT=http://127.0.0.1:%d %s logits --model %s --tokens %s --out %s/b.bin 2>&1 && cmp %s/a.bin %s/b.bin",
+              src, d, t_bin(), d, t_bin(), d, TOKS, d, e.port, t_bin(), dir, TOKS, d, d, d);
+    CHECK(rc == 0 && strstr(out, "LOSSY int8 spine"), "int8 logits of the mirror = of the local copy: %s", out);
+    char full[320];
+    snprintf(full, sizeof full, "%s-full", dir);
+    rc = t_sh(out, sizeof out, "HF_ENDPOINT=http://127.0.0.1:%d %s setup deltafin/tiny-k3 --dir %s --full --int8-spine 2>&1 && "
+              "ls %s/int8-spine/manifest.json", e.port, t_bin(), full, full);
+    CHECK(rc == 0, "setup --int8-spine: %s", out);
+    emu_stop(&e);
+}

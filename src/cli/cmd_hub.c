@@ -98,6 +98,8 @@ static const char setup_help[] =
     "                 fetched on first use into sparse local shards (same offsets)\n"
     "                 default: --full when it fits the free disk with a 5%% margin\n"
     "  --dry-run      print the plan only\n"
+    "  --int8-spine   then convert the spine to row-wise int8 (deltafin convert-spine DIR): a\n"
+    "                 smaller resident spine, LOSSY, used by default once converted\n"
     "  --workers N    parallel transfers (default 4)\n"
     "  --cache-limit SIZE  stream: disk budget for fetched routed experts (e.g. 150G); when\n"
     "                 a fetch would pass it, the least recently used experts are evicted\n"
@@ -112,11 +114,13 @@ int cmd_setup(int argc, char **argv) {
     client_from_env(&o.client);
     o.workers = 4;
     o.cache_limit = -1;
+    int int8 = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--full")) o.mode = HUB_FULL;
         else if (!strcmp(a, "--stream")) o.mode = HUB_STREAM;
         else if (!strcmp(a, "--dry-run")) o.dry_run = 1;
+        else if (!strcmp(a, "--int8-spine")) int8 = 1;
         else if (!strcmp(a, "--dir") && v) { o.dir = v; i++; }
         else if (!strcmp(a, "--revision") && v) { o.revision = v; i++; }
         else if (!strcmp(a, "--cache-limit") && v) {
@@ -152,6 +156,10 @@ int cmd_setup(int argc, char **argv) {
         printf("routed experts: %.3f of %.3f GB local; they are fetched on first use, or now with "
                "`deltafin fetch-experts %s`\n",
                rep.local_expert_bytes / 1e9, rep.expert_bytes / 1e9, o.dir);
+    if (int8) { /* the spine is local in both modes: convert it now */
+        char *args[] = {(char *)"convert-spine", (char *)o.dir, NULL};
+        return cmd_convert_spine(2, args);
+    }
     return CLI_OK;
 }
 
