@@ -34,9 +34,7 @@ static const char *synth(const char *tag, const char *extra) {
     return d;
 }
 
-TEST(s8_converted_rows_follow_the_scheme) {
-    const char *d = synth("s8_rule", NULL);
-    REQUIRE(d, "synth: %s", out);
+static void check_rule(const char *d, int fp8_block) {
     int rc = t_sh(out, sizeof out, "%s convert-spine %s 2>&1", t_bin(), d);
     REQUIRE(rc == 0, "%s", out);
     char err[DF_ERRMSG], s8[600];
@@ -44,7 +42,7 @@ TEST(s8_converted_rows_follow_the_scheme) {
     st_set *src = NULL, *q8 = NULL;
     REQUIRE(st_open_dir(d, NULL, 1, &src, err) == DF_OK, "%s", err);
     REQUIRE(st_open_dir(s8, NULL, 1, &q8, err) == DF_OK, "%s", err);
-    int checked = 0, bad = 0, embed = 0;
+    int checked = 0, bad = 0, embed = 0, fp8s = 0;
     for (int64_t i = 0; i < st_count(q8); i++) {
         const st_tensor *t = st_at(q8, i);
         size_t n = strlen(t->name);
@@ -54,7 +52,8 @@ TEST(s8_converted_rows_follow_the_scheme) {
         snprintf(base, sizeof base, "%.*s", (int)(n - 7), t->name);
         df_weight w8, w;
         CHECK(wt_bind(q8, base, t->shape[0], t->shape[1], 0, 0, &w8, err) == DF_OK && w8.type == WT_I8_ROW, "%s", err);
-        REQUIRE(wt_bind(src, base, t->shape[0], t->shape[1], 0, 0, &w, err) == DF_OK, "%s", err);
+        REQUIRE(wt_bind(src, base, t->shape[0], t->shape[1], fp8_block, fp8_block, &w, err) == DF_OK, "%s", err);
+        fp8s += w.type == WT_FP8_BLOCK;
         float *row = malloc((size_t)w.cols * sizeof(float));
         int8_t *q = malloc((size_t)w.cols);
         for (int64_t r = 0; r < w.rows; r++) {
@@ -66,7 +65,8 @@ TEST(s8_converted_rows_follow_the_scheme) {
         free(q);
         checked++;
     }
-    CHECK(checked > 20 && bad == 0 && embed == 0, "%d matrices, %d rows differ, %d embeddings", checked, bad, embed);
+    CHECK(checked > 10 && bad == 0 && embed == 0, "%s: %d matrices, %d rows differ, %d embeddings", d, checked, bad, embed);
+    CHECK(!fp8_block || fp8s > 0, "fp8 blocks dequantised first: %d", fp8s);
     /* what is left as stored: norms, conv1d, A_log, dt_bias, res_proj, the bias, the embedding, the experts */
     int wrong = 0;
     for (int64_t i = 0; i < st_count(q8); i++) {
@@ -78,6 +78,18 @@ TEST(s8_converted_rows_follow_the_scheme) {
     CHECK(wrong == 0, "%d tensors converted against the rule", wrong);
     st_close(src);
     st_close(q8);
+}
+
+TEST(s8_converted_rows_follow_the_scheme) {
+    const char *d = synth("s8_rule", NULL);
+    REQUIRE(d, "synth: %s", out);
+    check_rule(d, 0);
+    /* DeepSeek-V3's fp8 spine (128 x 128 block scales) */
+    const char *f = t_tmpdir("s8_fp8");
+    REQUIRE(f);
+    int rc = t_sh(out, sizeof out, "cp tests/fixtures/dsv3_fp8_yarn/* %s/", f);
+    REQUIRE(rc == 0, "%s", out);
+    check_rule(f, 128);
 }
 
 TEST(s8_int8_logits_bit_identical_across_paths) {

@@ -115,63 +115,74 @@ static int shard_fd(reader *r, int shard, char *err) {
     return r->fds[shard];
 }
 
-/* Rows [r0, r0+n) of the matrix as f32 into out[n][cols]; raw is scratch of
- * n * cols * element bytes. */
-static df_status read_rows(reader *rd, const plan *p, const item *it, int64_t r0, int64_t n, void *raw, float *out,
-                           float *fp8_scale, char *err) {
+/* The raw bytes of rows [r0, r0+n) into raw; asks the kernel to read the
+ * next block ahead while this one is quantised. */
+static df_status read_rows(reader *rd, const item *it, int64_t r0, int64_t n, int64_t next_n, void *raw, char *err) {
     const st_tensor *t = it->t;
     int64_t cols = t->shape[1], es = dtype_size(t->dtype);
     int fd = shard_fd(rd, t->shard, err);
     if (fd < 0) return DF_ERR_IO;
+    if (next_n > 0)
+        posix_fadvise(fd, t->offset + (r0 + n) * cols * es, next_n * cols * es, POSIX_FADV_WILLNEED);
     if (io_pread_full(rd->io, fd, raw, (size_t)(n * cols * es), t->offset + r0 * cols * es) != 0)
         return df_fail(err, DF_ERR_IO, "%s: reading '%s' rows %lld..%lld failed: %s", st_shard_path(rd->st, t->shard),
                        t->name, (long long)r0, (long long)(r0 + n), strerror(errno));
-    int64_t m = n * cols;
-    switch (t->dtype) {
-    case DT_BF16: {
-        const uint16_t *h = raw;
-        for (int64_t i = 0; i < m; i++) out[i] = bf16_to_f32(h[i]);
-        break;
-    }
-    case DT_F16: {
-        const uint16_t *h = raw;
-        for (int64_t i = 0; i < m; i++) out[i] = f16_to_f32(h[i]);
-        break;
-    }
-    case DT_F32: memcpy(out, raw, (size_t)m * 4); break;
-    case DT_F8_E4M3: {
-        const st_tensor *s = it->scale;
-        int64_t sc = s->shape[1];
-        const uint8_t *b = raw;
-        int sfd = shard_fd(rd, s->shard, err);
-        if (sfd < 0) return DF_ERR_IO;
-        for (int64_t r = 0; r < n; r++) {
-            int64_t br = (r0 + r) / p->br;
-            if (io_pread_full(rd->io, sfd, fp8_scale, (size_t)sc * 4, s->offset + br * sc * 4) != 0)
-                return df_fail(err, DF_ERR_IO, "%s: reading '%s' failed: %s", st_shard_path(rd->st, s->shard), s->name,
-                               strerror(errno));
-            for (int64_t c = 0; c < cols; c++) out[r * cols + c] = fp8_e4m3_to_f32(b[r * cols + c]) * fp8_scale[c / p->bc];
-        }
-        break;
-    }
-    default: return df_fail(err, DF_ERR_UNSUPPORTED, "'%s': dtype %s cannot be converted", t->name, dtype_name(t->dtype));
-    }
+    return DF_OK;
+}
+
+/* fp8: the block-scale rows covering rows [r0, r0+n) into sc. */
+static df_status read_fp8_scales(reader *rd, const plan *p, const item *it, int64_t r0, int64_t n, float *sc, char *err) {
+    const st_tensor *s = it->scale;
+    int64_t b0 = r0 / p->br, b1 = (r0 + n - 1) / p->br, w = s->shape[1];
+    int fd = shard_fd(rd, s->shard, err);
+    if (fd < 0) return DF_ERR_IO;
+    if (io_pread_full(rd->io, fd, sc, (size_t)((b1 - b0 + 1) * w * 4), s->offset + b0 * w * 4) != 0)
+        return df_fail(err, DF_ERR_IO, "%s: reading '%s' failed: %s", st_shard_path(rd->st, s->shard), s->name,
+                       strerror(errno));
     return DF_OK;
 }
 
 /* ---- one shard ---- */
 
+/* One row block: decode each row to f32 in the thread's scratch, quantise. */
 typedef struct {
-    const float *w;
+    const uint8_t *raw;      /* the block's rows as stored */
+    st_dtype dt;
+    int64_t cols, r0;        /* r0: the block's first row in the matrix */
+    const float *fp8;        /* fp8: block-scale rows from block row r0 / br */
+    int br, bc;
+    int64_t fp8_w;
+    float *scratch;          /* [threads][cols] */
     int8_t *q;
     float *scale;
-    int64_t cols;
 } quant_job;
 
 static void quant_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
-    (void)tid;
     quant_job *j = ctx;
-    for (int64_t r = r0; r < r1; r++) j->scale[r] = s8_quantize_row(j->w + r * j->cols, j->cols, j->q + r * j->cols);
+    int64_t C = j->cols;
+    float *w = j->scratch + (int64_t)tid * C;
+    for (int64_t r = r0; r < r1; r++) {
+        switch (j->dt) {
+        case DT_BF16: {
+            const uint16_t *h = (const uint16_t *)j->raw + r * C;
+            for (int64_t c = 0; c < C; c++) w[c] = bf16_to_f32(h[c]);
+            break;
+        }
+        case DT_F16: {
+            const uint16_t *h = (const uint16_t *)j->raw + r * C;
+            for (int64_t c = 0; c < C; c++) w[c] = f16_to_f32(h[c]);
+            break;
+        }
+        case DT_F32: memcpy(w, j->raw + r * C * 4, (size_t)C * 4); break;
+        default: { /* fp8 e4m3 with block scales */
+            const uint8_t *b = j->raw + r * C;
+            const float *sr = j->fp8 + ((j->r0 + r) / j->br - j->r0 / j->br) * j->fp8_w;
+            for (int64_t c = 0; c < C; c++) w[c] = fp8_e4m3_to_f32(b[c]) * sr[c / j->bc];
+            break;
+        }
+        }
+        j->scale[r] = s8_quantize_row(w, C, j->q + r * C);
+    }
 }
 
 static df_status write_all(int fd, const void *b, size_t n, int64_t off, const char *path, char *err) {
@@ -267,7 +278,7 @@ static df_status write_shard(ctx_t *x, int a, int b, const char *path, int64_t *
     void *raw = NULL;
     float *w = NULL, *sc = NULL, *f8 = NULL;
     int8_t *q = NULL;
-    int64_t soff = 0, doff = scale_total;
+    int64_t soff = 0, doff = scale_total, T = pool_size(x->pool);
     for (int i = a; i < b && st == DF_OK; i++) {
         const item *it = &p->items[i];
         int64_t rows = it->t->shape[0], cols = it->t->shape[1], es = dtype_size(it->t->dtype);
@@ -276,15 +287,16 @@ static df_status write_shard(ctx_t *x, int a, int b, const char *path, int64_t *
         if (blk > rows) blk = rows;
         free(raw); free(w); free(q); free(sc); free(f8);
         raw = malloc((size_t)(blk * cols * es));
-        w = malloc((size_t)(blk * cols) * sizeof(float));
+        w = malloc((size_t)(T * cols) * sizeof(float));
         q = malloc((size_t)(blk * cols));
         sc = malloc((size_t)rows * sizeof(float));
-        f8 = it->scale ? malloc((size_t)it->scale->shape[1] * sizeof(float)) : NULL;
+        f8 = it->scale ? malloc((size_t)((blk / p->br + 2) * it->scale->shape[1]) * sizeof(float)) : NULL;
         if (!raw || !w || !q || !sc || (it->scale && !f8)) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); break; }
         for (int64_t r0 = 0; r0 < rows && st == DF_OK; r0 += blk) {
-            int64_t n = rows - r0 < blk ? rows - r0 : blk;
-            if ((st = read_rows(x->rd, p, it, r0, n, raw, w, f8, err)) != DF_OK) break;
-            quant_job j = {w, q, sc + r0, cols};
+            int64_t n = rows - r0 < blk ? rows - r0 : blk, next = rows - r0 - n < blk ? rows - r0 - n : blk;
+            if ((st = read_rows(x->rd, it, r0, n, next, raw, err)) != DF_OK) break;
+            if (it->scale && (st = read_fp8_scales(x->rd, p, it, r0, n, f8, err)) != DF_OK) break;
+            quant_job j = {raw, it->t->dtype, cols, r0, f8, p->br, p->bc, it->scale ? it->scale->shape[1] : 0, w, q, sc + r0};
             pool_for(x->pool, n, 4, quant_rows, &j);
             st = write_all(fd, q, (size_t)(n * cols), base + doff + r0 * cols, tmp, err);
             x->done += n * cols * es;
