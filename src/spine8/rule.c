@@ -45,8 +45,13 @@ float s8_quantize_row(const float *w, int64_t n, int8_t *q) {
         if (a > amax) amax = a;
     }
     float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+    /* round half to even by adding and removing 1.5 * 2^23 (exact for
+     * |v| < 2^22, and |v| <= 127 here): the same as rintf in the default
+     * rounding mode, without a libm call per element */
+    const volatile float magic_v = 12582912.0f;
+    const float magic = magic_v;
     for (int64_t i = 0; i < n; i++) {
-        float v = rintf(w[i] / scale); /* round half to even in the default mode */
+        float v = (w[i] / scale + magic) - magic;
         q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v);
     }
     return scale;
