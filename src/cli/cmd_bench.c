@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -39,6 +40,10 @@ static int nmoe_layers(df_engine *e) { return df_engine_moe_layers(e); }
 
 static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_s, int json) {
     mo->profile = 1;
+    /* the DRAM floor's probe before the engine takes its memory (its buffer
+     * is outside the plan, which may fill a memory limit) */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    double dram = df_dram_probe(mo->threads > 0 ? mo->threads : (ncpu > 0 ? (int)ncpu : 1), 512, 0.5);
     df_engine *e = cli_open(mo);
     if (!e) return CLI_FAIL;
     int rc = CLI_FAIL, V = df_engine_vocab_size(e);
@@ -119,7 +124,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     double floor_s = mean_bytes / (disk * 1e9);
     double ratio = floor_s > 0 ? med / floor_s : 0;
     /* the other floor: every weight byte of a step read once from RAM */
-    double dram = df_dram_probe(df_engine_n_threads(e), 512, 0.5);
+
     int64_t spine = df_engine_spine_bytes_per_token(e);
     double touched = (double)spine + (double)df_engine_expert_bytes(e) * df_engine_experts_per_token(e) * nmoe_layers(e);
     double mem_floor = dram > 0 ? touched / (dram * 1e9) : 0;

@@ -564,6 +564,8 @@ df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char 
     if (chunk > best_size / 2) chunk = best_size / 2 / XR_ALIGN * XR_ALIGN;
     if (chunk < XR_ALIGN) return df_fail(err, DF_ERR_ARG, "the model's shards are too small to probe the disk");
     int depth = e->opts.io_depth > 0 ? e->opts.io_depth : 32;
+    /* its buffers are outside the memory plan: at most 256 MB of them */
+    while (depth > 4 && chunk * depth > ((int64_t)256 << 20)) depth--;
     return xr_probe_bandwidth(e->io, st_shard_path(e->st, best), XR_AUTO, (size_t)chunk, depth, seconds, gbps, err);
 }
 
