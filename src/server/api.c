@@ -1,6 +1,8 @@
 /* api.c — OpenAI request and response JSON for the server (prefix srv_).
  *
- * Owns: turning a /v1/chat/completions or /v1/completions body into a
+ * Owns: srv_buf (the byte buffer every server file uses: the bottom of the
+ * server's call graph, so http.c and gen.c call into this file and it calls
+ * neither), turning a /v1/chat/completions or /v1/completions body into a
  * srv_job (every field either honoured, accepted as having no effect on the
  * output (user, metadata, store, service_tier, prompt_cache_key,
  * safety_identifier), or refused with a 400 that names it, as OpenAI names
@@ -12,7 +14,7 @@
  * function (the sampler cannot force a call), response_format other than
  * text, completions' suffix, images and audio in messages.
  *
- * Sections: 1. JSON helpers  2. field checks  3. chat requests
+ * Sections: 1. buffers and JSON helpers  2. field checks  3. chat requests
  *           4. completion requests  5. jobs  6. output events  7. responses
  */
 #include "server.h"
@@ -25,7 +27,27 @@
 #include <sys/random.h>
 #include <time.h>
 
-/* ---- 1. JSON helpers ----------------------------------------------------------------- */
+/* ---- 1. buffers and JSON helpers ------------------------------------------------------ */
+
+int srv_buf_add(srv_buf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return 0;
+}
+
+void srv_buf_free(srv_buf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
 
 /* length of a valid UTF-8 sequence at s (max n bytes), 0 if invalid */
 static size_t utf8_len(const unsigned char *s, size_t n) {

@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- 1. helpers -------------------------------------------------------------------- */
+/* ---- 1. helpers: clock, log, stop strings ---------------------------------------- */
 
 double srv_now(void) {
     struct timespec t;
@@ -39,26 +39,6 @@ void srv_log(srv *s, const char *fmt, ...) {
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     s->o.log(s->o.log_ud, line);
-}
-
-int srv_buf_add(srv_buf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
-void srv_buf_free(srv_buf *b) {
-    free(b->p);
-    memset(b, 0, sizeof *b);
 }
 
 /* Stop strings. The pending text keeps the longest suffix that may still
