@@ -129,7 +129,7 @@ typedef struct srv_job {
     json_t *lp_content;          /* chat logprobs.content entries */
     json_t *lp_pending;          /* stream: entries not yet sent */
     json_t *cmp_lp;              /* completions logprobs object */
-    int sent_role;
+    int sent_first;              /* stream: the first chunk went out (chat: the role; completions: echo) */
     const char *finish;          /* "stop", "length", "tool_calls" */
     int prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens;
     double ttft_s;

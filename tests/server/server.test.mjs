@@ -87,6 +87,13 @@ test('completions: non-streaming and streaming agree', async () => {
   let text = '';
   for await (const ch of s) text += ch.choices[0]?.text ?? '';
   assert.equal(text, r.choices[0].text);
+  // echo: the streamed text starts with the prompt as the whole one does
+  const e = await client.completions.create({ model: 'm', prompt: 'abc', echo: true, max_tokens: 6, seed: 4 });
+  assert.ok(e.choices[0].text.startsWith('abc'), e.choices[0].text);
+  const es = await client.completions.create({ model: 'm', prompt: 'abc', echo: true, max_tokens: 6, seed: 4, stream: true });
+  let etext = '';
+  for await (const ch of es) etext += ch.choices[0]?.text ?? '';
+  assert.equal(etext, e.choices[0].text);
 });
 
 test('seed reproducibility at temperature 1', async () => {
