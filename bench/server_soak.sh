@@ -29,8 +29,8 @@ command -v node > /dev/null || { echo "server_soak: node is not installed" >&2; 
     { echo "server_soak: run npm ci --prefix tests/server --no-audit --no-fund first" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "server_soak: $BIN is not built" >&2; exit 2; }
 
-SECONDS_TOTAL=$(awk -v m="$MINUTES" 'BEGIN { s = int(m * 60 + 0.5); print s < 10 ? 10 : s }')
-SAMPLE=${SOAK_SAMPLE_S:-$(awk -v s="$SECONDS_TOTAL" 'BEGIN { x = int(s / 90); print x < 5 ? 5 : x > 20 ? 20 : x }')}
+SECONDS_TOTAL=$(awk -v m="$MINUTES" 'BEGIN { s = int(m * 60 + 0.5); print (s < 10 ? 10 : s) }')
+SAMPLE=${SOAK_SAMPLE_S:-$(awk -v s="$SECONDS_TOTAL" 'BEGIN { x = int(s / 90); print (x < 5 ? 5 : (x > 20 ? 20 : x)) }')}
 QUEUE=${SOAK_QUEUE:-4}
 CTX=256
 CEILING=64
