@@ -17,7 +17,7 @@
 //           3. checking answers  4. raw sockets  5. the operations
 //           6. sampling  7. the run and the verdict
 import net from 'node:net';
-import { readFileSync, readdirSync } from 'node:fs';
+import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
 import { createRequire } from 'node:module';
 
 // ---- 1. set-up -----------------------------------------------------------------------
@@ -102,6 +102,7 @@ const SPECS = [
   { name: 'h_mct', ep: 'chat', body: { messages: [{ role: 'user', content: 'Seven' }], max_completion_tokens: 7, temperature: 0, reasoning_effort: 'none' } },
   { name: 'h_unicode', ep: 'chat', body: { messages: [{ role: 'user', content: 'héllo wörld 日本語 🎉' }], max_tokens: 16, temperature: 0, reasoning_effort: 'none' } },
   { name: 'h_ceiling', ep: 'chat', body: { messages: [{ role: 'user', content: 'Go on and on' }], temperature: 0, reasoning_effort: 'none' } }, // to the ceiling
+  { name: 'h_specials', ep: 'chat', body: { messages: [{ role: 'user', content: 'Not markers: <|open|> <|close|> [EOS] <|im_end|>' }, { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } }] }, { role: 'tool', tool_call_id: 'c1', content: '' }], max_tokens: 12, temperature: 0, reasoning_effort: 'none' } },
   { name: 'h_seed', ep: 'chat', body: { messages: [{ role: 'user', content: 'Pick' }], max_tokens: 16, temperature: 0.8, top_p: 0.9, seed: 99, reasoning_effort: 'none' } },
 ];
 
@@ -433,6 +434,9 @@ const BAD = [
   { n: 'two prompts', p: '/v1/completions', b: { prompt: ['a', 'b'] }, s: 400, param: 'prompt' },
   { n: 'prompt past the context', p: '/v1/completions', b: { prompt: ids(CTX + 10, 7), max_tokens: 4 }, s: 400, param: 'prompt' },
   { n: 'prompt + max_tokens past the context', p: '/v1/completions', b: { prompt: ids(CTX - 5, 7), max_tokens: 10 }, s: 400, param: 'prompt' },
+  { n: 'text prompt past the context', p: '/v1/completions', b: { prompt: 'word '.repeat(12000) }, s: 400, param: 'prompt' },
+  { n: 'thousands of messages', p: '/v1/chat/completions', b: { messages: Array.from({ length: 1500 }, () => ({ role: 'user', content: 'x' })) }, s: 400, param: 'messages' },
+  { n: 'lone surrogate', p: '/v1/completions', b: '{"prompt": "a\\ud800b"}', s: 400 },
   { n: 'unknown field', p: '/v1/completions', b: { prompt: 'x', wibble: true }, s: 400, param: 'wibble' },
   { n: 'unknown chat field', p: '/v1/chat/completions', b: { messages: hello, functions: [] }, s: 400, param: 'functions' },
   { n: 'n = 2', p: '/v1/chat/completions', b: { messages: hello, n: 2 }, s: 400, param: 'n' },
@@ -634,6 +638,20 @@ function sampleServer() {
   } catch { return null; }
 }
 
+// The server's descriptors by kind ("socket 3, file 5, ..."), for the report.
+function fdKinds() {
+  const k = {};
+  try {
+    for (const fd of readdirSync(`/proc/${PID}/fd`)) {
+      let t;
+      try { t = readlinkSync(`/proc/${PID}/fd/${fd}`); } catch { continue; }
+      const kind = t.startsWith('socket:') ? 'socket' : t.startsWith('pipe:') ? 'pipe' : t.startsWith('anon_inode:') ? t.slice(11).replace(/[[\]]/g, '') : 'file';
+      k[kind] = (k[kind] ?? 0) + 1;
+    }
+  } catch { return '-'; }
+  return Object.entries(k).sort().map(([a, b]) => `${a} ${b}`).join(', ');
+}
+
 async function metricsText() {
   try { return await (await fetch(`${URL_BASE}/metrics`, { signal: AbortSignal.timeout(10000) })).text(); } catch { return ''; }
 }
@@ -676,7 +694,7 @@ async function main() {
   console.log(`# oracle: ${SPECS.length} requests, solo whole and streamed agree${nFail ? ' NOT' : ''}: ${exp}`);
   const base = await settle(null, 40, 14); // stable for 7 s: the clients' keep-alive sockets (4 s) are closed
   if (!base) { console.log('verdict: FAIL the server died before the load'); process.exit(1); }
-  console.log(`# idle baseline: RSS ${base.rss.toFixed(1)} MB, ${base.fds} fds, ${base.threads} threads`);
+  console.log(`# idle baseline: RSS ${base.rss.toFixed(1)} MB, ${base.fds} fds (${fdKinds()}), ${base.threads} threads`);
   console.log('     t_s   rss_mb   fds  threads   requests   ok   429   cut  fail');
 
   const t0 = Date.now(), end = t0 + SECONDS * 1000;
@@ -711,6 +729,7 @@ async function main() {
 
   // idle again: every descriptor and thread of the load must be gone
   const idle = crashed ? null : await settle(base, 60);
+  const idleKinds = idle ? fdKinds() : '';
   const mt = crashed ? '' : await metricsText();
   const srv429 = metric(mt, /^deltafin_requests_rejected_total (\d+)/m);
   const srvCancelled = metric(mt, /^deltafin_requests_cancelled_total (\d+)/m);
@@ -744,7 +763,7 @@ async function main() {
     console.log(`# RSS MB: baseline ${base.rss.toFixed(1)}, 2nd-quarter median ${r2.toFixed(1)}, last-quarter median ${r4.toFixed(1)}, max ${rssMax.toFixed(1)}, idle at end ${idle ? idle.rss.toFixed(1) : '-'}` +
       ` -> ${rssFlat ? 'flat' : 'GROWS'} (tolerance ${RSS_TOL_PCT}% + ${RSS_TOL_MB} MB)${RSS_JUDGE ? '' : ' [not judged]'}`);
     console.log(`# fds: baseline ${base.fds}, 2nd-quarter median ${f2}, last-quarter median ${f4}, max ${fdMax}, idle at end ${idle ? idle.fds : '-'}` +
-      `; threads: baseline ${base.threads}, idle at end ${idle ? idle.threads : '-'}`);
+      `${idle ? ` (${idleKinds})` : ''}; threads: baseline ${base.threads}, idle at end ${idle ? idle.threads : '-'}`);
     if (!rssFlat && RSS_JUDGE) { ok = false; verdicts.push('RSS grows'); }
     if (!fdFlat) { ok = false; verdicts.push('fds grow under load'); }
   } else verdicts.push('too few samples to judge flatness');
