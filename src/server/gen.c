@@ -4,7 +4,8 @@
  * bounded FIFO of waiting jobs, the one kept session and the token loop:
  * prefix reuse, sampling, streaming detokenisation, the K3 chat parser, stop
  * strings and tokens, cancellation (a client whose socket closed is noticed
- * before every token), and the metrics it counts.
+ * before its prompt is evaluated and before every token), and the metrics it
+ * counts.
  * Refuses: more than one generation at a time (by design: one session, one
  * timeline), rolling a session back (recurrent KDA state cannot be
  * truncated: a prompt that does not extend the kept tokens starts over).
@@ -261,6 +262,15 @@ static void run_job(srv *s, srv_job *j) {
         c.stop[k].stop = (const char *const *)j->stop;
         c.stop[k].n_stop = j->n_stop;
     }
+    /* a client that left while its request waited costs no prefill */
+    pthread_mutex_lock(&s->mu);
+    int left = client_gone(j);
+    if (left) {
+        s->cancelled++;
+        srv_log(s, "%s: cancelled before its prompt of %d tokens was evaluated (the client went away)", j->id, j->prompt.n);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (left) goto out;
     int reused = prefill(s, j);
     if (reused < 0) goto out;
     double t_prefill = srv_now() - t0;
