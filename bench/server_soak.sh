@@ -20,6 +20,10 @@
 #   SOAK_CLIENTS (10)  SOAK_QUEUE (4)  SOAK_DELAY_MS (2, --test-delay-ms)
 #   SOAK_SAMPLE_S (MINUTES*60/90, within 5..20)  SOAK_RSS_TOL_PCT (10)
 #   SOAK_RSS_TOL_MB (2)  SOAK_KEEP (1: keep the work directory)
+#   SOAK_ARENAS (2: the server's MALLOC_ARENA_MAX, so RSS follows live memory
+#     rather than how many of glibc's per-thread arenas (up to 8 per core)
+#     have seen a peak yet, which takes minutes of thread-per-connection
+#     traffic to level off; empty: glibc's default)
 set -eu
 MINUTES=${1:?usage: server_soak.sh MINUTES [BIN]}
 BIN=${2:-build/deltafin}
@@ -57,7 +61,7 @@ gzip -dc "$ROOT/tests/text/cl100k_base.tiktoken.gz" > "$TMP/cl100k"
 "$BIN" synth --arch kimi_k3 --vocab 1280 --tokenizer "$TMP/cl100k" --out "$TMP/model" --force --quiet
 rm -f "$TMP/cl100k"
 
-"$BIN" serve --model "$TMP/model" --port 0 --threads 1 --ctx $CTX --max-tokens $CEILING \
+MALLOC_ARENA_MAX=${SOAK_ARENAS-2} "$BIN" serve --model "$TMP/model" --port 0 --threads 1 --ctx $CTX --max-tokens $CEILING \
     --max-request-bytes $MAX_BODY --queue "$QUEUE" --api-key $KEY --name $NAME \
     --test-delay-ms "${SOAK_DELAY_MS:-2}" > "$TMP/out" 2> "$TMP/err" < /dev/null &
 PID=$!
