@@ -1,6 +1,6 @@
 /* hub.h — installing models from a Hugging Face-compatible hub (prefix hub_).
  *
- * Three layers, one file each:
+ * Three layers:
  *   http.c    the hub client on libcurl: list a repository at a revision
  *             (model info, or the tree API's pages when it gives no sizes),
  *             download a whole file (resume, sha256, atomic rename), read
@@ -9,12 +9,17 @@
  *   spans.c   a set of present byte spans of one file and its crash-safe
  *             log on disk (append-only records, each checked; a torn tail
  *             is ignored), plus sha256.
- *   mirror.c  a local mirror of a repository in a model directory: full or
- *             stream mode, the manifest (with the cache limit and the last
- *             measured rate), filling gaps, warming, the offline check, the
- *             cache limit (LRU eviction by hole punching), and the
- *             stream-mode df_io table that fetches missing spans of a shard
- *             on first read.
+ *   the mirror: a local mirror of a repository in a model directory, full
+ *             or stream mode, in five files (mirror.h, their shared header,
+ *             says who owns what):
+ *     manifest.c  the manifest (with the cache limit and the last measured
+ *                 rate);
+ *     mirror.c    an open mirror: shards, their span logs, the fetch
+ *                 protocol;
+ *     cache.c     the cache limit (LRU eviction by hole punching);
+ *     setup.c     setup, filling gaps, warming, the offline check;
+ *     stream.c    the stream-mode df_io table that fetches missing spans of
+ *                 a shard on first read.
  *   warm.c    ranking experts from router traces or heat statistics.
  *
  * Mirror layout (DIR is an ordinary model directory; the safetensors reader
@@ -171,7 +176,7 @@ void hub_conn_free(hub_conn *h);
 df_status hub_get_range(hub_conn *h, const hub_client *c, const char *url, const char *what,
                         int64_t off, int64_t len, void *buf, const char *etag, char *err);
 
-/* ---- mirrors (mirror.c) ---- */
+/* ---- mirrors (setup.c) ---- */
 typedef enum { HUB_AUTO = 0, HUB_FULL, HUB_STREAM } hub_mode;
 
 typedef struct {
@@ -230,7 +235,7 @@ df_status hub_warm(const char *dir, const hub_client *c, const hub_rank *r, int 
 df_status hub_doctor(const char *dir, int hash, void (*note)(void *, const char *), void *ctx,
                      hub_report *rep, char *err);
 
-/* ---- the cache limit and the measured rate of an open stream mirror ---- */
+/* ---- the cache limit and the measured rate of an open stream mirror (stream.c) ---- */
 typedef struct {
     double rate;           /* bytes/s measured by the last fetch (manifest), 0 = none yet */
     int64_t rate_at;       /* when, unix seconds */
@@ -248,7 +253,7 @@ void hub_stream_meta(df_hub_stream *s, hub_meta *out);
 /* Saves the use clock and the measured rate (df_hub_stream_close does too). */
 void hub_stream_flush(df_hub_stream *s);
 
-/* 1 if name is a routed expert tensor ("...experts.<n>...", not shared);
+/* (mirror.c) 1 if name is a routed expert tensor ("...experts.<n>...", not shared);
  * *layer gets the number after "layers." or -1. */
 int hub_is_expert_tensor(const char *name, int *layer);
 #endif

@@ -1,18 +1,20 @@
 /* api.c — OpenAI request and response JSON for the server (prefix srv_).
  *
- * Owns: turning a /v1/chat/completions or /v1/completions body into a
+ * Owns: srv_buf (the byte buffer every server file uses: the bottom of the
+ * server's call graph, so http.c and gen.c call into this file and it calls
+ * neither), turning a /v1/chat/completions or /v1/completions body into a
  * srv_job (every field either honoured, accepted as having no effect on the
  * output (user, metadata, store, service_tier, prompt_cache_key,
  * safety_identifier), or refused with a 400 that names it, as OpenAI names
  * an unrecognised argument), and turning the generator's events into
- * OpenAI's JSON: stream chunks (role delta first, content / reasoning_content
- * / tool_calls deltas, finish_reason, the usage chunk, [DONE]) and whole
- * responses.
+ * OpenAI's JSON: stream chunks (chat's role delta or completions' echoed
+ * prompt first, content / reasoning_content / tool_calls deltas,
+ * finish_reason, the usage chunk, [DONE]) and whole responses.
  * Refuses: n or best_of other than 1, tool_choice "required" or a named
  * function (the sampler cannot force a call), response_format other than
  * text, completions' suffix, images and audio in messages.
  *
- * Sections: 1. JSON helpers  2. field checks  3. chat requests
+ * Sections: 1. buffers and JSON helpers  2. field checks  3. chat requests
  *           4. completion requests  5. jobs  6. output events  7. responses
  */
 #include "server.h"
@@ -25,7 +27,27 @@
 #include <sys/random.h>
 #include <time.h>
 
-/* ---- 1. JSON helpers ----------------------------------------------------------------- */
+/* ---- 1. buffers and JSON helpers ------------------------------------------------------ */
+
+int srv_buf_add(srv_buf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return 0;
+}
+
+void srv_buf_free(srv_buf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
 
 /* length of a valid UTF-8 sequence at s (max n bytes), 0 if invalid */
 static size_t utf8_len(const unsigned char *s, size_t n) {
@@ -588,11 +610,23 @@ static json_t *chunk(srv_job *j, json_t *choice) {
     return c;
 }
 
-static void send_role(srv_job *j) {
-    if (j->sent_role || j->kind != SRV_CHAT) return;
-    j->sent_role = 1;
-    json_t *choice = json_pack("{s:i, s:{s:s, s:s, s:n}, s:n, s:n}", "index", 0, "delta", "role", "assistant", "content", "",
-                               "refusal", "logprobs", "finish_reason");
+/* A stream's first chunk, before any output: chat's role delta; with echo,
+ * completions' prompt text (as the whole response's text starts with it). */
+static void send_first(srv_job *j) {
+    if (j->sent_first) return;
+    j->sent_first = 1;
+    json_t *choice;
+    if (j->kind == SRV_CHAT) {
+        choice = json_pack("{s:i, s:{s:s, s:s, s:n}, s:n, s:n}", "index", 0, "delta", "role", "assistant", "content", "",
+                           "refusal", "logprobs", "finish_reason");
+    } else if (j->echo && j->prompt_text && *j->prompt_text) {
+        json_t *lp = j->logprobs ? json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset")
+                                 : json_null();
+        choice = json_pack("{s:o, s:i, s:o, s:n}", "text", srv_json_text(j->prompt_text, strlen(j->prompt_text)), "index", 0,
+                           "logprobs", lp, "finish_reason");
+    } else {
+        return;
+    }
     sse_send(j, chunk(j, choice));
 }
 
@@ -600,8 +634,8 @@ void srv_out_text(srv_job *j, int kind, const char *text, size_t n) {
     srv_buf_add(kind == DF_CHAT_REASONING ? &j->reasoning : &j->content, text, n);
     if (!j->stream) return;
     json_t *choice;
+    send_first(j);
     if (j->kind == SRV_CHAT) {
-        send_role(j);
         json_t *delta = json_object();
         json_object_set_new(delta, kind == DF_CHAT_REASONING ? "reasoning_content" : "content", srv_json_text(text, n));
         choice = json_pack("{s:i, s:o, s:o, s:n}", "index", 0, "delta", delta, "logprobs", take_logprobs(j), "finish_reason");
@@ -632,7 +666,7 @@ void srv_out_tool_call(srv_job *j, const char *call_json, size_t n) {
     if (!call) return;
     json_array_append(j->tool_calls, call);
     if (j->stream) {
-        send_role(j);
+        send_first(j);
         json_t *choice = json_pack("{s:i, s:{s:[O]}, s:o, s:n}", "index", 0, "delta", "tool_calls", call, "logprobs",
                                    take_logprobs(j), "finish_reason");
         sse_send(j, chunk(j, choice));
@@ -690,8 +724,8 @@ void srv_out_logprob(srv_job *j, const df_tokenizer *t, const df_sample *s) {
 void srv_out_finish(srv_job *j) {
     if (!j->stream) return;
     json_t *choice;
+    send_first(j);
     if (j->kind == SRV_CHAT) {
-        send_role(j);
         choice = json_pack("{s:i, s:{}, s:o, s:s}", "index", 0, "delta", "logprobs", take_logprobs(j), "finish_reason", j->finish);
     } else {
         choice = json_pack("{s:s, s:i, s:o, s:s}", "text", "", "index", 0, "logprobs", take_logprobs(j), "finish_reason", j->finish);

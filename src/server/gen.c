@@ -4,7 +4,8 @@
  * bounded FIFO of waiting jobs, the one kept session and the token loop:
  * prefix reuse, sampling, streaming detokenisation, the K3 chat parser, stop
  * strings and tokens, cancellation (a client whose socket closed is noticed
- * before every token), and the metrics it counts.
+ * before its prompt is evaluated and before every token), and the metrics it
+ * counts.
  * Refuses: more than one generation at a time (by design: one session, one
  * timeline), rolling a session back (recurrent KDA state cannot be
  * truncated: a prompt that does not extend the kept tokens starts over).
@@ -23,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- 1. helpers -------------------------------------------------------------------- */
+/* ---- 1. helpers: clock, log, stop strings ---------------------------------------- */
 
 double srv_now(void) {
     struct timespec t;
@@ -39,26 +40,6 @@ void srv_log(srv *s, const char *fmt, ...) {
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     s->o.log(s->o.log_ud, line);
-}
-
-int srv_buf_add(srv_buf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
-void srv_buf_free(srv_buf *b) {
-    free(b->p);
-    memset(b, 0, sizeof *b);
 }
 
 /* Stop strings. The pending text keeps the longest suffix that may still
@@ -281,6 +262,15 @@ static void run_job(srv *s, srv_job *j) {
         c.stop[k].stop = (const char *const *)j->stop;
         c.stop[k].n_stop = j->n_stop;
     }
+    /* a client that left while its request waited costs no prefill */
+    pthread_mutex_lock(&s->mu);
+    int left = client_gone(j);
+    if (left) {
+        s->cancelled++;
+        srv_log(s, "%s: cancelled before its prompt of %d tokens was evaluated (the client went away)", j->id, j->prompt.n);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (left) goto out;
     int reused = prefill(s, j);
     if (reused < 0) goto out;
     double t_prefill = srv_now() - t0;

@@ -2,17 +2,19 @@
  * (prefix srv_; internal to the library, used by src/cli/cmd_serve.c and
  * tests/test_server.c).
  *
- * Three files, one direction of calls:
+ * Three files, one direction of calls (http.c -> gen.c -> api.c, and
+ * http.c -> api.c; api.c calls neither of the others):
  *
  *   http.c  libmicrohttpd glue: listening socket, routes, request bodies
  *           (size limit), API key, the SSE response callback, disconnect
  *           tracking, /health, /metrics, /v1/models, error objects.
- *   api.c   OpenAI request JSON -> srv_job (every field validated or refused
- *           by name) and srv_job events -> OpenAI JSON (chunks, responses).
  *   gen.c   the generator thread: loads the engine, the bounded FIFO queue,
  *           the kept session (prefix reuse), the token loop (sampler,
  *           streaming detokeniser, chat parser, stop strings, cancellation),
- *           metrics.
+ *           metrics; the clock and the log line (srv_now, srv_log).
+ *   api.c   the byte buffer srv_buf; OpenAI request JSON -> srv_job (every
+ *           field validated or refused by name) and srv_job events -> OpenAI
+ *           JSON (chunks, responses).
  *
  * Threads: libmicrohttpd runs one thread per connection; one generator
  * thread owns the engine, the session, the tokenizer's use for decoding and
@@ -65,7 +67,7 @@ void srv_stop(srv *s);
 enum { SRV_CHAT = 1, SRV_COMPLETION = 2 };
 enum { SRV_MAX_STOP = 4 };
 
-/* A growable byte buffer (always NUL-terminated when non-empty). */
+/* A growable byte buffer (always NUL-terminated when non-empty); api.c. */
 typedef struct {
     char *p;
     size_t n, cap;
@@ -73,7 +75,7 @@ typedef struct {
 int srv_buf_add(srv_buf *b, const char *s, size_t n); /* 0 ok, -1 out of memory */
 void srv_buf_free(srv_buf *b);
 
-/* Stop strings: text goes in, text that cannot be the start of a stop
+/* Stop strings (gen.c): text goes in, text that cannot be the start of a stop
  * string comes out; a match ends the stream (the stop string is dropped). */
 typedef struct {
     const char *const *stop; /* borrowed */
@@ -127,7 +129,7 @@ typedef struct srv_job {
     json_t *lp_content;          /* chat logprobs.content entries */
     json_t *lp_pending;          /* stream: entries not yet sent */
     json_t *cmp_lp;              /* completions logprobs object */
-    int sent_role;
+    int sent_first;              /* stream: the first chunk went out (chat: the role; completions: echo) */
     const char *finish;          /* "stop", "length", "tool_calls" */
     int prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens;
     double ttft_s;

@@ -87,6 +87,13 @@ test('completions: non-streaming and streaming agree', async () => {
   let text = '';
   for await (const ch of s) text += ch.choices[0]?.text ?? '';
   assert.equal(text, r.choices[0].text);
+  // echo: the streamed text starts with the prompt as the whole one does
+  const e = await client.completions.create({ model: 'm', prompt: 'abc', echo: true, max_tokens: 6, seed: 4 });
+  assert.ok(e.choices[0].text.startsWith('abc'), e.choices[0].text);
+  const es = await client.completions.create({ model: 'm', prompt: 'abc', echo: true, max_tokens: 6, seed: 4, stream: true });
+  let etext = '';
+  for await (const ch of es) etext += ch.choices[0]?.text ?? '';
+  assert.equal(etext, e.choices[0].text);
 });
 
 test('seed reproducibility at temperature 1', async () => {
@@ -209,6 +216,25 @@ test('a client that disconnects mid-stream stops its generation', async () => {
   const made = (await metric(URL_SLOW, 'deltafin_generation_tokens_total')) - before;
   assert.ok(made < 20, `generated ${made} tokens after the client left`);
   assert.equal(await metric(URL_SLOW, 'deltafin_generating'), 0);
+});
+
+test('a queued request whose client left is never prefilled', async () => {
+  const evaluated = await metric(URL_SLOW, 'deltafin_prompt_tokens_total');
+  const cancelled = await metric(URL_SLOW, 'deltafin_requests_cancelled_total');
+  const running = slow.completions.create({ model: 'm', prompt: [5, 6, 7], max_tokens: 40, temperature: 0 });
+  await sleep(100);
+  const ac = new AbortController();
+  const long = Array.from({ length: 300 }, (_, i) => (i * 37) % 1000 + 1);
+  const queued = slow.completions.create({ model: 'm', prompt: long, max_tokens: 2 }, { signal: ac.signal }).catch((e) => e);
+  await sleep(100);
+  ac.abort(); // gone while it waits behind the running one
+  await queued;
+  await running;
+  const deadline = Date.now() + 3000;
+  while (Date.now() < deadline && (await metric(URL_SLOW, 'deltafin_requests_cancelled_total')) === cancelled) await sleep(20);
+  assert.equal(await metric(URL_SLOW, 'deltafin_requests_cancelled_total'), cancelled + 1);
+  const made = (await metric(URL_SLOW, 'deltafin_prompt_tokens_total')) - evaluated;
+  assert.ok(made <= 3, `${made} prompt tokens evaluated: the abandoned 300-token prompt was prefilled`);
 });
 
 test('load: 200 requests from 8 concurrent clients, none lost, bounded memory', async () => {
