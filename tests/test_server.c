@@ -350,9 +350,27 @@ TEST(server_2_curl_bad_requests) {
     int st = http(body, sizeof body, AUTH JSONH "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 3}' /v1/chat/completions");
     CHECK(st == 200 && strstr(body, "\"chat.completion\""), "%d %s", st, body);
     st = http(body, sizeof body, AUTH "/v1/models");
-    CHECK(st == 200 && strstr(body, "tiny-k3"), "%d %s", st, body);
+    CHECK(st == 200 && strstr(body, "tiny-k3") && strstr(body, "\"spine_dtype\":\"bf16\"") && strstr(body, "\"lossy\":\"\""),
+          "%d %s", st, body);
     st = http(body, sizeof body, "/metrics");
     CHECK(st == 200 && strstr(body, "# TYPE deltafin_requests_total counter") && strstr(body, "code=\"413\""), "%d %s", st, body);
+}
+
+/* A lossy setting is named in every response's X-Deltafin-Lossy header, in
+ * /v1/models and in /metrics (here --top-k; the int8 spine uses the same label). */
+TEST(server_2_lossy_label) {
+    if (!servers()) { CHECK(0, "the servers did not start"); return; }
+    server lossy;
+    REQUIRE(start_server(&lossy, "srv-lossy", "--top-k 1") == 0, "lossy server");
+    char out[8192];
+    int rc = t_sh(out, sizeof out, "curl -s -i -H 'Content-Type: application/json' -d '{\"prompt\": \"hi\", \"max_tokens\": 2}' "
+                  "http://127.0.0.1:%d/v1/completions; curl -s http://127.0.0.1:%d/v1/models; curl -s http://127.0.0.1:%d/metrics",
+                  lossy.port, lossy.port, lossy.port);
+    CHECK(rc == 0 && strstr(out, "X-Deltafin-Lossy: LOSSY top-k 1 of 4"), "header: %.2000s", out);
+    CHECK(strstr(out, "\"lossy\":\"LOSSY top-k 1 of 4\""), "/v1/models: %.2000s", out);
+    CHECK(strstr(out, "deltafin_spine_info{dtype=\"bf16\",lossy=\"LOSSY top-k 1 of 4\"} 1"), "/metrics: %.3000s", out);
+    int status;
+    stop_server(&lossy, &status);
 }
 
 /* ---- 3. node + openai -------------------------------------------------------------- */

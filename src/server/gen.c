@@ -399,6 +399,8 @@ static void *gen_main(void *arg) {
         snprintf(s->load_err, sizeof s->load_err, "%s", err);
         s->loaded = -1;
     } else {
+        snprintf(s->lossy, sizeof s->lossy, "%s", df_engine_lossy(s->e));
+        snprintf(s->spine_dtype, sizeof s->spine_dtype, "%s", df_engine_spine_dtype(s->e));
         s->loaded = 1;
         df_engine_stats(s->e, &s->stats);
     }
@@ -529,8 +531,15 @@ char *srv_metrics_text(srv *s) {
     mf(&b, "deltafin_requests_cancelled_total %llu\n", (unsigned long long)s->cancelled);
     metric(&b, "deltafin_expert_bytes_read_total", "counter", "routed expert bytes read from disk");
     mf(&b, "deltafin_expert_bytes_read_total %llu\n", (unsigned long long)s->stats.bytes_read);
-    uint64_t look = s->stats.expert_hits + s->stats.expert_misses;
-    metric(&b, "deltafin_expert_cache_hit_ratio", "gauge", "experts found in RAM / experts used");
+    metric(&b, "deltafin_spine_bytes_read_total", "counter", "non-expert bytes read from disk by a streamed spine");
+    mf(&b, "deltafin_spine_bytes_read_total %llu\n", (unsigned long long)s->stats.spine_bytes_read);
+    if (s->loaded == 1) {
+        metric(&b, "deltafin_spine_info", "gauge", "the spine's matrices in use (dtype) and the lossy settings (\"\" when exact)");
+        mf(&b, "deltafin_spine_info{dtype=\"%s\",lossy=\"%s\"} 1\n", s->spine_dtype, s->lossy);
+    }
+    /* prefetched experts were read for the step: misses, not hits */
+    uint64_t look = s->stats.expert_hits + s->stats.expert_misses + s->stats.prefetch_used;
+    metric(&b, "deltafin_expert_cache_hit_ratio", "gauge", "experts found in RAM without a read / experts used");
     mf(&b, "deltafin_expert_cache_hit_ratio %.6f\n", look ? (double)s->stats.expert_hits / (double)look : 0.0);
     metric(&b, "deltafin_expert_io_wait_seconds_total", "counter", "time compute waited for expert reads");
     mf(&b, "deltafin_expert_io_wait_seconds_total %.6f\n", s->stats.io_wait_s);

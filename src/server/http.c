@@ -50,11 +50,21 @@ static void count(srv *s, int route, int status) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* 1 when the loaded engine runs a lossy setting (s->lossy is written once,
+ * before loaded = 1, under the lock). */
+static int lossy_label(srv *s) {
+    pthread_mutex_lock(&s->mu);
+    int on = s->loaded == 1 && s->lossy[0];
+    pthread_mutex_unlock(&s->mu);
+    return on;
+}
+
 static enum MHD_Result send_text(srv *s, struct MHD_Connection *c, int route, int status, const char *ctype, char *body) {
     if (!body) { body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}"); status = 500; }
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!r) { free(body); return MHD_NO; }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (lossy_label(s)) MHD_add_response_header(r, "X-Deltafin-Lossy", s->lossy);
     if (status == 405) {
         const char *allow = route == SRV_R_CHAT || route == SRV_R_COMPLETIONS ? "POST" : "GET";
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
@@ -95,8 +105,14 @@ static int route_of(const char *url, int *get_only) {
 }
 
 static json_t *model_obj(srv *s) {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", s->model_name, "object", "model", "created", (json_int_t)time(NULL),
-                     "owned_by", "deltafin");
+    /* beside OpenAI's fields: which spine runs, and any lossy setting (both
+     * written once before loaded = 1, which is read under the lock) */
+    pthread_mutex_lock(&s->mu);
+    int ready = s->loaded == 1;
+    pthread_mutex_unlock(&s->mu);
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", s->model_name, "object", "model", "created",
+                     (json_int_t)time(NULL), "owned_by", "deltafin", "spine_dtype", ready ? s->spine_dtype : "",
+                     "lossy", ready ? s->lossy : "");
 }
 
 static enum MHD_Result do_models(srv *s, struct MHD_Connection *c, const char *url) {
@@ -207,6 +223,7 @@ static enum MHD_Result do_generate(srv *s, struct MHD_Connection *c, req *r) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        if (lossy_label(s)) MHD_add_response_header(resp, "X-Deltafin-Lossy", s->lossy);
         enum MHD_Result rc = MHD_queue_response(c, 200, resp);
         MHD_destroy_response(resp);
         count(s, r->route, 200);

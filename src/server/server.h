@@ -187,6 +187,8 @@ struct srv {
     pthread_t gen;
     int gen_started;
     int loaded;                  /* 0 loading, 1 ready, -1 failed (load_err) */
+    char lossy[64];              /* the engine's LOSSY label ("" when exact), set before loaded = 1 */
+    char spine_dtype[16];        /* "int8" or the checkpoint's type, set before loaded = 1 */
     char load_err[DF_ERRMSG];
     int stopping;
     srv_job **q;                 /* FIFO ring of waiting jobs */
