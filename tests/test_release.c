@@ -219,20 +219,10 @@ TEST(rel_ram_budget_bounds_peak_rss) {
 #include "../src/experts/store.h"
 #include "../src/format/weight.h"
 
-/* Opens kimi_k3_mxfp4's experts of layer 1 (10 experts, MXFP4) in a store
- * of `slots` slots, prefetch floor 0.75. */
-static xs_store *fixture_store(st_set **st, int slots) {
+/* Registers kimi_k3_mxfp4's 10 experts of layer 1 (MXFP4) with x and
+ * finalises it; NULL on failure. */
+static xs_store *register_layer1(st_set *st, xs_store *x) {
     char err[DF_ERRMSG];
-    if (st_open_dir("tests/fixtures/kimi_k3_mxfp4", df_io_default(), 1, st, err) != DF_OK) return NULL;
-    xs_opts o = {0};
-    o.ram_bytes = 1;
-    o.direct = 0;
-    o.reader = XR_AUTO;
-    o.depth = 8;
-    o.io_threads = 2;
-    o.prefetch_min_precision = XS_PF_MIN_PRECISION;
-    xs_store *x = NULL;
-    if (xs_new(df_io_default(), *st, 5, 10, &o, &x, err) != DF_OK) return NULL;
     static const char *mats[3] = {"w1", "w3", "w2"};
     static const int shape[3][2] = {{96, 64}, {96, 64}, {64, 96}};
     for (int e = 0; e < 10; e++) {
@@ -240,28 +230,31 @@ static xs_store *fixture_store(st_set **st, int slots) {
         for (int k = 0; k < 3; k++) {
             char b[200];
             snprintf(b, sizeof b, "language_model.model.layers.1.block_sparse_moe.experts.%d.%s", e, mats[k]);
-            if (wt_bind_lazy(*st, b, shape[k][0], shape[k][1], 0, 0, &w[k], err) != DF_OK) return NULL;
-        }
-        if (xs_register(x, 1, e, w, err) != DF_OK) return NULL;
-    }
-    int64_t per = 0;
-    xs_set_budget(x, 1);
-    if (xs_finalize(x, err) != DF_OK) return NULL;
-    per = xs_expert_bytes(x);
-    xs_free(x);
-    x = NULL;
-    o.ram_bytes = per * slots;
-    if (xs_new(df_io_default(), *st, 5, 10, &o, &x, err) != DF_OK) return NULL;
-    for (int e = 0; e < 10; e++) {
-        df_weight w[3];
-        for (int k = 0; k < 3; k++) {
-            char b[200];
-            snprintf(b, sizeof b, "language_model.model.layers.1.block_sparse_moe.experts.%d.%s", e, mats[k]);
-            if (wt_bind_lazy(*st, b, shape[k][0], shape[k][1], 0, 0, &w[k], err) != DF_OK) return NULL;
+            if (wt_bind_lazy(st, b, shape[k][0], shape[k][1], 0, 0, &w[k], err) != DF_OK) return NULL;
         }
         if (xs_register(x, 1, e, w, err) != DF_OK) return NULL;
     }
     return xs_finalize(x, err) == DF_OK ? x : NULL;
+}
+
+/* Those experts in a store of `slots` slots, prefetch floor 0.75. */
+static xs_store *fixture_store(st_set **st, int slots) {
+    char err[DF_ERRMSG];
+    if (st_open_dir("tests/fixtures/kimi_k3_mxfp4", df_io_default(), 1, st, err) != DF_OK) return NULL;
+    xs_opts o = {0};
+    o.ram_bytes = 1; /* two slots: just to learn the slot size */
+    o.direct = 0;
+    o.reader = XR_AUTO;
+    o.depth = 8;
+    o.io_threads = 2;
+    o.prefetch_min_precision = XS_PF_MIN_PRECISION;
+    xs_store *x = NULL;
+    if (xs_new(df_io_default(), *st, 5, 10, &o, &x, err) != DF_OK || !register_layer1(*st, x)) { xs_free(x); return NULL; }
+    o.ram_bytes = xs_expert_bytes(x) * slots;
+    xs_free(x);
+    x = NULL;
+    if (xs_new(df_io_default(), *st, 5, 10, &o, &x, err) != DF_OK || !register_layer1(*st, x)) { xs_free(x); return NULL; }
+    return x;
 }
 
 static void run_pass(xs_store *x, const int *ex, int n) {
