@@ -9,7 +9,8 @@
  * --max-request-bytes 64K) and "slow" (--test-delay-ms, --queue 1) for the
  * queue and disconnect tests. Then:
  *   server_1_*  unit checks of the stop-string filter, tool-call conversion
- *               and request validation (src/server/api.c, no sockets)
+ *               and request validation (the stop filter in src/server/gen.c,
+ *               the rest in src/server/api.c; no sockets)
  *   server_2_*  curl: malformed JSON, wrong types, missing fields, huge
  *               bodies, unknown routes, wrong methods, no key: status +
  *               OpenAI error object, and the server keeps serving
