@@ -235,7 +235,7 @@ def main():
     ap.add_argument("--deltafin", default=os.path.join(REPO, "build", "deltafin"))
     ap.add_argument("--ranks", default=os.path.join(REPO, "tests", "text", "cl100k_base.tiktoken.gz"),
                     help="tiktoken rank file (plain or .gz)")
-    ap.add_argument("--vocab", type=int, default=6144)
+    ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--val-every", type=int, default=20)
     ap.add_argument("--max-file-bytes", type=int, default=250000)
     ap.add_argument("--chat-every", type=int, default=3, help="keep every n-th function candidate as a chat document")
