@@ -88,7 +88,8 @@ TINY = dict(
 def tiny_spec(tokdir=DEFAULT_TOKDIR, **override):
     """gen_kimi's spec for the tiny model; vocabulary and bos/eos/pad from the
     tokenizer directory make_corpus.py wrote (synth's config.json there)."""
-    sc = json.load(open(os.path.join(tokdir, "config.json")))
+    with open(os.path.join(tokdir, "config.json")) as f:
+        sc = json.load(f)
     tc = sc.get("text_config", sc)
     kw = dict(TINY, vocab=tc["vocab_size"], bos=sc["bos_token_id"], eos=sc["eos_token_id"],
               pad=sc["pad_token_id"], expert_format="mxfp4", quant=True, expert_grid=True,
