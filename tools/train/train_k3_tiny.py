@@ -426,11 +426,6 @@ def lr_at(a, step, total):
     return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
 
 
-def window_batch(tokens, starts, T):
-    idx = starts[:, None] + np.arange(T + 1)[None]
-    return tokens[idx]
-
-
 def fast_eval(torch, F, model, val, ctx, nwin, dev, bs=32):
     """Mean NLL over the first nwin windows (ctx tokens each, ctx-1 predictions),
     through the training path (no gradient)."""
@@ -461,6 +456,10 @@ def train(a, torch, F, ml, model, run, fake, train_tok, val, dev, logf):
     blocks = moe_blocks(model)
     rng = np.random.default_rng(a.seed)
     starts_all = rng.integers(0, len(train_tok) - a.ctx - 1, size=(a.steps, a.batch))
+    # the tokens and every step's window starts live on the device: no host copy (and no sync) per step
+    tok_dev = torch.from_numpy(train_tok).to(dev)
+    starts_dev = torch.from_numpy(starts_all).to(dev)
+    span = torch.arange(a.ctx + 1, device=dev)
     total = a.steps
     qat_start = int(round(total * (1 - a.qat_frac)))
     hist, t_start, t_probe = [], time.time(), None
@@ -489,7 +488,7 @@ def train(a, torch, F, ml, model, run, fake, train_tok, val, dev, logf):
         lr = lr_at(a, step, total)
         for gr in opt.param_groups:
             gr["lr"] = lr
-        xy = torch.from_numpy(window_batch(train_tok, starts_all[step], a.ctx)).to(dev)
+        xy = tok_dev[starts_dev[step][:, None] + span[None]]                  # [B, ctx + 1]
         run.collect, run.loads, run.aux = True, {}, []
         logits = model.forward_batch(xy[:, :-1])
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
@@ -508,6 +507,8 @@ def train(a, torch, F, ml, model, run, fake, train_tok, val, dev, logf):
                 imb.append(load.max() / load.mean())
         step += 1
         if step % 25 == 0 or step == total or step == 1:
+            if not math.isfinite(float(ce)):
+                raise SystemExit("loss is not finite at step %d" % step)
             rec = {"step": step, "loss": float(ce), "aux": float(aux), "lr": lr, "grad_norm": float(gnorm),
                    "max_load_over_mean": float(torch.stack(imb).mean()), "qat": run.qat,
                    "elapsed_s": round(time.time() - t_start, 1)}
@@ -520,8 +521,6 @@ def train(a, torch, F, ml, model, run, fake, train_tok, val, dev, logf):
             log("step %d/%d loss %.4f aux %.2e lr %.2e gnorm %.2f load max/mean %.2f%s%s" % (
                 step, total, rec["loss"], rec["aux"], lr, rec["grad_norm"], rec["max_load_over_mean"],
                 " qat" if run.qat else "", (" | val ppl %.3f" % rec["val_ppl_fast"]) if "val_ppl_fast" in rec else ""))
-        if not math.isfinite(float(ce)):
-            raise SystemExit("loss is not finite at step %d" % step)
     sync(torch, dev)
     return {"steps": total, "qat_start": qat_start, "seconds": round(time.time() - t_start, 1),
             "tokens_seen": total * a.batch * a.ctx, "history": hist}
