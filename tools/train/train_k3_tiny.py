@@ -29,9 +29,11 @@ train as written, so training replaces them, in this process only:
     the same recurrence in chunks (checked here against the stand-in before
     training starts).
 The router's correction bias is not trained by gradient: after each step it
-moves by --bias-update towards balance (DeepSeek-V3's auxiliary-loss-free
-rule: bias_e += u * sign(mean load - load_e)), plus DeepSeek-V3's small
-sequence-wise balance loss (--aux-alpha). The last --qat-frac of the steps
+moves towards balance by DeepSeek-V3's auxiliary-loss-free rule,
+bias_e += u * sign(mean load - load_e), with u = --bias-update scaled by the
+learning-rate schedule (the router moves fast early; at 150 CPU steps a fixed
+3e-3 was still catching up), plus DeepSeek-V3's small sequence-wise balance
+loss (--aux-alpha). The last --qat-frac of the steps
 fake-quantise w1/w2/w3 of every routed expert to the MXFP4 grid (per 32
 inputs: e = floor(log2 max|w|) - 2, values e2m1 * 2^e; straight-through
 gradient), so the exported MXFP4 experts are exactly the trained ones.
@@ -117,8 +119,9 @@ def parse_args(argv=None):
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--qat-frac", type=float, default=0.2, help="last fraction of steps with MXFP4 fake-quantised experts")
-    ap.add_argument("--bias-update", type=float, default=3e-3,
-                    help="router correction-bias step per training step (DeepSeek-V3: 1e-3 over a far longer run)")
+    ap.add_argument("--bias-update", type=float, default=1e-2,
+                    help="router correction-bias step at the peak learning rate; it follows the learning-rate "
+                         "schedule (1e-3 at the end, DeepSeek-V3's value for its far longer run)")
     ap.add_argument("--aux-alpha", type=float, default=1e-4, help="sequence-wise balance loss weight")
     ap.add_argument("--chunk", type=int, default=32, help="KDA chunk length of the training path")
     ap.add_argument("--tf32", action="store_true",
@@ -503,7 +506,7 @@ def train(a, torch, F, ml, model, run, fake, train_tok, val, dev, logf):
         with torch.no_grad():
             for blk in blocks:
                 load = run.loads[blk].float()
-                blk.gate.e_score_correction_bias.add_(a.bias_update * torch.sign(load.mean() - load))
+                blk.gate.e_score_correction_bias.add_((a.bias_update * lr / a.lr) * torch.sign(load.mean() - load))
                 imb.append(load.max() / load.mean())
         step += 1
         if step % 25 == 0 or step == total or step == 1:
