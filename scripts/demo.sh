@@ -1,29 +1,35 @@
 #!/bin/sh
-# demo.sh — the main job on a small generated model: write a tiny synthetic
-# Kimi K3 checkpoint (release layout, MXFP4 experts) with a tokenizer (the
-# first ranks of cl100k from tests/text plus K3's special tokens), describe
-# it, generate greedily from token ids with experts streamed through the
-# expert cache and print tokens/s, then run the whole text path: a chat
-# prompt rendered with K3's XTML template, tokenised, generated and decoded
-# (random weights: the text is gibberish; the thinking channel goes to
-# stderr, the answer to stdout). Also runs a reference fixture checkpoint
-# (DeepSeek-V3 family).
+# demo.sh — the main job on a small model: models/kimi-k3-tiny, a Kimi K3
+# architecture model (KDA + gated NoPE MLA, attention residuals, SiTU, a
+# latent MoE of 64 MXFP4 experts top-8) trained on the Python standard
+# library's sources (tools/train, the model card beside it). Describes it,
+# then streams a chat prompt rendered with K3's XTML template and a code
+# prompt, with tokens/s (--stats); then the lossy int8 spine beside the
+# exact one on a held-out window (deltafin eval: perplexity, KL, top-1).
+# The model stays read-only: the conversion goes to a copy in build/.
 set -e
 BIN=${1:-build/deltafin}
-DIR=${DEMO_DIR:-build/demo-k3}
-TOK=$DIR.cl100k.tiktoken
-gzip -dc tests/text/cl100k_base.tiktoken.gz > "$TOK"
-"$BIN" synth --arch kimi_k3 --preset tiny --tokenizer "$TOK" --out "$DIR" --force --quiet
-rm -f "$TOK"
-echo "== deltafin inspect --model $DIR"
-"$BIN" inspect --model "$DIR"
+MODEL=models/kimi-k3-tiny
+echo "== deltafin inspect --model $MODEL"
+"$BIN" inspect --model "$MODEL" --spine-dtype bf16
 echo
-echo "== deltafin run --model $DIR --tokens 1,2,3,4,5,6,7,8 --max-new 32 --ids --stats --expert-cache 64M"
-"$BIN" run --model "$DIR" --tokens 1,2,3,4,5,6,7,8 --max-new 32 --ids --stats --expert-cache 64M
+echo "== deltafin run --model $MODEL --chat --prompt 'How do I read a file line by line?' --stats"
+"$BIN" run --model "$MODEL" --spine-dtype bf16 --chat --prompt "How do I read a file line by line?" --max-new 96 --stats
 echo
-echo "== deltafin run --model $DIR --prompt 'What is an expert cache?' --chat --max-new 32 --stats"
-"$BIN" run --model "$DIR" --prompt "What is an expert cache?" --chat --max-new 32 --stats
+echo "== deltafin run --model $MODEL --prompt 'import os ... def walk(' --stats"
+"$BIN" run --model "$MODEL" --spine-dtype bf16 --max-new 96 --stats --prompt 'import os
+import sys
+
+
+def walk(top, onerror=None):
+    """'
 echo
-MODEL=tests/fixtures/dsv3_qlora
-echo "== deltafin run --model $MODEL --tokens 11,22,33,44,55,66,77,88 --max-new 32 --ids --stats"
-"$BIN" run --model "$MODEL" --tokens 11,22,33,44,55,66,77,88 --max-new 32 --ids --stats 2>&1 | tail -2
+COPY=${DEMO_DIR:-build/demo-k3-tiny}
+rm -rf "$COPY"
+cp -r "$MODEL" "$COPY"
+echo "== deltafin convert-spine $COPY; deltafin eval (held-out windows) bf16 vs int8"
+"$BIN" convert-spine "$COPY" 2>/dev/null
+"$BIN" eval --model "$COPY" --tokens-file "$MODEL/eval/val_windows.u16" --ctx 256 --windows 4 --spine-dtype bf16 \
+    --save-logits "$COPY/base.lg" 2>/dev/null
+"$BIN" eval --model "$COPY" --tokens-file "$MODEL/eval/val_windows.u16" --ctx 256 --windows 4 --spine-dtype int8 \
+    --base-logits "$COPY/base.lg" 2>/dev/null
