@@ -36,6 +36,8 @@ static const char help[] =
     "  --tokens-file F   token ids instead: little-endian uint16 (*.u16 / *.bin) or int32 (*.i32)\n"
     "  --ctx N           window length in tokens (default 512)\n"
     "  --windows W       at most W windows (default: all)\n"
+    "  --chunk N         positions per evaluation call, 1..32 (default 32; 1 routes as decode does; the\n"
+    "                    numbers do not depend on it, the expert cache's behaviour does)\n"
     "  --json            one JSON object on stdout\n\n%s";
 
 /* log-softmax of one row in double precision: out[v], returns nothing */
@@ -71,7 +73,7 @@ int cmd_eval(int argc, char **argv) {
     cli_model_opts mo;
     cli_model_opts_init(&mo);
     const char *text_file = NULL, *tokens_file = NULL, *save = NULL, *base = NULL;
-    int ctx = 512, max_windows = 0, json = 0;
+    int ctx = 512, max_windows = 0, json = 0, chunk = 32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { printf(help, cli_model_opts_help); return 0; }
@@ -83,12 +85,14 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--save-logits") && i + 1 < argc) save = argv[++i];
         else if (!strcmp(a, "--base-logits") && i + 1 < argc) base = argv[++i];
         else if (!strcmp(a, "--windows") && i + 1 < argc) max_windows = atoi(argv[++i]);
+        else if (!strcmp(a, "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(a, "--json")) json = 1;
         else return cli_usage("eval", "unknown or incomplete option");
     }
     if (mo.ctx > 0) ctx = mo.ctx;
     if (!mo.model || (!text_file == !tokens_file)) return cli_usage("eval", "--model and one of --text-file / --tokens-file are required");
     if (ctx < 2) return cli_usage("eval", "--ctx must be at least 2");
+    if (chunk < 1 || chunk > 32) return cli_usage("eval", "--chunk must be 1..32");
     if (save && base) return cli_usage("eval", "--save-logits and --base-logits are two runs");
     mo.ctx = ctx;
     char err[DF_ERRMSG];
@@ -177,8 +181,8 @@ int cmd_eval(int argc, char **argv) {
     for (int w = 0; w < windows; w++) {
         df_session_reset(s);
         const int32_t *wt = toks.ids + (size_t)w * ctx;
-        for (int p0 = 0; p0 < ctx; p0 += 32) {
-            int m = ctx - p0 < 32 ? ctx - p0 : 32;
+        for (int p0 = 0; p0 < ctx; p0 += chunk) {
+            int m = ctx - p0 < chunk ? ctx - p0 : chunk;
             if (df_session_eval(s, wt + p0, m, lg) != DF_OK) {
                 fprintf(stderr, "deltafin: %s\n", df_session_error(s));
                 goto done;
@@ -214,10 +218,23 @@ int cmd_eval(int argc, char **argv) {
     if (!json && isatty(2)) fputc('\n', stderr);
     double secs = cli_now() - t0, ppl = exp(nll / n);
     const char *lossy = df_engine_lossy(e);
+    df_stats xs;
+    df_engine_stats(e, &xs);
+    uint64_t used = xs.expert_hits + xs.expert_misses + xs.prefetch_used;
     if (json) {
         json_t *o = json_pack("{s:s, s:i, s:i, s:I, s:f, s:f, s:s, s:s, s:f}", "model", mo.model, "ctx", ctx, "windows",
                               windows, "scored", (json_int_t)n, "mean_nll", nll / n, "ppl", ppl, "lossy", lossy,
                               "spine_dtype", df_engine_spine_dtype(e), "seconds", secs);
+        /* the expert cache over the run: hits (found without a read), reads, lookahead */
+        json_object_set_new(o, "expert_hit_rate", json_real(used ? (double)xs.expert_hits / used : 0));
+        json_object_set_new(o, "expert_bytes_read", json_integer((json_int_t)xs.bytes_read));
+        json_object_set_new(o, "prefetch_precision",
+                            json_real(xs.prefetch_used + xs.prefetch_wasted
+                                          ? (double)xs.prefetch_used / (xs.prefetch_used + xs.prefetch_wasted) : 0));
+        json_object_set_new(o, "prefetch_recall",
+                            json_real(xs.prefetch_used + xs.expert_misses
+                                          ? (double)xs.prefetch_used / (xs.prefetch_used + xs.expert_misses) : 0));
+        json_object_set_new(o, "cache_slots", json_integer(xs.cache_slots));
         if (bf) {
             json_object_set_new(o, "base_ppl", json_real(exp(bnll / n)));
             json_object_set_new(o, "kl_mean", json_real(kl_sum / n));
