@@ -137,13 +137,13 @@ static void make_weight(wt_type t, int64_t rows, int64_t cols, gpu_weight *g, ui
     int dm = t == WT_BF16 ? F_BF16 : t == WT_FP8_BLOCK ? F_FP8 : F_RAW;
     fill(g->data, (size_t)g->data_bytes, seed, dm);
     if (g->scale_bytes) {
-        int sm = t == WT_MXFP4 ? F_E8M0 : t == WT_FP8_BLOCK ? F_F32SCALE : F_BF16SCALE;
+        int sm = t == WT_MXFP4 ? F_E8M0 : t == WT_FP8_BLOCK || t == WT_I8_ROW ? F_F32SCALE : F_BF16SCALE;
         fill(g->scale, (size_t)g->scale_bytes, seed + 1, sm);
     }
 }
 
 static const char *tname(wt_type t) {
-    return t == WT_BF16 ? "bf16" : t == WT_FP8_BLOCK ? "fp8-block" : t == WT_INT4_G32 ? "int4-g32" : "mxfp4";
+    return t == WT_BF16 ? "bf16" : t == WT_FP8_BLOCK ? "fp8-block" : t == WT_INT4_G32 ? "int4-g32" : t == WT_I8_ROW ? "i8-row" : "mxfp4";
 }
 
 int main(int argc, char **argv) {
@@ -200,7 +200,7 @@ kernels:
 
     /* ---- matvec / matmul ---- */
     const int64_t cols = 7168;
-    const wt_type types[] = {WT_MXFP4, WT_INT4_G32, WT_FP8_BLOCK, WT_BF16};
+    const wt_type types[] = {WT_MXFP4, WT_INT4_G32, WT_FP8_BLOCK, WT_BF16, WT_I8_ROW};
     float *dX, *dY;
     CK(cudaMalloc(&dX, 64 * cols * 4));
     fill(dX, 64 * cols * 4, 7, F_FLOAT);
@@ -215,7 +215,8 @@ kernels:
         w.scale_dtype = DT_BF16;
         w.block_rows = w.block_cols = 128;
         double row_bytes = t == WT_BF16 ? cols * 2.0 : t == WT_FP8_BLOCK ? cols + cols / 128.0 * 4 / 128
-                         : t == WT_INT4_G32 ? cols / 2.0 + cols / 16.0 : cols / 2.0 + cols / 32.0;
+                         : t == WT_INT4_G32 ? cols / 2.0 + cols / 16.0 : t == WT_I8_ROW ? cols + 4.0
+                         : cols / 2.0 + cols / 32.0;
         int64_t rows = (int64_t)(gb * 1e9 / row_bytes) / 128 * 128;
         gpu_weight g;
         make_weight(t, rows, cols, &g, 100 + t);
