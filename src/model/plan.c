@@ -159,9 +159,11 @@ df_status plan_decide(df_engine *e, char *err) {
     p->spine_stream = (s.spine - s.streamed - s.embed + emb) + 2 * s.max_group;
     int experts = o->expert_io != DF_EXPERTS_MMAP && e->cfg.n_routed_experts > 0;
     p->min_cache = experts ? (int64_t)(experts_per_tok > 0 ? experts_per_tok : 1) * expert_bytes : 0;
-    /* a cache never needs more than every routed expert */
+    /* a cache never needs more than every routed expert (in slots: each
+     * expert's bytes plus up to 8 KB of O_DIRECT alignment) */
+    int64_t n_experts = (int64_t)n_moe * c->n_routed_experts;
     int64_t want_cache = o->expert_cache_bytes > 0 && experts ? o->expert_cache_bytes : p->min_cache;
-    if (want_cache > s.routed) want_cache = s.routed;
+    if (want_cache > s.routed + n_experts * 8192) want_cache = s.routed + n_experts * 8192;
     int64_t room = p->budget - p->fixed;
     int fits_resident = p->spine_resident + want_cache <= room;
     int fits_stream = p->spine_stream + want_cache <= room;
