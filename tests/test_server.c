@@ -20,6 +20,7 @@
  *   server_4_*  SIGTERM: both servers exit 0 (under SAN=1: no leaks)
  */
 #include "test.h"
+#include <jansson.h>
 #include "deltafin.h"
 #include "../src/server/server.h"
 #include <signal.h>
@@ -372,6 +373,39 @@ TEST(server_2_lossy_label) {
     CHECK(strstr(out, "deltafin_spine_info{dtype=\"bf16\",lossy=\"LOSSY top-k 1 of 4\"} 1"), "/metrics: %.3000s", out);
     int status;
     stop_server(&lossy, &status);
+}
+
+/* The trained tiny K3 (models/kimi-k3-tiny) behind the server: a chat
+ * request answers in text, not noise (printable, with words and spaces). */
+TEST(server_2_trained_model_answers_text) {
+    if (access("models/kimi-k3-tiny/config.json", F_OK) != 0) SKIP("models/kimi-k3-tiny is missing");
+    if (!servers()) { CHECK(0, "the servers did not start"); return; }
+    char saved[256];
+    snprintf(saved, sizeof saved, "%s", model_dir);
+    snprintf(model_dir, sizeof model_dir, "models/kimi-k3-tiny");
+    server tr;
+    int started_ok = start_server(&tr, "srv-trained", "--spine-dtype bf16") == 0;
+    snprintf(model_dir, sizeof model_dir, "%s", saved);
+    REQUIRE(started_ok, "a server on the trained model");
+    char out[16384];
+    int rc = t_sh(out, sizeof out, "curl -s -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", "
+                  "\"content\": \"How do I read a file line by line?\"}], \"max_tokens\": 80, \"temperature\": 0}' "
+                  "http://127.0.0.1:%d/v1/chat/completions", tr.port);
+    json_t *j = rc == 0 ? json_loads(out, 0, NULL) : NULL;
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    const char *content = json_string_value(json_object_get(msg, "content"));
+    const char *reasoning = json_string_value(json_object_get(msg, "reasoning_content"));
+    const char *text = content && *content ? content : reasoning ? reasoning : "";
+    int letters = 0, spaces = 0, odd = 0;
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
+        letters += (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z');
+        spaces += *c == ' ' || *c == '\n';
+        odd += *c < 32 && *c != '\n' && *c != '\t';
+    }
+    CHECK(letters > 20 && spaces > 3 && odd == 0, "text, not noise: %.1000s", out);
+    json_decref(j);
+    int status;
+    stop_server(&tr, &status);
 }
 
 /* ---- 3. node + openai -------------------------------------------------------------- */
