@@ -47,6 +47,7 @@ def main():
     ap.add_argument("--random", default=None)
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "deltafin"))
+    ap.add_argument("--only", default="cache,heat,lossy", help="which tables")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="df-routing-")
     rand = a.random
@@ -63,6 +64,8 @@ def main():
     models = [("trained", TRAINED), ("random", rand)]
     # all experts: 7 MoE layers x 64; a slot holds one expert (~20 KB with alignment)
     caches = ["256K", "512K", "1M", "2M", "4M", "16M"]
+    if "cache" not in a.only:
+        caches = []
     print("## Expert cache by size (token by token, %d windows of %d; 56 experts per token)\n" % (W, CTX))
     print("| model | cache | slots | hit rate (lookahead) | MB read (lookahead) | precision / recall | hit rate (none) | MB read (none) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -74,23 +77,23 @@ def main():
                 name, c, on["cache_slots"], 100 * on["expert_hit_rate"], on["expert_bytes_read"] / 1e6,
                 100 * on["prefetch_precision"], 100 * on["prefetch_recall"], 100 * off["expert_hit_rate"],
                 off["expert_bytes_read"] / 1e6), flush=True)
-    print("\n## Heat pinning (heat from windows 0..%d, measured on windows %d..%d, 1M cache, no lookahead)\n" % (
+    print("\n## Heat pinning (heat from windows 0..%d, measured on windows %d..%d, 4M cache, no lookahead)\n" % (
         W - 1, W, 2 * W - 1))
-    print("| model | LRU hit rate | --pin 512K hit rate | LRU MB read | pinned MB read |")
+    print("| model | LRU hit rate | --pin 1M hit rate | LRU MB read | pinned MB read |")
     print("| --- | --- | --- | --- | --- |")
-    for name, m in models:
+    for name, m in models if "heat" in a.only else []:
         heat = os.path.join(work, name + ".heat.json")
         run_eval(a.bin, m, first, W, "--chunk", "1", "--heat", heat, "--no-prefetch", "--spine-dtype", "bf16")
-        lru = run_eval(a.bin, m, later, W, "--chunk", "1", "--expert-cache", "1M", "--no-prefetch", "--spine-dtype", "bf16")
-        pin = run_eval(a.bin, m, later, W, "--chunk", "1", "--expert-cache", "1M", "--no-prefetch", "--heat", heat,
-                       "--pin", "512K", "--spine-dtype", "bf16")
+        lru = run_eval(a.bin, m, later, W, "--chunk", "1", "--expert-cache", "4M", "--no-prefetch", "--spine-dtype", "bf16")
+        pin = run_eval(a.bin, m, later, W, "--chunk", "1", "--expert-cache", "4M", "--no-prefetch", "--heat", heat,
+                       "--pin", "1M", "--spine-dtype", "bf16")
         print("| %s | %.1f%% | %.1f%% | %.1f | %.1f |" % (name, 100 * lru["expert_hit_rate"], 100 * pin["expert_hit_rate"],
                                                      lru["expert_bytes_read"] / 1e6, pin["expert_bytes_read"] / 1e6),
               flush=True)
     print("\n## Lossy knobs against the exact logits (%d windows)\n" % W)
     print("| model | setting | perplexity | base perplexity | KL mean | KL max | top-1 agreement |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, m in models:
+    for name, m in models if "lossy" in a.only else []:
         copy = os.path.join(work, name + "-copy")
         shutil.copytree(m, copy)
         base = os.path.join(work, name + ".lg")

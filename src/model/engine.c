@@ -97,6 +97,13 @@ static const df_program_ops *program_for(const df_config *c) {
 
 static void uploads_wait_hook(void *acc) { acc_uploads_wait(acc); }
 
+/* The most experts one pass can use: a chunk's tokens each choose K of a
+ * layer's E, so at most min(K x chunk, E); pinning leaves room for two. */
+static int pass_experts(const df_config *c) {
+    int n = c->num_experts_per_tok * DF_CHUNK;
+    return n < c->n_routed_experts ? n : c->n_routed_experts;
+}
+
 df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine **out,
                          char err[DF_ERRMSG]) {
     *out = NULL;
@@ -180,7 +187,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     }
     if (e->store && opts->heat_path && (st = xs_heat_load(e->store, opts->heat_path, err)) != DF_OK) goto fail;
     if (e->store && !opts->plan_only && opts->pin_bytes > 0 &&
-        (st = xs_pin_hottest(e->store, opts->pin_bytes, e->cfg.num_experts_per_tok * DF_CHUNK, err)) != DF_OK)
+        (st = xs_pin_hottest(e->store, opts->pin_bytes, pass_experts(&e->cfg), err)) != DF_OK)
         goto fail;
     if (opts->top_k > 0 && opts->top_k < e->cfg.num_experts_per_tok)
         snprintf(e->lossy, sizeof e->lossy, "LOSSY top-k %d of %d", opts->top_k, e->cfg.num_experts_per_tok);
