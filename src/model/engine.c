@@ -35,8 +35,6 @@ static int64_t spine_bytes(const df_engine *e);
  * shard set as "int8:" tensors when asked for, or found in auto. */
 static df_status open_spine_dtype(df_engine *e, const char *dir, const df_engine_opts *o, char *err) {
     const char *stored = "bf16";
-    char name[DF_NAME];
-    tname(name, "%sembed_tokens.weight", e->cfg.prefix);
     for (int64_t i = 0; i < st_count(e->st); i++) { /* the type of the first layer's matrices */
         const st_tensor *t = st_at(e->st, i);
         if (t->ndim == 2 && strstr(t->name, ".layers.0.") && s8_selected(t->name, t)) {

@@ -49,6 +49,7 @@ typedef struct {
     int64_t avail;            /* what the kernel can give: MemAvailable capped by the cgroup */
     int64_t budget;           /* --ram, or avail minus a margin */
     int budget_given;         /* 1: --ram (a ceiling the user set: refused when too small) */
+    int64_t spine, embed, routed; /* stored bytes: the spine in use, its embedding, every routed expert */
     int64_t fixed;            /* metadata + session state for the planned context + scratch */
     int64_t spine_resident;   /* the spine's bytes resident (embedding: rows a session touches) */
     int64_t spine_stream;     /* streamed: what stays resident + two layer buffers (estimate) */

@@ -152,6 +152,9 @@ df_status plan_decide(df_engine *e, char *err) {
     p->budget = p->budget_given ? o->ram_bytes : p->avail - margin;
     int ctx = plan_ctx(e);
     tensor_sums s = sums_of(e);
+    p->spine = s.spine;
+    p->embed = s.embed;
+    p->routed = s.routed;
     int64_t expert_bytes = n_moe > 0 && c->n_routed_experts > 0 ? s.routed / ((int64_t)n_moe * c->n_routed_experts) : 0;
     p->fixed = meta_bytes(e) + state_bytes(e, ctx) + scratch_bytes(e);
     int64_t emb = embed_touched(e, s.embed, ctx);
@@ -217,17 +220,11 @@ int64_t plan_expert_cache(df_engine *e) {
 /* ---- plan bytes ---- */
 
 int64_t plan_weight_bytes(const df_engine *e) {
-    int ctx = plan_ctx(e);
-    tensor_sums s = sums_of(e);
-    int64_t untouched = s.embed - embed_touched(e, s.embed, ctx);
+    /* the tensor sums plan_decide took (the set does not change after open) */
+    const eng_plan *p = &e->plan;
+    int64_t untouched = p->embed - embed_touched(e, p->embed, plan_ctx(e));
     if (e->spine) return e->resident_bound - untouched + 2 * sp_slot_bytes(e->spine);
-    int64_t w = 0;
-    for (int64_t i = 0; i < st_count(e->st); i++) {
-        const st_tensor *t = st_at(e->st, i);
-        if ((e->store && is_routed_expert(t->name)) || (!is_routed_expert(t->name) && !model_spine_live(e, t))) continue;
-        w += t->nbytes;
-    }
-    return w - untouched;
+    return p->spine + (e->store ? 0 : p->routed) - untouched;
 }
 
 int64_t df_engine_plan_bytes(const df_engine *e, int max_ctx) {

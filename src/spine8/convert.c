@@ -23,10 +23,10 @@
 #include "../base/pool.h"
 #include "../format/config.h"
 #include "../format/dtype.h"
+#include "../hub/hub.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <nettle/sha2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,21 +198,10 @@ static df_status write_all(int fd, const void *b, size_t n, int64_t off, const c
     return DF_OK;
 }
 
-/* sha256 of a whole file (just written: from the page cache). */
-static df_status file_sha256(const char *path, char hex[65], char *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return df_fail(err, DF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct sha256_ctx c;
-    sha256_init(&c);
-    uint8_t *buf = malloc(1 << 20);
-    ssize_t k = 0;
-    while (buf && (k = read(fd, buf, 1 << 20)) > 0) sha256_update(&c, (size_t)k, buf);
-    close(fd);
-    free(buf);
-    if (!buf || k < 0) return df_fail(err, DF_ERR_IO, "%s: cannot read back: %s", path, strerror(errno));
-    uint8_t d[SHA256_DIGEST_SIZE];
-    sha256_digest(&c, sizeof d, d);
-    for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+/* sha256 of a whole file of `size` bytes (hub_sha256_file, src/hub/spans.c). */
+static df_status file_sha256(const char *path, int64_t size, char hex[65], char *err) {
+    if (hub_sha256_file(path, size, hex) != 0)
+        return df_fail(err, DF_ERR_IO, "%s: cannot read back: %s", path, strerror(errno));
     return DF_OK;
 }
 
@@ -309,8 +298,8 @@ static df_status write_shard(ctx_t *x, int a, int b, const char *path, int64_t *
     free(raw); free(w); free(q); free(sc); free(f8);
     if (st == DF_OK && fsync(fd) != 0) st = df_fail(err, DF_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
     close(fd);
-    if (st == DF_OK) st = file_sha256(tmp, hex, err);
     *size = base + doff;
+    if (st == DF_OK) st = file_sha256(tmp, *size, hex, err); /* just written: from the page cache */
     if (st == DF_OK && rename(tmp, path) != 0) st = df_fail(err, DF_ERR_IO, "%s: rename: %s", path, strerror(errno));
     if (st != DF_OK) unlink(tmp);
     return st;
@@ -335,20 +324,18 @@ static df_status put_json(const char *dir, const char *name, json_t *j, char *er
 
 /* The plan's identity: tensor names, shapes, dtypes and the source headers. */
 static void plan_id(const plan *p, json_t *source, char hex[65]) {
-    struct sha256_ctx c;
-    sha256_init(&c);
+    hub_sha256 c;
+    hub_sha256_init(&c);
     for (int i = 0; i < p->n; i++) {
         char line[600];
         int n = snprintf(line, sizeof line, "%s %d %lld %lld %d\n", p->items[i].t->name, (int)p->items[i].t->dtype,
                          (long long)p->items[i].t->shape[0], (long long)p->items[i].t->shape[1], p->items[i].group);
-        sha256_update(&c, (size_t)n, (const uint8_t *)line);
+        hub_sha256_update(&c, line, (size_t)n);
     }
     char *s = json_dumps(source, JSON_COMPACT | JSON_SORT_KEYS);
-    if (s) sha256_update(&c, strlen(s), (const uint8_t *)s);
+    if (s) hub_sha256_update(&c, s, strlen(s));
     free(s);
-    uint8_t d[SHA256_DIGEST_SIZE];
-    sha256_digest(&c, sizeof d, d);
-    for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    hub_sha256_hex(&c, hex);
 }
 
 /* ---- verify ---- */
@@ -366,7 +353,9 @@ static df_status verify(const char *out, s8_report *r, char *err) {
         if (!f || !want || strchr(f, '/')) { st = df_fail(err, DF_ERR_FORMAT, "%s: shard entry %zu is malformed", p, i); break; }
         char path[4400], hex[65] = "";
         snprintf(path, sizeof path, "%s/%s", out, f);
-        if ((st = file_sha256(path, hex, err)) != DF_OK) break;
+        struct stat sb;
+        if (stat(path, &sb) != 0) { st = df_fail(err, DF_ERR_IO, "%s: %s", path, strerror(errno)); break; }
+        if ((st = file_sha256(path, (int64_t)sb.st_size, hex, err)) != DF_OK) break;
         if (strcmp(hex, want) != 0) {
             st = df_fail(err, DF_ERR_MISMATCH, "%s: sha256 %s, the manifest says %s: the file is damaged; convert again (--force)",
                          path, hex, want);

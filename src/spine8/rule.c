@@ -12,11 +12,11 @@
  */
 #include "spine8.h"
 #include "../base/err.h"
+#include "../hub/hub.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
-#include <nettle/sha2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,13 +81,11 @@ df_status s8_header_hash(const df_io *io, const char *path, int64_t *size, char 
         st = df_fail(err, DF_ERR_IO, "%s: cannot read its header", path);
         goto done;
     }
-    struct sha256_ctx c;
-    uint8_t d[SHA256_DIGEST_SIZE];
-    sha256_init(&c);
-    sha256_update(&c, 8, lb);
-    sha256_update(&c, n, (const uint8_t *)h);
-    sha256_digest(&c, sizeof d, d);
-    for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    hub_sha256 c;
+    hub_sha256_init(&c);
+    hub_sha256_update(&c, lb, 8);
+    hub_sha256_update(&c, h, n);
+    hub_sha256_hex(&c, hex);
 done:
     free(h);
     io_close(io, fd);

@@ -56,7 +56,6 @@ picks --steps from the measured step time; the log says which, and
 """
 import argparse
 import functools
-import hashlib
 import json
 import math
 import os
@@ -76,6 +75,7 @@ sys.path.insert(0, os.path.join(REPO, "tools", "fixtures"))
 import export_k3 as ex  # noqa: E402
 import gen_kimi as gk  # noqa: E402
 import kda_chunk as kc  # noqa: E402
+from make_corpus import sha256_file  # noqa: E402
 
 DATA = os.path.join(REPO, ".device-carry", "train")
 REF_POSITIONS = [0, 1, 2, 7, 31, 63, 127, 255]     # rows of eval/reference_logits.bin (window 0)
@@ -83,14 +83,6 @@ REF_POSITIONS = [0, 1, 2, 7, 31, 63, 127, 255]     # rows of eval/reference_logi
 
 def log(*a):
     print("[%s] " % time.strftime("%H:%M:%S") + " ".join(str(x) for x in a), flush=True)
-
-
-def sha256_file(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for blk in iter(lambda: f.read(1 << 20), b""):
-            h.update(blk)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------
