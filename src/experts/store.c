@@ -89,6 +89,7 @@ struct xs_store {
     float pf_used[XS_PF_RANKS], pf_wasted[XS_PF_RANKS];
     int pf_depth;         /* hints at ranks below this are read; the rank at it is probed */
     int pf_since_probe;   /* hints at rank pf_depth skipped since the last probe */
+    int pf_outstanding;   /* slots read by a hint whose outcome is not known yet */
     void (*reuse_hook)(void *ctx); /* called before a cached expert's slot is reused */
     void *reuse_ctx;
 };
@@ -297,6 +298,7 @@ static void pf_outcome(xs_store *x, slot_t *s, int used) {
     if (used) x->stats.prefetch_used++;
     else x->stats.prefetch_wasted++;
     s->prefetch = 0;
+    x->pf_outstanding--;
     float floor = x->o.prefetch_min_precision;
     if (r < x->pf_depth && pf_precision(x, r) < floor) x->pf_depth = r;
     else if (r == x->pf_depth && r < XS_PF_RANKS - 1 && pf_precision(x, r) >= floor) x->pf_depth = r + 1;
@@ -377,6 +379,7 @@ static void complete(xs_store *x, const xr_done *d) {
     int key = s->key, layer = key / x->E, e = key % x->E;
     int in_pass = layer == x->pass_layer && x->pass_idx[e] >= 0;
     if (s->failed) {
+        if (s->prefetch) { s->prefetch = 0; x->pf_outstanding--; } /* a failed hint has no outcome */
         x->slot_of[key] = -1;
         s->key = -1;
         s->state = SLOT_EMPTY;
@@ -440,7 +443,7 @@ df_status xs_begin(xs_store *x, int layer, const int *experts, int n, char *err)
     }
     /* hints for this layer that the pass did not use were mispredictions
      * (the expert stays cached: a later use counts as a hit) */
-    for (int i = 0; i < x->n_slots; i++) {
+    for (int i = 0; x->pf_outstanding > 0 && i < x->n_slots; i++) {
         slot_t *s = &x->slots[i];
         if (s->prefetch && s->key >= 0 && s->key / x->E == layer && x->pass_idx[s->key % x->E] < 0)
             pf_outcome(x, s, 0);
@@ -569,6 +572,7 @@ void xs_prefetch(xs_store *x, int layer, const int *experts, int n) {
         if (si < 0) break;
         x->slots[si].pf_rank = (uint8_t)(i < 255 ? i : 255);
         x->stats.prefetched++;
+        x->pf_outstanding++;
         room--;
     }
 }
