@@ -297,6 +297,10 @@ const char *df_engine_spine_dtype(const df_engine *e);
  * (one line, owned by the engine). */
 int df_engine_spine_streamed(const df_engine *e);
 const char *df_engine_spine_why(const df_engine *e);
+/* Multiply-adds of one token's weight products (the spine's matrices and K
+ * routed experts per MoE layer; attention scores excluded): prefill's
+ * compute floor is 2 x this x tokens at the CPU's FMA rate. */
+int64_t df_engine_macs_per_token(const df_engine *e);
 /* Layers with routed experts. */
 int df_engine_moe_layers(const df_engine *e);
 /* Routed experts per token (after a --top-k override). */
@@ -313,13 +317,22 @@ typedef struct {
     double gbps;        /* weight bytes streamed per second, GB/s */
     double ms_per_call; /* one full matvec */
     double weight_mb;   /* size of the matrix in MB */
+    double gemm_gflops; /* kn_matmul over DF_BENCH_GEMM_N vectors (prefill): GFLOP/s, 2 per weight and vector */
 } df_bench_row;
 
-/* Measures a DRAM read probe and a matvec per weight type on matrices of
- * about `mb` MB each, with n_threads threads. rows must hold 16 entries;
- * returns the number filled; probe_gbps receives the probe's bandwidth. */
-int df_bench_kernels(int n_threads, double mb, double seconds, df_bench_row *rows,
-                     double *probe_gbps);
+enum { DF_BENCH_GEMM_N = 32 };
+
+/* Measures a DRAM read probe, a matvec and a DF_BENCH_GEMM_N-vector matmul
+ * per weight type on matrices of about `mb` MB each, with n_threads threads
+ * at kernel level simd_level (-1: the best this CPU has; 0 scalar, 1 AVX2,
+ * 2 AVX-512; capped at what the CPU has). rows must hold 16 entries;
+ * returns the number filled; probe_gbps receives the probe's bandwidth and
+ * fma_gflops the fp32 FMA rate of all threads at that level (prefill's
+ * compute ceiling). */
+int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, df_bench_row *rows,
+                     double *probe_gbps, double *fma_gflops);
+/* fp32 FMA rate (GFLOP/s) of n_threads at the best kernel level. */
+double df_fma_probe(int n_threads, double seconds);
 /* The DRAM read probe alone: GB/s reading a buffer of >= mb MB with n_threads. */
 double df_dram_probe(int n_threads, double mb, double seconds);
 

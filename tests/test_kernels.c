@@ -188,7 +188,7 @@ static void check_matrix(const tmat *m, uint64_t seed) {
         }
         /* matmul: n vectors, a sub-range, padded ldy; row i bit-equal to matvec */
         {
-            const int n = 3;
+            const int n = 7; /* several prefill tile groups plus leftover vectors */
             int64_t r0 = rows > 2 ? 1 : 0, r1 = rows, ldy = (r1 - r0) + 5;
             float *X = malloc((size_t)n * cols * sizeof *X);
             float *Y = malloc((size_t)n * ldy * sizeof *Y), *yv = malloc((size_t)rows * sizeof *yv);

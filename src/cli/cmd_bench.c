@@ -20,18 +20,23 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static int bench_kernels(int threads, double mb, double seconds) {
+static int bench_kernels(int threads, int simd, double mb, double seconds) {
     if (threads <= 0) threads = 2;
     if (mb < 1) mb = 1;
     df_bench_row rows[16];
-    double probe = 0;
-    int n = df_bench_kernels(threads, mb, seconds, rows, &probe);
+    double probe = 0, flops = 0;
+    int n = df_bench_kernels(threads, simd, mb, seconds, rows, &probe, &flops);
     if (n <= 0) { fprintf(stderr, "deltafin: benchmark failed\n"); return CLI_FAIL; }
-    printf("threads %d, matrices ~%.0f MB, DRAM read probe %.2f GB/s\n", threads, mb, probe);
-    printf("%-8s %10s %10s %12s\n", "type", "GB/s", "% probe", "ms/matvec");
+    const char *lv = simd == 0 ? "scalar" : simd == 1 ? "avx2" : simd == 2 ? "avx512" : "best";
+    printf("threads %d, simd %s, matrices ~%.0f MB, DRAM read probe %.2f GB/s, fp32 FMA probe %.1f GFLOP/s\n",
+           threads, lv, mb, probe, flops);
+    printf("%-8s %10s %10s %12s %14s %10s\n", "type", "GB/s", "% probe", "ms/matvec", "gemm GFLOP/s",
+           "% FMA");
     for (int i = 0; i < n; i++)
-        printf("%-8s %10.2f %9.1f%% %12.3f\n", rows[i].name, rows[i].gbps, 100.0 * rows[i].gbps / probe,
-               rows[i].ms_per_call);
+        printf("%-8s %10.2f %9.1f%% %12.3f %14.1f %9.1f%%\n", rows[i].name, rows[i].gbps,
+               100.0 * rows[i].gbps / probe, rows[i].ms_per_call, rows[i].gemm_gflops,
+               flops > 0 ? 100.0 * rows[i].gemm_gflops / flops : 0.0);
+    printf("gemm: %d vectors per matmul (prefill); matvec: 1 vector (decode)\n", DF_BENCH_GEMM_N);
     return CLI_OK;
 }
 
@@ -43,7 +48,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     /* the DRAM floor's probe before the engine takes its memory (its buffer
      * is outside the plan, which may fill a memory limit) */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    double dram = df_dram_probe(mo->threads > 0 ? mo->threads : (ncpu > 0 ? (int)ncpu : 1), 512, 0.5);
+    const int nthr = mo->threads > 0 ? mo->threads : (ncpu > 0 ? (int)ncpu : 1);
+    double dram = df_dram_probe(nthr, 512, 0.5);
+    /* prefill's compute ceiling: the kernels' fp32 FMA rate on as many threads */
+    double fma = df_fma_probe(nthr, 0.2);
     df_engine *e = cli_open(mo);
     if (!e) return CLI_FAIL;
     int rc = CLI_FAIL, V = df_engine_vocab_size(e);
@@ -133,6 +141,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
      * larger of its reads at the disk rate and one pass over the weights */
     double prefill_floor = (double)prefill_bytes / (disk * 1e9);
     if (mem_floor > prefill_floor) prefill_floor = mem_floor;
+    /* and its compute floor: every product's FMAs at the measured rate */
+    double prefill_flops = 2.0 * (double)df_engine_macs_per_token(e) * nprompt;
+    double prefill_compute = fma > 0 ? prefill_flops / (fma * 1e9) : 0;
+    double prefill_best = prefill_compute > prefill_floor ? prefill_compute : prefill_floor;
     /* experts run from device copies (the GPU tier) count as hits: they were
      * not read (an estimate over steady tokens: the decode's share of them) */
     uint64_t tier = (ac.tier_hits - ac0.tier_hits) * (uint64_t)steady / (uint64_t)(ntok ? ntok : 1);
@@ -173,6 +185,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "prefetch_recall", json_real(pf_recall));
         json_object_set_new(o, "prefill_floor_s", json_real(prefill_floor));
         json_object_set_new(o, "prefill_ratio", json_real(prefill_floor > 0 ? prefill_s / prefill_floor : 0));
+        json_object_set_new(o, "prefill_tokens_per_s", json_real(prefill_s > 0 ? nprompt / prefill_s : 0));
+        json_object_set_new(o, "fma_gflops", json_real(fma));
+        json_object_set_new(o, "prefill_gflop", json_real(prefill_flops / 1e9));
+        json_object_set_new(o, "prefill_compute_floor_s", json_real(prefill_compute));
+        json_object_set_new(o, "prefill_ratio_to_larger_floor", json_real(prefill_best > 0 ? prefill_s / prefill_best : 0));
         json_object_set_new(o, "device_upload_bytes_per_token", json_real(up_tok));
         json_object_set_new(o, "h2d_gbps", json_real(h2d));
         json_object_set_new(o, "upload_floor_s_per_token", json_real(h2d_floor));
@@ -192,6 +209,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         printf("prefill %d tokens           %.3f s, %.1f MB read; floor %.3f s (reads at the disk rate, or\n"
                "                            every weight byte once from RAM, the larger), ratio %.2f\n",
                nprompt, prefill_s, prefill_bytes / 1e6, prefill_floor, prefill_floor > 0 ? prefill_s / prefill_floor : 0);
+        printf("prefill compute             %.1f tokens/s, %.1f GFLOP; compute floor %.3f s at the FMA probe's\n"
+               "                            %.1f GFLOP/s; ratio to the larger floor %.2f\n",
+               prefill_s > 0 ? nprompt / prefill_s : 0, prefill_flops / 1e9, prefill_compute, fma,
+               prefill_best > 0 ? prefill_s / prefill_best : 0);
         printf("decode median               %.4f s/token (%.2f tokens/s)\n", med, med > 0 ? 1 / med : 0);
         printf("spine                       %s\n", df_engine_spine_why(e));
         printf("bytes read per token        %.1f MB (experts %.1f + spine %.1f), hit rate %.1f%% (prefetched\n"
@@ -256,11 +277,12 @@ int cmd_bench(int argc, char **argv) {
                    "       deltafin bench --decode --model DIR [--ram SIZE] [--tokens N] [--prompt-tokens N]\n"
                    "                      [--probe-seconds S] [--json] [model options]\n"
                    "  --kernels     matvec GB/s per weight type on ~SIZE MB matrices (default 512),\n"
-                   "                with a DRAM read probe measured in the same process\n"
+                   "                with a DRAM read probe measured in the same process, and the\n"
+                   "                GFLOP/s of a %d-vector matmul (prefill); --simd picks the level\n"
                    "  --decode      greedy decode of N tokens (default 8) after a prompt (default 8 tokens):\n"
                    "                median s/token of steady tokens, bytes read, hit rate, the disk's O_DIRECT\n"
                    "                bandwidth measured in the same run, floor and ratio; --json prints one object\n\n%s",
-                   cli_model_opts_help);
+                   DF_BENCH_GEMM_N, cli_model_opts_help);
             return 0;
         }
         int r = cli_model_opt(&mo, argc, argv, &i);
@@ -277,7 +299,7 @@ int cmd_bench(int argc, char **argv) {
         else return cli_usage("bench", "unknown or incomplete option");
     }
     threads = mo.threads;
-    if (kernels) return bench_kernels(threads, mb, seconds);
+    if (kernels) return bench_kernels(threads, mo.simd, mb, seconds);
     if (decode) {
         if (!mo.model) return cli_usage("bench", "--decode needs --model");
         if (ntok < 1 || nprompt < 1) return cli_usage("bench", "--tokens and --prompt-tokens must be positive");

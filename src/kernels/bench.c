@@ -223,39 +223,85 @@ typedef struct {
     df_pool *pool;
     kn_level lv;
     const df_weight *w;
-    const float *x;
-    float *y;
+    const float *x; /* n vectors of COLS */
+    float *y;       /* n rows of `rows` outputs */
+    int n;
+    int64_t rows;   /* the first `rows` rows of w */
 } mv_ctx;
 
 static void mv_part(void *vctx, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     mv_ctx *m = vctx;
-    kn_matvec(m->lv, m->w, m->x, m->y + i0, i0, i1);
+    kn_matmul(m->lv, m->w, m->x, m->n, m->y + i0, m->rows, i0, i1);
 }
 
 static void mv_once(void *vctx) {
     mv_ctx *m = vctx;
-    pool_for(m->pool, m->w->rows, 16, mv_part, m);
+    pool_for(m->pool, m->rows, 16, mv_part, m);
+}
+
+/* GFLOP/s of a DF_BENCH_GEMM_N-vector matmul over the first rows of w
+ * (about GEMM_FLOP flops a call, or all of w). */
+enum { GEMM_FLOP = 1000000000 };
+static double gemm_gflops(df_pool *pool, kn_level lv, const df_weight *w, const float *X,
+                          double seconds) {
+    const int n = DF_BENCH_GEMM_N;
+    int64_t rows = (int64_t)GEMM_FLOP / (2LL * n * w->cols);
+    rows = rows < 16 ? 16 : rows / 16 * 16;
+    if (rows > w->rows) rows = w->rows;
+    float *Y = malloc((size_t)(rows * n) * sizeof *Y);
+    if (!Y) return 0;
+    mv_ctx m = {pool, lv, w, X, Y, n, rows};
+    double t = time_best(mv_once, &m, seconds, 2);
+    free(Y);
+    return 2.0 * (double)n * (double)rows * (double)w->cols / t / 1e9;
+}
+
+/* All pool threads run the FMA probe at once: GFLOP/s of the whole pool. */
+typedef struct {
+    df_pool *pool;
+    kn_level lv;
+    int64_t iters;
+    double flops[64];
+    float sink[64];
+} fma_ctx;
+
+static void fma_part(void *vctx, int64_t i0, int64_t i1, int tid) {
+    fma_ctx *f = vctx;
+    for (int64_t i = i0; i < i1; i++) f->flops[i % 64] = kn_fma_loop(f->lv, f->iters, &f->sink[tid % 64]);
+}
+
+static void fma_once(void *vctx) {
+    fma_ctx *f = vctx;
+    pool_for(f->pool, pool_size(f->pool), 1, fma_part, f);
 }
 
 /* ---- 5. kn_bench / df_bench_kernels ------------------------------------------- */
 
+static double fma_gflops(df_pool *pool, kn_level lv, double seconds) {
+    fma_ctx f = {.pool = pool, .lv = lv, .iters = 1 << 18};
+    double t = time_best(fma_once, &f, seconds, 3), flops = 0;
+    for (int i = 0; i < pool_size(pool) && i < 64; i++) flops += f.flops[i];
+    return flops / t / 1e9;
+}
+
 int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_bench_row *rows,
-             double *probe_gbps) {
+             double *probe_gbps, double *fma) {
     if (mb < 1) mb = 1;
     if (seconds <= 0) seconds = 0.1;
+    *fma = fma_gflops(pool, lv, seconds);
     *probe_gbps = probe_gbps_run(pool, mb, seconds);
     if (*probe_gbps <= 0) return 0;
-    float *x = malloc(COLS * sizeof *x);
+    float *x = malloc((size_t)COLS * DF_BENCH_GEMM_N * sizeof *x);
     if (!x) return 0;
-    for (int i = 0; i < COLS; i++) x[i] = (float)((i * 37) % 101 - 50) * 0.02f;
+    for (int i = 0; i < COLS * DF_BENCH_GEMM_N; i++) x[i] = (float)((i * 37) % 101 - 50) * 0.02f;
     int n = 0;
     for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0] && n < 16; i++) {
         df_weight w;
         if (!make_matrix(pool, &KINDS[i], mb, &w)) break;
         float *y = malloc((size_t)w.rows * sizeof *y);
         if (!y) { free((void *)w.data); free((void *)w.scale); break; }
-        mv_ctx m = {pool, lv, &w, x, y};
+        mv_ctx m = {pool, lv, &w, x, y, 1, w.rows};
         double t = time_best(mv_once, &m, seconds, 3);
         double bytes = (double)wt_bytes(&w);
         df_bench_row *r = &rows[n++];
@@ -264,6 +310,7 @@ int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_be
         r->gbps = bytes / t / 1e9;
         r->ms_per_call = t * 1e3;
         r->weight_mb = bytes / 1e6;
+        r->gemm_gflops = gemm_gflops(pool, lv, &w, x, seconds);
         free(y);
         free((void *)w.data);
         free((void *)w.scale);
@@ -276,16 +323,18 @@ int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_be
     return n;
 }
 
-int df_bench_kernels(int n_threads, double mb, double seconds, df_bench_row *rows,
-                     double *probe_gbps) {
+int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, df_bench_row *rows,
+                     double *probe_gbps, double *fma_gflops) {
     if (n_threads <= 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = c > 0 ? (int)c : 1;
     }
-    *probe_gbps = 0;
+    *probe_gbps = *fma_gflops = 0;
     df_pool *pool = pool_new(n_threads);
     if (!pool) return 0;
-    int n = kn_bench(pool, kn_detect(), mb, seconds, rows, probe_gbps);
+    kn_level lv = kn_detect();
+    if (simd_level >= 0 && simd_level < (int)lv) lv = (kn_level)simd_level;
+    int n = kn_bench(pool, lv, mb, seconds, rows, probe_gbps, fma_gflops);
     pool_free(pool);
     return n;
 }
@@ -295,6 +344,15 @@ double df_dram_probe(int n_threads, double mb, double seconds) {
     df_pool *pool = pool_new(n_threads);
     if (!pool) return 0;
     double g = probe_gbps_run(pool, mb, seconds);
+    pool_free(pool);
+    return g;
+}
+
+double df_fma_probe(int n_threads, double seconds) {
+    if (n_threads <= 0) n_threads = 1;
+    df_pool *pool = pool_new(n_threads);
+    if (!pool) return 0;
+    double g = fma_gflops(pool, kn_detect(), seconds);
     pool_free(pool);
     return g;
 }

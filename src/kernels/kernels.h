@@ -40,8 +40,15 @@ int kn_matmul_avx2(const df_weight *w, const float *X, int n, float *Y, int64_t 
 int kn_matmul_avx512(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
                      int64_t row0, int64_t row1);
 
+/* fp32 FMA throughput probe at level lv (the compute ceiling prefill is
+ * measured against): `iters` rounds of independent FMA chains; returns the
+ * flops done, with a result in *sink. */
+double kn_fma_loop(kn_level lv, int64_t iters, float *sink);
+double kn_fma_loop_avx2(int64_t iters, float *sink);
+double kn_fma_loop_avx512(int64_t iters, float *sink);
+
 /* Kernel benchmark behind df_bench_kernels (see deltafin.h). */
 struct df_pool;
 int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_bench_row *rows,
-             double *probe_gbps);
+             double *probe_gbps, double *fma_gflops);
 #endif

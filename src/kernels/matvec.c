@@ -26,6 +26,7 @@
 #include "kernels.h"
 #include "../base/err.h"
 #include <cpuid.h>
+#include <math.h>
 #include <string.h>
 
 /* ---- 1. detection ---------------------------------------------------------- */
@@ -236,4 +237,17 @@ void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y,
 void kn_matvec(kn_level lv, const df_weight *w, const float *x, float *y, int64_t row0,
                int64_t row1) {
     kn_matmul(lv, w, x, 1, y, row1 - row0, row0, row1);
+}
+
+double kn_fma_loop(kn_level lv, int64_t iters, float *sink) {
+    kn_level best = kn_detect();
+    if (lv > best) lv = best;
+    if (lv >= KN_AVX512) return kn_fma_loop_avx512(iters, sink);
+    if (lv >= KN_AVX2) return kn_fma_loop_avx2(iters, sink);
+    float a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, t = 0;
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < 8; i++) a[i] = fmaf(a[i], 0.999999f, 1e-7f);
+    for (int i = 0; i < 8; i++) t += a[i];
+    *sink = t;
+    return 16.0 * (double)iters;
 }

@@ -1,35 +1,43 @@
-/* matvec_avx2.c — AVX2 + FMA + F16C matvec/matmul for every weight type.
+/* matvec_avx2.c — AVX2 + FMA + F16C tiles for every weight type.
  *
- * Owns: kn_matmul_avx2. Compiled with -mavx2 -mfma -mf16c; only reached when
- * kn_detect() says the CPU has them. Refuses: allocation, scalar float math on
- * the data path (every product and sum is an explicit intrinsic, so the
- * compiler cannot contract or reorder it).
+ * Owns: kn_matmul_avx2 (a table of tiles per weight type handed to the
+ * shared driver, matvec_driver.c). Compiled with -mavx2 -mfma -mf16c; only
+ * reached when kn_detect() says the CPU has them. Refuses: allocation, scalar
+ * float math on the data path (every product and sum is an explicit
+ * intrinsic, so the compiler cannot contract or reorder it).
  *
- * Shape of every kernel: a tile of NR = 4 rows (or 1 for the leftover rows)
- * streams its rows once, sharing each x load. Every row owns two accumulators
- * a0/a1 fed in a fixed pattern that depends only on cols (full 16-column
- * steps: a0 gets columns 0-7, a1 columns 8-15; a lone 8-column step goes to
- * a0; the zero-padded tail to a1), then hsum(a0 + a1). The 4-row and 1-row
- * tiles run the same always-inlined body, so a row's value does not depend
- * on which tile computed it (the determinism contract in kernels.h).
+ * A tile computes nr rows x nv vectors (nr, nv compile-time: NR x 1 for
+ * decode, a per-type mr x mv for prefill, and 1-row variants of both). Every
+ * (row, vector) output owns two accumulators a0/a1 fed in a fixed pattern
+ * that depends only on cols (full 16-column steps: a0 gets columns 0-7, a1
+ * columns 8-15; a lone 8-column step goes to a0; the zero-padded tail to
+ * a1), then hsum(a0 + a1). All tiles run the same always-inlined body, so a
+ * value does not depend on which tile computed it (kernels.h's contract).
  *
  * Scaled types (fp8 blocks, int4/mxfp4 groups) keep per-block partials in
  * the same two-lane-set pattern and multiply them by the scale once per block
  * (see matvec.c for the value computed).
  *
+ * Streaming: each row's stream is prefetched PF bytes ahead, once per 64
+ * bytes read (see matvec_avx512.c).
+ *
  * Sections: 1. helpers  2. dense (f32 bf16 f16 i8)  3. fp8 block
- *           4. int4 / mxfp4  5. driver
+ *           4. int4 / mxfp4  5. tiles per type
  */
 #include "kernels.h"
-#include "../base/err.h"
+#include "matvec_driver.h"
 #include <immintrin.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
-enum { NR = 4, XP_STACK = 8192 };
+/* NR rows for one vector (decode); each type's table sets its own rows x
+ * vectors for several vectors (prefill), within TR x TV */
+#ifndef KN_PF
+#define KN_PF 768 /* bytes; -DKN_PF= to measure others */
+#endif
+enum { NR = 4, TR = 4, TV = 4, PF = KN_PF };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
-#define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL _Pragma("GCC unroll 8")
 
 /* ---- 1. helpers ------------------------------------------------------------ */
 
@@ -45,6 +53,11 @@ AI float hsum8(__m256 v) {
 AI void pad_x(const float *x, int64_t n, float *xt) {
     memset(xt, 0, 16 * sizeof *xt);
     memcpy(xt, x, (size_t)n * sizeof *xt);
+}
+
+/* Prefetch the next `bytes` of a row stream, PF bytes ahead (one per line). */
+AI void pf(const void *p, int bytes) {
+    UNROLL for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PF + o, _MM_HINT_T0);
 }
 
 /* ---- 2. dense (f32 bf16 f16 i8) -------------------------------------------- */
@@ -69,46 +82,57 @@ AI __m256 ld8(int e, const void *p, int64_t c) {
     }
 }
 
-AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, const float *x, float *y) {
+AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const float *X,
+                   int64_t ldx, float *Y, int64_t ldy) {
     const int64_t cols = w->cols;
     const int es = esize(e);
-    const char *row[NR];
-    __m256 a0[NR], a1[NR];
+    const char *row[TR];
+    __m256 a0[TR][TV], a1[TR][TV];
     UNROLL for (int j = 0; j < nr; j++) {
         row[j] = (const char *)w->data + (r + j) * cols * es;
-        a0[j] = a1[j] = _mm256_setzero_ps();
+        UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
-        __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+        /* 16 columns are 16-64 bytes: one prefetch per 64 */
+        if (es == 4 || (c & (es == 2 ? 16 : 48)) == 0)
+            UNROLL for (int j = 0; j < nr; j++) pf(row[j] + c * es, 64);
         UNROLL for (int j = 0; j < nr; j++) {
-            a0[j] = _mm256_fmadd_ps(ld8(e, row[j], c), x0, a0[j]);
-            a1[j] = _mm256_fmadd_ps(ld8(e, row[j], c + 8), x1, a1[j]);
+            __m256 w0 = ld8(e, row[j], c), w1 = ld8(e, row[j], c + 8);
+            UNROLL for (int v = 0; v < nv; v++) {
+                const float *x = X + v * ldx + c;
+                a0[j][v] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), a0[j][v]);
+                a1[j][v] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), a1[j][v]);
+            }
         }
     }
     if (c + 8 <= cols) {
-        __m256 x0 = _mm256_loadu_ps(x + c);
-        UNROLL for (int j = 0; j < nr; j++) a0[j] = _mm256_fmadd_ps(ld8(e, row[j], c), x0, a0[j]);
+        UNROLL for (int j = 0; j < nr; j++) {
+            __m256 w0 = ld8(e, row[j], c);
+            UNROLL for (int v = 0; v < nv; v++)
+                a0[j][v] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(X + v * ldx + c), a0[j][v]);
+        }
         c += 8;
     }
     if (c < cols) {
-        float xt[16];
-        pad_x(x + c, cols - c, xt);
-        __m256 x1 = _mm256_loadu_ps(xt);
+        float xt[TV][16];
+        UNROLL for (int v = 0; v < nv; v++) pad_x(X + v * ldx + c, cols - c, xt[v]);
         UNROLL for (int j = 0; j < nr; j++) {
             _Alignas(32) char wt[32] = {0};
             memcpy(wt, row[j] + c * es, (size_t)((cols - c) * es));
-            a1[j] = _mm256_fmadd_ps(ld8(e, wt, 0), x1, a1[j]);
+            __m256 w1 = ld8(e, wt, 0);
+            UNROLL for (int v = 0; v < nv; v++)
+                a1[j][v] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt[v]), a1[j][v]);
         }
     }
-    UNROLL for (int j = 0; j < nr; j++) {
-        float s = hsum8(_mm256_add_ps(a0[j], a1[j]));
+    UNROLL for (int j = 0; j < nr; j++) UNROLL for (int v = 0; v < nv; v++) {
+        float s = hsum8(_mm256_add_ps(a0[j][v], a1[j][v]));
         if (e == E_I8) {
             /* row scale after the sum, as a vector op so it is never contracted */
-            __m128 v = _mm_mul_ss(_mm_set_ss(s), _mm_set_ss(((const float *)w->scale)[r + j]));
-            s = _mm_cvtss_f32(v);
+            __m128 m = _mm_mul_ss(_mm_set_ss(s), _mm_set_ss(((const float *)w->scale)[r + j]));
+            s = _mm_cvtss_f32(m);
         }
-        y[j] = s;
+        Y[v * ldy + j] = s;
     }
 }
 
@@ -129,53 +153,56 @@ AI void fp8_16(__m128i b, __m256 *lo, __m256 *hi) {
 /* Per block of bc columns and row: partials p0/p1 of (fp8 * 2^-8) * x, then
  * a += p * (scale * 2^8). scale * 2^8 is exact unless it overflows (|s| >=
  * 2^120, never in real checkpoints), where p * 2^8 (exact) times s is used. */
-AI void fp8_tile(const df_weight *w, int64_t r, int nr, const float *x, float *y) {
+AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
+                 float *Y, int64_t ldy) {
     const int64_t cols = w->cols, bc = w->block_cols;
     const int64_t nbc = (cols + bc - 1) / bc;
     const __m128i m7f = _mm_set1_epi8(0x7f);
-    const uint8_t *q[NR];
-    const float *sc[NR];
-    __m256 a0[NR], a1[NR];
+    const uint8_t *q[TR];
+    const float *sc[TR];
+    __m256 a0[TR][TV], a1[TR][TV];
     UNROLL for (int j = 0; j < nr; j++) {
         q[j] = (const uint8_t *)w->data + (r + j) * cols;
         sc[j] = (const float *)w->scale + ((r + j) / w->block_rows) * nbc;
-        a0[j] = a1[j] = _mm256_setzero_ps();
+        UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
     for (int64_t cb = 0; cb < nbc; cb++) {
         const int64_t c0 = cb * bc, c1 = c0 + bc < cols ? c0 + bc : cols;
-        __m256 p0[NR], p1[NR];
-        __m128i mx[NR]; /* running max of (byte & 0x7f): 0x7f means a NaN code */
+        __m256 p0[TR][TV], p1[TR][TV];
+        __m128i mx[TR]; /* running max of (byte & 0x7f): 0x7f means a NaN code */
         UNROLL for (int j = 0; j < nr; j++) {
-            p0[j] = p1[j] = _mm256_setzero_ps();
+            UNROLL for (int v = 0; v < nv; v++) p0[j][v] = p1[j][v] = _mm256_setzero_ps();
             mx[j] = _mm_setzero_si128();
         }
         int64_t c = c0;
         for (; c + 16 <= c1; c += 16) {
-            __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+            if ((c & 48) == 0) UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c, 64);
             UNROLL for (int j = 0; j < nr; j++) {
                 __m128i b = _mm_loadu_si128((const __m128i *)(q[j] + c));
                 __m256 lo, hi;
                 fp8_16(b, &lo, &hi);
                 mx[j] = _mm_max_epu8(mx[j], _mm_and_si128(b, m7f));
-                p0[j] = _mm256_fmadd_ps(lo, x0, p0[j]);
-                p1[j] = _mm256_fmadd_ps(hi, x1, p1[j]);
+                UNROLL for (int v = 0; v < nv; v++) {
+                    const float *x = X + v * ldx + c;
+                    p0[j][v] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x), p0[j][v]);
+                    p1[j][v] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + 8), p1[j][v]);
+                }
             }
         }
         if (c + 8 <= c1) {
-            __m256 x0 = _mm256_loadu_ps(x + c);
             UNROLL for (int j = 0; j < nr; j++) {
                 __m128i b = _mm_loadl_epi64((const __m128i *)(q[j] + c));
                 __m256 lo, hi;
                 fp8_16(b, &lo, &hi);
                 mx[j] = _mm_max_epu8(mx[j], _mm_and_si128(b, m7f));
-                p0[j] = _mm256_fmadd_ps(lo, x0, p0[j]);
+                UNROLL for (int v = 0; v < nv; v++)
+                    p0[j][v] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(X + v * ldx + c), p0[j][v]);
             }
             c += 8;
         }
         if (c < c1) {
-            float xt[16];
-            pad_x(x + c, c1 - c, xt);
-            __m256 x1 = _mm256_loadu_ps(xt);
+            float xt[TV][16];
+            UNROLL for (int v = 0; v < nv; v++) pad_x(X + v * ldx + c, c1 - c, xt[v]);
             UNROLL for (int j = 0; j < nr; j++) {
                 uint8_t bt[16] = {0};
                 memcpy(bt, q[j] + c, (size_t)(c1 - c));
@@ -183,46 +210,81 @@ AI void fp8_tile(const df_weight *w, int64_t r, int nr, const float *x, float *y
                 __m256 lo, hi;
                 fp8_16(b, &lo, &hi);
                 mx[j] = _mm_max_epu8(mx[j], _mm_and_si128(b, m7f));
-                p1[j] = _mm256_fmadd_ps(lo, x1, p1[j]);
+                UNROLL for (int v = 0; v < nv; v++)
+                    p1[j][v] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xt[v]), p1[j][v]);
             }
         }
         UNROLL for (int j = 0; j < nr; j++) {
             const float f = sc[j][cb];
             const __m256 s = _mm256_set1_ps(f), k256 = _mm256_set1_ps(256.0f);
-            if (_mm_movemask_epi8(_mm_cmpeq_epi8(mx[j], m7f))) p0[j] = _mm256_set1_ps(__builtin_nanf(""));
-            if (f < 0x1p120f && f > -0x1p120f) {
-                const __m256 s256 = _mm256_mul_ps(s, k256);
-                a0[j] = _mm256_fmadd_ps(p0[j], s256, a0[j]);
-                a1[j] = _mm256_fmadd_ps(p1[j], s256, a1[j]);
-            } else {
-                a0[j] = _mm256_fmadd_ps(_mm256_mul_ps(p0[j], k256), s, a0[j]);
-                a1[j] = _mm256_fmadd_ps(_mm256_mul_ps(p1[j], k256), s, a1[j]);
+            const int nan = _mm_movemask_epi8(_mm_cmpeq_epi8(mx[j], m7f));
+            UNROLL for (int v = 0; v < nv; v++) {
+                if (nan) p0[j][v] = _mm256_set1_ps(__builtin_nanf(""));
+                if (f < 0x1p120f && f > -0x1p120f) {
+                    const __m256 s256 = _mm256_mul_ps(s, k256);
+                    a0[j][v] = _mm256_fmadd_ps(p0[j][v], s256, a0[j][v]);
+                    a1[j][v] = _mm256_fmadd_ps(p1[j][v], s256, a1[j][v]);
+                } else {
+                    a0[j][v] = _mm256_fmadd_ps(_mm256_mul_ps(p0[j][v], k256), s, a0[j][v]);
+                    a1[j][v] = _mm256_fmadd_ps(_mm256_mul_ps(p1[j][v], k256), s, a1[j][v]);
+                }
             }
         }
     }
-    UNROLL for (int j = 0; j < nr; j++) y[j] = hsum8(_mm256_add_ps(a0[j], a1[j]));
+    UNROLL for (int j = 0; j < nr; j++) UNROLL for (int v = 0; v < nv; v++)
+        Y[v * ldy + j] = hsum8(_mm256_add_ps(a0[j][v], a1[j][v]));
 }
 
 /* ---- 4. int4 / mxfp4 ------------------------------------------------------- */
 
 enum { N_I4_BF16, N_I4_F16, N_I4_F32, N_MX };
 
+/* 8 group scales of a row from sp as fp32 (lanes past `left` are don't-care):
+ * e8m0 by exponent construction (0 -> 2^-127 and 255 -> NaN, as the scalar
+ * reference), bf16 by a shift, f16 by vcvtph2ps. */
+AI __m256 scales8(int k, const void *scale, int64_t idx, int64_t left) {
+    const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
+    const uint8_t *sp = (const uint8_t *)scale + idx * ssz;
+    uint8_t tmp[32] = {0};
+    if (left < 8) {
+        memcpy(tmp, sp, (size_t)(left * ssz));
+        sp = tmp;
+    }
+    switch (k) {
+    case N_MX: {
+        __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sp));
+        __m256i bits = _mm256_slli_epi32(e, 23);
+        bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000),
+                                  _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+        bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000),
+                                  _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
+        return _mm256_castsi256_ps(bits);
+    }
+    case N_I4_BF16:
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)sp)), 16));
+    case N_I4_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sp));
+    default: return _mm256_loadu_ps((const float *)sp);
+    }
+}
+
 /* A 32-column group is 16 bytes. Every code value (int4 q - 8 in -8..7, e2m1)
  * is an f16 whose low byte is 0, so vpshufb maps nibbles straight to f16 high
  * bytes: tl = codes of columns 2k (low nibbles), th = columns 2k+1. Read as
  * 16-bit words, tl << 8 holds columns 4m, tl & 0xff00 columns 4m+2 (and th
  * likewise 4m+1, 4m+3), ready for vcvtph2ps without any byte shuffling. x
- * arrives pre-permuted to match (nib_permute_x). Per group and row: partials
- * p0 (columns 4m, 4m+2) and p1 (4m+1, 4m+3), then a += p * scale. */
-AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, const float *xp, float *y) {
+ * arrives pre-permuted to match (nib_prep). Per group, row and vector:
+ * partials p0 (columns 4m, 4m+2) and p1 (4m+1, 4m+3), then a += p * scale. */
+AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
+                 float *Y, int64_t ldy) {
     const int64_t cols = w->cols, ng = cols / 32;
-    const uint8_t *q[NR];
-    int64_t si[NR];
-    __m256 a0[NR], a1[NR];
+    const uint8_t *q[TR];
+    int64_t si[TR];
+    __m256 a0[TR][TV], a1[TR][TV];
     UNROLL for (int j = 0; j < nr; j++) {
         q[j] = (const uint8_t *)w->data + (r + j) * (cols / 2);
         si[j] = (r + j) * ng;
-        a0[j] = a1[j] = _mm256_setzero_ps();
+        UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
     const __m128i tab = k == N_MX
         ? _mm_setr_epi8(0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44, 0x46, /* 0 .5 1 1.5 2 3 4 6 */
@@ -232,43 +294,11 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, const float *xp, 
                         (char)0xc0, (char)0xbc, /* -8 .. -1 */
                         0x00, 0x3c, 0x40, 0x42, 0x44, 0x45, 0x46, 0x47); /* 0 .. 7 */
     const __m128i m0f = _mm_set1_epi8(0x0f), hi8 = _mm_set1_epi16((short)0xff00);
-    /* group scales are decoded 8 groups at a time per row, in vectors: e8m0
-     * by exponent construction (0 -> 2^-127 and 255 -> NaN, as the scalar
-     * reference), bf16 by a shift, f16 by vcvtph2ps */
-    float sbuf[NR][8];
-    const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
+    float sbuf[TR][8];
     for (int64_t g = 0; g < ng; g++) {
         const int64_t c = g * 32;
-        if ((g & 7) == 0) {
-            UNROLL for (int j = 0; j < nr; j++) {
-                const uint8_t *sp = (const uint8_t *)w->scale + (si[j] + g) * ssz;
-                uint8_t tmp[32] = {0};
-                if (g + 8 > ng) {
-                    memcpy(tmp, sp, (size_t)((ng - g) * ssz));
-                    sp = tmp;
-                }
-                __m256 v;
-                if (k == N_MX) {
-                    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sp));
-                    __m256i bits = _mm256_slli_epi32(e, 23);
-                    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000),
-                                              _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
-                    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000),
-                                              _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
-                    v = _mm256_castsi256_ps(bits);
-                } else if (k == N_I4_BF16) {
-                    v = _mm256_castsi256_ps(
-                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)sp)), 16));
-                } else if (k == N_I4_F16) {
-                    v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sp));
-                } else {
-                    v = _mm256_loadu_ps((const float *)sp);
-                }
-                _mm256_storeu_ps(sbuf[j], v);
-            }
-        }
-        __m256 x0 = _mm256_loadu_ps(xp + c), x1 = _mm256_loadu_ps(xp + c + 8);
-        __m256 x2 = _mm256_loadu_ps(xp + c + 16), x3 = _mm256_loadu_ps(xp + c + 24);
+        if ((g & 7) == 0) UNROLL for (int j = 0; j < nr; j++) _mm256_storeu_ps(sbuf[j], scales8(k, w->scale, si[j] + g, ng - g));
+        if ((g & 3) == 0) UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c / 2, 64);
         UNROLL for (int j = 0; j < nr; j++) {
             __m128i b = _mm_loadu_si128((const __m128i *)(q[j] + c / 2));
             __m128i tl = _mm_shuffle_epi8(tab, _mm_and_si128(b, m0f));
@@ -277,103 +307,83 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, const float *xp, 
             __m256 w1 = _mm256_cvtph_ps(_mm_slli_epi16(th, 8));    /* 4m+1 */
             __m256 w2 = _mm256_cvtph_ps(_mm_and_si128(tl, hi8));   /* 4m+2 */
             __m256 w3 = _mm256_cvtph_ps(_mm_and_si128(th, hi8));   /* 4m+3 */
-            __m256 p0 = _mm256_fmadd_ps(w2, x2, _mm256_mul_ps(w0, x0));
-            __m256 p1 = _mm256_fmadd_ps(w3, x3, _mm256_mul_ps(w1, x1));
             __m256 s = _mm256_broadcast_ss(&sbuf[j][g & 7]);
-            a0[j] = _mm256_fmadd_ps(p0, s, a0[j]);
-            a1[j] = _mm256_fmadd_ps(p1, s, a1[j]);
+            UNROLL for (int v = 0; v < nv; v++) {
+                const float *x = X + v * ldx + c;
+                __m256 p0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), _mm256_mul_ps(w0, _mm256_loadu_ps(x)));
+                __m256 p1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), _mm256_mul_ps(w1, _mm256_loadu_ps(x + 8)));
+                a0[j][v] = _mm256_fmadd_ps(p0, s, a0[j][v]);
+                a1[j][v] = _mm256_fmadd_ps(p1, s, a1[j][v]);
+            }
         }
     }
-    UNROLL for (int j = 0; j < nr; j++) y[j] = hsum8(_mm256_add_ps(a0[j], a1[j]));
+    UNROLL for (int j = 0; j < nr; j++) UNROLL for (int v = 0; v < nv; v++)
+        Y[v * ldy + j] = hsum8(_mm256_add_ps(a0[j][v], a1[j][v]));
 }
 
 /* xp[32g + 8p + m] = x[32g + 4m + p]: the column order nib_tile's vectors use. */
-static void nib_permute_x(const float *x, int64_t cols, float *xp) {
+static void nib_prep(const float *x, int64_t cols, float *xp) {
     for (int64_t g = 0; g < cols; g += 32)
         for (int p = 0; p < 4; p++)
             for (int m = 0; m < 8; m++) xp[g + 8 * p + m] = x[g + 4 * m + p];
 }
 
-/* ---- 5. driver ------------------------------------------------------------- */
+/* ---- 5. tiles per type ----------------------------------------------------- */
 
-typedef void (*tile_fn)(const df_weight *w, int64_t r, const float *x, float *y);
+/* Four instances per kernel body: NR x 1, 1 x 1, mr x mv, 1 x mv. */
+#define TILES(name, mr, mv, body, ...)                                                           \
+    static void name##_one(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y,  \
+                           int64_t ldy) { body(__VA_ARGS__ w, r, NR, 1, X, ldx, Y, ldy); }           \
+    static void name##_one1(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y, \
+                            int64_t ldy) { body(__VA_ARGS__ w, r, 1, 1, X, ldx, Y, ldy); }           \
+    static void name##_many(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y, \
+                            int64_t ldy) { body(__VA_ARGS__ w, r, mr, mv, X, ldx, Y, ldy); }         \
+    static void name##_many1(const df_weight *w, int64_t r, const float *X, int64_t ldx,          \
+                             float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, 1, mv, X, ldx, Y, ldy); }
+#define TABLE(name, mr, mv, prep) {name##_one, name##_one1, name##_many, name##_many1, NR, mr, mv, prep, 0}
 
-#define INST(name, call)                                                                   \
-    static void name##_4(const df_weight *w, int64_t r, const float *x, float *y) {         \
-        call(w, r, NR, x, y);                                                              \
-    }                                                                                      \
-    static void name##_1(const df_weight *w, int64_t r, const float *x, float *y) {         \
-        call(w, r, 1, x, y);                                                               \
-    }
+/* rows x vectors for prefill, within the 16 registers: accumulators (2 per
+ * output) plus the decoded weights of the tile's rows */
+enum { D_MR = 2, D_MV = 2, F_MR = 1, F_MV = 2, N_MR = 1, N_MV = 3 };
+TILES(f32, D_MR, D_MV, dense_tile, E_F32,)
+TILES(bf16, D_MR, D_MV, dense_tile, E_BF16,)
+TILES(f16, D_MR, D_MV, dense_tile, E_F16,)
+TILES(i8, D_MR, D_MV, dense_tile, E_I8,)
+TILES(fp8, F_MR, F_MV, fp8_tile,)
+TILES(i4b, N_MR, N_MV, nib_tile, N_I4_BF16,)
+TILES(i4h, N_MR, N_MV, nib_tile, N_I4_F16,)
+TILES(i4f, N_MR, N_MV, nib_tile, N_I4_F32,)
+TILES(mx, N_MR, N_MV, nib_tile, N_MX,)
 
-#define DENSE(e) AI void dense_##e(const df_weight *w, int64_t r, int nr, const float *x, float *y) { dense_tile(e, w, r, nr, x, y); }
-#define NIB(k) AI void nib_##k(const df_weight *w, int64_t r, int nr, const float *x, float *y) { nib_tile(k, w, r, nr, x, y); }
-DENSE(E_F32)
-DENSE(E_BF16)
-DENSE(E_F16)
-DENSE(E_I8)
-NIB(N_I4_BF16)
-NIB(N_I4_F16)
-NIB(N_I4_F32)
-NIB(N_MX)
-INST(f32, dense_E_F32)
-INST(bf16, dense_E_BF16)
-INST(f16, dense_E_F16)
-INST(i8, dense_E_I8)
-INST(fp8, fp8_tile)
-INST(i4b, nib_N_I4_BF16)
-INST(i4h, nib_N_I4_F16)
-INST(i4f, nib_N_I4_F32)
-INST(mx, nib_N_MX)
+static const kn_tiles TABLES[KN_K_COUNT] = {
+    [KN_K_F32] = TABLE(f32, D_MR, D_MV, NULL),
+    [KN_K_BF16] = TABLE(bf16, D_MR, D_MV, NULL),
+    [KN_K_F16] = TABLE(f16, D_MR, D_MV, NULL),
+    [KN_K_I8] = TABLE(i8, D_MR, D_MV, NULL),
+    [KN_K_FP8] = TABLE(fp8, F_MR, F_MV, NULL),
+    [KN_K_I4_BF16] = TABLE(i4b, N_MR, N_MV, nib_prep),
+    [KN_K_I4_F16] = TABLE(i4h, N_MR, N_MV, nib_prep),
+    [KN_K_I4_F32] = TABLE(i4f, N_MR, N_MV, nib_prep),
+    [KN_K_MXFP4] = TABLE(mx, N_MR, N_MV, nib_prep),
+};
 
-int kn_matmul_avx2(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
-                   int64_t row0, int64_t row1) {
-    tile_fn f4, f1;
-    int64_t row_bytes;
-    switch (w->type) {
-    case WT_F32: f4 = f32_4, f1 = f32_1, row_bytes = w->cols * 4; break;
-    case WT_BF16: f4 = bf16_4, f1 = bf16_1, row_bytes = w->cols * 2; break;
-    case WT_F16: f4 = f16_4, f1 = f16_1, row_bytes = w->cols * 2; break;
-    case WT_I8_ROW: f4 = i8_4, f1 = i8_1, row_bytes = w->cols; break;
-    case WT_FP8_BLOCK: f4 = fp8_4, f1 = fp8_1, row_bytes = w->cols; break;
-    case WT_MXFP4: f4 = mx_4, f1 = mx_1, row_bytes = w->cols / 2; break;
-    case WT_INT4_G32:
-        row_bytes = w->cols / 2;
-        switch (w->scale_dtype) {
-        case DT_BF16: f4 = i4b_4, f1 = i4b_1; break;
-        case DT_F16: f4 = i4h_4, f1 = i4h_1; break;
-        case DT_F32: f4 = i4f_4, f1 = i4f_1; break;
-        default: return 0;
-        }
-        break;
-    default: return 0;
+int kn_matmul_avx2(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+                   int64_t row1) {
+    return kn_drive_kind(TABLES, w, X, n, Y, ldy, row0, row1);
+}
+
+/* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
+ * FMAs; returns the flops done, with a result in *sink so none is dead. */
+double kn_fma_loop_avx2(int64_t iters, float *sink) {
+    enum { ACC = 12 };
+    __m256 a[ACC];
+    const __m256 m = _mm256_set1_ps(0.999999f), k = _mm256_set1_ps(1e-7f);
+    _Pragma("GCC unroll 16") for (int i = 0; i < ACC; i++) a[i] = _mm256_set1_ps(1.0f + (float)i);
+    for (int64_t it = 0; it < iters; it++) {
+        _Pragma("GCC unroll 16") for (int i = 0; i < ACC; i++) a[i] = _mm256_fmadd_ps(a[i], m, k);
     }
-    /* Row blocks of ~256 KB stay in L2 while every vector of X passes over
-     * them; with n == 1 this is just the plain row loop. */
-    int64_t rb = (256 << 10) / (row_bytes > 0 ? row_bytes : 1);
-    rb = rb < NR ? NR : rb / NR * NR;
-    /* int4 / mxfp4 read x in nib_tile's column order: a stack copy for the
-     * usual widths, the heap past them (the values are the same either way). */
-    const int nib = w->type == WT_INT4_G32 || w->type == WT_MXFP4;
-    float xstack[XP_STACK], *xp = xstack;
-    if (nib && w->cols > XP_STACK) {
-        xp = malloc((size_t)w->cols * sizeof *xp);
-        ASSERT(xp);
-    }
-    for (int64_t b0 = row0; b0 < row1; b0 += rb) {
-        const int64_t b1 = b0 + rb < row1 ? b0 + rb : row1;
-        for (int i = 0; i < n; i++) {
-            const float *x = X + (int64_t)i * w->cols;
-            if (nib) {
-                nib_permute_x(x, w->cols, xp);
-                x = xp;
-            }
-            float *y = Y + (int64_t)i * ldy;
-            int64_t r = b0;
-            for (; r + NR <= b1; r += NR) f4(w, r, x, y + (r - row0));
-            for (; r < b1; r++) f1(w, r, x, y + (r - row0));
-        }
-    }
-    if (xp != xstack) free(xp);
-    return 1;
+    __m256 t = a[0];
+    UNROLL for (int i = 1; i < ACC; i++) t = _mm256_add_ps(t, a[i]);
+    *sink = hsum8(t);
+    return 2.0 * ACC * 8 * (double)iters;
 }

@@ -607,6 +607,23 @@ int64_t df_engine_spine_bytes_per_token(const df_engine *e) {
     return total;
 }
 
+int64_t df_engine_macs_per_token(const df_engine *e) {
+    /* every 2-D matrix of the spine (a lookup embedding is no product;
+     * scales and vectors are none), plus K routed experts per MoE layer */
+    int64_t total = 0;
+    for (int64_t i = 0; i < st_count(e->st); i++) {
+        const st_tensor *t = st_at(e->st, i);
+        if ((strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) || !model_spine_live(e, t)) continue;
+        if (t->ndim != 2 || strstr(t->name, "scale")) continue;
+        if (!e->cfg.tie_word_embeddings && strstr(t->name, "embed_tokens.weight")) continue;
+        total += t->shape[0] * t->shape[1];
+    }
+    const df_config *c = &e->cfg;
+    int64_t dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : c->hidden_size;
+    total += (int64_t)df_engine_experts_per_token(e) * df_engine_moe_layers(e) * 3 * dl * c->moe_intermediate_size;
+    return total;
+}
+
 df_status df_engine_save_heat(df_engine *e, char err[DF_ERRMSG]) {
     if (!e->store || !e->opts.heat_path) return DF_OK;
     return xs_heat_save(e->store, e->opts.heat_path, err);

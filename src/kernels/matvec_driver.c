@@ -1,0 +1,82 @@
+/* matvec_driver.c — kn_drive: the walk over rows and vectors that every SIMD
+ * level shares (see matvec_driver.h). Owns the row blocking, the vector
+ * grouping and the buffer for prepared x; no arithmetic on weights.
+ */
+#include "matvec_driver.h"
+#include "../base/err.h"
+#include <stdlib.h>
+
+enum { BLOCK_BYTES = 256 << 10, X_STACK = 16384 };
+
+/* x for vectors [i, i + nv) as the tiles read it: X itself, or prepared copies in buf. */
+static const float *prep_vectors(const kn_tiles *t, const float *X, int64_t cols, int i, int nv,
+                                 float *buf) {
+    if (!t->prep) return X + (int64_t)i * cols;
+    for (int v = 0; v < nv; v++) t->prep(X + (int64_t)(i + v) * cols, cols, buf + (int64_t)v * cols);
+    return buf;
+}
+
+void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+              int64_t row0, int64_t row1) {
+    const int64_t cols = w->cols;
+    const int mv = t->many ? t->mv : 1;
+    ASSERT(mv >= 1 && mv <= KN_DRIVE_MAX_MV && t->nr >= 1 && (!t->many || t->mr >= 1));
+    /* rows per block: ~BLOCK_BYTES of weights, a multiple of both tile heights */
+    const int step = t->many ? t->nr * t->mr : t->nr;
+    int64_t rb = BLOCK_BYTES / (t->row_bytes > 0 ? t->row_bytes : 1);
+    rb = rb < step ? step : rb / step * step;
+    float xstack[X_STACK], *xbuf = xstack;
+    const int64_t need = t->prep ? (int64_t)(n < mv ? n : mv) * cols : 0;
+    if (need > X_STACK) {
+        xbuf = malloc((size_t)need * sizeof *xbuf);
+        ASSERT(xbuf);
+    }
+    for (int64_t b0 = row0; b0 < row1; b0 += rb) {
+        const int64_t b1 = b0 + rb < row1 ? b0 + rb : row1;
+        int i = 0;
+        for (; t->many && i + mv <= n; i += mv) {
+            const float *xs = prep_vectors(t, X, cols, i, mv, xbuf);
+            float *y = Y + (int64_t)i * ldy;
+            int64_t r = b0;
+            for (; r + t->mr <= b1; r += t->mr) t->many(w, r, xs, cols, y + (r - row0), ldy);
+            for (; r < b1; r++) t->many_1(w, r, xs, cols, y + (r - row0), ldy);
+        }
+        for (; i < n; i++) {
+            const float *xs = prep_vectors(t, X, cols, i, 1, xbuf);
+            float *y = Y + (int64_t)i * ldy;
+            int64_t r = b0;
+            for (; r + t->nr <= b1; r += t->nr) t->one(w, r, xs, cols, y + (r - row0), ldy);
+            for (; r < b1; r++) t->one_1(w, r, xs, cols, y + (r - row0), ldy);
+        }
+    }
+    if (xbuf != xstack) free(xbuf);
+}
+
+static int kind_of(const df_weight *w) {
+    switch (w->type) {
+    case WT_F32: return KN_K_F32;
+    case WT_BF16: return KN_K_BF16;
+    case WT_F16: return KN_K_F16;
+    case WT_I8_ROW: return KN_K_I8;
+    case WT_FP8_BLOCK: return KN_K_FP8;
+    case WT_MXFP4: return KN_K_MXFP4;
+    case WT_INT4_G32:
+        switch (w->scale_dtype) {
+        case DT_BF16: return KN_K_I4_BF16;
+        case DT_F16: return KN_K_I4_F16;
+        case DT_F32: return KN_K_I4_F32;
+        default: return -1;
+        }
+    default: return -1;
+    }
+}
+
+int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int n,
+                  float *Y, int64_t ldy, int64_t row0, int64_t row1) {
+    const int k = kind_of(w);
+    if (k < 0) return 0;
+    kn_tiles t = tables[k];
+    t.row_bytes = wt_bytes(w) / w->rows;
+    kn_drive(&t, w, X, n, Y, ldy, row0, row1);
+    return 1;
+}

@@ -1,0 +1,54 @@
+/* matvec_driver.h — the row/vector driver every SIMD level shares.
+ *
+ * A SIMD file (matvec_avx2.c, matvec_avx512.c) owns only tiles: functions
+ * that compute a small block of outputs (some rows of W against some
+ * vectors of X) for one weight type. kn_drive walks [row0, row1) x [0, n)
+ * with them. It owns the walk and nothing else: no arithmetic, so every
+ * level's row order, blocking and x preparation are the same code.
+ *
+ * A tile writes Y[v * ldy + j] for its rows r + j and vectors v, reading
+ * vector v at X + v * ldx (after prep, when the level reorders x). Every
+ * tile of a table computes a given (row, vector) output with the same
+ * instructions in the same order, so the value does not depend on which
+ * tile, row block or vector block produced it (kernels.h's contract).
+ *
+ * Walk: rows in blocks of about 256 KB of weights, so a block stays in L2
+ * while the vectors pass over it; inside a block, vectors in groups of mv
+ * through the mr-row "many" tile (weights decoded once per group of
+ * vectors: prefill), the vectors left over one at a time through the nr-row
+ * "one" tile (decode). Leftover rows take the 1-row variants.
+ */
+#ifndef DF_KERNELS_MATVEC_DRIVER_H
+#define DF_KERNELS_MATVEC_DRIVER_H
+#include "../format/weight.h"
+#include <stdint.h>
+
+typedef void (*kn_tile_fn)(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y,
+                           int64_t ldy);
+/* Writes x (cols floats) in the column order the level's tiles read. */
+typedef void (*kn_prep_fn)(const float *x, int64_t cols, float *out);
+
+typedef struct {
+    kn_tile_fn one, one_1;   /* nr rows x 1 vector, 1 row x 1 vector */
+    kn_tile_fn many, many_1; /* mr rows x mv vectors, 1 row x mv vectors (NULL: none) */
+    int nr, mr, mv;          /* mv <= KN_DRIVE_MAX_MV */
+    kn_prep_fn prep;         /* NULL: tiles read x as given */
+    int64_t row_bytes;       /* bytes of one row of weights (data + scales) */
+} kn_tiles;
+
+enum { KN_DRIVE_MAX_MV = 8 };
+
+/* The tile tables a level provides, one per weight kind, in this order. */
+typedef enum {
+    KN_K_F32, KN_K_BF16, KN_K_F16, KN_K_I8, KN_K_FP8, KN_K_I4_BF16, KN_K_I4_F16, KN_K_I4_F32,
+    KN_K_MXFP4, KN_K_COUNT
+} kn_kind;
+
+/* Runs w through tables[kind of w]; 0 when w has no kind (an unknown type or
+ * int4 scale dtype), without writing Y. */
+int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int n,
+                  float *Y, int64_t ldy, int64_t row0, int64_t row1);
+
+void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+              int64_t row0, int64_t row1);
+#endif
