@@ -66,18 +66,23 @@ void kda_recur_head(const kda_shape *sh, const kda_params *p, float *state, int 
         for (int d = 0; d < D; d++) q[d] *= qscale;
         float beta = op_sigmoid(io->braw[(size_t)t * sh->H + h]);
         float u[D];
+        /* two passes over S, each row once: decay it and take its share of
+         * u = v - S^T k; then add beta k u^T to it and take its share of
+         * o = S^T q (the same operations in the same order as four passes) */
+        for (int e2 = 0; e2 < D; e2++) u[e2] = v[e2];
         for (int d = 0; d < D; d++) {
             float a = p->a[h * D + d], z = f[d] + p->dt_bias[h * D + d];
             float g = sh->has_lower_bound ? sh->lower_bound * op_sigmoid(a * z) : -a * softplus(z);
             float decay = expf(g);
             float *row = S + (size_t)d * D;
             for (int e2 = 0; e2 < D; e2++) row[e2] *= decay;
+            op_axpy(u, -kk[d], row, D);
         }
-        for (int e2 = 0; e2 < D; e2++) u[e2] = v[e2];
-        for (int d = 0; d < D; d++) op_axpy(u, -kk[d], S + (size_t)d * D, D);
-        for (int d = 0; d < D; d++) op_axpy(S + (size_t)d * D, beta * kk[d], u, D);
         memset(o, 0, (size_t)D * sizeof(float));
-        for (int d = 0; d < D; d++) op_axpy(o, q[d], S + (size_t)d * D, D);
+        for (int d = 0; d < D; d++) {
+            op_axpy(S + (size_t)d * D, beta * kk[d], u, D);
+            op_axpy(o, q[d], S + (size_t)d * D, D);
+        }
         /* gated RMSNorm of the head output */
         op_rmsnorm(o, o, p->o_norm, D, sh->norm_eps);
         const float *gt = io->gate + off;
