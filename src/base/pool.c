@@ -1,37 +1,82 @@
 /* pool.c — fixed-size thread pool with a blocking parallel-for.
  *
  * Owns its worker threads. One job at a time: pool_for publishes (fn, ctx, n,
- * grain), bumps a generation counter, runs chunk 0 itself and waits until
- * every worker has finished its chunk. Chunking is a pure function of n,
- * grain and the thread count (see pool.h on determinism).
+ * grain), bumps a generation counter and runs chunks itself beside the
+ * workers until none is left, then waits for the workers.
+ *
+ * Chunks are claimed from a shared counter (about CHUNKS_PER_THREAD per
+ * thread), so a thread that gets less memory bandwidth than the others does
+ * less of the job instead of holding everyone at the end. Which thread runs
+ * a chunk varies; the chunk bounds do not, and callers make every output
+ * element depend on its index alone (pool.h), so results do not change.
+ *
+ * Waking: a worker that finished a job spins for up to SPIN_NS on the
+ * generation before sleeping on the condition variable, and pool_for spins
+ * as long on the workers' count before sleeping: a decode step issues
+ * hundreds of short jobs, and a sleep/wake pair costs more than many of them.
  */
 #include "pool.h"
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
+
+enum { CHUNKS_PER_THREAD = 4 };
+#define SPIN_NS 50000LL
 
 struct df_pool {
     int n;
     pthread_t *th;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    uint64_t gen;        /* job generation; workers run when it changes */
-    int pending;         /* workers still running the current job */
-    int quit;
-    pool_fn fn;
+    _Atomic uint64_t gen;  /* job generation; workers run when it changes */
+    _Atomic int pending;   /* workers still running the current job */
+    _Atomic int quit;
+    _Atomic int64_t next;  /* first index of the next unclaimed chunk */
+    pool_fn fn;            /* the job: written before gen is bumped */
     void *ctx;
-    int64_t total, grain;
+    int64_t total, step;
 };
 
 typedef struct { df_pool *p; int tid; } worker_arg;
 
-static void chunk(const df_pool *p, int tid, int64_t *i0, int64_t *i1) {
-    int64_t per = (p->total + p->n - 1) / p->n;
-    if (p->grain > 1) per = (per + p->grain - 1) / p->grain * p->grain;
-    int64_t a = (int64_t)tid * per, b = a + per;
-    if (a > p->total) a = p->total;
-    if (b > p->total) b = p->total;
-    *i0 = a;
-    *i1 = b;
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Runs chunks of the current job until none is left. */
+static void run_chunks(df_pool *p, int tid) {
+    for (;;) {
+        int64_t i0 = atomic_fetch_add_explicit(&p->next, p->step, memory_order_relaxed);
+        if (i0 >= p->total) return;
+        int64_t i1 = i0 + p->step < p->total ? i0 + p->step : p->total;
+        p->fn(p->ctx, i0, i1, tid);
+    }
+}
+
+/* Spins up to SPIN_NS while the generation is `seen`; returns its last value. */
+static uint64_t spin_gen(df_pool *p, uint64_t seen) {
+    int64_t t_end = 0;
+    for (int i = 0;; i++) {
+        uint64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        if (g != seen || atomic_load_explicit(&p->quit, memory_order_relaxed)) return g;
+        if ((i & 63) == 0) {
+            int64_t t = now_ns();
+            if (!t_end) t_end = t + SPIN_NS;
+            else if (t > t_end) return g;
+        }
+        cpu_relax();
+    }
 }
 
 static void *worker(void *argp) {
@@ -41,17 +86,20 @@ static void *worker(void *argp) {
     free(a);
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (p->gen == seen && !p->quit) pthread_cond_wait(&p->go, &p->mu);
-        if (p->quit) { pthread_mutex_unlock(&p->mu); return NULL; }
-        seen = p->gen;
-        pthread_mutex_unlock(&p->mu);
-        int64_t i0, i1;
-        chunk(p, tid, &i0, &i1);
-        if (i1 > i0) p->fn(p->ctx, i0, i1, tid);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
-        pthread_mutex_unlock(&p->mu);
+        uint64_t g = spin_gen(p, seen);
+        if (g == seen && !atomic_load(&p->quit)) {
+            pthread_mutex_lock(&p->mu);
+            while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->quit)) pthread_cond_wait(&p->go, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->quit)) return NULL;
+        seen = g;
+        run_chunks(p, tid);
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
 }
 
@@ -83,7 +131,7 @@ df_pool *pool_new(int n_threads) {
 void pool_free(df_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->quit = 1;
+    atomic_store(&p->quit, 1);
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n; i++) pthread_join(p->th[i], NULL);
@@ -98,23 +146,30 @@ int pool_size(const df_pool *p) { return p ? p->n : 1; }
 
 void pool_for(df_pool *p, int64_t n, int64_t grain, pool_fn fn, void *ctx) {
     if (n <= 0) return;
-    if (!p || p->n == 1 || n <= (grain > 1 ? grain : 1)) {
+    if (grain < 1) grain = 1;
+    if (!p || p->n == 1 || n <= grain) {
         fn(ctx, 0, n, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
+    int64_t step = (n + (int64_t)p->n * CHUNKS_PER_THREAD - 1) / ((int64_t)p->n * CHUNKS_PER_THREAD);
+    step = (step + grain - 1) / grain * grain;
     p->fn = fn;
     p->ctx = ctx;
     p->total = n;
-    p->grain = grain;
-    p->pending = p->n - 1;
-    p->gen++;
+    p->step = step;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
-    int64_t i0, i1;
-    chunk(p, 0, &i0, &i1);
-    if (i1 > i0) fn(ctx, i0, i1, 0);
+    run_chunks(p, 0);
+    int64_t t_end = now_ns() + SPIN_NS;
+    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+        if ((i & 63) == 0 && now_ns() > t_end) break;
+        cpu_relax();
+    }
     pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }

@@ -1,9 +1,12 @@
 /* pool.h — a fixed thread pool with a blocking parallel-for.
  *
- * pool_for splits [0, n) into contiguous chunks, one per thread, in a fixed
- * way that depends only on n and the thread count; the caller's function must
- * make each output element depend on its index alone, so results are
- * byte-identical for any thread count. Calls must come from one thread.
+ * pool_for splits [0, n) into contiguous chunks (a few per thread) that the
+ * threads claim as they go: which thread runs a chunk varies from call to
+ * call, so the caller's function must make each output element depend on its
+ * index alone (never on the thread or on which other indices share its
+ * call); results are then byte-identical for any thread count and any run.
+ * Per-thread scratch indexed by thread_index is fine. Calls must come from
+ * one thread.
  */
 #ifndef DF_BASE_POOL_H
 #define DF_BASE_POOL_H
@@ -17,6 +20,7 @@ df_pool *pool_new(int n_threads); /* n_threads >= 1; NULL on failure */
 void pool_free(df_pool *p);
 int pool_size(const df_pool *p);
 /* Runs fn over [0, n) and waits. `grain` is the smallest chunk worth a
- * thread (chunks are rounded to multiples of it, except the last). */
+ * thread (chunks are rounded to multiples of it, except the last); fn may be
+ * called several times per thread. */
 void pool_for(df_pool *p, int64_t n, int64_t grain, pool_fn fn, void *ctx);
 #endif

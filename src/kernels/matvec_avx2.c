@@ -33,7 +33,7 @@
 /* NR rows for one vector (decode); each type's table sets its own rows x
  * vectors for several vectors (prefill), within TR x TV */
 #ifndef KN_PF
-#define KN_PF 768 /* bytes; -DKN_PF= to measure others */
+#define KN_PF 256 /* bytes ahead; 256-512 measured best on a 16-core Xeon (bench --kernels) */
 #endif
 enum { NR = 4, TR = 4, TV = 4, PF = KN_PF };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */

@@ -12,7 +12,7 @@
 
 /* ---- activation ---- */
 
-static void act_apply(const ffn_act *act, float *g, const float *u, int64_t n) {
+void ffn_act_apply(const ffn_act *act, float *g, const float *u, int64_t n) {
     if (!act->situ) {
         op_silu_mul(g, u, (int)n);
         return;
@@ -62,7 +62,7 @@ void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const f
     int64_t I = w->gate.rows;
     mm(e, &w->gate, X, n, g, I);
     mm(e, &w->up, X, n, u, I);
-    act_apply(act, g, u, I * n);
+    ffn_act_apply(act, g, u, I * n);
     mm(e, &w->down, g, n, out, w->down.rows);
 }
 
@@ -95,6 +95,10 @@ df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl
     s->ahead = malloc((size_t)E * sizeof(int));
     s->held = malloc((size_t)E * sizeof(int));
     s->conf = malloc((size_t)E * sizeof(float));
+    if (moe_batch_new(&s->batch, E, dl, inter) != DF_OK) {
+        moe_scratch_free(s);
+        return DF_ERR_NOMEM;
+    }
     if (!s->ahead || !s->held || !s->conf || !s->g || !s->u || !s->rlog || !s->sel || !s->selw || !s->ys || !s->etok || !s->eslot ||
         !s->xl || !s->xe || !s->ye || !s->acc || !s->sh || !s->uni || !s->nlog || !s->mark) {
         moe_scratch_free(s);
@@ -108,6 +112,7 @@ void moe_scratch_free(moe_scratch *s) {
     free(s->g); free(s->u); free(s->rlog); free(s->sel); free(s->selw); free(s->ys);
     free(s->etok); free(s->eslot); free(s->xl); free(s->xe); free(s->ye); free(s->acc);
     free(s->sh); free(s->uni); free(s->nlog); free(s->mark); free(s->ahead); free(s->held);
+    moe_batch_free(&s->batch);
     free(s->conf);
     memset(s, 0, sizeof *s);
 }
@@ -333,7 +338,7 @@ static int run_expert_device(df_engine *e, const moe_layer *m, const ffn_act *ac
     if (!queue_expert(e, m, act, s, cnt, w, dl)) {
         if (e->opts.accel->expert_queue) return 0; /* the same device path as every other expert, or none */
         if (!acc_mm(e->acc, &w[0], s->xe, cnt, s->g, I) || !acc_mm(e->acc, &w[1], s->xe, cnt, s->u, I)) return 0;
-        act_apply(act, s->g, s->u, I * cnt);
+        ffn_act_apply(act, s->g, s->u, I * cnt);
         if (!acc_mm(e->acc, &w[2], s->g, cnt, s->ye, w[2].rows)) return 0;
         scatter_tokens(m, s, cnt, dl);
     }
@@ -350,10 +355,31 @@ static df_status finish_held(df_engine *e, const moe_layer *m, moe_scratch *s, i
     return st;
 }
 
+/* Runs the CPU batch (if run) and gives its experts' slots back to the store. */
+static void flush_batch(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s, int run) {
+    if (run) moe_batch_run(e, m, act, s);
+    for (int i = 0; i < s->batch.n; i++)
+        if (m->store) xs_done(m->store, s->batch.x[i]);
+    moe_batch_clear(&s->batch);
+}
+
+/* Expert x (views w) on the CPU without the device: into the batch, which
+ * runs first when x does not fit beside it; alone when x's rows do not fit
+ * even an empty batch. Returns 1 when x waits in the batch (its slot is
+ * given back by flush_batch), 0 when it ran now. */
+static int cpu_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s, const float *xin,
+                      int n, int x, const ffn_weights *w, int dl) {
+    if (moe_batch_add(m, s, xin, n, x, w)) return 1;
+    flush_batch(e, m, act, s, 1);
+    if (moe_batch_add(m, s, xin, n, x, w)) return 1;
+    run_expert(e, m, act, s, xin, n, x, w, dl);
+    return 0;
+}
+
 /* Runs the store pass's experts as they arrive. Experts queued on the
- * device keep their slots until the queue is finished: that happens
- * whenever no further expert is ready (so nothing is held while waiting for
- * a read) and at the end of the pass. */
+ * device keep their slots until the queue is finished, and experts in the
+ * CPU batch until it runs: both happen whenever no further expert is ready
+ * (so nothing is held while waiting for a read) and at the end of the pass. */
 static df_status run_from_store(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
                                 const float *xin, int dl, int ntok, char *err) {
     df_status st = DF_OK;
@@ -364,12 +390,19 @@ static df_status run_from_store(df_engine *e, const moe_layer *m, const ffn_act 
         if ((st = xs_next_ready(m->store, &x, w, err)) != DF_OK) break;
         if (x < 0) {
             if (nheld && (st = finish_held(e, m, s, &nheld, err)) != DF_OK) break;
+            if (s->batch.n) flush_batch(e, m, act, s, 1);
             if ((st = xs_next(m->store, &x, w, err)) != DF_OK || x < 0) break;
         }
         ffn_weights fw = {w[0], w[1], w[2]};
-        if (run_expert(e, m, act, s, xin, ntok, x, &fw, dl)) s->held[nheld++] = x;
-        else xs_done(m->store, x);
+        if (!e->acc) {
+            if (!cpu_expert(e, m, act, s, xin, ntok, x, &fw, dl)) xs_done(m->store, x);
+        } else if (run_expert(e, m, act, s, xin, ntok, x, &fw, dl)) {
+            s->held[nheld++] = x;
+        } else {
+            xs_done(m->store, x);
+        }
     }
+    flush_batch(e, m, act, s, st == DF_OK);
     if (nheld) {
         df_status fst = finish_held(e, m, s, &nheld, err);
         if (st == DF_OK) st = fst;
@@ -472,7 +505,11 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     }
     /* each expert used by the chunk runs once over all its tokens, as it arrives */
     if (!m->store) {
-        for (int i = 0; i < nu; i++) run_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
+        for (int i = 0; i < nu; i++) {
+            if (e->acc) run_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
+            else cpu_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
+        }
+        flush_batch(e, m, act, s, 1);
         if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     } else {
         /* the device's experts while the reads are in flight; any it fails

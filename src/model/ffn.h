@@ -49,6 +49,19 @@ typedef struct moe_layer_s {
     int trace_layer;            /* model layer index reported to the trace */
 } moe_layer;
 
+/* Routed experts gathered to run together on the CPU (moe_batch.c). */
+typedef struct {
+    int cap, dl, inter_cap;     /* rows the buffers hold; widths they hold */
+    int64_t inter;              /* the batch's experts' intermediate size */
+    int n, rows;                /* experts and rows in the batch now */
+    int *x;                     /* [E] expert ids, in the order added */
+    ffn_weights *w;             /* [E] their views */
+    int *off;                   /* [E + 1] first row of each expert */
+    int *tok, *slot;            /* [cap] each row's (token, slot) */
+    float *in, *out;            /* [cap][dl] gathered inputs, outputs */
+    float *g, *u;               /* [cap][inter] */
+} moe_batch;
+
 typedef struct {
     int chunk, hidden, inter, E, K, dl;
     float *g, *u;               /* [chunk][inter] */
@@ -68,6 +81,7 @@ typedef struct {
     float *conf;                /* [E] their router margins (lookahead order) */
     int n_ahead;                /* how many; 0 after they were offered to the device */
     int *held;                  /* [E] experts of a store pass queued on the device, not yet done */
+    moe_batch batch;            /* CPU batch of ready experts */
 } moe_scratch;
 
 /* Binds <base><names[0..2]> as gate, up, down ([inter, hidden] x2, [hidden, inter]). */
@@ -75,6 +89,19 @@ df_status ffn_bind(df_engine *e, const char *base, const char *const names[3], i
                    int64_t hidden, ffn_weights *w, char *err);
 void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
                  float *out, float *g, float *u);
+/* g = act(g, u) elementwise over n values (SiLU or SiTU gate times up). */
+void ffn_act_apply(const ffn_act *act, float *g, const float *u, int64_t n);
+/* The CPU batch (moe_batch.c): moe_batch_add gathers the rows (token, slot
+ * pairs of the chunk's n tokens) that chose expert x, 0 when they do not fit
+ * beside the rows already there (run the batch first, or run x alone);
+ * moe_batch_run computes every expert of the batch and stores each row's
+ * output in s->ys; moe_batch_clear empties it. */
+df_status moe_batch_new(moe_batch *b, int E, int dl, int inter);
+void moe_batch_free(moe_batch *b);
+int moe_batch_rows_of(const moe_layer *m, const moe_scratch *s, int n, int x);
+int moe_batch_add(const moe_layer *m, moe_scratch *s, const float *xin, int n, int x, const ffn_weights *w);
+void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s);
+void moe_batch_clear(moe_batch *b);
 df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl, moe_scratch *s);
 void moe_scratch_free(moe_scratch *s);
 void moe_layer_free(moe_layer *m);

@@ -1,0 +1,150 @@
+/* moe_batch.c — routed experts run together on the CPU (see ffn.h, moe_batch_*).
+ *
+ * Owns the batch in moe_scratch: the experts of a layer that are ready at
+ * once (their bytes in RAM) and the rows (token, slot pairs) that chose
+ * them, gathered into one buffer. A batch runs in two parallel passes: the
+ * gate and up rows of every expert, then every down; the activation in
+ * between is split over the pool too. One expert at a time needs three
+ * dispatches per expert, and with few rows per thread the cores wait on
+ * DRAM's ramp more than they stream (16 threads on a 3072-row matrix get 192
+ * rows each). Every output is the same kernel on the same inputs as the
+ * one-expert path (kernels.h: a row's value depends only on its weights and
+ * x), so the bits do not change.
+ *
+ * Refuses: the device (experts queued there keep their own path), experts
+ * with more rows than the batch holds (they run alone).
+ */
+#include "ffn.h"
+#include "../base/err.h"
+#include <stdlib.h>
+#include <string.h>
+
+enum { BATCH_ROWS = 64 }; /* (token, slot) rows a batch holds; decode needs K */
+
+df_status moe_batch_new(moe_batch *b, int E, int dl, int inter) {
+    memset(b, 0, sizeof *b);
+    const size_t R = BATCH_ROWS, F = sizeof(float);
+    b->cap = BATCH_ROWS;
+    b->dl = dl;
+    b->inter_cap = inter;
+    b->x = malloc((size_t)E * sizeof *b->x);
+    b->w = malloc((size_t)E * sizeof *b->w);
+    b->off = malloc(((size_t)E + 1) * sizeof *b->off);
+    b->tok = malloc(R * sizeof *b->tok);
+    b->slot = malloc(R * sizeof *b->slot);
+    b->in = malloc(R * (size_t)dl * F);
+    b->out = malloc(R * (size_t)dl * F);
+    b->g = malloc(R * (size_t)inter * F);
+    b->u = malloc(R * (size_t)inter * F);
+    if (!b->x || !b->w || !b->off || !b->tok || !b->slot || !b->in || !b->out || !b->g || !b->u) {
+        moe_batch_free(b);
+        return DF_ERR_NOMEM;
+    }
+    b->off[0] = 0;
+    return DF_OK;
+}
+
+void moe_batch_free(moe_batch *b) {
+    if (!b) return;
+    free(b->x); free(b->w); free(b->off); free(b->tok); free(b->slot);
+    free(b->in); free(b->out); free(b->g); free(b->u);
+    memset(b, 0, sizeof *b);
+}
+
+int moe_batch_rows_of(const moe_layer *m, const moe_scratch *s, int n, int x) {
+    int cnt = 0;
+    for (int i = 0; i < n * m->K; i++) cnt += s->sel[i] == x;
+    return cnt;
+}
+
+int moe_batch_add(const moe_layer *m, moe_scratch *s, const float *xin, int n, int x,
+                  const ffn_weights *w) {
+    moe_batch *b = &s->batch;
+    const int K = m->K, dl = b->dl;
+    const int cnt = moe_batch_rows_of(m, s, n, x);
+    if (!b->cap || b->rows + cnt > b->cap) return 0;
+    /* one shape per batch, the one the buffers were sized for */
+    if (w->gate.cols != dl || w->down.rows != dl || w->gate.rows > b->inter_cap || w->up.rows != w->gate.rows ||
+        (b->n && w->gate.rows != b->inter))
+        return 0;
+    b->inter = w->gate.rows;
+    int r = b->rows;
+    for (int t = 0; t < n; t++)
+        for (int k = 0; k < K; k++)
+            if (s->sel[t * K + k] == x) {
+                b->tok[r] = t;
+                b->slot[r] = k;
+                memcpy(b->in + (size_t)r * dl, xin + (size_t)t * dl, (size_t)dl * sizeof(float));
+                r++;
+            }
+    b->x[b->n] = x;
+    b->w[b->n] = *w;
+    b->n++;
+    b->off[b->n] = b->rows = r;
+    return 1;
+}
+
+/* ---- the passes ---- */
+
+typedef struct {
+    df_engine *e;
+    moe_batch *b;
+    const ffn_act *act;
+} batch_job;
+
+/* Rows [i0, i1) of the gate+up pass: expert i / (2 I), then gate rows, then up rows. */
+static void gateup_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    batch_job *j = ctx;
+    moe_batch *b = j->b;
+    const int64_t I = b->inter;
+    for (int64_t i = i0; i < i1;) {
+        const int x = (int)(i / (2 * I));
+        const int64_t r = i % (2 * I), mat_end = r < I ? I : 2 * I;
+        const int64_t r1 = r + (i1 - i) < mat_end ? r + (i1 - i) : mat_end;
+        const int up = r >= I, n = b->off[x + 1] - b->off[x];
+        const df_weight *w = up ? &b->w[x].up : &b->w[x].gate;
+        float *Y = (up ? b->u : b->g) + (size_t)b->off[x] * I;
+        const int64_t lo = r - (up ? I : 0), hi = r1 - (up ? I : 0);
+        if (n) kn_matmul(j->e->level, w, b->in + (size_t)b->off[x] * b->dl, n, Y + lo, I, lo, hi);
+        i += r1 - r;
+    }
+}
+
+/* Rows [i0, i1) of the down pass: expert i / dl, row i % dl. */
+static void down_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    batch_job *j = ctx;
+    moe_batch *b = j->b;
+    const int64_t D = b->dl;
+    for (int64_t i = i0; i < i1;) {
+        const int x = (int)(i / D);
+        const int64_t r = i % D, r1 = r + (i1 - i) < D ? r + (i1 - i) : D;
+        const int n = b->off[x + 1] - b->off[x];
+        if (n)
+            kn_matmul(j->e->level, &b->w[x].down, b->g + (size_t)b->off[x] * b->inter, n,
+                      b->out + (size_t)b->off[x] * D + r, D, r, r1);
+        i += r1 - r;
+    }
+}
+
+/* Elements [i0, i1) of g = act(g, u) over the batch's rows. */
+static void act_elems(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    batch_job *j = ctx;
+    ffn_act_apply(j->act, j->b->g + i0, j->b->u + i0, i1 - i0);
+}
+
+void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s) {
+    moe_batch *b = &s->batch;
+    if (!b->n) return;
+    batch_job j = {e, b, act};
+    pool_for(e->pool, (int64_t)b->n * 2 * b->inter, 16, gateup_rows, &j);
+    pool_for(e->pool, (int64_t)b->rows * b->inter, 1024, act_elems, &j);
+    pool_for(e->pool, (int64_t)b->n * b->dl, 16, down_rows, &j);
+    for (int r = 0; r < b->rows; r++)
+        memcpy(s->ys + ((size_t)b->tok[r] * m->K + b->slot[r]) * b->dl, b->out + (size_t)r * b->dl,
+               (size_t)b->dl * sizeof(float));
+}
+
+void moe_batch_clear(moe_batch *b) { b->n = b->rows = 0; }
