@@ -97,12 +97,16 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         /* 16 columns are 16-64 bytes: one prefetch per 64 */
         if (es == 4 || (c & (es == 2 ? 16 : 48)) == 0)
             UNROLL for (int j = 0; j < nr; j++) pf(row[j] + c * es, 64);
+        __m256 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
+        UNROLL for (int v = 0; v < nv; v++) {
+            x0[v] = _mm256_loadu_ps(X + v * ldx + c);
+            x1[v] = _mm256_loadu_ps(X + v * ldx + c + 8);
+        }
         UNROLL for (int j = 0; j < nr; j++) {
             __m256 w0 = ld8(e, row[j], c), w1 = ld8(e, row[j], c + 8);
             UNROLL for (int v = 0; v < nv; v++) {
-                const float *x = X + v * ldx + c;
-                a0[j][v] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), a0[j][v]);
-                a1[j][v] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), a1[j][v]);
+                a0[j][v] = _mm256_fmadd_ps(w0, x0[v], a0[j][v]);
+                a1[j][v] = _mm256_fmadd_ps(w1, x1[v], a1[j][v]);
             }
         }
     }
@@ -177,15 +181,19 @@ AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, 
         int64_t c = c0;
         for (; c + 16 <= c1; c += 16) {
             if ((c & 48) == 0) UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c, 64);
+            __m256 x0[TV], x1[TV];
+            UNROLL for (int v = 0; v < nv; v++) {
+                x0[v] = _mm256_loadu_ps(X + v * ldx + c);
+                x1[v] = _mm256_loadu_ps(X + v * ldx + c + 8);
+            }
             UNROLL for (int j = 0; j < nr; j++) {
                 __m128i b = _mm_loadu_si128((const __m128i *)(q[j] + c));
                 __m256 lo, hi;
                 fp8_16(b, &lo, &hi);
                 mx[j] = _mm_max_epu8(mx[j], _mm_and_si128(b, m7f));
                 UNROLL for (int v = 0; v < nv; v++) {
-                    const float *x = X + v * ldx + c;
-                    p0[j][v] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x), p0[j][v]);
-                    p1[j][v] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + 8), p1[j][v]);
+                    p0[j][v] = _mm256_fmadd_ps(lo, x0[v], p0[j][v]);
+                    p1[j][v] = _mm256_fmadd_ps(hi, x1[v], p1[j][v]);
                 }
             }
         }
@@ -299,6 +307,12 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         const int64_t c = g * 32;
         if ((g & 7) == 0) UNROLL for (int j = 0; j < nr; j++) _mm256_storeu_ps(sbuf[j], scales8(k, w->scale, si[j] + g, ng - g));
         if ((g & 3) == 0) UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c / 2, 64);
+        __m256 x0[TV], x1[TV], x2[TV], x3[TV]; /* loaded once, shared by the tile's rows */
+        UNROLL for (int v = 0; v < nv; v++) {
+            const float *x = X + v * ldx + c;
+            x0[v] = _mm256_loadu_ps(x), x1[v] = _mm256_loadu_ps(x + 8);
+            x2[v] = _mm256_loadu_ps(x + 16), x3[v] = _mm256_loadu_ps(x + 24);
+        }
         UNROLL for (int j = 0; j < nr; j++) {
             __m128i b = _mm_loadu_si128((const __m128i *)(q[j] + c / 2));
             __m128i tl = _mm_shuffle_epi8(tab, _mm_and_si128(b, m0f));
@@ -309,9 +323,8 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
             __m256 w3 = _mm256_cvtph_ps(_mm_and_si128(th, hi8));   /* 4m+3 */
             __m256 s = _mm256_broadcast_ss(&sbuf[j][g & 7]);
             UNROLL for (int v = 0; v < nv; v++) {
-                const float *x = X + v * ldx + c;
-                __m256 p0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), _mm256_mul_ps(w0, _mm256_loadu_ps(x)));
-                __m256 p1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), _mm256_mul_ps(w1, _mm256_loadu_ps(x + 8)));
+                __m256 p0 = _mm256_fmadd_ps(w2, x2[v], _mm256_mul_ps(w0, x0[v]));
+                __m256 p1 = _mm256_fmadd_ps(w3, x3[v], _mm256_mul_ps(w1, x1[v]));
                 a0[j][v] = _mm256_fmadd_ps(p0, s, a0[j][v]);
                 a1[j][v] = _mm256_fmadd_ps(p1, s, a1[j][v]);
             }

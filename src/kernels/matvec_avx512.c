@@ -105,12 +105,16 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
         if (es == 1 ? (c & 32) == 0 : 1) UNROLL for (int j = 0; j < nr; j++) pf(row[j] + c * es, 32 * es < 64 ? 64 : 32 * es);
+        __m512 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
+        UNROLL for (int v = 0; v < nv; v++) {
+            x0[v] = _mm512_loadu_ps(X + v * ldx + c);
+            x1[v] = _mm512_loadu_ps(X + v * ldx + c + 16);
+        }
         UNROLL for (int j = 0; j < nr; j++) {
             __m512 w0 = ld16(e, row[j], c, 0, 0), w1 = ld16(e, row[j], c + 16, 0, 0);
             UNROLL for (int v = 0; v < nv; v++) {
-                const float *x = X + v * ldx + c;
-                a0[j][v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), a0[j][v]);
-                a1[j][v] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), a1[j][v]);
+                a0[j][v] = _mm512_fmadd_ps(w0, x0[v], a0[j][v]);
+                a1[j][v] = _mm512_fmadd_ps(w1, x1[v], a1[j][v]);
             }
         }
     }
@@ -176,15 +180,19 @@ AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, 
         int64_t c = c0;
         for (; c + 32 <= c1; c += 32) {
             if ((c & 32) == 0) UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c, 64);
+            __m512 x0[TV], x1[TV];
+            UNROLL for (int v = 0; v < nv; v++) {
+                x0[v] = _mm512_loadu_ps(X + v * ldx + c);
+                x1[v] = _mm512_loadu_ps(X + v * ldx + c + 16);
+            }
             UNROLL for (int j = 0; j < nr; j++) {
                 __m128i b0 = _mm_loadu_si128((const __m128i *)(q[j] + c));
                 __m128i b1 = _mm_loadu_si128((const __m128i *)(q[j] + c + 16));
                 mx[j] = _mm_max_epu8(mx[j], _mm_and_si128(_mm_max_epu8(b0, b1), m7f));
                 __m512 w0 = fp8_16(b0), w1 = fp8_16(b1);
                 UNROLL for (int v = 0; v < nv; v++) {
-                    const float *x = X + v * ldx + c;
-                    p0[j][v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), p0[j][v]);
-                    p1[j][v] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), p1[j][v]);
+                    p0[j][v] = _mm512_fmadd_ps(w0, x0[v], p0[j][v]);
+                    p1[j][v] = _mm512_fmadd_ps(w1, x1[v], p1[j][v]);
                 }
             }
         }
@@ -279,6 +287,11 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         if ((g & 15) == 0)
             UNROLL for (int j = 0; j < nr; j++) _mm512_storeu_ps(sbuf[j], scales16(k, w->scale, si[j] + g, ng - g));
         UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c / 2, 64);
+        __m512 xe[TV], xo[TV]; /* loaded once, shared by the tile's rows */
+        UNROLL for (int v = 0; v < nv; v++) {
+            xe[v] = _mm512_loadu_ps(X + v * ldx + c);
+            xo[v] = _mm512_loadu_ps(X + v * ldx + c + 16);
+        }
         UNROLL for (int j = 0; j < nr; j++) {
             /* table * s: exact for bf16/f16/e8m0 scales, and for f32 scales
              * the same single rounding as kn_dequant_row's (q - 8) * s */
@@ -287,9 +300,8 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
             __m512 we = _mm512_permutexvar_ps(b, tab);
             __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), tab);
             UNROLL for (int v = 0; v < nv; v++) {
-                const float *x = X + v * ldx + c;
-                a0[j][v] = _mm512_fmadd_ps(we, _mm512_loadu_ps(x), a0[j][v]);
-                a1[j][v] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(x + 16), a1[j][v]);
+                a0[j][v] = _mm512_fmadd_ps(we, xe[v], a0[j][v]);
+                a1[j][v] = _mm512_fmadd_ps(wo, xo[v], a1[j][v]);
             }
         }
     }
@@ -324,7 +336,10 @@ static void nib_prep(const float *x, int64_t cols, float *out) {
 
 /* rows x vectors for prefill: accumulators (2 per output, 4 for fp8's
  * partials) plus decoded weights within the 32 registers */
-enum { D_MR = 4, D_MV = 3, F_MR = 2, F_MV = 2, N_MR = 4, N_MV = 3 };
+#ifndef KN_GEMM_MV
+#define KN_GEMM_MV 2
+#endif
+enum { D_MR = 4, D_MV = KN_GEMM_MV, F_MR = 2, F_MV = 2, N_MR = 4, N_MV = KN_GEMM_MV };
 TILES(f32, D_MR, D_MV, dense_tile, E_F32,)
 TILES(bf16, D_MR, D_MV, dense_tile, E_BF16,)
 TILES(f16, D_MR, D_MV, dense_tile, E_F16,)
