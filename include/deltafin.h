@@ -331,6 +331,9 @@ enum { DF_BENCH_GEMM_N = 32 };
  * compute ceiling). */
 int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, df_bench_row *rows,
                      double *probe_gbps, double *fma_gflops);
+/* The buffer size (MB) the DRAM probe and the kernel benchmark use by
+ * default: 512, or four times the last-level cache when that is larger. */
+double df_probe_default_mb(void);
 /* fp32 FMA rate (GFLOP/s) of n_threads at the best kernel level. */
 double df_fma_probe(int n_threads, double seconds);
 /* The DRAM read probe alone: GB/s reading a buffer of >= mb MB with n_threads. */

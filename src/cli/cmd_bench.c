@@ -49,7 +49,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
      * is outside the plan, which may fill a memory limit) */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const int nthr = mo->threads > 0 ? mo->threads : (ncpu > 0 ? (int)ncpu : 1);
-    double dram = df_dram_probe(nthr, 512, 0.5);
+    double dram = df_dram_probe(nthr, df_probe_default_mb(), 0.5);
     /* prefill's compute ceiling: the kernels' fp32 FMA rate on as many threads */
     double fma = df_fma_probe(nthr, 0.2);
     df_engine *e = cli_open(mo);
@@ -267,7 +267,7 @@ done:
 
 int cmd_bench(int argc, char **argv) {
     int kernels = 0, decode = 0, threads = 0, ntok = 8, nprompt = 8, json = 0;
-    double mb = 512, seconds = 1.0, probe_s = 2.0;
+    double mb = df_probe_default_mb(), seconds = 1.0, probe_s = 2.0;
     cli_model_opts mo;
     cli_model_opts_init(&mo);
     for (int i = 1; i < argc; i++) {
@@ -276,7 +276,8 @@ int cmd_bench(int argc, char **argv) {
             printf("usage: deltafin bench --kernels [--threads N] [--mb SIZE] [--seconds S]\n"
                    "       deltafin bench --decode --model DIR [--ram SIZE] [--tokens N] [--prompt-tokens N]\n"
                    "                      [--probe-seconds S] [--json] [model options]\n"
-                   "  --kernels     matvec GB/s per weight type on ~SIZE MB matrices (default 512),\n"
+                   "  --kernels     matvec GB/s per weight type on ~SIZE MB matrices (default 512, or\n"
+                   "                4x the last-level cache when larger),\n"
                    "                with a DRAM read probe measured in the same process, and the\n"
                    "                GFLOP/s of a %d-vector matmul (prefill); --simd picks the level\n"
                    "  --decode      greedy decode of N tokens (default 8) after a prompt (default 8 tokens):\n"

@@ -356,3 +356,11 @@ double df_fma_probe(int n_threads, double seconds) {
     pool_free(pool);
     return g;
 }
+
+double df_probe_default_mb(void) {
+    /* four times the last-level cache, so at most a quarter of a pass can
+     * hit it (a 512 MB buffer on a 300 MB L3 reads partly from the cache) */
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    double mb = l3 > 0 ? 4.0 * (double)l3 / 1e6 : 0;
+    return mb > 512 ? mb : 512;
+}
