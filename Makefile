@@ -193,7 +193,7 @@ test-arm64: deps-arm64
 	@DF_BIN=$(ARM64_BUILD)/deltafin-qemu $(ARM64_QEMU) ./$(ARM64_BUILD)/run_tests $(ARM64_TESTS)
 
 # The portable I/O path on this machine: io_uring and O_DIRECT compiled out.
-PORTABLE_TESTS ?= reader
+PORTABLE_TESTS ?= xr_ xs_ model_threads_and_io model_expert_io hub_stream_logits_identical
 test-portable:
 	@$(MAKE) --no-print-directory PORTABLE=1 build-portable/deltafin build-portable/run_tests
 	@DF_BIN=build-portable/deltafin ./build-portable/run_tests $(PORTABLE_TESTS)

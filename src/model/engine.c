@@ -252,7 +252,7 @@ const char *df_engine_describe(df_engine *e) {
         snprintf(b + used, cap - used,
                  "expert cache   %d slots x %.2f MB = %.3f GB (%s reads, %d in flight, prefetch %s)%s\n",
                  x.slots, x.slot_bytes / 1e6, xs_pool_bytes(e->store) / 1e9,
-                 e->opts.expert_io == DF_EXPERTS_DIRECT ? "O_DIRECT" : "buffered", e->opts.io_depth,
+                 e->opts.expert_io == DF_EXPERTS_DIRECT ? (DF_HAVE_O_DIRECT ? "O_DIRECT" : "nocache") : "buffered", e->opts.io_depth,
                  e->opts.prefetch ? "on" : "off", *e->lossy ? "" : "");
     } else {
         snprintf(b + used, cap - used, "expert cache   none: experts are used in place through mmap\n");
