@@ -260,6 +260,10 @@ static void suite(wt_type t, st_dtype sdt, int br, int bc) {
         }
 }
 
+int t_simd_level_available(int lv) {
+    return lv >= KN_SCALAR && lv <= KN_NEON && kn_level_available((kn_level)lv);
+}
+
 /* ---- the tests --------------------------------------------------------------- */
 
 TEST(kn_detect_level) {
