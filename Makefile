@@ -270,7 +270,7 @@ test-cuda: cuda
 	DF_CUDA_BIN=$(BUILD)/deltafin-cuda ./$(BUILD)/run_cuda_tests
 
 clean:
-	rm -rf build build-san build-gcc build-clang build-fuzz build-arm64 build-portable
+	rm -rf build build-san build-gcc build-clang build-fuzz build-arm64 build-arm64-clang build-portable
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(FUZZ_OBJ:.o=.d) $(BUILD)/tests/cuda/test_cuda.d \
 	$(BUILD)/tests/cuda/test_cuda_engine.d $(BUILD)/tests/cuda/test_cuda_attn.d $(CUDA_CLI_OBJ:.o=.d)
