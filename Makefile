@@ -233,7 +233,7 @@ CUDA_SRC  := $(sort $(wildcard src/cuda/*.cu))
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matvec.o \
                kernels/ops.o model/kda_core.o model/mla_core.o) \
-               $(patsubst %.c,$(BUILD)/%.o,$(filter src/kernels/matvec_%,$(SIMD_SRC)))
+               $(patsubst %.c,$(BUILD)/%.o,$(SIMD_SRC))
 
 CUDA_CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/cuda-cli/%.o)
 

@@ -19,6 +19,7 @@
  */
 #include "test.h"
 #include "../src/kernels/kernels.h"
+#include "../src/kernels/ops.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -396,4 +397,22 @@ TEST(kn_level_capped_to_cpu) {
     CHECK(memcmp(y1, y2, sizeof y1) == 0);
     free(x);
     tmat_free(&m);
+}
+
+TEST(kn_op_axpy_same_bits_as_plain_c) {
+    /* op_axpy runs as a NEON loop on AArch64 (ops_neon.c): every length
+     * (vector body and tails) and the in-place form give the plain loop's bits */
+    for (int n = 0; n <= 67; n++) {
+        float *x = rand_vec(n + 1, 100 + n), *y = rand_vec(n + 1, 200 + n), *y2 = malloc((size_t)(n + 1) * sizeof *y2);
+        const float a = 0.37f * x[0] - 1.1f;
+        memcpy(y2, y, (size_t)(n + 1) * sizeof *y2);
+        op_axpy(y, a, x, n);
+        for (int i = 0; i < n; i++) y2[i] += a * x[i];
+        CHECK(memcmp(y, y2, (size_t)(n + 1) * sizeof *y) == 0, "n %d", n);
+        memcpy(y2, x, (size_t)(n + 1) * sizeof *y2);
+        op_axpy(x, a, x, n);
+        for (int i = 0; i < n; i++) y2[i] += a * y2[i];
+        CHECK(memcmp(x, y2, (size_t)(n + 1) * sizeof *x) == 0, "in place, n %d", n);
+        free(x), free(y), free(y2);
+    }
 }
