@@ -107,14 +107,16 @@ help:
 	@echo "  cuda-objs       compile the CUDA backend without linking; with CC=aarch64-linux-gnu-gcc"
 	@echo "                  BUILD=build-arm64 it cross-compiles it for AArch64 (Grace); docs/PORTABLE.md"
 	@echo "  test-arm64      cross-compile for AArch64 (gcc-aarch64-linux-gnu, build-arm64/) and run"
-	@echo "                  ARM64_TESTS under qemu-user (default: all but four slow suites, see the"
-	@echo "                  Makefile; ARM64_TESTS= runs all); installs the cross packages if"
-	@echo "                  missing (scripts/install-deps-arm64.sh)"
+	@echo "                  ARM64_TESTS under qemu-user (default: all but four slow, architecture-"
+	@echo "                  neutral suites: trained_eval, s8_eval, server_2_trained, server_3 (node);"
+	@echo "                  ARM64_TESTS= runs all); installs the cross packages if missing"
+	@echo "                  (scripts/install-deps-arm64.sh); about 4 min here"
 	@echo "  test-portable   PORTABLE=1 build (no io_uring, no O_DIRECT: the pread pool with"
 	@echo "                  nocache fds, as on macOS), runs PORTABLE_TESTS (the I/O suites)"
 	@echo "  clean           remove build outputs"
-	@echo "options: SAN=1 (ASan+UBSan in build-san/), CC=clang, OPT=-O3, URING=0 (no io_uring),"
-	@echo "         PORTABLE=1 (no io_uring, no O_DIRECT; build-portable/)"
+	@echo "options: SAN=1 (ASan+UBSan in build-san/), CC=clang, OPT=-O3, URING=0 (no io_uring; give it"
+	@echo "         its own BUILD=dir), PORTABLE=1 (no io_uring, no O_DIRECT; build-portable/),"
+	@echo "         CC=aarch64-linux-gnu-gcc BUILD=build-arm64 (cross-build; the NEON kernels)"
 
 deps:
 	@sh scripts/install-deps.sh
