@@ -189,8 +189,8 @@ ARM64_QEMU  ?= qemu-aarch64
 # checks nothing architecture-specific that the rest does not): the trained
 # model's perplexity eval and the int8 spine's eval (trained_logits and
 # s8_int8_logits stay), the server's trained-model answer and the node
-# openai-client suite (protocol only; its 8 s cancellation bound is
-# too tight under emulation). ARM64_TESTS= (empty) runs everything.
+# openai-client suite (protocol only; its load check's RSS bound measures
+# qemu's own memory under emulation). ARM64_TESTS= (empty) runs everything.
 ARM64_TESTS ?= -trained_eval -s8_eval -server_2_trained -server_3
 ARM64_BUILD := build-arm64
 
