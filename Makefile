@@ -110,7 +110,7 @@ help:
 	@echo "                  ARM64_TESTS under qemu-user (default: all but four slow, architecture-"
 	@echo "                  neutral suites: trained_eval, s8_eval, server_2_trained, server_3 (node);"
 	@echo "                  ARM64_TESTS= runs all); installs the cross packages if missing"
-	@echo "                  (scripts/install-deps-arm64.sh); about 4 min here"
+	@echo "                  (scripts/install-deps-arm64.sh); 4-5 min here with its build"
 	@echo "  test-portable   PORTABLE=1 build (no io_uring, no O_DIRECT: the pread pool with"
 	@echo "                  nocache fds, as on macOS), runs PORTABLE_TESTS (the I/O suites)"
 	@echo "  clean           remove build outputs"
