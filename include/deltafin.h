@@ -52,7 +52,7 @@ typedef enum {
 typedef struct {
     int n_threads;   /* 0: one per online CPU */
     int use_mmap;    /* non-expert tensors: 1 map shards (default); 0 read into RAM with pread */
-    int simd_level;  /* -1: best available; 0 scalar, 1 AVX2, 2 AVX-512 (capped to the CPU) */
+    int simd_level;  /* -1: best available; 0 scalar, 1 AVX2, 2 AVX-512, 3 NEON (one the CPU lacks: the best) */
     int expert_io;   /* df_expert_io */
     /* Memory budget of the whole process (spine, expert cache, session
      * state, metadata); 0: what the kernel can give (MemAvailable capped

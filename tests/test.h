@@ -42,4 +42,7 @@ const char *t_tmpdir(const char *tag);
         if (!(cond)) { t_fail(__FILE__, __LINE__, "REQUIRE(" #cond ") " __VA_ARGS__); return; } \
     } while (0)
 #define SKIP(why) do { t_skip(why); return; } while (0)
+/* 1 if kernel level lv (the simd_level numbers of deltafin.h) runs as itself
+ * on this CPU (test_kernels.c; for files that cannot include kernels.h). */
+int t_simd_level_available(int lv);
 #endif

@@ -1,6 +1,7 @@
 /* test_kernels.c — kn_ kernels against their oracles.
  *
- * For every weight type and every level this CPU has (scalar, AVX2, AVX-512):
+ * For every weight type and every level this CPU has (scalar, AVX2, AVX-512
+ * on x86; scalar, NEON on AArch64, run here under qemu by `make test-arm64`):
  *  - kn_matvec against a float64 dot of kn_dequant_row with x, on awkward
  *    shapes (tails, partial fp8 blocks, rows not a multiple of the tile);
  *  - each SIMD level against the scalar level;
@@ -18,6 +19,7 @@
  */
 #include "test.h"
 #include "../src/kernels/kernels.h"
+#include "../src/kernels/ops.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,8 +159,17 @@ static void check_matrix(const tmat *m, uint64_t seed) {
     kn_matvec(KN_SCALAR, w, x, ys, 0, rows);
     const char *tn = wt_type_name(w->type);
     for (int lv = KN_SCALAR; lv <= (int)top; lv++) {
+        if (!kn_level_available((kn_level)lv)) continue;
         const char *ln = kn_level_name((kn_level)lv);
         kn_matvec((kn_level)lv, w, x, y, 0, rows);
+#if defined(__aarch64__)
+        /* the NEON level has a kernel of its own for every type (no silent
+         * fallback to scalar), bit-equal to what the dispatch returned */
+        if (lv == KN_NEON) {
+            CHECK(kn_matmul_neon(w, x, 1, yp, rows, 0, rows) == 1, "%s: no NEON kernel", wt_type_name(w->type));
+            CHECK(memcmp(yp, y, (size_t)rows * sizeof *y) == 0, "%s: NEON differs from its dispatch", wt_type_name(w->type));
+        }
+#endif
         int bad = 0;
         for (int64_t r = 0; r < rows && bad < 3; r++) {
             double tol = rel * mag[r] + 1e-35;
@@ -250,14 +261,27 @@ static void suite(wt_type t, st_dtype sdt, int br, int bc) {
         }
 }
 
+int t_simd_level_available(int lv) {
+    return lv >= KN_SCALAR && lv <= KN_NEON && kn_level_available((kn_level)lv);
+}
+
 /* ---- the tests --------------------------------------------------------------- */
 
 TEST(kn_detect_level) {
     kn_level l = kn_detect();
-    CHECK(l >= KN_SCALAR && l <= KN_AVX512, "level %d", (int)l);
+    CHECK(l >= KN_SCALAR && l <= KN_NEON, "level %d", (int)l);
+    CHECK(kn_level_available(l) && kn_level_available(KN_SCALAR));
     CHECK(strcmp(kn_level_name(KN_SCALAR), "scalar") == 0);
     CHECK(strcmp(kn_level_name(KN_AVX2), "avx2") == 0);
     CHECK(strcmp(kn_level_name(KN_AVX512), "avx512") == 0);
+    CHECK(strcmp(kn_level_name(KN_NEON), "neon") == 0);
+#if defined(__aarch64__)
+    /* every AArch64 CPU has Advanced SIMD; the x86 levels never exist here */
+    CHECK(l == KN_NEON, "level %s", kn_level_name(l));
+    CHECK(!kn_level_available(KN_AVX2) && !kn_level_available(KN_AVX512));
+#elif defined(__x86_64__)
+    CHECK(!kn_level_available(KN_NEON));
+#endif
 }
 
 TEST(kn_matvec_f32) { suite(WT_F32, DT_UNKNOWN, 0, 0); }
@@ -354,6 +378,7 @@ TEST(kn_fp8_nan_propagates) {
     df_weight w = {.type = WT_FP8_BLOCK, .rows = 2, .cols = 40, .data = d, .scale = s,
                    .block_rows = 128, .block_cols = 128};
     for (int lv = KN_SCALAR; lv <= (int)kn_detect(); lv++) {
+        if (!kn_level_available((kn_level)lv)) continue;
         kn_matvec((kn_level)lv, &w, x, y, 0, 2);
         CHECK(isnan(y[0]) && y[1] == 40.0f, "%s: %g %g", kn_level_name((kn_level)lv), y[0], y[1]);
     }
@@ -367,6 +392,27 @@ TEST(kn_level_capped_to_cpu) {
     kn_matvec(KN_AVX512, &m.w, x, y1, 0, 5);
     kn_matvec(kn_detect(), &m.w, x, y2, 0, 5);
     CHECK(memcmp(y1, y2, sizeof y1) == 0);
+    /* a level of the other architecture likewise runs as the best one */
+    kn_matvec(kn_level_available(KN_NEON) ? KN_AVX2 : KN_NEON, &m.w, x, y1, 0, 5);
+    CHECK(memcmp(y1, y2, sizeof y1) == 0);
     free(x);
     tmat_free(&m);
+}
+
+TEST(kn_op_axpy_same_bits_as_plain_c) {
+    /* op_axpy runs as a NEON loop on AArch64 (ops_neon.c): every length
+     * (vector body and tails) and the in-place form give the plain loop's bits */
+    for (int n = 0; n <= 67; n++) {
+        float *x = rand_vec(n + 1, 100 + n), *y = rand_vec(n + 1, 200 + n), *y2 = malloc((size_t)(n + 1) * sizeof *y2);
+        const float a = 0.37f * x[0] - 1.1f;
+        memcpy(y2, y, (size_t)(n + 1) * sizeof *y2);
+        op_axpy(y, a, x, n);
+        for (int i = 0; i < n; i++) y2[i] += a * x[i];
+        CHECK(memcmp(y, y2, (size_t)(n + 1) * sizeof *y) == 0, "n %d", n);
+        memcpy(y2, x, (size_t)(n + 1) * sizeof *y2);
+        op_axpy(x, a, x, n);
+        for (int i = 0; i < n; i++) y2[i] += a * y2[i];
+        CHECK(memcmp(x, y2, (size_t)(n + 1) * sizeof *x) == 0, "in place, n %d", n);
+        free(x), free(y), free(y2);
+    }
 }

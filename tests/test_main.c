@@ -1,5 +1,9 @@
 /* test_main.c — the one test runner: runs every registered TEST in name
- * order (optionally filtered by substring) and prints "N passed, N failed". */
+ * order and prints "N passed, N failed".
+ *
+ *   run_tests [FILTER...]   FILTER: a substring a test's name must contain
+ *                           (any of them), or -SUBSTRING: skip names with it.
+ *   e.g. run_tests xr_ xs_ (the reader and store suites), run_tests -srv_ */
 #include "test.h"
 #include <stdarg.h>
 #include <stdlib.h>
@@ -75,8 +79,21 @@ static int by_name(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* 1 if the name passes the command line's filters (see the file comment). */
+static int selected(const char *name, int argc, char **argv) {
+    int any_inc = 0, inc = 0;
+    for (int a = 1; a < argc; a++) {
+        if (argv[a][0] == '-' && argv[a][1]) {
+            if (strstr(name, argv[a] + 1)) return 0;
+        } else {
+            any_inc = 1;
+            if (strstr(name, argv[a])) inc = 1;
+        }
+    }
+    return !any_inc || inc;
+}
+
 int main(int argc, char **argv) {
-    const char *filter = argc > 1 ? argv[1] : NULL;
     /* stable, name-ordered run */
     const char *names[MAX_TESTS];
     for (int i = 0; i < n_tests; i++) names[i] = tests[i].name;
@@ -85,7 +102,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < n_tests; k++) {
         int i = 0;
         while (tests[i].name != names[k]) i++;
-        if (filter && !strstr(tests[i].name, filter)) continue;
+        if (!selected(tests[i].name, argc, argv)) continue;
         cur_failed = cur_skipped = 0;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);

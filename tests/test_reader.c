@@ -46,15 +46,27 @@ static int make_file(const char *dir, const char *name, int64_t size, char *path
     return at == size ? 0 : -1;
 }
 
-/* Opens path for reading, O_DIRECT when asked and allowed; *direct says
- * what it got. */
+/* Descriptors open_for opened "direct". With real O_DIRECT fcntl tells; where
+ * DF_O_DIRECT is emulated (make PORTABLE=1, macOS) the fd is an ordinary one
+ * and only this mark says the reader treats it as direct. A stale mark on a
+ * reused number only makes fx_pread shorten a buffered read to whole blocks. */
+enum { FX_MAXFD = 4096 };
+static _Atomic unsigned char fx_direct_fd[FX_MAXFD];
+
+/* Opens path for reading, O_DIRECT (DF_O_DIRECT) when asked and allowed;
+ * *direct says what it got. */
 static int open_for(const char *path, int *direct) {
     if (*direct) {
-        int fd = open(path, O_RDONLY | O_DIRECT);
-        if (fd >= 0) return fd;
+        int fd = io_open(df_io_default(), path, O_RDONLY | DF_O_DIRECT, 0);
+        if (fd >= 0) {
+            if (fd < FX_MAXFD) atomic_store(&fx_direct_fd[fd], 1);
+            return fd;
+        }
         *direct = 0;
     }
-    return open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY);
+    if (fd >= 0 && fd < FX_MAXFD) atomic_store(&fx_direct_fd[fd], 0);
+    return fd;
 }
 
 static int span_ok(const uint8_t *b, int64_t off, size_t len) {
@@ -132,7 +144,13 @@ static void fx_reset(void) {
     atomic_store(&fx.faults, 0);
 }
 
-static int is_direct(int fd) { return (fcntl(fd, F_GETFL) & O_DIRECT) != 0; }
+static int is_direct(int fd) {
+#if DF_HAVE_O_DIRECT
+    return (fcntl(fd, F_GETFL) & O_DIRECT) != 0;
+#else
+    return fd >= 0 && fd < FX_MAXFD && atomic_load(&fx_direct_fd[fd]);
+#endif
+}
 
 static size_t half(size_t n, int direct) {
     size_t h = n / 2;

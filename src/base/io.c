@@ -10,6 +10,9 @@
  * io_list_dir is the one directory listing (the single-file/glob mode of
  * the safetensors reader); it goes straight to opendir.
  *
+ * Portability: plain POSIX but for io_uring (Linux, liburing) and O_DIRECT
+ * (emulated where missing: see DF_O_DIRECT in io.h).
+ *
  * Sections: 1. default table  2. helpers
  */
 #include "io.h"
@@ -29,7 +32,20 @@
 
 static int px_open(void *ctx, const char *path, int flags, int mode) {
     (void)ctx;
+#if DF_HAVE_O_DIRECT
     return open(path, flags | O_CLOEXEC, (mode_t)mode);
+#else
+    int nocache = (flags & DF_O_DIRECT) != 0;
+    int fd = open(path, (flags & ~DF_O_DIRECT) | O_CLOEXEC, (mode_t)mode);
+    if (fd >= 0 && nocache) {
+#if defined(F_NOCACHE)
+        (void)fcntl(fd, F_NOCACHE, 1); /* macOS: reads bypass the unified buffer cache */
+#elif defined(POSIX_FADV_NOREUSE)
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_NOREUSE);
+#endif
+    }
+    return fd;
+#endif
 }
 
 static int px_close(void *ctx, int fd) {
@@ -131,6 +147,14 @@ static const df_io posix_io = {
 const df_io *df_io_default(void) { return &posix_io; }
 
 /* ---- 2. helpers ------------------------------------------------------------ */
+
+void io_drop_cache(int fd, int64_t off, size_t n) {
+#if !DF_HAVE_O_DIRECT && !defined(F_NOCACHE) && defined(POSIX_FADV_DONTNEED)
+    (void)posix_fadvise(fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
+#else
+    (void)fd, (void)off, (void)n;
+#endif
+}
 
 int io_pread_full(const df_io *io, int fd, void *buf, size_t n, int64_t off) {
     char *p = buf;

@@ -14,9 +14,27 @@
  */
 #ifndef DF_BASE_IO_H
 #define DF_BASE_IO_H
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+/* DF_O_DIRECT: the open flag for reads that bypass the page cache (the
+ * expert store's and the disk probe's). Where the system has O_DIRECT (Linux)
+ * it is O_DIRECT. Elsewhere (macOS; or a Linux build with -DDF_NO_ODIRECT,
+ * `make PORTABLE=1`) it is a private bit that the default table removes
+ * before open(2), marking the descriptor uncached instead (F_NOCACHE on
+ * macOS) and dropping each read's pages after it (io_drop_cache,
+ * posix_fadvise DONTNEED). The O_DIRECT alignment rules still apply to such
+ * descriptors (harmless, and the same code paths run). A table that calls
+ * open(2) itself must strip DF_O_DIRECT when DF_HAVE_O_DIRECT is 0. */
+#if defined(O_DIRECT) && !defined(DF_NO_ODIRECT)
+#define DF_HAVE_O_DIRECT 1
+#define DF_O_DIRECT O_DIRECT
+#else
+#define DF_HAVE_O_DIRECT 0
+#define DF_O_DIRECT 0x40000000
+#endif
 
 typedef struct df_ring df_ring; /* an io_uring instance (opaque) */
 
@@ -59,6 +77,11 @@ static inline void *io_mmap(const df_io *io, size_t len, int fd) { return io->mm
 static inline int io_munmap(const df_io *io, void *p, size_t len) { return io->munmap(io->ctx, p, len); }
 
 const df_io *df_io_default(void);
+/* After a read of [off, off + n) through a DF_O_DIRECT descriptor: where
+ * DF_O_DIRECT is emulated, asks the kernel to drop those pages (so the
+ * expert cache's bytes are not held twice); a no-op with real O_DIRECT.
+ * Advice only: errors are ignored. */
+void io_drop_cache(int fd, int64_t off, size_t n);
 /* Reads exactly n bytes at off; returns 0, or -1 with errno set (EIO on EOF). */
 int io_pread_full(const df_io *io, int fd, void *buf, size_t n, int64_t off);
 /* Reads a whole small file into a NUL-terminated malloc'd buffer. NULL on error. */

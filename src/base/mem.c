@@ -149,7 +149,11 @@ int64_t mem_available(void) {
     int64_t avail = -1;
     if (slurp("/proc/meminfo", text, sizeof text) == 0) avail = mem_parse_meminfo(text, "MemAvailable");
     if (avail < 0) {
+#ifdef _SC_AVPHYS_PAGES
         long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+#else /* macOS: no free-page count in sysconf; half of RAM as a guess */
+        long pages = sysconf(_SC_PHYS_PAGES) / 2, psz = sysconf(_SC_PAGESIZE);
+#endif
         avail = pages > 0 && psz > 0 ? (int64_t)pages * psz : (int64_t)4 << 30;
     }
     int64_t cg = mem_cgroup_room();

@@ -19,7 +19,7 @@ const char cli_model_opts_help[] =
     "  --threads N        worker threads (default: all CPUs)\n"
     "  --ctx N            context limit of the session (default: min(model, 4096))\n"
     "  --no-mmap          read weights with pread into RAM instead of mapping them\n"
-    "  --simd LEVEL       kernel level: scalar, avx2, avx512 (default: best available)\n"
+    "  --simd LEVEL       kernel level: scalar, avx2, avx512, neon (default: best available)\n"
     "  --io MODE          routed experts: direct (O_DIRECT reads into the expert cache, default),\n"
     "                     pread (buffered reads into the cache), mmap (page cache, for comparison)\n"
     "  --ram SIZE         memory budget of the whole process, e.g. 8G: spine, expert cache, session\n"
@@ -196,6 +196,7 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
             if (!strcmp(val, "scalar")) o->simd = 0;
             else if (!strcmp(val, "avx2")) o->simd = 1;
             else if (!strcmp(val, "avx512")) o->simd = 2;
+            else if (!strcmp(val, "neon")) o->simd = 3;
             else goto bad;
         }
         return 1;

@@ -185,6 +185,7 @@ static int pool_read(const df_io *io, xreq *q) {
     for (;;) {
         ssize_t n = io_pread(io, q->fd, q->buf + q->got, next_len(q), (off_t)(q->off + (int64_t)q->got));
         int e = account(q, n < 0 ? -(int64_t)errno : (int64_t)n);
+        if (e == 0 && q->direct) io_drop_cache(q->fd, q->off, q->len); /* emulated O_DIRECT only */
         if (e >= 0) return e;
     }
 }
@@ -515,7 +516,7 @@ df_status xr_probe_bandwidth(const df_io *io, const char *path, xr_kind kind, si
     if (chunk == 0 || depth < 1 || depth > XR_MAX_DEPTH)
         return df_fail(err, DF_ERR_ARG, "disk probe: chunk %zu, depth %d", chunk, depth);
     chunk = (chunk + XR_ALIGN - 1) & ~(size_t)(XR_ALIGN - 1);
-    int fd = io_open(io, path, O_RDONLY | O_DIRECT, 0);
+    int fd = io_open(io, path, O_RDONLY | DF_O_DIRECT, 0);
     if (fd < 0) {
         int e = errno;
         if (e == EINVAL)

@@ -7,6 +7,7 @@
  * Sections: registration; finalize (spans, slots); reading; enter.
  */
 #include "spine.h"
+#include "../base/port.h"
 #include "../base/err.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -155,7 +156,7 @@ df_status sp_finalize(sp_store *s, char *err) {
         s->fd_buf[i] = io_open(s->io, p, O_RDONLY | O_CLOEXEC, 0);
         if (s->fd_buf[i] < 0 || io_fsize(s->io, s->fd_buf[i], &s->fsize[i]) != 0)
             return df_fail(err, DF_ERR_IO, "%s: cannot open for streaming: %s", p, strerror(errno));
-        if (s->direct) s->fd_direct[i] = io_open(s->io, p, O_RDONLY | O_CLOEXEC | O_DIRECT, 0);
+        if (s->direct) s->fd_direct[i] = io_open(s->io, p, O_RDONLY | O_CLOEXEC | DF_O_DIRECT, 0);
     }
     df_status st;
     s->slot_bytes = XR_ALIGN;

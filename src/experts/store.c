@@ -10,6 +10,7 @@
  * completions; passes; prefetch; stats.
  */
 #include "store.h"
+#include "../base/port.h"
 #include "../base/err.h"
 #include <jansson.h>
 #include <math.h>
@@ -180,9 +181,9 @@ df_status xs_finalize(xs_store *x, char *err) {
         x->fd_buf[i] = io_open(x->io, p, O_RDONLY | O_CLOEXEC, 0);
         if (x->fd_buf[i] < 0 || io_fsize(x->io, x->fd_buf[i], &x->fsize[i]) != 0)
             return df_fail(err, DF_ERR_IO, "%s: cannot open for expert reads: %s", p, strerror(errno));
-        if (x->o.direct) x->fd_direct[i] = io_open(x->io, p, O_RDONLY | O_CLOEXEC | O_DIRECT, 0);
+        if (x->o.direct) x->fd_direct[i] = io_open(x->io, p, O_RDONLY | O_CLOEXEC | DF_O_DIRECT, 0);
         struct stat sb;
-        if (fstat(x->fd_buf[i], &sb) == 0) x->mtime[i] = sb.st_mtim;
+        if (fstat(x->fd_buf[i], &sb) == 0) x->mtime[i] = PORT_ST_MTIM(sb);
     }
     int64_t slot = XR_ALIGN;
     int n_reg = 0;
@@ -677,7 +678,7 @@ df_status xs_check_files(const xs_store *x, char *err) {
         /* a table that fills holes in place (a stream mirror) changes the
          * modification time itself: then only the size is checked */
         if (!changed && !x->io->fills_in_place && fstat(x->fd_buf[i], &sb) == 0)
-            changed = sb.st_mtim.tv_sec != x->mtime[i].tv_sec || sb.st_mtim.tv_nsec != x->mtime[i].tv_nsec;
+            changed = PORT_ST_MTIM(sb).tv_sec != x->mtime[i].tv_sec || PORT_ST_MTIM(sb).tv_nsec != x->mtime[i].tv_nsec;
         if (changed)
             return df_fail(err, DF_ERR_IO,
                            "%s changed while the model was open (size %lld -> %lld bytes or a new "

@@ -26,6 +26,7 @@
  * Sections: 1. blocks and pins  2. use and eviction  3. the access file
  */
 #include "mirror.h"
+#include "../base/port.h"
 #include "../base/err.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -168,7 +169,7 @@ static df_status evict_unit(hub_mirror *m, mshard *s, munit *u, char *err) {
         if (fa < a && !hub_spans_overlaps(&s->present, fa, a) && !hub_spans_overlaps(&s->inflight, fa, a)) a = fa;
         if (fb > b && !hub_spans_overlaps(&s->present, b, fb) && !hub_spans_overlaps(&s->inflight, b, fb)) b = fb;
         struct timespec ts[2] = {{0, UTIME_OMIT}, s->mtime};
-        if (fallocate(s->wfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, a, b - a) != 0)
+        if (port_punch_hole(s->wfd, a, b - a) != 0)
             st = df_fail(err, DF_ERR_IO, "%s: cannot punch a hole (the file system must support it for --cache-limit): %s",
                          s->path, strerror(errno));
         else

@@ -490,7 +490,7 @@ static df_status next_page_url(const hub_client *c, const char *link, const char
     const char *ep = c->endpoint && *c->endpoint ? c->endpoint : "https://huggingface.co";
     const char *host = strstr(ep, "://");
     host = host ? host + 3 : ep;
-    size_t on = (size_t)(strchrnul(host, '/') - ep); /* scheme://host[:port] */
+    size_t on = (size_t)(host + strcspn(host, "/") - ep); /* scheme://host[:port] */
     size_t ln = strlen(link);
     char *u;
     if (link[0] == '/' && link[1] != '/') {

@@ -21,6 +21,7 @@
  *           4. expert units
  */
 #include "mirror.h"
+#include "../base/port.h"
 #include "../base/err.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -226,7 +227,7 @@ df_status hub_mirror_open(const char *dir, const hub_client *c, int create, hub_
         }
         s->dev = sb.st_dev;
         s->ino = sb.st_ino;
-        s->mtime = sb.st_mtim;
+        s->mtime = PORT_ST_MTIM(sb);
     }
     *out = m;
     return DF_OK;
@@ -393,7 +394,7 @@ static df_status build_units(mshard *s, int64_t header_end, char *err) {
     if (!s->ut || !s->u) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     int k = 0;
     for (int i = 0; i < s->nt; i++) if (s->t[i].expert && s->t[i].eid >= 0) s->ut[k++] = i;
-    qsort_r(s->ut, (size_t)ne, sizeof *s->ut, by_unit, s->t);
+    port_qsort_r(s->ut, (size_t)ne, sizeof *s->ut, by_unit, s->t);
     s->nu = 0;
     for (int i = 0; i < ne; i++) {
         tspan *t = &s->t[s->ut[i]];

@@ -6,7 +6,7 @@
  * open), and the reads through them: every pread first makes its bytes local
  * (hub_mirror_ensure_pin) and holds them pinned until the read is done, so
  * an eviction for another fetch cannot punch them out under it.
- * Refuses: O_DIRECT opens of a stream shard (EINVAL, so the expert store
+ * Refuses: O_DIRECT (DF_O_DIRECT) opens of a stream shard (EINVAL, so the expert store
  * reads exact spans with buffered reads instead of block-aligned ones that
  * would fetch neighbouring experts); io_uring (the ring entries are NULL:
  * the store falls back to pread); opening a mirror whose setup did not
@@ -48,7 +48,7 @@ static int s_open(void *ctx, const char *path, int flags, int mode) {
     struct stat sb;
     int sh = -1;
     int ours = stat(path, &sb) == 0 && find_shard(hs->m, sb.st_dev, sb.st_ino, &sh);
-    if (ours && (flags & O_DIRECT)) { errno = EINVAL; return -1; }
+    if (ours && (flags & DF_O_DIRECT)) { errno = EINVAL; return -1; }
     int fd = io_open(df_io_default(), path, flags, mode);
     if (fd < 0 || !ours) return fd;
     pthread_mutex_lock(&hs->mu);

@@ -1,8 +1,9 @@
 /* kernels.h — CPU compute kernels (prefix kn_): one dispatch point.
  *
  * Every weight type has a plain C reference (KN_SCALAR) that is the test
- * oracle; AVX2 and AVX-512 variants override it. The level is chosen by the
- * caller (the engine picks kn_detect() once, tests force each level).
+ * oracle; AVX2 and AVX-512 (x86) or NEON (AArch64) variants override it. The
+ * level is chosen by the caller (the engine picks kn_detect() once, tests
+ * force each level).
  *
  * Determinism contract (the model's exactness rests on it):
  *  - at a given level, the value of output element r depends only on row r of
@@ -17,10 +18,13 @@
 #include "../format/weight.h"
 #include <stdint.h>
 
-typedef enum { KN_SCALAR = 0, KN_AVX2 = 1, KN_AVX512 = 2 } kn_level;
+/* KN_NEON (AArch64 Advanced SIMD) is not above the x86 levels: a level this
+ * CPU lacks (kn_level_available 0) runs as kn_detect()'s level instead. */
+typedef enum { KN_SCALAR = 0, KN_AVX2 = 1, KN_AVX512 = 2, KN_NEON = 3 } kn_level;
 
 kn_level kn_detect(void);              /* best level this CPU supports */
 const char *kn_level_name(kn_level l);
+int kn_level_available(kn_level l);    /* 1 if this CPU runs level l as itself */
 
 /* y[r - row0] = sum_c W[r][c] * x[c], for r in [row0, row1). */
 void kn_matvec(kn_level lv, const df_weight *w, const float *x, float *y, int64_t row0,
@@ -46,6 +50,10 @@ int kn_matmul_avx512(const df_weight *w, const float *X, int n, float *Y, int64_
 double kn_fma_loop(kn_level lv, int64_t iters, float *sink);
 double kn_fma_loop_avx2(int64_t iters, float *sink);
 double kn_fma_loop_avx512(int64_t iters, float *sink);
+double kn_fma_loop_neon(int64_t iters, float *sink);
+/* AArch64 (matvec_neon.c, only compiled there): same contract. */
+int kn_matmul_neon(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                   int64_t row0, int64_t row1);
 
 /* Kernel benchmark behind df_bench_kernels (see deltafin.h). */
 struct df_pool;

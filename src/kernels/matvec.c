@@ -3,8 +3,9 @@
  * Owns: kn_detect / kn_level_name, kn_dequant_row (the exact decode every
  * other kernel is measured against), the plain C matvec per weight type (the
  * KN_SCALAR level and the oracle of the SIMD variants), and the dispatch that
- * sends kn_matvec / kn_matmul to matvec_avx512.c or matvec_avx2.c, falling
- * back one level whenever a variant declines a type.
+ * sends kn_matvec / kn_matmul to matvec_avx512.c or matvec_avx2.c (x86) or
+ * matvec_neon.c (AArch64), falling back one level whenever a variant declines
+ * a type.
  * Refuses: any ISA-specific code (this file is compiled without -m flags) and
  * any allocation.
  *
@@ -25,11 +26,21 @@
  */
 #include "kernels.h"
 #include "../base/err.h"
-#include <cpuid.h>
 #include <math.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#define KN_X86 1
+#include <cpuid.h>
+#elif defined(__aarch64__)
+#define KN_ARM64 1
+#if defined(__linux__)
+#include <sys/auxv.h>
+#endif
+#endif
 
 /* ---- 1. detection ---------------------------------------------------------- */
+
+#if KN_X86
 
 static uint64_t xcr0(void) {
     uint32_t lo, hi;
@@ -64,6 +75,21 @@ static kn_level detect_once(void) {
     if (f512 && dq && bw && vl && vnni && bf16 && zmm_state) return KN_AVX512;
     return KN_AVX2;
 }
+#elif KN_ARM64
+/* AArch64: Advanced SIMD is architectural (every AArch64 CPU has it; macOS
+ * guarantees it), but Linux still reports it in AT_HWCAP, and a kernel
+ * could in principle run with it disabled. matvec_neon.c uses base ASIMD
+ * only (see its file comment on dotprod / i8mm / bf16). */
+static kn_level detect_once(void) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMD) ? KN_NEON : KN_SCALAR;
+#else
+    return KN_NEON;
+#endif
+}
+#else
+static kn_level detect_once(void) { return KN_SCALAR; }
+#endif
 
 kn_level kn_detect(void) {
     static int cached = -1; /* benign race: every thread computes the same value */
@@ -80,8 +106,18 @@ const char *kn_level_name(kn_level l) {
     case KN_SCALAR: return "scalar";
     case KN_AVX2: return "avx2";
     case KN_AVX512: return "avx512";
+    case KN_NEON: return "neon";
     }
     return "unknown";
+}
+
+/* Levels are per architecture: the x86 ones are ordered (AVX-512 implies
+ * AVX2), KN_NEON exists only on AArch64. */
+int kn_level_available(kn_level l) {
+    if (l == KN_SCALAR) return 1;
+    kn_level best = kn_detect();
+    if (l == KN_NEON || best == KN_NEON) return l == best;
+    return (int)l <= (int)best;
 }
 
 /* ---- 2. dequant ------------------------------------------------------------ */
@@ -225,10 +261,13 @@ void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y,
     if (n <= 0 || row1 <= row0) return;
     check_shape(w);
     ASSERT(row0 >= 0 && row1 <= w->rows);
-    kn_level best = kn_detect();
-    if (lv > best) lv = best; /* never run instructions the CPU lacks */
+    if (!kn_level_available(lv)) lv = kn_detect(); /* never run instructions the CPU lacks */
+#if KN_X86
     if (lv >= KN_AVX512 && kn_matmul_avx512(w, X, n, Y, ldy, row0, row1)) return;
     if (lv >= KN_AVX2 && kn_matmul_avx2(w, X, n, Y, ldy, row0, row1)) return;
+#elif KN_ARM64
+    if (lv == KN_NEON && kn_matmul_neon(w, X, n, Y, ldy, row0, row1)) return;
+#endif
     for (int i = 0; i < n; i++)
         for (int64_t r = row0; r < row1; r++)
             Y[(int64_t)i * ldy + (r - row0)] = dot_scalar(w, r, X + (int64_t)i * w->cols);
@@ -240,10 +279,13 @@ void kn_matvec(kn_level lv, const df_weight *w, const float *x, float *y, int64_
 }
 
 double kn_fma_loop(kn_level lv, int64_t iters, float *sink) {
-    kn_level best = kn_detect();
-    if (lv > best) lv = best;
+    if (!kn_level_available(lv)) lv = kn_detect();
+#if KN_X86
     if (lv >= KN_AVX512) return kn_fma_loop_avx512(iters, sink);
     if (lv >= KN_AVX2) return kn_fma_loop_avx2(iters, sink);
+#elif KN_ARM64
+    if (lv == KN_NEON) return kn_fma_loop_neon(iters, sink);
+#endif
     float a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, t = 0;
     for (int64_t it = 0; it < iters; it++)
         for (int i = 0; i < 8; i++) a[i] = fmaf(a[i], 0.999999f, 1e-7f);

@@ -1,4 +1,4 @@
-/* ops.h — small vector operations on fp32 activations (scalar, deterministic).
+/* ops.h — small vector operations on fp32 activations (deterministic).
  *
  * These run on vectors of hidden size, not on weights, so they are a small
  * share of a token's time; they stay plain C with a fixed summation order so
@@ -11,8 +11,10 @@
 /* out = w * x / sqrt(mean(x^2) + eps); w may be NULL (no weight). out may alias x. */
 void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 float op_dot(const float *a, const float *b, int n);
-/* y += a * x */
+/* y += a * x (x and y do not overlap, or are the same array) */
 void op_axpy(float *y, float a, const float *x, int n);
+/* AArch64 only (ops_neon.c): op_axpy's NEON loop, the same bits. */
+void op_axpy_neon(float *y, float a, const float *x, int n);
 /* In-place softmax over n values (max-subtracted, fp32). */
 void op_softmax(float *x, int n);
 static inline float op_sigmoid(float x);

@@ -133,7 +133,9 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     e->pool = pool_new(nt);
     if (!e->pool) { st = df_fail(err, DF_ERR_NOMEM, "cannot start %d threads", nt); goto fail; }
     e->level = kn_detect();
-    if (opts->simd_level >= 0 && opts->simd_level < (int)e->level) e->level = (kn_level)opts->simd_level;
+    /* a level this CPU lacks (avx512 on an AVX2 CPU, neon on x86) keeps the best */
+    if (opts->simd_level >= 0 && opts->simd_level <= KN_NEON && kn_level_available((kn_level)opts->simd_level))
+        e->level = (kn_level)opts->simd_level;
     e->opts = *opts;
     if (opts->accel && !(e->acc = acc_new(opts->accel))) {
         st = df_fail(err, DF_ERR_NOMEM, "out of memory");
@@ -252,7 +254,7 @@ const char *df_engine_describe(df_engine *e) {
         snprintf(b + used, cap - used,
                  "expert cache   %d slots x %.2f MB = %.3f GB (%s reads, %d in flight, prefetch %s)%s\n",
                  x.slots, x.slot_bytes / 1e6, xs_pool_bytes(e->store) / 1e9,
-                 e->opts.expert_io == DF_EXPERTS_DIRECT ? "O_DIRECT" : "buffered", e->opts.io_depth,
+                 e->opts.expert_io == DF_EXPERTS_DIRECT ? (DF_HAVE_O_DIRECT ? "O_DIRECT" : "nocache") : "buffered", e->opts.io_depth,
                  e->opts.prefetch ? "on" : "off", *e->lossy ? "" : "");
     } else {
         snprintf(b + used, cap - used, "expert cache   none: experts are used in place through mmap\n");

@@ -18,13 +18,13 @@
  *           4. completion requests  5. jobs  6. output events  7. responses
  */
 #include "server.h"
+#include "../base/port.h"
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 /* ---- 1. buffers and JSON helpers ------------------------------------------------------ */
@@ -98,7 +98,7 @@ char *srv_error_json(const char *msg, const char *type, const char *param, const
 static void rand_id(char *out, size_t cap, const char *prefix) {
     static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     unsigned char r[24];
-    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+    if (port_random(r, sizeof r) != 0) {
         uint64_t x = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)out;
         for (size_t i = 0; i < sizeof r; i++) { x = x * 6364136223846793005ULL + 1442695040888963407ULL; r[i] = (unsigned char)(x >> 56); }
     }
@@ -198,7 +198,7 @@ static int common_fields(json_t *root, srv_job *j, int vocab, srv_err *e) {
         j->seeded = 1;
     } else {
         uint64_t r;
-        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint64_t)time(NULL) * 2654435761ULL;
+        if (port_random(&r, sizeof r) != 0) r = (uint64_t)time(NULL) * 2654435761ULL;
         j->sp.seed = r;
     }
     k = 1;

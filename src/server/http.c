@@ -20,6 +20,7 @@
  */
 #include "server.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -370,7 +371,12 @@ static int listen_on(const char *host, int port, int *bound, char err[DF_ERRMSG]
     }
     int fd = -1, e = 0;
     for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        #ifdef SOCK_CLOEXEC
         fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+#else /* macOS */
+        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd >= 0) (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+#endif
         if (fd < 0) { e = errno; continue; }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

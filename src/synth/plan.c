@@ -32,6 +32,7 @@
  *           5. shard layout and headers  6. sizing and sy_plan_new  7. describe
  */
 #include "synth.h"
+#include "../base/port.h"
 #include "../base/err.h"
 #include <jansson.h>
 #include <math.h>
@@ -753,7 +754,7 @@ static df_status layout(sy_plan *p, int64_t S, int target_shards, char *err) {
     p->order = malloc((size_t)(p->n ? p->n : 1) * sizeof *p->order);
     if (!p->shards || !p->order) return df_fail(err, DF_ERR_NOMEM, "out of memory for the shard layout");
     for (int64_t i = 0; i < p->n; i++) p->order[i] = i;
-    qsort_r(p->order, (size_t)p->n, sizeof *p->order, data_order, p);
+    port_qsort_r(p->order, (size_t)p->n, sizeof *p->order, data_order, p);
     for (int64_t k = 0; k < p->n; k++) {
         sy_tensor *t = &p->t[p->order[k]];
         sy_shard *sh = &p->shards[t->shard];

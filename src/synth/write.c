@@ -26,6 +26,7 @@
  *           5. shards  6. index, tokenizer and config  7. sy_write
  */
 #include "synth.h"
+#include "../base/port.h"
 #include "../base/err.h"
 #include "../base/io.h"
 #include "../base/pool.h"
@@ -454,7 +455,7 @@ static df_status write_index(const sy_plan *p, const sy_io *io, const char *dir,
         return df_fail(err, DF_ERR_NOMEM, "out of memory for the index");
     }
     for (int64_t i = 0; i < p->n; i++) idx[i] = i;
-    qsort_r(idx, (size_t)p->n, sizeof *idx, by_name, (void *)p);
+    port_qsort_r(idx, (size_t)p->n, sizeof *idx, by_name, (void *)p);
     n += (size_t)snprintf(s, cap, "{\n  \"metadata\": {\n    \"total_size\": %lld\n  },\n  \"weight_map\": {",
                           (long long)p->s.total_bytes);
     for (int64_t i = 0; i < p->n; i++) {
