@@ -182,6 +182,10 @@ typedef struct df_accel {
                      const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
     df_status (*mla)(void *ctx, const df_accel_mla *layer, void *kv_b, void *state, int pos, int n,
                      const float *q, const float *kva, float *attn, char *err);
+    /* Optional: the device's read bandwidth in GB/s (1e9 B/s), measured now
+     * by a short read-only kernel over a buffer far larger than its caches
+     * (bench's device floor: the bytes a step reads on the device at it). */
+    double (*read_gbps)(void *ctx);
 } df_accel;
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer
@@ -271,6 +275,8 @@ typedef struct {
     uint64_t sync_calls;                   /* calls the host waited on: products, expert batches */
     double sync_s;                         /* host time inside them (device work + round trips) */
     uint64_t kda_calls, mla_calls;         /* KDA / MLA layer steps run on the device (state there) */
+    uint64_t device_read_bytes;            /* bytes device work read: the weights of every product
+                                              run there, KDA states, the MLA cache rows attended */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);
@@ -281,6 +287,9 @@ df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char 
 /* Host-to-device GB/s from page-locked memory, measured now by the
  * accelerator; 0 without one (or when it offers no probe). */
 double df_engine_probe_h2d(df_engine *e);
+/* The accelerator's device read bandwidth (GB/s) measured now by a read
+ * probe kernel; 0 without one (or when it offers no probe). */
+double df_engine_probe_device_read(df_engine *e);
 /* Bytes of one routed expert as stored (0 without experts). */
 int64_t df_engine_expert_bytes(const df_engine *e);
 /* Weight bytes a decode step reads besides routed experts (every non-expert

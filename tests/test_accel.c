@@ -285,7 +285,7 @@ TEST(model_accel_bit_identical_any_budget) {
             /* the last three with the expert queue and the attention state hooks */
             df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                           b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
-                          b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla};
+                          b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL};
             df_accel_stats st;
             fake_expert_calls = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, &read);
@@ -303,6 +303,7 @@ TEST(model_accel_bit_identical_any_budget) {
             }
             CHECK(memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %lld", fx[i], (long long)budgets[b]);
             CHECK(st.calls > 0, "%s: nothing ran on the accelerator", fx[i]);
+            CHECK(st.device_read_bytes > 0, "%s: no device reads counted", fx[i]);
             if (b % 3 == 0) CHECK(st.cache_evictions == 0 && st.transient_uploads == 0, "%s: evicted with room", fx[i]);
             /* the device tier: experts with device copies are not read again */
             if (b % 3 == 0)
@@ -462,7 +463,7 @@ TEST(model_accel_kda_failure_resets) {
     if (!n) SKIP("fixtures missing");
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla};
+                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL};
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;

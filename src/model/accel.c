@@ -313,6 +313,7 @@ static int run(acc_table *t, void *h, const df_weight *w, const float *X, int n,
         return 0;
     }
     t->st.calls++;
+    t->st.device_read_bytes += (uint64_t)wt_bytes(w);
     return 1;
 }
 
@@ -445,7 +446,10 @@ int acc_expert_queue(acc_table *t, const df_weight w[3], int situ, float beta, f
         if (id[i] >= 0) t->ent[id[i]].busy = 0;
         if (tr[i]) t->a->release(t->a->ctx, h[i]);
     }
-    if (ok) t->st.calls += 3;
+    if (ok) {
+        t->st.calls += 3;
+        t->st.device_read_bytes += (uint64_t)(wt_bytes(&w[0]) + wt_bytes(&w[1]) + wt_bytes(&w[2]));
+    }
     return ok;
 }
 
@@ -521,6 +525,8 @@ df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, c
         return df_fail(err, st, "%s", t->err);
     }
     t->st.kda_calls++;
+    /* the recurrent state S [H][D][D] is read once per launch */
+    t->st.device_read_bytes += (uint64_t)layer->H * layer->D * layer->D * sizeof(float);
     return DF_OK;
 }
 
@@ -543,6 +549,8 @@ df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos,
         return df_fail(err, st, "%s", t->err);
     }
     t->st.mla_calls++;
+    /* kv_b for the absorbed products, the latent cache rows 0 .. pos+n-1 */
+    t->st.device_read_bytes += (uint64_t)wt_bytes(kv_b) + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
     return DF_OK;
 }
 
@@ -559,6 +567,7 @@ void acc_reset_stats(acc_table *t) {
     t->st.sync_s = 0;
     t->st.sync_calls = 0;
     t->st.kda_calls = t->st.mla_calls = 0;
+    t->st.device_read_bytes = 0;
 }
 
 void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes, int n_experts) {
