@@ -21,13 +21,17 @@ struct handle {
     gpu_weight g;
     cudaEvent_t ready, freed;
     int was_freed;
+    int qref; /* queued experts not yet launched that read it */
 };
 
-/* A queued expert's outputs: n rows of dim floats at qhy + y_off, to be
- * written to out + rows[i] * stride at finish. */
+/* A queued expert: its copies and activation, its inputs (n rows of hid
+ * floats at qhx / qdx + x_off), its outputs (n rows of dim floats at qdy /
+ * qhy + y_off), written to out + rows[i] * stride at finish. */
 struct pending {
+    handle *h[3];
+    gpu_act act;
     float *out;
-    int64_t stride, dim, y_off;
+    int64_t stride, dim, hid, x_off, y_off;
     int n, rows_off; /* rows in acc::qrows */
 };
 
@@ -50,10 +54,15 @@ struct acc {
     /* the expert queue (expert_queue / expert_finish): per queued expert its
      * inputs and outputs get their own stretch of these buffers, reused
      * after each finish; growing them needs a finish first */
-    float *qhx, *qdx, *qhy, *qdy, *qdh; /* pinned in / device in / pinned out / device out / device hidden */
-    size_t qcap_x, qcap_y, qcap_h, qx_used, qy_used; /* floats */
+    float *qhx, *qdx, *qhy, *qdy; /* pinned in / device in / pinned out / device out */
+    size_t qcap_x, qcap_y, qx_used, qy_used; /* floats */
     pending *pend;
     int npend, cap_pend;
+    int nlaunched;        /* pend[0 .. nlaunched) are on the stream */
+    gpu_expert_job *jobs; /* cap_pend of them: a launch's batch */
+    gpu_ws ews;           /* gpu_experts' scratch */
+    df_status flush_st;   /* a launch that failed inside acc_release, reported at finish */
+    char flush_err[DF_ERRMSG];
     int *qrows;
     int nrows, cap_rows;
     float *kh, *kd; /* KDA staging: a step's inputs and o (pinned / device) */
@@ -203,10 +212,18 @@ void *acc_upload(void *ctx, const void *weight, int *refused, char *err) {
     return h;
 }
 
+df_status queue_launch(acc *a, char *err);
+
 void acc_release(void *ctx, void *hp) {
     acc *a = (acc *)ctx;
     handle *h = (handle *)hp;
     if (!h) return;
+    /* queued experts that read it are launched first, so the events below
+     * follow them */
+    if (h->qref > 0) {
+        df_status st = queue_launch(a, a->flush_err);
+        if (st != DF_OK && a->flush_st == DF_OK) a->flush_st = st;
+    }
     /* queued products may still read h: a spare's next fill waits for them
      * (handle_fill), a copy given back waits here */
     if (a->nspare < SPARE_MAX && h->g.data_bytes + h->g.scale_bytes <= SPARE_BYTES &&
@@ -248,21 +265,10 @@ df_status acc_matmul(void *ctx, void *hp, const float *X, int n, float *Y, int64
 df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err);
 df_status acc_expert_finish(void *ctx, char *err);
 
-int grow_dev(float **d, size_t *cap, size_t need, char *err) {
-    if (need <= *cap) return 1;
-    size_t nc = need < 65536 ? 65536 : need + need / 2;
-    cudaFree(*d);
-    *d = NULL;
-    *cap = 0;
-    cudaError_t e = cudaMalloc((void **)d, nc * sizeof(float));
-    if (e != cudaSuccess) { cerr(err, e, "expert queue buffers"); return 0; }
-    *cap = nc;
-    return 1;
-}
-
 df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err) {
-    int full = a->qx_used + n_x > a->qcap_x || a->qy_used + n_y > a->qcap_y || n_h > a->qcap_h ||
-               a->npend == a->cap_pend || a->nrows + n > a->cap_rows;
+    (void)n_h; /* gpu_experts keeps its own scratch */
+    int full = a->qx_used + n_x > a->qcap_x || a->qy_used + n_y > a->qcap_y || a->npend == a->cap_pend ||
+               a->nrows + n > a->cap_rows;
     if (!full) return DF_OK;
     if (a->npend) { /* buffers in use by queued work: finish it first */
         df_status st = acc_expert_finish(a, err);
@@ -270,14 +276,16 @@ df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *er
     }
     size_t want_x = n_x * 64 > a->qcap_x ? n_x * 64 : a->qcap_x; /* room for a layer's experts */
     size_t want_y = n_y * 64 > a->qcap_y ? n_y * 64 : a->qcap_y;
-    if (!grow(&a->qhx, &a->qdx, &a->qcap_x, want_x, err) || !grow(&a->qhy, &a->qdy, &a->qcap_y, want_y, err) ||
-        !grow_dev(&a->qdh, &a->qcap_h, n_h, err))
+    if (!grow(&a->qhx, &a->qdx, &a->qcap_x, want_x, err) || !grow(&a->qhy, &a->qdy, &a->qcap_y, want_y, err))
         return DF_ERR_NOMEM;
     if (a->npend == a->cap_pend) {
         int nc = a->cap_pend ? 2 * a->cap_pend : 64;
         pending *p = (pending *)realloc(a->pend, (size_t)nc * sizeof *p);
         if (!p) return DF_ERR_NOMEM;
         a->pend = p;
+        gpu_expert_job *j = (gpu_expert_job *)realloc(a->jobs, (size_t)nc * sizeof *j);
+        if (!j) return DF_ERR_NOMEM;
+        a->jobs = j;
         a->cap_pend = nc;
     }
     if (a->nrows + n > a->cap_rows) {
@@ -290,37 +298,34 @@ df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *er
     return DF_OK;
 }
 
-/* One routed expert queued on the product stream: x up, gpu_expert (gate/up
- * + activation in one kernel, then down) once its uploads are in, y back to
- * pinned memory. The host waits for nothing here. */
+/* One routed expert queued: its inputs staged in pinned memory and its
+ * product stream waits on its uploads; nothing is launched until the batch
+ * is (queue_launch: at finish, or when a copy it reads is released). */
 df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ, float beta, float linear_beta,
                            const float *X, int n, float *out, const int *rows, int64_t stride, char *err) {
     acc *a = (acc *)ctx;
-    const handle *hg = (const handle *)gate, *hu = (const handle *)up, *hd = (const handle *)down;
-    const gpu_weight *g = &hg->g, *u = &hu->g, *d = &hd->g;
+    handle *hg = (handle *)gate, *hu = (handle *)up, *hd = (handle *)down;
+    const gpu_weight *g = &hg->g, *d = &hd->g;
     const int64_t hid = g->cols, inter = g->rows, dim = d->rows;
     if (n <= 0) return DF_OK;
     df_status st = queue_room(a, (size_t)n * hid, (size_t)n * dim, (size_t)n * inter, n, err);
     if (st != DF_OK) return st;
     if (handle_wait(a, hg, err) || handle_wait(a, hu, err) || handle_wait(a, hd, err)) return DF_ERR_IO;
-    float *hx = a->qhx + a->qx_used, *dx = a->qdx + a->qx_used;
-    float *hy = a->qhy + a->qy_used, *dy = a->qdy + a->qy_used;
-    memcpy(hx, X, (size_t)n * hid * sizeof(float));
-    if (act_copy(a, dx, hx, (size_t)n * hid, err) != DF_OK) return DF_ERR_IO;
-    gpu_act act = {situ, beta, linear_beta};
-    st = gpu_expert(g, u, d, &act, dx, n, a->qdh, dy, a->stream);
-    if (st != DF_OK) {
-        if (err) snprintf(err, DF_ERRMSG, "cuda: expert: %s", gpu_last_error());
-        return st;
-    }
-    if (act_copy(a, hy, dy, (size_t)n * dim, err) != DF_OK) return DF_ERR_IO;
+    memcpy(a->qhx + a->qx_used, X, (size_t)n * hid * sizeof(float));
     pending *p = &a->pend[a->npend++];
+    p->h[0] = hg;
+    p->h[1] = hu;
+    p->h[2] = hd;
+    p->act = {situ, beta, linear_beta};
     p->out = out;
     p->stride = stride;
     p->dim = dim;
+    p->hid = hid;
+    p->x_off = (int64_t)a->qx_used;
     p->y_off = (int64_t)a->qy_used;
     p->n = n;
     p->rows_off = a->nrows;
+    for (int i = 0; i < 3; i++) p->h[i]->qref++;
     memcpy(a->qrows + a->nrows, rows, (size_t)n * sizeof(int));
     a->nrows += n;
     a->qx_used += (size_t)n * hid;
@@ -328,14 +333,48 @@ df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ
     return DF_OK;
 }
 
-/* Waits for the product stream (not for uploads started since: prefetches
- * keep running), then writes every queued output to its rows. */
+/* Launches the queued experts not launched yet: their inputs up in one
+ * copy, gpu_experts over runs of one activation (a layer's experts: two
+ * tensor-core batches), their outputs back in one copy. No host wait. */
+df_status queue_launch(acc *a, char *err) {
+    const int first = a->nlaunched;
+    if (first == a->npend) return DF_OK;
+    const pending *p0 = &a->pend[first];
+    df_status st = act_copy(a, a->qdx + p0->x_off, a->qhx + p0->x_off, a->qx_used - (size_t)p0->x_off, err);
+    for (int i = first; i < a->npend; i++) {
+        const pending *p = &a->pend[i];
+        a->jobs[i] = {&p->h[0]->g, &p->h[1]->g, &p->h[2]->g, a->qdx + p->x_off, p->n, a->qdy + p->y_off};
+    }
+    for (int r0 = first; st == DF_OK && r0 < a->npend;) {
+        int r1 = r0 + 1;
+        const gpu_act &x = a->pend[r0].act;
+        while (r1 < a->npend && a->pend[r1].act.situ == x.situ && a->pend[r1].act.beta == x.beta &&
+               a->pend[r1].act.linear_beta == x.linear_beta)
+            r1++;
+        st = gpu_experts(a->jobs + r0, r1 - r0, &x, &a->ews, a->stream);
+        if (st != DF_OK && err) snprintf(err, DF_ERRMSG, "cuda: experts: %s", gpu_last_error());
+        r0 = r1;
+    }
+    if (st == DF_OK) st = act_copy(a, a->qhy + p0->y_off, a->qdy + p0->y_off, a->qy_used - (size_t)p0->y_off, err);
+    for (int i = first; i < a->npend; i++)
+        for (int k = 0; k < 3; k++) a->pend[i].h[k]->qref--;
+    a->nlaunched = a->npend;
+    return st;
+}
+
+/* Launches what is queued, waits for the product stream (not for uploads
+ * started since: prefetches keep running), then writes every queued output
+ * to its rows. */
 df_status acc_expert_finish(void *ctx, char *err) {
     acc *a = (acc *)ctx;
     if (!a->npend) return DF_OK;
+    df_status st = queue_launch(a, err);
+    if (st == DF_OK && a->flush_st != DF_OK) {
+        st = a->flush_st;
+        if (err) snprintf(err, DF_ERRMSG, "%s", a->flush_err);
+    }
     cudaError_t e = cudaStreamSynchronize(a->stream);
-    df_status st = DF_OK;
-    if (e != cudaSuccess) st = cerr(err, e, "queued experts");
+    if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "queued experts");
     for (int i = 0; st == DF_OK && i < a->npend; i++) {
         const pending *p = &a->pend[i];
         for (int r = 0; r < p->n; r++)
@@ -343,6 +382,8 @@ df_status acc_expert_finish(void *ctx, char *err) {
                    (size_t)p->dim * sizeof(float));
     }
     a->npend = 0;
+    a->nlaunched = 0;
+    a->flush_st = DF_OK;
     a->nrows = 0;
     a->qx_used = a->qy_used = 0;
     return st;
@@ -668,8 +709,9 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFree(a->qdx);
     cudaFreeHost(a->qhy);
     cudaFree(a->qdy);
-    cudaFree(a->qdh);
     free(a->pend);
+    free(a->jobs);
+    gpu_ws_free(&a->ews);
     free(a->qrows);
     cudaFreeHost(a->kh);
     cudaFree(a->kd);
