@@ -186,6 +186,13 @@ typedef struct df_accel {
      * by a short read-only kernel over a buffer far larger than its caches
      * (bench's device floor: the bytes a step reads on the device at it). */
     double (*read_gbps)(void *ctx);
+    /* Optional: count independent products in one call with one host wait:
+     * for i < count, Y[i][j * ldy[i] + r] = sum_c W_i[r][c] X[i][j * cols_i + c]
+     * for j < n[i] and every row r of W_i (handles from upload; X, Y host
+     * memory; products with the same X pointer share its copy). Each result
+     * is bit-equal to matmul's. Synchronous; on error no Y is defined. */
+    df_status (*matmul_many)(void *ctx, int count, void *const *handles, const float *const *X, const int *n,
+                             float *const *Y, const int64_t *ldy, char *err);
 } df_accel;
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer

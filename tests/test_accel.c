@@ -74,6 +74,19 @@ static df_status fake_matmul(void *ctx, void *handle, const float *X, int n, flo
     return DF_OK;
 }
 
+/* matmul_many on the stand-in: each product as fake_matmul, counted. */
+static int fake_many_calls;
+static df_status fake_matmul_many(void *ctx, int count, void *const *handles, const float *const *X, const int *n,
+                                  float *const *Y, const int64_t *ldy, char *err) {
+    fake_many_calls++;
+    for (int i = 0; i < count; i++) {
+        const fake_h *h = handles[i];
+        df_status st = fake_matmul(ctx, handles[i], X[i], n[i], Y[i], ldy[i], 0, h->w.rows, err);
+        if (st != DF_OK) return st;
+    }
+    return DF_OK;
+}
+
 /* The expert queue on the stand-in: the CPU's own math (kn_matmul at the
  * same level, ffn.c's activations), so the logits stay bit-identical with
  * it. Like a device, it writes the outputs only at finish. */
@@ -285,12 +298,15 @@ TEST(model_accel_bit_identical_any_budget) {
             /* the last three with the expert queue and the attention state hooks */
             df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                           b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
-                          b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL};
+                          b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
+                          b >= 3 ? fake_matmul_many : NULL};
             df_accel_stats st;
             fake_expert_calls = 0;
+            fake_many_calls = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, &read);
             CHECK((fake_expert_calls > 0) == (b >= 3), "%s budget %d: %d expert calls", fx[i], b, fake_expert_calls);
             CHECK(fake_nq == 0, "%s budget %d: %d queued experts never finished", fx[i], b, fake_nq);
+            CHECK((fake_many_calls > 0) == (b >= 3), "%s budget %d: %d matmul_many calls", fx[i], b, fake_many_calls);
             REQUIRE(lg != NULL, "%s budget %lld", fx[i], (long long)budgets[b]);
             df_engine_opts o;
             df_engine_opts_default(&o);
@@ -463,7 +479,7 @@ TEST(model_accel_kda_failure_resets) {
     if (!n) SKIP("fixtures missing");
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL};
+                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL};
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;

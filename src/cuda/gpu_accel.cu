@@ -260,6 +260,57 @@ df_status acc_matmul(void *ctx, void *hp, const float *X, int n, float *Y, int64
     return DF_OK;
 }
 
+/* Several products behind one host wait: each distinct X staged once, all
+ * inputs up in one copy, the products (gpu_matmul_tc, as acc_matmul), all
+ * outputs back in one copy. */
+df_status acc_matmul_many(void *ctx, int count, void *const *hp, const float *const *X, const int *n,
+                          float *const *Y, const int64_t *ldy, char *err) {
+    acc *a = (acc *)ctx;
+    enum { MANY_MAX = 16 };
+    if (count < 1 || count > MANY_MAX) return DF_ERR_ARG;
+    size_t xoff[MANY_MAX], yoff[MANY_MAX], nx = 0, ny = 0;
+    for (int i = 0; i < count; i++) {
+        const handle *h = (const handle *)hp[i];
+        if (handle_wait(a, h, err) != DF_OK) return DF_ERR_IO;
+        int same = -1;
+        for (int j = 0; j < i && same < 0; j++)
+            if (X[j] == X[i] && n[j] == n[i] && ((const handle *)hp[j])->g.cols == h->g.cols) same = j;
+        if (same >= 0) xoff[i] = xoff[same];
+        else {
+            xoff[i] = nx;
+            nx += (size_t)n[i] * h->g.cols;
+        }
+        yoff[i] = ny;
+        ny += (size_t)n[i] * h->g.rows;
+    }
+    if (!grow(&a->hx, &a->dx, &a->cap_x, nx, err)) return DF_ERR_NOMEM;
+    if (!grow(&a->hy, &a->dy, &a->cap_y, ny, err)) return DF_ERR_NOMEM;
+    for (int i = 0; i < count; i++) {
+        const int64_t cols = ((const handle *)hp[i])->g.cols;
+        int first = 1;
+        for (int j = 0; j < i && first; j++) first = xoff[j] != xoff[i];
+        if (first) memcpy(a->hx + xoff[i], X[i], (size_t)n[i] * cols * sizeof(float));
+    }
+    if (act_copy(a, a->dx, a->hx, nx, err) != DF_OK) return DF_ERR_IO;
+    for (int i = 0; i < count; i++) {
+        const gpu_weight *g = &((const handle *)hp[i])->g;
+        df_status st = gpu_matmul_tc(g, a->dx + xoff[i], n[i], a->dy + yoff[i], g->rows, 0, g->rows, &a->ws, a->stream);
+        if (st != DF_OK) {
+            if (err) snprintf(err, DF_ERRMSG, "cuda: matmul: %s", gpu_last_error());
+            return st;
+        }
+    }
+    if (act_copy(a, a->hy, a->dy, ny, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "matmul");
+    for (int i = 0; i < count; i++) {
+        const int64_t rows = ((const handle *)hp[i])->g.rows;
+        for (int v = 0; v < n[i]; v++)
+            memcpy(Y[i] + (size_t)v * ldy[i], a->hy + yoff[i] + (size_t)v * rows, (size_t)rows * sizeof(float));
+    }
+    return DF_OK;
+}
+
 /* Makes room for one more queued expert: n_x input and n_y output floats,
  * n_h hidden floats, n rows. Growing a buffer first finishes the queue. */
 df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err);
@@ -679,6 +730,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.upload = acc_upload;
     a->pub.release = acc_release;
     a->pub.matmul = acc_matmul;
+    a->pub.matmul_many = acc_matmul_many;
     a->pub.pin = acc_pin;
     a->pub.unpin = acc_unpin;
     a->pub.h2d_gbps = acc_h2d_gbps;

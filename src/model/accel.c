@@ -414,6 +414,59 @@ static void *expert_handle(acc_table *t, const df_weight *w, acc_ent **ent, int 
     return h;
 }
 
+/* The products of r the accelerator takes, in one matmul_many call (one
+ * host wait); done[i] = 1 for each it computed. Needs two or more. */
+static void acc_mm_many(acc_table *t, const mm_req *r, int count, int *done) {
+    enum { MANY_MAX = 16 };
+    if (!t || !t->a->matmul_many || count < 2 || count > MANY_MAX) return;
+    void *h[MANY_MAX];
+    int32_t id[MANY_MAX];
+    int tr[MANY_MAX], pick[MANY_MAX], np = 0;
+    const float *X[MANY_MAX];
+    float *Y[MANY_MAX];
+    int n[MANY_MAX];
+    int64_t ldy[MANY_MAX], bytes = 0;
+    for (int i = 0; i < count; i++) {
+        acc_ent *ent = NULL;
+        int transient = 0;
+        void *hi = expert_handle(t, r[i].w, &ent, &transient); /* marks ent busy: not evicted by the next */
+        if (!hi) continue;
+        h[np] = hi;
+        id[np] = ent ? (int32_t)(ent - t->ent) : -1;
+        tr[np] = transient;
+        X[np] = r[i].X;
+        Y[np] = r[i].Y;
+        n[np] = r[i].n;
+        ldy[np] = r[i].ldy;
+        pick[np++] = i;
+        bytes += wt_bytes(r[i].w);
+    }
+    df_status st = DF_OK;
+    if (np) {
+        double t0 = now_s();
+        st = t->a->matmul_many(t->a->ctx, np, h, X, n, Y, ldy, t->err);
+        t->st.sync_s += now_s() - t0;
+        t->st.sync_calls++;
+        if (st != DF_OK) snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+    }
+    for (int k = 0; k < np; k++) {
+        if (id[k] >= 0) t->ent[id[k]].busy = 0;
+        if (tr[k]) t->a->release(t->a->ctx, h[k]);
+        if (st == DF_OK) done[pick[k]] = 1;
+    }
+    if (np && st == DF_OK) {
+        t->st.calls += (uint64_t)np;
+        t->st.device_read_bytes += (uint64_t)bytes;
+    }
+}
+
+void mm_many(df_engine *e, const mm_req *r, int count) {
+    int done[16] = {0};
+    if (e->acc && count <= 16) acc_mm_many(e->acc, r, count, done);
+    for (int i = 0; i < count; i++)
+        if (!done[i]) mm(e, r[i].w, r[i].X, r[i].n, r[i].Y, r[i].ldy);
+}
+
 void acc_prefetch(acc_table *t, const df_weight *w, int n) {
     for (int i = 0; t && i < n; i++) {
         const void *k = key_of(&w[i]);

@@ -145,6 +145,17 @@ void prof_add(df_engine *e, int part, double *t);
 
 /* Parallel y = W x over rows for n vectors: Y[i*ldy + r]. */
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
+/* Products of one layer that do not depend on each other: mm for each, the
+ * ones the accelerator takes in one call with one host wait (accel.c,
+ * df_accel.matmul_many). Same results as count mm calls in any order. */
+typedef struct {
+    const df_weight *w;
+    const float *X;
+    int n;
+    float *Y;
+    int64_t ldy;
+} mm_req;
+void mm_many(df_engine *e, const mm_req *r, int count);
 
 /* The accelerator table (accel.c): bound matrices are registered at open
  * and uploaded on first use; acc_mm returns 1 when the accelerator computed
