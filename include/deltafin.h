@@ -193,7 +193,20 @@ typedef struct df_accel {
      * is bit-equal to matmul's. Synchronous; on error no Y is defined. */
     df_status (*matmul_many)(void *ctx, int count, void *const *handles, const float *const *X, const int *n,
                              float *const *Y, const int64_t *ldy, char *err);
+    /* Optional: a whole KDA layer step with one host wait, its activations
+     * kept on the device between the products: xn [n][hidden] in, out
+     * [n][hidden] out (host memory); mats[DF_KDA_MATS]: device copies from
+     * upload of the layer's projections in the order of df_kda_mat (g, or
+     * g_a and g_b, NULL as the layer has them). The same values as those
+     * products through matmul and the kda hook (bit-equal on one device).
+     * Errors as kda's (the state is then undefined). */
+    df_status (*kda_layer)(void *ctx, const df_accel_kda *layer, void *state, int n, void *const *mats,
+                           const float *xn, float *out, char *err);
 } df_accel;
+
+/* The order of df_accel.kda_layer's matrices. */
+enum df_kda_mat { DF_KDA_Q, DF_KDA_K, DF_KDA_V, DF_KDA_FA, DF_KDA_FB, DF_KDA_B, DF_KDA_G, DF_KDA_GA, DF_KDA_GB,
+                  DF_KDA_O, DF_KDA_MATS };
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer
  * through a double buffer (for models whose spine does not fit in RAM).

@@ -87,6 +87,38 @@ static df_status fake_matmul_many(void *ctx, int count, void *const *handles, co
     return DF_OK;
 }
 
+/* kda_layer on the stand-in: the products (fake_matmul) and fake_kda in the
+ * engine's order, so the logits stay bit-identical. */
+static int fake_kda_layer_calls;
+static df_status fake_kda(void *ctx, const df_accel_kda *l, void *state, int n, const float *q, const float *k,
+                          const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
+static df_status fake_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, void *const *mats,
+                                const float *xn, float *out, char *err) {
+    fake_kda_layer_calls++;
+    const int64_t P = (int64_t)l->H * l->D;
+    const fake_h *h[DF_KDA_MATS];
+    for (int i = 0; i < DF_KDA_MATS; i++) h[i] = mats[i];
+    float *buf = malloc((size_t)n * (7 * P + l->H + 2 * l->D) * sizeof(float));
+    float *q = buf, *k = q + n * P, *v = k + n * P, *f = v + n * P, *gate = f + n * P, *o = gate + n * P;
+    float *braw = o + n * P, *fa = braw + n * l->H, *gl = fa + n * l->D;
+    const int full = h[DF_KDA_G] != NULL;
+    fake_matmul(ctx, mats[DF_KDA_Q], xn, n, q, P, 0, P, err);
+    fake_matmul(ctx, mats[DF_KDA_K], xn, n, k, P, 0, P, err);
+    fake_matmul(ctx, mats[DF_KDA_V], xn, n, v, P, 0, P, err);
+    fake_matmul(ctx, mats[DF_KDA_FA], xn, n, fa, l->D, 0, l->D, err);
+    fake_matmul(ctx, mats[DF_KDA_FB], fa, n, f, P, 0, P, err);
+    fake_matmul(ctx, mats[DF_KDA_B], xn, n, braw, l->H, 0, l->H, err);
+    if (full) fake_matmul(ctx, mats[DF_KDA_G], xn, n, gate, P, 0, P, err);
+    else {
+        fake_matmul(ctx, mats[DF_KDA_GA], xn, n, gl, l->D, 0, l->D, err);
+        fake_matmul(ctx, mats[DF_KDA_GB], gl, n, gate, P, 0, P, err);
+    }
+    df_status st = fake_kda(ctx, l, state, n, q, k, v, f, braw, gate, o, err);
+    if (st == DF_OK) fake_matmul(ctx, mats[DF_KDA_O], o, n, out, h[DF_KDA_O]->w.rows, 0, h[DF_KDA_O]->w.rows, err);
+    free(buf);
+    return st;
+}
+
 /* The expert queue on the stand-in: the CPU's own math (kn_matmul at the
  * same level, ffn.c's activations), so the logits stay bit-identical with
  * it. Like a device, it writes the outputs only at finish. */
@@ -299,14 +331,17 @@ TEST(model_accel_bit_identical_any_budget) {
             df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                           b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
                           b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
-                          b >= 3 ? fake_matmul_many : NULL};
+                          b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL};
             df_accel_stats st;
             fake_expert_calls = 0;
             fake_many_calls = 0;
+            fake_kda_layer_calls = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, &read);
             CHECK((fake_expert_calls > 0) == (b >= 3), "%s budget %d: %d expert calls", fx[i], b, fake_expert_calls);
             CHECK(fake_nq == 0, "%s budget %d: %d queued experts never finished", fx[i], b, fake_nq);
             CHECK((fake_many_calls > 0) == (b >= 3), "%s budget %d: %d matmul_many calls", fx[i], b, fake_many_calls);
+            CHECK((fake_kda_layer_calls > 0) == (b >= 4 && (strstr(fx[i], "kimi_k3") || strstr(fx[i], "kimi_linear"))),
+                  "%s budget %d: %d kda_layer calls", fx[i], b, fake_kda_layer_calls);
             REQUIRE(lg != NULL, "%s budget %lld", fx[i], (long long)budgets[b]);
             df_engine_opts o;
             df_engine_opts_default(&o);
@@ -479,7 +514,7 @@ TEST(model_accel_kda_failure_resets) {
     if (!n) SKIP("fixtures missing");
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL};
+                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL};
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;

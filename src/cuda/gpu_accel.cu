@@ -550,6 +550,68 @@ df_status acc_kda(void *ctx, const df_accel_kda *l, void *state, int n, const fl
     return DF_OK;
 }
 
+/* A whole KDA layer: xn up, the projections into device buffers (the
+ * low-rank halves reading their first halves there), gpu_kda, the output
+ * projection, out back: one host wait, the same kernels and inputs as the
+ * products through acc_matmul and acc_kda (so the same bits). */
+df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, void *const *mats, const float *xn,
+                        float *out, char *err) {
+    acc *a = (acc *)ctx;
+    dev_state *st = (dev_state *)state;
+    const handle *h[DF_KDA_MATS];
+    for (int i = 0; i < DF_KDA_MATS; i++) {
+        h[i] = (const handle *)mats[i];
+        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
+    }
+    const int full = h[DF_KDA_G] != NULL;
+    if (!h[DF_KDA_Q] || !h[DF_KDA_K] || !h[DF_KDA_V] || !h[DF_KDA_FA] || !h[DF_KDA_FB] || !h[DF_KDA_B] ||
+        !h[DF_KDA_O] || (!full && (!h[DF_KDA_GA] || !h[DF_KDA_GB]))) {
+        if (err) snprintf(err, DF_ERRMSG, "cuda: kda layer: a projection is missing");
+        return DF_ERR_ARG;
+    }
+    const int64_t hid = h[DF_KDA_Q]->g.cols, D = l->D;
+    const size_t nP = (size_t)n * l->H * l->D, nH = (size_t)n * l->H, nx = (size_t)n * hid, nD = (size_t)n * D;
+    /* device layout: q k v f gate braw (acc_kda's order) | o | xn | fa | gl | out */
+    const size_t in = 5 * nP + nH, total = in + nP + nx + 2 * nD + nx;
+    if (!grow(&a->kh, &a->kd, &a->cap_k, total, err)) return DF_ERR_NOMEM;
+    float *d = a->kd, *q = d, *k = d + nP, *v = d + 2 * nP, *f = d + 3 * nP, *gate = d + 4 * nP, *braw = d + 5 * nP;
+    float *o = d + in, *x = o + nP, *fa = x + nx, *gl = fa + nD, *y = gl + nD;
+    memcpy(a->kh + (x - d), xn, nx * sizeof(float));
+    if (act_copy(a, x, a->kh + (x - d), nx, err) != DF_OK) return DF_ERR_IO;
+    struct {
+        int m;
+        const float *X;
+        float *Y;
+    } steps[8] = {{DF_KDA_Q, x, q}, {DF_KDA_K, x, k}, {DF_KDA_V, x, v}, {DF_KDA_FA, x, fa}, {DF_KDA_FB, fa, f},
+                  {DF_KDA_B, x, braw}, {full ? DF_KDA_G : DF_KDA_GA, x, full ? gate : gl}, {DF_KDA_GB, gl, gate}};
+    for (int i = 0; i < (full ? 7 : 8); i++) {
+        const gpu_weight *g = &h[steps[i].m]->g;
+        df_status ps = gpu_matmul_tc(g, steps[i].X, n, steps[i].Y, g->rows, 0, g->rows, &a->ws, a->stream);
+        if (ps != DF_OK) {
+            if (err) snprintf(err, DF_ERRMSG, "cuda: kda layer: %s", gpu_last_error());
+            return ps;
+        }
+    }
+    const kda_shape sh = kda_shape_of(l);
+    const kda_params p = {{st->conv[0], st->conv[1], st->conv[2]}, st->a, st->dt_bias, st->o_norm};
+    df_status rs = gpu_kda(&sh, &p, (float *)st->d, n, q, k, v, f, braw, gate, o, a->stream);
+    if (rs != DF_OK) {
+        snprintf(err, DF_ERRMSG, "cuda: kda: %s", rs == DF_ERR_IO ? gpu_last_error() : "refused");
+        return rs;
+    }
+    const gpu_weight *go = &h[DF_KDA_O]->g;
+    rs = gpu_matmul_tc(go, o, n, y, go->rows, 0, go->rows, &a->ws, a->stream);
+    if (rs != DF_OK) {
+        if (err) snprintf(err, DF_ERRMSG, "cuda: kda layer: %s", gpu_last_error());
+        return rs;
+    }
+    if (act_copy(a, a->kh + (y - d), y, nx, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "kda layer");
+    memcpy(out, a->kh + (y - d), nx * sizeof(float));
+    return DF_OK;
+}
+
 /* One MLA layer step: q and kva to the device (one staging copy), the cache
  * rows + q_pe rotation, absorb, attention over the cache, lift, attn back. */
 df_status acc_mla(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int pos, int n, const float *q,
@@ -742,6 +804,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.state_free = acc_state_free;
     a->pub.state_zero = acc_state_zero;
     a->pub.kda = acc_kda;
+    a->pub.kda_layer = acc_kda_layer;
     a->pub.mla = acc_mla;
     return &a->pub;
 }

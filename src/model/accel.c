@@ -583,6 +583,46 @@ df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, c
     return DF_OK;
 }
 
+int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, const df_weight *const *w,
+                  const float *xn, float *out, char *err) {
+    if (!acc_has_kda(t) || !t->a->kda_layer) return 0;
+    void *h[DF_KDA_MATS] = {NULL};
+    int32_t id[DF_KDA_MATS];
+    int tr[DF_KDA_MATS] = {0}, ok = 1, count = 0;
+    int64_t bytes = 0;
+    for (int i = 0; i < DF_KDA_MATS; i++) {
+        id[i] = -1;
+        if (!w[i] || !ok) continue;
+        acc_ent *ent = NULL;
+        h[i] = expert_handle(t, w[i], &ent, &tr[i]); /* busy: the next upload does not evict it */
+        if (ent) id[i] = (int32_t)(ent - t->ent);
+        ok = h[i] != NULL;
+        bytes += wt_bytes(w[i]);
+        count++;
+    }
+    df_status st = DF_OK;
+    if (ok) {
+        double t0 = now_s();
+        st = t->a->kda_layer(t->a->ctx, layer, state, n, h, xn, out, t->err);
+        t->st.sync_s += now_s() - t0;
+        t->st.sync_calls++;
+    }
+    for (int i = 0; i < DF_KDA_MATS; i++) {
+        if (id[i] >= 0) t->ent[id[i]].busy = 0;
+        if (tr[i]) t->a->release(t->a->ctx, h[i]);
+    }
+    if (!ok) return 0;
+    if (st != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        df_fail(err, st, "%s", t->err);
+        return -1;
+    }
+    t->st.calls += (uint64_t)count;
+    t->st.kda_calls++;
+    t->st.device_read_bytes += (uint64_t)bytes + (uint64_t)layer->H * layer->D * layer->D * sizeof(float);
+    return 1;
+}
+
 df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const float *q,
                   const float *kva, float *attn, char *err) {
     const df_weight *kv_b = layer->kv_b;

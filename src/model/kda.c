@@ -165,6 +165,14 @@ static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
 df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
                       kda_scratch *s, int n, const float *xn, float *out, char *err) {
     int64_t P = (int64_t)sh->H * sh->D;
+    if (dev_state) { /* the whole layer on the device, one host wait */
+        const int full = sh->full_rank_gate;
+        const df_weight *w[DF_KDA_MATS] = {&k->q, &k->k, &k->v, &k->fa, &k->fb, &k->b, full ? &k->g : NULL,
+                                           full ? NULL : &k->ga, full ? NULL : &k->gb, &k->o};
+        int r = acc_kda_layer(e->acc, &k->dev, dev_state, n, w, xn, out, err);
+        if (r < 0) return DF_ERR_IO;
+        if (r > 0) return DF_OK;
+    }
     /* the projections of xn, then the two low-rank second halves: two host
      * waits on an accelerator instead of eight */
     const mm_req first[6] = {{&k->q, xn, n, s->qr, P},          {&k->k, xn, n, s->kr, P},

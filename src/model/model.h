@@ -217,6 +217,12 @@ void acc_states_free(acc_table *t, void **st, int count);
 df_status acc_state_zero(acc_table *t, void *state, char *err);
 /* kda_core.h's conv + recurrence on the device state for n tokens (inputs
  * and o in host memory). On error the state is undefined. */
+/* A whole KDA layer through df_accel.kda_layer (w[DF_KDA_MATS], NULL where
+ * the layer has none): 1 done (out written), 0 not offered or a matrix
+ * without a device copy (nothing changed: run the layer the usual way),
+ * -1 a device failure (err; the state is undefined). */
+int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, const df_weight *const *w,
+                  const float *xn, float *out, char *err);
 df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, const float *q, const float *k,
                   const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
 /* An MLA layer's attention on the device (cache rows pos.., q_pe rotation,
