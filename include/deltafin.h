@@ -107,6 +107,9 @@ typedef struct df_accel_mla {
     float rope_mscale, softmax_scale, latent_eps;
     const float *kv_a_norm;   /* [R] */
     const void *kv_b;         /* const df_weight * (src/format/weight.h): [nh*(dn+dv)][R] */
+    const float *q_a_norm;    /* [qlr] when the layer has q_a / q_b (mla_layer), else NULL */
+    int qlr;                  /* q_lora_rank; 0: a plain q_proj */
+    int has_gate;             /* K3's sigmoid output gate (g_proj) */
 } df_accel_mla;
 
 /* An accelerator for the matrix products (deltafin-cuda: src/cuda/gpu_accel.h).
@@ -202,9 +205,21 @@ typedef struct df_accel {
      * Errors as kda's (the state is then undefined). */
     df_status (*kda_layer)(void *ctx, const df_accel_kda *layer, void *state, int n, void *const *mats,
                            const float *xn, float *out, char *err);
+    /* Optional: a whole MLA layer (see df_mla_mat below). */
+    df_status (*mla_layer)(void *ctx, const struct df_accel_mla *layer, void *kv_b, void *state, int pos, int n,
+                           void *const *mats, const float *xn, float *out, char *err);
 } df_accel;
 
 /* The order of df_accel.kda_layer's matrices. */
+/* Optional (with the state hooks): a whole MLA layer step with one host
+ * wait: the projections of xn [n][hidden], q_a's RMSNorm (q_a_norm, eps
+ * latent_eps), the mla hook's cache write and attention (kv_b as there),
+ * the sigmoid output gate and the output projection into out [n][hidden]
+ * (host memory). mats[DF_MLA_MATS] in the order of df_mla_mat, NULL where
+ * the layer has none. Within the mla hook's bounds of the products and
+ * the CPU's norm and gate (CUDA's expf). Errors as mla's. */
+enum df_mla_mat { DF_MLA_QA, DF_MLA_QB, DF_MLA_Q, DF_MLA_KVA, DF_MLA_G, DF_MLA_O, DF_MLA_MATS };
+
 enum df_kda_mat { DF_KDA_Q, DF_KDA_K, DF_KDA_V, DF_KDA_FA, DF_KDA_FB, DF_KDA_B, DF_KDA_G, DF_KDA_GA, DF_KDA_GB,
                   DF_KDA_O, DF_KDA_MATS };
 

@@ -119,6 +119,37 @@ static df_status fake_kda_layer(void *ctx, const df_accel_kda *l, void *state, i
     return st;
 }
 
+/* mla_layer on the stand-in: the engine's order of products, norm, fake_mla
+ * and gate (the CPU's op_rmsnorm / op_sigmoid), so bit-identical. */
+static int fake_mla_layer_calls;
+static df_status fake_mla(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int pos, int n, const float *q,
+                          const float *kva, float *attn, char *err);
+static df_status fake_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int pos, int n,
+                                void *const *mats, const float *xn, float *out, char *err) {
+    fake_mla_layer_calls++;
+    const int64_t dq = l->dn + l->dr, nq = (int64_t)l->nh * dq, nat = (int64_t)l->nh * l->dv, kv = l->R + l->dr;
+    const int64_t qlr = l->qlr > 0 ? l->qlr : 1;
+    float *buf = malloc((size_t)n * (nq + kv + 2 * nat + qlr) * sizeof(float));
+    float *q = buf, *kva = q + n * nq, *attn = kva + n * kv, *gate = attn + n * nat, *qa = gate + n * nat;
+    if (mats[DF_MLA_QA]) {
+        fake_matmul(ctx, mats[DF_MLA_QA], xn, n, qa, l->qlr, 0, l->qlr, err);
+        for (int t = 0; t < n; t++) op_rmsnorm(qa + (size_t)t * l->qlr, qa + (size_t)t * l->qlr, l->q_a_norm, l->qlr, l->latent_eps);
+        fake_matmul(ctx, mats[DF_MLA_QB], qa, n, q, nq, 0, nq, err);
+    } else {
+        fake_matmul(ctx, mats[DF_MLA_Q], xn, n, q, nq, 0, nq, err);
+    }
+    fake_matmul(ctx, mats[DF_MLA_KVA], xn, n, kva, kv, 0, kv, err);
+    df_status st = fake_mla(ctx, l, kv_b, state, pos, n, q, kva, attn, err);
+    if (st == DF_OK && mats[DF_MLA_G]) {
+        fake_matmul(ctx, mats[DF_MLA_G], xn, n, gate, nat, 0, nat, err);
+        for (int64_t i = 0; i < n * nat; i++) attn[i] *= op_sigmoid(gate[i]);
+    }
+    const fake_h *o = mats[DF_MLA_O];
+    if (st == DF_OK) fake_matmul(ctx, mats[DF_MLA_O], attn, n, out, o->w.rows, 0, o->w.rows, err);
+    free(buf);
+    return st;
+}
+
 /* The expert queue on the stand-in: the CPU's own math (kn_matmul at the
  * same level, ffn.c's activations), so the logits stay bit-identical with
  * it. Like a device, it writes the outputs only at finish. */
@@ -331,17 +362,21 @@ TEST(model_accel_bit_identical_any_budget) {
             df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                           b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
                           b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
-                          b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL};
+                          b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL,
+                          b >= 4 ? fake_mla_layer : NULL};
             df_accel_stats st;
             fake_expert_calls = 0;
             fake_many_calls = 0;
             fake_kda_layer_calls = 0;
+            fake_mla_layer_calls = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, &read);
             CHECK((fake_expert_calls > 0) == (b >= 3), "%s budget %d: %d expert calls", fx[i], b, fake_expert_calls);
             CHECK(fake_nq == 0, "%s budget %d: %d queued experts never finished", fx[i], b, fake_nq);
             CHECK((fake_many_calls > 0) == (b >= 3), "%s budget %d: %d matmul_many calls", fx[i], b, fake_many_calls);
             CHECK((fake_kda_layer_calls > 0) == (b >= 4 && (strstr(fx[i], "kimi_k3") || strstr(fx[i], "kimi_linear"))),
                   "%s budget %d: %d kda_layer calls", fx[i], b, fake_kda_layer_calls);
+            CHECK((fake_mla_layer_calls > 0) == (b >= 4), "%s budget %d: %d mla_layer calls", fx[i], b,
+                  fake_mla_layer_calls);
             REQUIRE(lg != NULL, "%s budget %lld", fx[i], (long long)budgets[b]);
             df_engine_opts o;
             df_engine_opts_default(&o);
@@ -514,7 +549,7 @@ TEST(model_accel_kda_failure_resets) {
     if (!n) SKIP("fixtures missing");
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL};
+                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL};
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;

@@ -677,6 +677,20 @@ extern "C" df_status gpu_rmsnorm(float *out, const float *x, const float *w, int
     return launched("k_rmsnorm");
 }
 
+__global__ void __launch_bounds__(256) k_sigmoid_mul(float *x, const float *__restrict__ g, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)gridDim.x * 256)
+        x[i] = __fmul_rn(x[i], __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g[i]))));
+}
+
+extern "C" df_status gpu_sigmoid_mul(float *x, const float *g, int64_t n, void *stream) {
+    if (!x || !g || n < 0) return DF_ERR_ARG;
+    if (!n) return DF_OK;
+    int64_t blocks = (n + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    k_sigmoid_mul<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, g, n);
+    return launched("k_sigmoid_mul");
+}
+
 /* ---- 7. router -------------------------------------------------------------- */
 
 enum { ROUTE_MAX_E = 1024, ROUTE_MAX_G = 32 };

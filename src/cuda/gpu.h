@@ -167,6 +167,10 @@ df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gpu_act *act,
 df_status gpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps,
                       void *stream);
 
+/* x[i] *= 1 / (1 + exp(-g[i])) for i < n (ops.h's op_sigmoid, CUDA's
+ * expf: within 2 ulp of the CPU's per element). */
+df_status gpu_sigmoid_mul(float *x, const float *g, int64_t n, void *stream);
+
 /* ---- router ---- */
 
 typedef struct {

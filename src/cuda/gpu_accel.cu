@@ -79,14 +79,14 @@ struct dev_state {
     void *d;
     int64_t bytes;
     float *conv[3], *a, *dt_bias, *o_norm; /* KDA */
-    float *kv_a_norm, *inv_freq;           /* MLA */
+    float *kv_a_norm, *inv_freq, *q_a_norm; /* MLA */
 };
 
 void dev_state_free(dev_state *st) {
     if (!st) return;
-    float *all[8] = {st->conv[0], st->conv[1], st->conv[2], st->a, st->dt_bias, st->o_norm, st->kv_a_norm,
-                     st->inv_freq};
-    for (int j = 0; j < 8; j++) cudaFree(all[j]);
+    float *all[9] = {st->conv[0], st->conv[1], st->conv[2], st->a, st->dt_bias, st->o_norm, st->kv_a_norm,
+                     st->inv_freq, st->q_a_norm};
+    for (int j = 0; j < 9; j++) cudaFree(all[j]);
     cudaFree(st->d);
     free(st);
 }
@@ -491,6 +491,8 @@ void *acc_state_new(void *ctx, const df_accel_kda *layer, const df_accel_mla *ml
     } else {
         if (e == cudaSuccess) e = dev_copy(&st->kv_a_norm, mla->kv_a_norm, (size_t)mla->R);
         if (e == cudaSuccess && mla->use_rope) e = dev_copy(&st->inv_freq, mla->inv_freq, (size_t)mla->dr / 2);
+        if (e == cudaSuccess && mla->q_a_norm && mla->qlr > 0)
+            e = dev_copy(&st->q_a_norm, mla->q_a_norm, (size_t)mla->qlr);
     }
     if (e != cudaSuccess) {
         cerr(err, e, "session state");
@@ -609,6 +611,70 @@ df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, vo
     cudaError_t e = cudaStreamSynchronize(a->stream);
     if (e != cudaSuccess) return cerr(err, e, "kda layer");
     memcpy(out, a->kh + (y - d), nx * sizeof(float));
+    return DF_OK;
+}
+
+/* A whole MLA layer: xn up, q (through q_a, its norm and q_b, or q), kva,
+ * the cache write and attention as in acc_mla, the gate, the output
+ * projection, out back: one host wait. */
+df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int pos, int n, void *const *mats,
+                        const float *xn, float *out, char *err) {
+    acc *a = (acc *)ctx;
+    dev_state *st = (dev_state *)state;
+    const handle *h[DF_MLA_MATS];
+    for (int i = 0; i < DF_MLA_MATS; i++) {
+        h[i] = (const handle *)mats[i];
+        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
+    }
+    if (handle_wait(a, (const handle *)kv_b, err) != DF_OK) return DF_ERR_IO;
+    const int lr = h[DF_MLA_QA] != NULL;
+    if (!h[DF_MLA_KVA] || !h[DF_MLA_O] || (lr ? !h[DF_MLA_QB] || !st->q_a_norm || l->qlr < 1 : !h[DF_MLA_Q]) ||
+        (l->has_gate && !h[DF_MLA_G])) {
+        if (err) snprintf(err, DF_ERRMSG, "cuda: mla layer: a projection or q_a's norm is missing");
+        return DF_ERR_ARG;
+    }
+    const gpu_weight *w = &((const handle *)kv_b)->g;
+    const mla_shape sh = mla_shape_of(l);
+    const int64_t hid = h[DF_MLA_KVA]->g.cols, qlr = lr ? l->qlr : 0;
+    const size_t nq = (size_t)n * l->nh * sh.dq, nkv = (size_t)n * (l->R + l->dr), nlat = (size_t)l->nh * n * l->R;
+    const size_t nat = (size_t)n * l->nh * l->dv, nx = (size_t)n * hid, nqa = (size_t)n * qlr;
+    /* device: x | q | kva | qlat | olat | attn | qa | gate | y */
+    const size_t total = nx + nq + nkv + 2 * nlat + nat + nqa + nat + nx;
+    if (!grow(&a->mh, &a->md, &a->cap_m, total, err)) return DF_ERR_NOMEM;
+    float *x = a->md, *q = x + nx, *kva = q + nq, *qlat = kva + nkv, *olat = qlat + nlat, *att = olat + nlat;
+    float *qa = att + nat, *gate = qa + nqa, *y = gate + nat;
+    memcpy(a->mh, xn, nx * sizeof(float));
+    if (act_copy(a, x, a->mh, nx, err) != DF_OK) return DF_ERR_IO;
+    df_status rs = DF_OK;
+#define MLA_MM(m, X, Y) \
+    (rs == DF_OK ? gpu_matmul_tc(&h[m]->g, X, n, Y, h[m]->g.rows, 0, h[m]->g.rows, &a->ws, a->stream) : rs)
+    if (lr) {
+        rs = MLA_MM(DF_MLA_QA, x, qa);
+        if (rs == DF_OK) rs = gpu_rmsnorm(qa, qa, st->q_a_norm, n, (int)qlr, l->latent_eps, a->stream);
+        rs = MLA_MM(DF_MLA_QB, qa, q);
+    } else {
+        rs = MLA_MM(DF_MLA_Q, x, q);
+    }
+    rs = MLA_MM(DF_MLA_KVA, x, kva);
+    float *cache = (float *)st->d;
+    if (rs == DF_OK) rs = gpu_mla_write(&sh, st->kv_a_norm, st->inv_freq, kva, cache, pos, n, q, a->stream);
+    if (rs == DF_OK) rs = gpu_mla_absorb(w, &sh, q, n, qlat, a->stream);
+    if (rs == DF_OK) rs = gpu_mla_attend(&sh, cache, q, qlat, pos, n, olat, &a->mla_ws, a->stream);
+    if (rs == DF_OK) rs = gpu_mla_lift(w, &sh, olat, n, att, a->stream);
+    if (l->has_gate) {
+        rs = MLA_MM(DF_MLA_G, x, gate);
+        if (rs == DF_OK) rs = gpu_sigmoid_mul(att, gate, (int64_t)nat, a->stream);
+    }
+    rs = MLA_MM(DF_MLA_O, att, y);
+#undef MLA_MM
+    if (rs != DF_OK) {
+        snprintf(err, DF_ERRMSG, "cuda: mla layer: %s", rs == DF_ERR_IO ? gpu_last_error() : df_status_name(rs));
+        return rs;
+    }
+    if (act_copy(a, a->mh, y, nx, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "mla layer");
+    memcpy(out, a->mh, nx * sizeof(float));
     return DF_OK;
 }
 
@@ -792,7 +858,9 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.upload = acc_upload;
     a->pub.release = acc_release;
     a->pub.matmul = acc_matmul;
+#ifndef GPU_NO_MANY /* diagnostics: build without the hook */
     a->pub.matmul_many = acc_matmul_many;
+#endif
     a->pub.pin = acc_pin;
     a->pub.unpin = acc_unpin;
     a->pub.h2d_gbps = acc_h2d_gbps;
@@ -804,7 +872,12 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.state_free = acc_state_free;
     a->pub.state_zero = acc_state_zero;
     a->pub.kda = acc_kda;
+#ifndef GPU_NO_KDA_LAYER
     a->pub.kda_layer = acc_kda_layer;
+#endif
+#ifndef GPU_NO_MLA_LAYER
+    a->pub.mla_layer = acc_mla_layer;
+#endif
     a->pub.mla = acc_mla;
     return &a->pub;
 }

@@ -36,6 +36,9 @@ int same_shape(const gpu_weight *a, const gpu_weight *b) {
 }
 
 int batchable(const gpu_expert_job *j) {
+#ifdef GPU_NO_EXPERT_BATCH /* diagnostics: every expert through gpu_expert */
+    return 0;
+#endif
     return gpu_matmul_tc_takes(j->gate) && gpu_matmul_tc_takes(j->up) && gpu_matmul_tc_takes(j->down) &&
            same_shape(j->gate, j->up) && j->down->rows == j->gate->cols && j->down->cols == j->gate->rows;
 }

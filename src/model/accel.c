@@ -623,6 +623,50 @@ int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, c
     return 1;
 }
 
+int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const df_weight *const *w,
+                  const float *xn, float *out, char *err) {
+    if (!acc_has_mla(t) || !t->a->mla_layer) return 0;
+    enum { NM = DF_MLA_MATS + 1 }; /* the products, then kv_b */
+    const df_weight *all[NM];
+    for (int i = 0; i < DF_MLA_MATS; i++) all[i] = w[i];
+    all[DF_MLA_MATS] = layer->kv_b;
+    void *h[NM] = {NULL};
+    int32_t id[NM];
+    int tr[NM] = {0}, ok = 1, count = 0;
+    int64_t bytes = 0;
+    for (int i = 0; i < NM; i++) {
+        id[i] = -1;
+        if (!all[i] || !ok) continue;
+        acc_ent *ent = NULL;
+        h[i] = expert_handle(t, all[i], &ent, &tr[i]); /* busy: the next upload does not evict it */
+        if (ent) id[i] = (int32_t)(ent - t->ent);
+        ok = h[i] != NULL;
+        bytes += wt_bytes(all[i]);
+        count++;
+    }
+    df_status st = DF_OK;
+    if (ok) {
+        double t0 = now_s();
+        st = t->a->mla_layer(t->a->ctx, layer, h[DF_MLA_MATS], state, pos, n, h, xn, out, t->err);
+        t->st.sync_s += now_s() - t0;
+        t->st.sync_calls++;
+    }
+    for (int i = 0; i < NM; i++) {
+        if (id[i] >= 0) t->ent[id[i]].busy = 0;
+        if (tr[i]) t->a->release(t->a->ctx, h[i]);
+    }
+    if (!ok) return 0;
+    if (st != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        df_fail(err, st, "%s", t->err);
+        return -1;
+    }
+    t->st.calls += (uint64_t)count - 1;
+    t->st.mla_calls++;
+    t->st.device_read_bytes += (uint64_t)bytes + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
+    return 1;
+}
+
 df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const float *q,
                   const float *kva, float *attn, char *err) {
     const df_weight *kv_b = layer->kv_b;

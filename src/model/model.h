@@ -223,6 +223,9 @@ df_status acc_state_zero(acc_table *t, void *state, char *err);
  * -1 a device failure (err; the state is undefined). */
 int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, const df_weight *const *w,
                   const float *xn, float *out, char *err);
+/* The same for a whole MLA layer (df_accel.mla_layer, w[DF_MLA_MATS]). */
+int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const df_weight *const *w,
+                  const float *xn, float *out, char *err);
 df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, const float *q, const float *k,
                   const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
 /* An MLA layer's attention on the device (cache rows pos.., q_pe rotation,
