@@ -186,6 +186,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "device_read_gbps", json_real(hbm));
         json_object_set_new(o, "hbm_floor_s_per_token", json_real(hbm_floor));
         json_object_set_new(o, "hbm_ratio", json_real(hbm_floor > 0 ? med / hbm_floor : 0));
+        json_object_set_new(o, "device_waits_per_token", json_real((double)(ac.sync_calls - ac0.sync_calls) / ntok));
+        json_object_set_new(o, "device_wait_s_per_token", json_real((ac.sync_s - ac0.sync_s) / ntok));
         json_object_set_new(o, "expert_cache_pinned", json_boolean(ac.pinned_bytes != 0));
         for (int i = 0; i < DF_PROF_N; i++)
             json_object_set_new(prof, df_prof_name(i), json_real((prof1[i] - prof0[i]) / ntok));
