@@ -10,6 +10,10 @@ namespace {
 
 df_status cerr(char *err, cudaError_t e, const char *what);
 
+/* n floats rounded up to 64 bytes: every buffer carved from a staging area
+ * starts 16-byte aligned (the kernels load activations as float4). */
+size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
+
 enum { SPARE_MAX = 32 };
 const int64_t SPARE_BYTES = (int64_t)64 << 20; /* larger copies are freed at once */
 
@@ -278,10 +282,10 @@ df_status acc_matmul_many(void *ctx, int count, void *const *hp, const float *co
         if (same >= 0) xoff[i] = xoff[same];
         else {
             xoff[i] = nx;
-            nx += (size_t)n[i] * h->g.cols;
+            nx += al16((size_t)n[i] * h->g.cols);
         }
         yoff[i] = ny;
-        ny += (size_t)n[i] * h->g.rows;
+        ny += al16((size_t)n[i] * h->g.rows);
     }
     if (!grow(&a->hx, &a->dx, &a->cap_x, nx, err)) return DF_ERR_NOMEM;
     if (!grow(&a->hy, &a->dy, &a->cap_y, ny, err)) return DF_ERR_NOMEM;
@@ -574,10 +578,11 @@ df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, vo
     const int64_t hid = h[DF_KDA_Q]->g.cols, D = l->D;
     const size_t nP = (size_t)n * l->H * l->D, nH = (size_t)n * l->H, nx = (size_t)n * hid, nD = (size_t)n * D;
     /* device layout: q k v f gate braw (acc_kda's order) | o | xn | fa | gl | out */
-    const size_t in = 5 * nP + nH, total = in + nP + nx + 2 * nD + nx;
+    const size_t aP = al16(nP), in = 5 * aP + al16(nH);
+    const size_t total = in + aP + al16(nx) + 2 * al16(nD) + al16(nx);
     if (!grow(&a->kh, &a->kd, &a->cap_k, total, err)) return DF_ERR_NOMEM;
-    float *d = a->kd, *q = d, *k = d + nP, *v = d + 2 * nP, *f = d + 3 * nP, *gate = d + 4 * nP, *braw = d + 5 * nP;
-    float *o = d + in, *x = o + nP, *fa = x + nx, *gl = fa + nD, *y = gl + nD;
+    float *d = a->kd, *q = d, *k = d + aP, *v = d + 2 * aP, *f = d + 3 * aP, *gate = d + 4 * aP, *braw = d + 5 * aP;
+    float *o = d + in, *x = o + aP, *fa = x + al16(nx), *gl = fa + al16(nD), *y = gl + al16(nD);
     memcpy(a->kh + (x - d), xn, nx * sizeof(float));
     if (act_copy(a, x, a->kh + (x - d), nx, err) != DF_OK) return DF_ERR_IO;
     struct {
@@ -639,10 +644,10 @@ df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *stat
     const size_t nq = (size_t)n * l->nh * sh.dq, nkv = (size_t)n * (l->R + l->dr), nlat = (size_t)l->nh * n * l->R;
     const size_t nat = (size_t)n * l->nh * l->dv, nx = (size_t)n * hid, nqa = (size_t)n * qlr;
     /* device: x | q | kva | qlat | olat | attn | qa | gate | y */
-    const size_t total = nx + nq + nkv + 2 * nlat + nat + nqa + nat + nx;
+    const size_t total = al16(nx) + al16(nq) + al16(nkv) + 2 * al16(nlat) + al16(nat) + al16(nqa) + al16(nat) + al16(nx);
     if (!grow(&a->mh, &a->md, &a->cap_m, total, err)) return DF_ERR_NOMEM;
-    float *x = a->md, *q = x + nx, *kva = q + nq, *qlat = kva + nkv, *olat = qlat + nlat, *att = olat + nlat;
-    float *qa = att + nat, *gate = qa + nqa, *y = gate + nat;
+    float *x = a->md, *q = x + al16(nx), *kva = q + al16(nq), *qlat = kva + al16(nkv), *olat = qlat + al16(nlat);
+    float *att = olat + al16(nlat), *qa = att + al16(nat), *gate = qa + al16(nqa), *y = gate + al16(nat);
     memcpy(a->mh, xn, nx * sizeof(float));
     if (act_copy(a, x, a->mh, nx, err) != DF_OK) return DF_ERR_IO;
     df_status rs = DF_OK;

@@ -592,7 +592,8 @@ TEST(cuda_experts_batch) {
 }
 
 /* gpu_sigmoid_mul (MLA's output gate on the device) against x * op_sigmoid(g):
- * within 4 ulp per element (CUDA's expf is within 2 ulp of the CPU's). */
+ * within 8 ulp per element (CUDA's expf is within 2 ulp of glibc's, and for
+ * large |g| the relative error of exp passes through the add and divide). */
 TEST(cuda_sigmoid_mul) {
     if (!need_gpu()) return;
     enum { N = 5000 };
@@ -610,12 +611,12 @@ TEST(cuda_sigmoid_mul) {
     REQUIRE(gpu_get(out, dx, sizeof out) == DF_OK, "%s", gpu_last_error());
     double worst = 0;
     for (int i = 0; i < N; i++) {
-        double b = 4 * 0x1p-24 * fabs(ref[i]) + 1e-37, d = fabs((double)out[i] - ref[i]);
+        double b = 8 * 0x1p-24 * fabs(ref[i]) + 1e-37, d = fabs((double)out[i] - ref[i]);
         if (!(d <= b)) CHECK(0, "element %d: %.9g vs %.9g", i, out[i], ref[i]);
         if (d / b > worst) worst = d / b;
     }
     CHECK(gpu_sigmoid_mul(NULL, dg, 1, NULL) == DF_ERR_ARG, "NULL refused");
-    fprintf(stderr, "[worst %.3f of 4 ulp] ", worst);
+    fprintf(stderr, "[worst %.3f of 8 ulp] ", worst);
     gpu_free(dx);
     gpu_free(dg);
 }
