@@ -208,10 +208,23 @@ typedef struct df_accel {
     /* Optional: a whole MLA layer (see df_mla_mat below). */
     df_status (*mla_layer)(void *ctx, const struct df_accel_mla *layer, void *kv_b, void *state, int pos, int n,
                            void *const *mats, const float *xn, float *out, char *err);
+    /* Optional (with expert_queue): ends a latent MoE layer on the device in
+     * place of expert_finish and the host's combine: for t < n
+     *   a = sum_k selw[t K + k] y[t K + k]   (k ascending, fp32 products and
+     *       sums rounded separately, as ffn.c's op_axpy from zero),
+     *   a = RMSNorm(a) * lat_norm (when lat_norm; eps),
+     *   out[t] = lat_up a, then + shared[t] when shared is set,
+     * where y[r] is row r (dl floats) of `routed` and shared[t] row t of
+     * `shared` (hidden floats): rows that queued experts were to write there
+     * are taken from the device (and not written to host memory), the
+     * others from host memory. lat_up: a device copy from upload. Finishes
+     * the queue as expert_finish does (errors alike). */
+    df_status (*moe_tail)(void *ctx, int n, int K, const float *selw, const float *routed, int64_t dl,
+                          const float *lat_norm, float eps, void *lat_up, const float *shared, float *out,
+                          char *err);
 } df_accel;
 
-/* The order of df_accel.kda_layer's matrices. */
-/* Optional (with the state hooks): a whole MLA layer step with one host
+/* df_accel.mla_layer (optional, with the state hooks): a whole MLA layer step with one host
  * wait: the projections of xn [n][hidden], q_a's RMSNorm (q_a_norm, eps
  * latent_eps), the mla hook's cache write and attention (kv_b as there),
  * the sigmoid output gate and the output projection into out [n][hidden]
@@ -220,6 +233,7 @@ typedef struct df_accel {
  * the CPU's norm and gate (CUDA's expf). Errors as mla's. */
 enum df_mla_mat { DF_MLA_QA, DF_MLA_QB, DF_MLA_Q, DF_MLA_KVA, DF_MLA_G, DF_MLA_O, DF_MLA_MATS };
 
+/* The order of df_accel.kda_layer's matrices. */
 enum df_kda_mat { DF_KDA_Q, DF_KDA_K, DF_KDA_V, DF_KDA_FA, DF_KDA_FB, DF_KDA_B, DF_KDA_G, DF_KDA_GA, DF_KDA_GB,
                   DF_KDA_O, DF_KDA_MATS };
 

@@ -205,6 +205,28 @@ static df_status fake_finish(void *ctx, char *err) {
     return DF_OK;
 }
 
+/* moe_tail on the stand-in: finish, then the host's combine, norm, lat_up
+ * and shared add in ffn.c's order, so bit-identical. */
+static int fake_tail_calls;
+static df_status fake_moe_tail(void *ctx, int n, int K, const float *selw, const float *routed, int64_t dl,
+                               const float *lat_norm, float eps, void *lat_up, const float *shared, float *out,
+                               char *err) {
+    fake_tail_calls++;
+    df_status st = fake_finish(ctx, err);
+    if (st != DF_OK) return st;
+    const fake_h *up = lat_up;
+    float *acc = calloc((size_t)n * dl, sizeof(float));
+    for (int t = 0; t < n; t++) {
+        for (int k = 0; k < K; k++) op_axpy(acc + t * dl, selw[t * K + k], routed + ((size_t)t * K + k) * dl, (int)dl);
+        if (lat_norm) op_rmsnorm(acc + t * dl, acc + t * dl, lat_norm, (int)dl, eps);
+    }
+    st = fake_matmul(ctx, lat_up, acc, n, out, up->w.rows, 0, up->w.rows, err);
+    if (shared)
+        for (size_t i = 0; i < (size_t)n * up->w.rows; i++) out[i] += shared[i];
+    free(acc);
+    return st;
+}
+
 /* The kda hooks on the stand-in: "device" state in malloc'ed memory (its
  * size in front, for state_zero), kda_core.h's functions on it, so logits
  * stay bit-identical to the CPU path. fake_kda_fail makes the next call fail. */
@@ -363,12 +385,13 @@ TEST(model_accel_bit_identical_any_budget) {
                           b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
                           b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
                           b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL,
-                          b >= 4 ? fake_mla_layer : NULL};
+                          b >= 4 ? fake_mla_layer : NULL, b >= 4 ? fake_moe_tail : NULL};
             df_accel_stats st;
             fake_expert_calls = 0;
             fake_many_calls = 0;
             fake_kda_layer_calls = 0;
             fake_mla_layer_calls = 0;
+            fake_tail_calls = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, &read);
             CHECK((fake_expert_calls > 0) == (b >= 3), "%s budget %d: %d expert calls", fx[i], b, fake_expert_calls);
             CHECK(fake_nq == 0, "%s budget %d: %d queued experts never finished", fx[i], b, fake_nq);
@@ -377,6 +400,8 @@ TEST(model_accel_bit_identical_any_budget) {
                   "%s budget %d: %d kda_layer calls", fx[i], b, fake_kda_layer_calls);
             CHECK((fake_mla_layer_calls > 0) == (b >= 4), "%s budget %d: %d mla_layer calls", fx[i], b,
                   fake_mla_layer_calls);
+            CHECK((fake_tail_calls > 0) == (b >= 4 && strstr(fx[i], "kimi_k3") != NULL), "%s budget %d: %d moe_tail calls",
+                  fx[i], b, fake_tail_calls);
             REQUIRE(lg != NULL, "%s budget %lld", fx[i], (long long)budgets[b]);
             df_engine_opts o;
             df_engine_opts_default(&o);
@@ -549,7 +574,7 @@ TEST(model_accel_kda_failure_resets) {
     if (!n) SKIP("fixtures missing");
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL};
+                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL, NULL};
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;

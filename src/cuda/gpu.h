@@ -162,6 +162,16 @@ typedef struct {
  * not overlap any X. Asynchronous on stream. */
 df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gpu_act *act, gpu_ws *ws, void *stream);
 
+/* A MoE layer's weighted sum of expert outputs, for t < n and c < dim:
+ *   out[t][c] = sum_k w[t K + k] * rows[t K + k][c]   (k ascending from 0;
+ *   each product and each sum rounded to fp32 separately, as op_axpy's
+ *   y += a * x spelled without contraction), then, when add is set,
+ *   out[t][c] += add[t][c].
+ * rows and add: device arrays of device row pointers ([n K] and [n]);
+ * w, out: device. Asynchronous. */
+df_status gpu_moe_combine(const float *const *rows, const float *w, int n, int K, int64_t dim,
+                          const float *const *add, float *out, void *stream);
+
 /* out[i] = w * x[i] / sqrt(mean(x[i]^2) + eps) for n vectors of dim floats
  * (sum of squares in double, as op_rmsnorm). w may be NULL; out may alias x. */
 df_status gpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps,

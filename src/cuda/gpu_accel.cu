@@ -71,6 +71,8 @@ struct acc {
     int nrows, cap_rows;
     float *kh, *kd; /* KDA staging: a step's inputs and o (pinned / device) */
     size_t cap_k;
+    float *th, *td; /* moe_tail staging (pinned) and device: weights, norm, host rows, row tables, sums */
+    size_t cap_t;
     float *mh, *md; /* MLA staging (pinned) and device inputs + scratch + attn */
     size_t cap_m;
     gpu_ws mla_ws;  /* gpu_mla_attend's split workspace */
@@ -436,6 +438,96 @@ df_status acc_expert_finish(void *ctx, char *err) {
             memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
                    (size_t)p->dim * sizeof(float));
     }
+    a->npend = 0;
+    a->nlaunched = 0;
+    a->flush_st = DF_OK;
+    a->nrows = 0;
+    a->qx_used = a->qy_used = 0;
+    return st;
+}
+
+/* The end of a latent MoE layer on the device (df_accel.moe_tail): the
+ * queued experts are launched, each (token, slot) row and shared row is
+ * found on the device (queued outputs) or staged from host memory, then
+ * gpu_moe_combine, gpu_rmsnorm, lat_up and the shared add; out back; the
+ * queue is finished as in acc_expert_finish. */
+df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *routed, int64_t dl,
+                       const float *lat_norm, float eps, void *lat_up, const float *shared, float *out, char *err) {
+    acc *a = (acc *)ctx;
+    const handle *hu = (const handle *)lat_up;
+    const gpu_weight *up = &hu->g;
+    const int64_t H = up->rows, R = (int64_t)n * K;
+    df_status st = queue_launch(a, err);
+    if (st == DF_OK && a->flush_st != DF_OK) {
+        st = a->flush_st;
+        if (err) snprintf(err, DF_ERRMSG, "%s", a->flush_err);
+    }
+    if (st == DF_OK && (up->cols != dl || n < 1 || K < 1)) {
+        if (err) snprintf(err, DF_ERRMSG, "cuda: moe tail: lat_up is %lldx%lld for rows of %lld", (long long)up->rows,
+                          (long long)up->cols, (long long)dl);
+        st = DF_ERR_ARG;
+    }
+    /* where each row is: a queued output on the device, or host memory */
+    const float **src = NULL;
+    if (st == DF_OK && !(src = (const float **)calloc((size_t)(R + n), sizeof *src))) st = DF_ERR_NOMEM;
+    int64_t nhost = 0;
+    for (int i = 0; st == DF_OK && i < a->npend; i++) {
+        const pending *p = &a->pend[i];
+        const int is_r = p->out == routed && p->dim == dl && p->stride == dl;
+        const int is_s = shared && p->out == shared && p->dim == H && p->stride == H;
+        for (int r = 0; (is_r || is_s) && r < p->n; r++) {
+            const int64_t row = a->qrows[p->rows_off + r];
+            if (is_r && row >= 0 && row < R) src[row] = a->qdy + p->y_off + (size_t)r * p->dim;
+            if (is_s && row >= 0 && row < n) src[R + row] = a->qdy + p->y_off + (size_t)r * p->dim;
+        }
+    }
+    for (int64_t r = 0; st == DF_OK && r < R + (shared ? n : 0); r++)
+        if (!src[r]) nhost += r < R ? dl : H;
+    /* staging: selw | ones [n] | lat_norm | host rows | row pointers (R routed, n shared, n of y) |
+     * sums [n][dl] | y [n][H] */
+    const size_t o_one = al16((size_t)R), o_norm = o_one + al16((size_t)n);
+    const size_t o_host = o_norm + al16(lat_norm ? (size_t)dl : 0);
+    const size_t o_ptr = o_host + al16((size_t)nhost), o_sum = o_ptr + al16(2 * (size_t)(R + 2 * n) + 2);
+    const size_t o_y = o_sum + al16((size_t)n * dl), total = o_y + al16((size_t)n * H);
+    if (st == DF_OK && !grow(&a->th, &a->td, &a->cap_t, total, err)) st = DF_ERR_NOMEM;
+    if (st == DF_OK) {
+        memcpy(a->th, selw, (size_t)R * sizeof(float));
+        for (int t = 0; t < n; t++) a->th[o_one + t] = 1.0f;
+        if (lat_norm) memcpy(a->th + o_norm, lat_norm, (size_t)dl * sizeof(float));
+        const float **ptr = (const float **)(void *)(a->th + o_ptr); /* o_ptr is 64-byte aligned */
+        size_t h = o_host;
+        for (int64_t r = 0; r < R + (shared ? n : 0); r++) {
+            if (src[r]) { ptr[r] = src[r]; continue; }
+            const int64_t w = r < R ? dl : H;
+            memcpy(a->th + h, r < R ? routed + r * dl : shared + (r - R) * H, (size_t)w * sizeof(float));
+            ptr[r] = a->td + h;
+            h += (size_t)w;
+        }
+        float *dsum = a->td + o_sum, *dy = a->td + o_y;
+        for (int t = 0; t < n; t++) ptr[R + n + t] = dy + (size_t)t * H;
+        const float *const *dptr = (const float *const *)(void *)(a->td + o_ptr);
+        st = act_copy(a, a->td, a->th, o_sum, err);
+        if (st == DF_OK) st = gpu_moe_combine(dptr, a->td, n, K, dl, NULL, dsum, a->stream);
+        if (st == DF_OK && lat_norm) st = gpu_rmsnorm(dsum, dsum, a->td + o_norm, n, (int)dl, eps, a->stream);
+        if (st == DF_OK && (st = handle_wait(a, hu, err)) == DF_OK)
+            st = gpu_matmul_tc(up, dsum, n, dy, H, 0, H, &a->ws, a->stream);
+        if (st == DF_OK && shared) /* y + shared: y as a combine of one row with weight 1 (exact), in place */
+            st = gpu_moe_combine(dptr + R + n, a->td + o_one, n, 1, H, dptr + R, dy, a->stream);
+        if (st == DF_OK) st = act_copy(a, a->th + o_y, dy, (size_t)n * H, err);
+        if (st != DF_OK && err && !*err) snprintf(err, DF_ERRMSG, "cuda: moe tail: %s", gpu_last_error());
+    }
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "moe tail");
+    if (st == DF_OK) memcpy(out, a->th + o_y, (size_t)n * H * sizeof(float));
+    /* other queued outputs (none in a MoE layer today) go where finish puts them */
+    for (int i = 0; st == DF_OK && i < a->npend; i++) {
+        const pending *p = &a->pend[i];
+        if (p->out == routed || (shared && p->out == shared)) continue;
+        for (int r = 0; r < p->n; r++)
+            memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
+                   (size_t)p->dim * sizeof(float));
+    }
+    free(src);
     a->npend = 0;
     a->nlaunched = 0;
     a->flush_st = DF_OK;
@@ -872,6 +964,9 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.read_gbps = acc_read_gbps;
     a->pub.expert_queue = acc_expert_queue;
     a->pub.expert_finish = acc_expert_finish;
+#ifndef GPU_NO_MOE_TAIL
+    a->pub.moe_tail = acc_moe_tail;
+#endif
     a->pub.uploads_wait = acc_uploads_wait;
     a->pub.state_new = acc_state_new;
     a->pub.state_free = acc_state_free;
@@ -908,6 +1003,8 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     free(a->qrows);
     cudaFreeHost(a->kh);
     cudaFree(a->kd);
+    cudaFreeHost(a->th);
+    cudaFree(a->td);
     cudaFreeHost(a->mh);
     cudaFree(a->md);
     gpu_ws_free(&a->mla_ws);

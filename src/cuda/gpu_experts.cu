@@ -1,6 +1,7 @@
 /* gpu_experts.cu — many experts in few launches (gpu_experts, gpu.h).
  *
- * Owns: the batching of a layer's experts: for MXFP4 the gate and up
+ * Owns: the weighted sum of a layer's expert outputs (gpu_moe_combine) and
+ * the batching of a layer's experts: for MXFP4 the gate and up
  * products of every expert in one tensor-core batch (gpu_tc_batch), the
  * activation over all their hidden rows in one kernel, the down products in
  * a second batch; other types run gpu_expert per expert.
@@ -72,7 +73,30 @@ size_t run_bytes(const gpu_expert_job *jobs, int j0, int j1, int64_t *nvec) {
     return 2 * (size_t)(nv * inter) * sizeof(float) + (ta > tb ? ta : tb) + 256;
 }
 
+/* One block per token: thread c sums column c over the K rows, k ascending. */
+__global__ void __launch_bounds__(256) k_combine(const float *const *rows, const float *__restrict__ w, int K,
+                                                 int64_t dim, const float *const *add, float *out) {
+    const int t = blockIdx.x;
+    const float *const *r = rows + (int64_t)t * K;
+    const float *wt = w + (int64_t)t * K;
+    const float *ad = add ? add[t] : NULL;
+    float *o = out + (int64_t)t * dim;
+    for (int64_t c = threadIdx.x; c < dim; c += 256) {
+        float a = 0.0f;
+        for (int k = 0; k < K; k++) a = __fadd_rn(a, __fmul_rn(wt[k], r[k][c]));
+        if (ad) a = __fadd_rn(a, ad[c]);
+        o[c] = a;
+    }
+}
+
 } // namespace
+
+extern "C" df_status gpu_moe_combine(const float *const *rows, const float *w, int n, int K, int64_t dim,
+                                     const float *const *add, float *out, void *stream) {
+    if (!rows || !w || !out || n < 1 || K < 1 || dim < 1) return DF_ERR_ARG;
+    k_combine<<<n, 256, 0, (cudaStream_t)stream>>>(rows, w, K, dim, add, out);
+    return gpu_cuda_status(cudaGetLastError(), "k_combine");
+}
 
 extern "C" df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gpu_act *act, gpu_ws *ws,
                                  void *stream) {

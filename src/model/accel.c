@@ -583,6 +583,31 @@ df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, c
     return DF_OK;
 }
 
+int acc_moe_tail(acc_table *t, int n, int K, const float *selw, const float *routed, int64_t dl,
+                 const float *lat_norm, float eps, const df_weight *lat_up, const float *shared, float *out,
+                 char *err) {
+    if (!t || !t->a->moe_tail || !t->a->expert_queue) return 0;
+    acc_ent *ent = NULL;
+    int tr = 0;
+    void *h = expert_handle(t, lat_up, &ent, &tr);
+    if (!h) return 0;
+    int32_t id = ent ? (int32_t)(ent - t->ent) : -1;
+    double t0 = now_s();
+    df_status st = t->a->moe_tail(t->a->ctx, n, K, selw, routed, dl, lat_norm, eps, h, shared, out, t->err);
+    t->st.sync_s += now_s() - t0;
+    t->st.sync_calls++;
+    if (id >= 0) t->ent[id].busy = 0;
+    if (tr) t->a->release(t->a->ctx, h);
+    if (st != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        df_fail(err, st, "%s", t->err);
+        return -1;
+    }
+    t->st.calls++;
+    t->st.device_read_bytes += (uint64_t)wt_bytes(lat_up);
+    return 1;
+}
+
 int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, const df_weight *const *w,
                   const float *xn, float *out, char *err) {
     if (!acc_has_kda(t) || !t->a->kda_layer) return 0;

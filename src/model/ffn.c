@@ -486,7 +486,6 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     /* each expert used by the chunk runs once over all its tokens, as it arrives */
     if (!m->store) {
         for (int i = 0; i < nu; i++) run_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
-        if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     } else {
         /* the device's experts while the reads are in flight; any it fails
          * on are read afterwards in a second pass */
@@ -499,8 +498,19 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
             if ((st = run_from_store(e, m, act, s, xin, dl, n, err)) != DF_OK) return st;
         }
         device_prefetch(e, m->next, s);
-        if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     }
+    /* a latent layer's end on the device when it offers it (the experts'
+     * outputs never come back to the host), else here */
+    if (m->latent) {
+        int r = acc_moe_tail(e->acc, n, K, s->selw, s->ys, dl, m->lat_norm, m->lat_eps, &m->lat_up,
+                             m->has_shared ? s->sh : NULL, out, err);
+        if (r < 0) return DF_ERR_IO;
+        if (r > 0) {
+            prof_add(e, DF_PROF_ROUTED, &pt);
+            return DF_OK;
+        }
+    }
+    if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     float *acc = m->latent ? s->acc : out;
     for (int t = 0; t < n; t++) {
         float *o = acc + (size_t)t * dl;

@@ -226,6 +226,13 @@ int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, c
 /* The same for a whole MLA layer (df_accel.mla_layer, w[DF_MLA_MATS]). */
 int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const df_weight *const *w,
                   const float *xn, float *out, char *err);
+/* A latent MoE layer's end through df_accel.moe_tail (in place of
+ * acc_expert_finish + the combine, norm, lat_up and shared add on the
+ * host): 1 done (out written, the queue finished), 0 not offered or lat_up
+ * without a device copy (nothing changed), -1 a device failure (err). */
+int acc_moe_tail(acc_table *t, int n, int K, const float *selw, const float *routed, int64_t dl,
+                 const float *lat_norm, float eps, const df_weight *lat_up, const float *shared, float *out,
+                 char *err);
 df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, const float *q, const float *k,
                   const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
 /* An MLA layer's attention on the device (cache rows pos.., q_pe rotation,

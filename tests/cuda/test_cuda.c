@@ -621,6 +621,63 @@ TEST(cuda_sigmoid_mul) {
     gpu_free(dg);
 }
 
+/* gpu_moe_combine (a latent MoE layer's weighted sum on the device) against
+ * ffn.c's op_axpy from zero plus the add: within K 2^-24 sum |w y| + |add|
+ * 2^-24 per element (usually bit-equal: the same roundings). */
+TEST(cuda_moe_combine) {
+    if (!need_gpu()) return;
+    enum { N = 3, K = 5, DIM = 1000 };
+    static float rows[N * K][DIM], add[N][DIM], w[N * K], ref[N][DIM], out[N][DIM];
+    uint64_t s = seed_of("moe-combine");
+    for (int r = 0; r < N * K; r++) {
+        w[r] = frand(&s);
+        for (int c = 0; c < DIM; c++) rows[r][c] = 3.0f * frand(&s);
+    }
+    for (int t = 0; t < N; t++)
+        for (int c = 0; c < DIM; c++) add[t][c] = frand(&s);
+    float *drows = gpu_malloc(sizeof rows), *dadd = gpu_malloc(sizeof add), *dw = gpu_malloc(sizeof w);
+    float *dout = gpu_malloc(sizeof out);
+    const float **tab = gpu_malloc((N * K + N) * sizeof(float *));
+    REQUIRE(drows && dadd && dw && dout && tab);
+    const float *htab[N * K + N];
+    for (int r = 0; r < N * K; r++) htab[(r % N) * K + r / N] = drows + (size_t)r * DIM; /* rows in any order */
+    for (int t = 0; t < N; t++) htab[N * K + t] = dadd + (size_t)t * DIM;
+    REQUIRE(gpu_put(drows, rows, sizeof rows) == DF_OK && gpu_put(dadd, add, sizeof add) == DF_OK);
+    REQUIRE(gpu_put(dw, w, sizeof w) == DF_OK && gpu_put(tab, htab, sizeof htab) == DF_OK);
+    for (int with_add = 0; with_add < 2; with_add++) {
+        REQUIRE(gpu_fill(dout, 0xff, sizeof out) == DF_OK);
+        REQUIRE(gpu_moe_combine(tab, dw, N, K, DIM, with_add ? tab + N * K : NULL, dout, NULL) == DF_OK, "%s",
+                gpu_last_error());
+        REQUIRE(gpu_get(out, dout, sizeof out) == DF_OK, "%s", gpu_last_error());
+        int equal = 0;
+        double worst = 0;
+        for (int t = 0; t < N; t++) {
+            memset(ref[t], 0, sizeof ref[t]);
+            double mag[DIM] = {0};
+            for (int k = 0; k < K; k++) {
+                /* htab[t K + k] points at rows[src] with src = k N + t */
+                const float *y = rows[k * N + t];
+                op_axpy(ref[t], w[t * K + k], y, DIM);
+                for (int c = 0; c < DIM; c++) mag[c] += fabs((double)w[t * K + k] * y[c]);
+            }
+            for (int c = 0; c < DIM; c++) {
+                if (with_add) { ref[t][c] += add[t][c]; mag[c] += fabs(add[t][c]); }
+                double b = (K + 1) * 0x1p-24 * mag[c] + 1e-30, d = fabs((double)out[t][c] - ref[t][c]);
+                if (!(d <= b)) CHECK(0, "token %d column %d add %d: %.9g vs %.9g", t, c, with_add, out[t][c], ref[t][c]);
+                if (d / b > worst) worst = d / b;
+                equal += out[t][c] == ref[t][c];
+            }
+        }
+        fprintf(stderr, "[add %d: worst %.3f of the bound, %d of %d bit-equal] ", with_add, worst, equal, N * DIM);
+    }
+    CHECK(gpu_moe_combine(tab, dw, 0, K, DIM, NULL, dout, NULL) == DF_ERR_ARG, "n = 0 refused");
+    gpu_free(drows);
+    gpu_free(dadd);
+    gpu_free(dw);
+    gpu_free(dout);
+    gpu_free((void *)tab);
+}
+
 /* ---- rmsnorm ------------------------------------------------------------------ */
 
 TEST(cuda_rmsnorm) {
