@@ -758,7 +758,10 @@ void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes,
              (long long)s->resident_mats, s->resident_bytes / 1e9, s->cached_bytes / 1e9, (long long)s->cpu_mats,
              t->experts_pinned ? "page-locked for uploads" : "pageable",
              t->a->expert_queue ? "; routed experts are queued on the device, uploads overlapping" : "",
-             acc_has_kda(t) ? "KDA states and recurrence on the device; norms, routing and MLA attention on the CPU"
+             acc_has_kda(t) ? (t->a->kda_layer ? "KDA and MLA layers on the device (states there, one host wait a layer); norms,\n"
+                                                 "               routing and residual mixing on the CPU"
+                                               : "KDA and MLA states and attention on the device; norms, routing and residual\n"
+                                                 "               mixing on the CPU")
                             : "attention, norms, routing and the absorbed MLA products run on the CPU",
              plan);
 }
