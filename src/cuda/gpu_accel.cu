@@ -73,6 +73,8 @@ struct acc {
     size_t cap_k;
     float *th, *td; /* moe_tail staging (pinned) and device: weights, norm, host rows, row tables, sums */
     size_t cap_t;
+    const float **tsrc; /* moe_tail: where each row is (grown, never per call) */
+    int64_t cap_tsrc;
     float *mh, *md; /* MLA staging (pinned) and device inputs + scratch + attn */
     size_t cap_m;
     gpu_ws mla_ws;  /* gpu_mla_attend's split workspace */
@@ -468,8 +470,18 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
         st = DF_ERR_ARG;
     }
     /* where each row is: a queued output on the device, or host memory */
-    const float **src = NULL;
-    if (st == DF_OK && !(src = (const float **)calloc((size_t)(R + n), sizeof *src))) st = DF_ERR_NOMEM;
+    if (st == DF_OK && a->cap_tsrc < R + n) {
+        const int64_t nc = R + n < 4096 ? 4096 : 2 * (R + n);
+        const float **p = (const float **)realloc(a->tsrc, (size_t)nc * sizeof *p);
+        if (p) {
+            a->tsrc = p;
+            a->cap_tsrc = nc;
+        } else {
+            st = DF_ERR_NOMEM;
+        }
+    }
+    const float **src = a->tsrc;
+    if (st == DF_OK) memset(src, 0, (size_t)(R + n) * sizeof *src);
     int64_t nhost = 0;
     for (int i = 0; st == DF_OK && i < a->npend; i++) {
         const pending *p = &a->pend[i];
@@ -527,7 +539,6 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
             memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
                    (size_t)p->dim * sizeof(float));
     }
-    free(src);
     a->npend = 0;
     a->nlaunched = 0;
     a->flush_st = DF_OK;
@@ -1005,6 +1016,7 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFree(a->kd);
     cudaFreeHost(a->th);
     cudaFree(a->td);
+    free(a->tsrc);
     cudaFreeHost(a->mh);
     cudaFree(a->md);
     gpu_ws_free(&a->mla_ws);
