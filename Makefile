@@ -233,7 +233,7 @@ endif
 NVFLAGS   := -O3 -std=c++17 $(CUDA_ARCH) $(NVCC_HOST) -Iinclude -lineinfo -Xcompiler -Wall,-Wextra,-Wno-unused-parameter $(GPU_DEFS)
 CUDA_SRC  := $(sort $(wildcard src/cuda/*.cu))
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
-CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matvec.o \
+CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matvec.o kernels/matvec_driver.o \
                kernels/ops.o model/kda_core.o model/mla_core.o) \
                $(patsubst %.c,$(BUILD)/%.o,$(SIMD_SRC))
 

@@ -1,13 +1,15 @@
 /* cuda_bench.cu — bandwidth of the CUDA kernels against the device's own
  * measured ceilings (built by `make cuda` as build/cuda_bench).
  *
- *   build/cuda_bench [GB per matrix, default 2]
+ *   build/cuda_bench [GB per matrix, default 2] [quick | experts]
  *
  * Measures, in one process: device-to-device copy (bytes read + written),
  * a read-only probe kernel, host-to-device from pinned and from pageable
  * memory; then gpu_matmul per weight type on a cols = 7168 matrix of the
  * given size (far larger than L2) at n = 1, 8, 64, and a K3-shaped MXFP4
- * expert (7168 x 1536, 17.55 MB) over 64 distinct experts. Weights are
+ * expert (7168 x 1536, 17.55 MB) over 64 distinct experts, one by one and
+ * as layer batches of 16 (gpu_experts; `experts`: ceilings and these
+ * only). Weights are
  * random (never zeros). Times are medians of CUDA-event-timed repeats after
  * a warm-up. GB = 1e9 bytes.
  */
@@ -149,6 +151,7 @@ static const char *tname(wt_type t) {
 int main(int argc, char **argv) {
     double gb = argc > 1 ? atof(argv[1]) : 2.0;
     int quick = argc > 2 && strcmp(argv[2], "quick") == 0; /* ceilings + n=1 only */
+    int experts_only = argc > 2 && strcmp(argv[2], "experts") == 0;
     char why[256];
     if (!gpu_probe(why, sizeof why)) {
         printf("cuda_bench: %s\n", why);
@@ -180,7 +183,7 @@ int main(int argc, char **argv) {
     CK(cudaFree(b));
 
     const size_t hb = (size_t)1 << 30;
-    if (quick) goto kernels;
+    if (quick || experts_only) goto kernels;
     {
     void *pin, *pag = malloc(hb);
     CK(cudaMallocHost(&pin, hb));
@@ -204,6 +207,7 @@ kernels:
     float *dX, *dY;
     CK(cudaMalloc(&dX, 64 * cols * 4));
     fill(dX, 64 * cols * 4, 7, F_FLOAT);
+    if (!experts_only) {
     printf("\n%-10s %9s %9s | %9s %6s %6s | %9s %8s | %9s %8s\n", "type", "rows", "GB", "n=1 GB/s",
            "%copy", "%read", "n=8 GB/s", "TFLOP/s", "n=64 GB/s", "TFLOP/s");
     for (wt_type t : types) {
@@ -245,6 +249,7 @@ kernels:
         CK(cudaFree(dY));
         gpu_weight_free(&g);
     }
+    }
 
     if (quick) return 0;
     /* ---- K3-shaped MXFP4 experts ---- */
@@ -282,6 +287,25 @@ kernels:
         }, 1, 7);
         printf("  n=%-3d %8.1f us/expert  %7.1f GB/s  %5.1f%% of copy\n", n, te / NE * 1e6,
                ebytes * NE / te / 1e9, 100 * ebytes * NE / te / 1e9 / copy_gbps);
+    }
+    { /* a layer's 16 experts in one batch (gpu_experts: two tensor-core launches) */
+        enum { B = 16 };
+        float *dOB;
+        CK(cudaMalloc(&dOB, (size_t)B * 16 * HID * 4));
+        gpu_ws ws = {NULL, 0};
+        for (int n : ens) {
+            std::vector<gpu_expert_job> jobs(NE);
+            for (int e = 0; e < NE; e++)
+                jobs[e] = {&eg[e], &eu[e], &ed[e], dX, n, dOB + (size_t)(e % B) * 16 * HID};
+            double te = time_it([&] {
+                for (int l = 0; l < NE / B; l++) DK(gpu_experts(&jobs[l * B], B, &act, &ws, NULL));
+            }, 1, 7);
+            printf("  batch of %d, n=%-3d %8.1f us/expert  %7.1f GB/s  %5.1f%% of copy  %5.1f%% of read\n", B, n,
+                   te / NE * 1e6, ebytes * NE / te / 1e9, 100 * ebytes * NE / te / 1e9 / copy_gbps,
+                   100 * ebytes * NE / te / 1e9 / read_gbps);
+        }
+        gpu_ws_free(&ws);
+        CK(cudaFree(dOB));
     }
     for (int e = 0; e < NE; e++) {
         gpu_weight_free(&eg[e]);

@@ -107,6 +107,9 @@ typedef struct df_accel_mla {
     float rope_mscale, softmax_scale, latent_eps;
     const float *kv_a_norm;   /* [R] */
     const void *kv_b;         /* const df_weight * (src/format/weight.h): [nh*(dn+dv)][R] */
+    const float *q_a_norm;    /* [qlr] when the layer has q_a / q_b (mla_layer), else NULL */
+    int qlr;                  /* q_lora_rank; 0: a plain q_proj */
+    int has_gate;             /* K3's sigmoid output gate (g_proj) */
 } df_accel_mla;
 
 /* An accelerator for the matrix products (deltafin-cuda: src/cuda/gpu_accel.h).
@@ -182,7 +185,57 @@ typedef struct df_accel {
                      const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
     df_status (*mla)(void *ctx, const df_accel_mla *layer, void *kv_b, void *state, int pos, int n,
                      const float *q, const float *kva, float *attn, char *err);
+    /* Optional: the device's read bandwidth in GB/s (1e9 B/s), measured now
+     * by a short read-only kernel over a buffer far larger than its caches
+     * (bench's device floor: the bytes a step reads on the device at it). */
+    double (*read_gbps)(void *ctx);
+    /* Optional: count independent products in one call with one host wait:
+     * for i < count, Y[i][j * ldy[i] + r] = sum_c W_i[r][c] X[i][j * cols_i + c]
+     * for j < n[i] and every row r of W_i (handles from upload; X, Y host
+     * memory; products with the same X pointer share its copy). Each result
+     * is bit-equal to matmul's. Synchronous; on error no Y is defined. */
+    df_status (*matmul_many)(void *ctx, int count, void *const *handles, const float *const *X, const int *n,
+                             float *const *Y, const int64_t *ldy, char *err);
+    /* Optional: a whole KDA layer step with one host wait, its activations
+     * kept on the device between the products: xn [n][hidden] in, out
+     * [n][hidden] out (host memory); mats[DF_KDA_MATS]: device copies from
+     * upload of the layer's projections in the order of df_kda_mat (g, or
+     * g_a and g_b, NULL as the layer has them). The same values as those
+     * products through matmul and the kda hook (bit-equal on one device).
+     * Errors as kda's (the state is then undefined). */
+    df_status (*kda_layer)(void *ctx, const df_accel_kda *layer, void *state, int n, void *const *mats,
+                           const float *xn, float *out, char *err);
+    /* Optional: a whole MLA layer (see df_mla_mat below). */
+    df_status (*mla_layer)(void *ctx, const struct df_accel_mla *layer, void *kv_b, void *state, int pos, int n,
+                           void *const *mats, const float *xn, float *out, char *err);
+    /* Optional (with expert_queue): ends a latent MoE layer on the device in
+     * place of expert_finish and the host's combine: for t < n
+     *   a = sum_k selw[t K + k] y[t K + k]   (k ascending, fp32 products and
+     *       sums rounded separately, as ffn.c's op_axpy from zero),
+     *   a = RMSNorm(a) * lat_norm (when lat_norm; eps),
+     *   out[t] = lat_up a, then + shared[t] when shared is set,
+     * where y[r] is row r (dl floats) of `routed` and shared[t] row t of
+     * `shared` (hidden floats): rows that queued experts were to write there
+     * are taken from the device (and not written to host memory), the
+     * others from host memory. lat_up: a device copy from upload. Finishes
+     * the queue as expert_finish does (errors alike). */
+    df_status (*moe_tail)(void *ctx, int n, int K, const float *selw, const float *routed, int64_t dl,
+                          const float *lat_norm, float eps, void *lat_up, const float *shared, float *out,
+                          char *err);
 } df_accel;
+
+/* df_accel.mla_layer (optional, with the state hooks): a whole MLA layer step with one host
+ * wait: the projections of xn [n][hidden], q_a's RMSNorm (q_a_norm, eps
+ * latent_eps), the mla hook's cache write and attention (kv_b as there),
+ * the sigmoid output gate and the output projection into out [n][hidden]
+ * (host memory). mats[DF_MLA_MATS] in the order of df_mla_mat, NULL where
+ * the layer has none. Within the mla hook's bounds of the products and
+ * the CPU's norm and gate (CUDA's expf). Errors as mla's. */
+enum df_mla_mat { DF_MLA_QA, DF_MLA_QB, DF_MLA_Q, DF_MLA_KVA, DF_MLA_G, DF_MLA_O, DF_MLA_MATS };
+
+/* The order of df_accel.kda_layer's matrices. */
+enum df_kda_mat { DF_KDA_Q, DF_KDA_K, DF_KDA_V, DF_KDA_FA, DF_KDA_FB, DF_KDA_B, DF_KDA_G, DF_KDA_GA, DF_KDA_GB,
+                  DF_KDA_O, DF_KDA_MATS };
 
 /* Non-expert weights: mapped and resident, or streamed layer by layer
  * through a double buffer (for models whose spine does not fit in RAM).
@@ -271,6 +324,8 @@ typedef struct {
     uint64_t sync_calls;                   /* calls the host waited on: products, expert batches */
     double sync_s;                         /* host time inside them (device work + round trips) */
     uint64_t kda_calls, mla_calls;         /* KDA / MLA layer steps run on the device (state there) */
+    uint64_t device_read_bytes;            /* bytes device work read: the weights of every product
+                                              run there, KDA states, the MLA cache rows attended */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);
@@ -281,6 +336,9 @@ df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char 
 /* Host-to-device GB/s from page-locked memory, measured now by the
  * accelerator; 0 without one (or when it offers no probe). */
 double df_engine_probe_h2d(df_engine *e);
+/* The accelerator's device read bandwidth (GB/s) measured now by a read
+ * probe kernel; 0 without one (or when it offers no probe). */
+double df_engine_probe_device_read(df_engine *e);
 /* Bytes of one routed expert as stored (0 without experts). */
 int64_t df_engine_expert_bytes(const df_engine *e);
 /* Weight bytes a decode step reads besides routed experts (every non-expert

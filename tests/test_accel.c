@@ -74,6 +74,82 @@ static df_status fake_matmul(void *ctx, void *handle, const float *X, int n, flo
     return DF_OK;
 }
 
+/* matmul_many on the stand-in: each product as fake_matmul, counted. */
+static int fake_many_calls;
+static df_status fake_matmul_many(void *ctx, int count, void *const *handles, const float *const *X, const int *n,
+                                  float *const *Y, const int64_t *ldy, char *err) {
+    fake_many_calls++;
+    for (int i = 0; i < count; i++) {
+        const fake_h *h = handles[i];
+        df_status st = fake_matmul(ctx, handles[i], X[i], n[i], Y[i], ldy[i], 0, h->w.rows, err);
+        if (st != DF_OK) return st;
+    }
+    return DF_OK;
+}
+
+/* kda_layer on the stand-in: the products (fake_matmul) and fake_kda in the
+ * engine's order, so the logits stay bit-identical. */
+static int fake_kda_layer_calls;
+static df_status fake_kda(void *ctx, const df_accel_kda *l, void *state, int n, const float *q, const float *k,
+                          const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
+static df_status fake_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, void *const *mats,
+                                const float *xn, float *out, char *err) {
+    fake_kda_layer_calls++;
+    const int64_t P = (int64_t)l->H * l->D;
+    const fake_h *h[DF_KDA_MATS];
+    for (int i = 0; i < DF_KDA_MATS; i++) h[i] = mats[i];
+    float *buf = malloc((size_t)n * (7 * P + l->H + 2 * l->D) * sizeof(float));
+    float *q = buf, *k = q + n * P, *v = k + n * P, *f = v + n * P, *gate = f + n * P, *o = gate + n * P;
+    float *braw = o + n * P, *fa = braw + n * l->H, *gl = fa + n * l->D;
+    const int full = h[DF_KDA_G] != NULL;
+    fake_matmul(ctx, mats[DF_KDA_Q], xn, n, q, P, 0, P, err);
+    fake_matmul(ctx, mats[DF_KDA_K], xn, n, k, P, 0, P, err);
+    fake_matmul(ctx, mats[DF_KDA_V], xn, n, v, P, 0, P, err);
+    fake_matmul(ctx, mats[DF_KDA_FA], xn, n, fa, l->D, 0, l->D, err);
+    fake_matmul(ctx, mats[DF_KDA_FB], fa, n, f, P, 0, P, err);
+    fake_matmul(ctx, mats[DF_KDA_B], xn, n, braw, l->H, 0, l->H, err);
+    if (full) fake_matmul(ctx, mats[DF_KDA_G], xn, n, gate, P, 0, P, err);
+    else {
+        fake_matmul(ctx, mats[DF_KDA_GA], xn, n, gl, l->D, 0, l->D, err);
+        fake_matmul(ctx, mats[DF_KDA_GB], gl, n, gate, P, 0, P, err);
+    }
+    df_status st = fake_kda(ctx, l, state, n, q, k, v, f, braw, gate, o, err);
+    if (st == DF_OK) fake_matmul(ctx, mats[DF_KDA_O], o, n, out, h[DF_KDA_O]->w.rows, 0, h[DF_KDA_O]->w.rows, err);
+    free(buf);
+    return st;
+}
+
+/* mla_layer on the stand-in: the engine's order of products, norm, fake_mla
+ * and gate (the CPU's op_rmsnorm / op_sigmoid), so bit-identical. */
+static int fake_mla_layer_calls;
+static df_status fake_mla(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int pos, int n, const float *q,
+                          const float *kva, float *attn, char *err);
+static df_status fake_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int pos, int n,
+                                void *const *mats, const float *xn, float *out, char *err) {
+    fake_mla_layer_calls++;
+    const int64_t dq = l->dn + l->dr, nq = (int64_t)l->nh * dq, nat = (int64_t)l->nh * l->dv, kv = l->R + l->dr;
+    const int64_t qlr = l->qlr > 0 ? l->qlr : 1;
+    float *buf = malloc((size_t)n * (nq + kv + 2 * nat + qlr) * sizeof(float));
+    float *q = buf, *kva = q + n * nq, *attn = kva + n * kv, *gate = attn + n * nat, *qa = gate + n * nat;
+    if (mats[DF_MLA_QA]) {
+        fake_matmul(ctx, mats[DF_MLA_QA], xn, n, qa, l->qlr, 0, l->qlr, err);
+        for (int t = 0; t < n; t++) op_rmsnorm(qa + (size_t)t * l->qlr, qa + (size_t)t * l->qlr, l->q_a_norm, l->qlr, l->latent_eps);
+        fake_matmul(ctx, mats[DF_MLA_QB], qa, n, q, nq, 0, nq, err);
+    } else {
+        fake_matmul(ctx, mats[DF_MLA_Q], xn, n, q, nq, 0, nq, err);
+    }
+    fake_matmul(ctx, mats[DF_MLA_KVA], xn, n, kva, kv, 0, kv, err);
+    df_status st = fake_mla(ctx, l, kv_b, state, pos, n, q, kva, attn, err);
+    if (st == DF_OK && mats[DF_MLA_G]) {
+        fake_matmul(ctx, mats[DF_MLA_G], xn, n, gate, nat, 0, nat, err);
+        for (int64_t i = 0; i < n * nat; i++) attn[i] *= op_sigmoid(gate[i]);
+    }
+    const fake_h *o = mats[DF_MLA_O];
+    if (st == DF_OK) fake_matmul(ctx, mats[DF_MLA_O], attn, n, out, o->w.rows, 0, o->w.rows, err);
+    free(buf);
+    return st;
+}
+
 /* The expert queue on the stand-in: the CPU's own math (kn_matmul at the
  * same level, ffn.c's activations), so the logits stay bit-identical with
  * it. Like a device, it writes the outputs only at finish. */
@@ -127,6 +203,28 @@ static df_status fake_finish(void *ctx, char *err) {
     }
     fake_nq = 0;
     return DF_OK;
+}
+
+/* moe_tail on the stand-in: finish, then the host's combine, norm, lat_up
+ * and shared add in ffn.c's order, so bit-identical. */
+static int fake_tail_calls;
+static df_status fake_moe_tail(void *ctx, int n, int K, const float *selw, const float *routed, int64_t dl,
+                               const float *lat_norm, float eps, void *lat_up, const float *shared, float *out,
+                               char *err) {
+    fake_tail_calls++;
+    df_status st = fake_finish(ctx, err);
+    if (st != DF_OK) return st;
+    const fake_h *up = lat_up;
+    float *acc = calloc((size_t)n * dl, sizeof(float));
+    for (int t = 0; t < n; t++) {
+        for (int k = 0; k < K; k++) op_axpy(acc + t * dl, selw[t * K + k], routed + ((size_t)t * K + k) * dl, (int)dl);
+        if (lat_norm) op_rmsnorm(acc + t * dl, acc + t * dl, lat_norm, (int)dl, eps);
+    }
+    st = fake_matmul(ctx, lat_up, acc, n, out, up->w.rows, 0, up->w.rows, err);
+    if (shared)
+        for (size_t i = 0; i < (size_t)n * up->w.rows; i++) out[i] += shared[i];
+    free(acc);
+    return st;
 }
 
 /* The kda hooks on the stand-in: "device" state in malloc'ed memory (its
@@ -285,12 +383,25 @@ TEST(model_accel_bit_identical_any_budget) {
             /* the last three with the expert queue and the attention state hooks */
             df_accel a = {"fake", &lv, budgets[b], fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                           b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
-                          b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla};
+                          b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
+                          b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL,
+                          b >= 4 ? fake_mla_layer : NULL, b >= 4 ? fake_moe_tail : NULL};
             df_accel_stats st;
             fake_expert_calls = 0;
+            fake_many_calls = 0;
+            fake_kda_layer_calls = 0;
+            fake_mla_layer_calls = 0;
+            fake_tail_calls = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, &read);
             CHECK((fake_expert_calls > 0) == (b >= 3), "%s budget %d: %d expert calls", fx[i], b, fake_expert_calls);
             CHECK(fake_nq == 0, "%s budget %d: %d queued experts never finished", fx[i], b, fake_nq);
+            CHECK((fake_many_calls > 0) == (b >= 3), "%s budget %d: %d matmul_many calls", fx[i], b, fake_many_calls);
+            CHECK((fake_kda_layer_calls > 0) == (b >= 4 && (strstr(fx[i], "kimi_k3") || strstr(fx[i], "kimi_linear"))),
+                  "%s budget %d: %d kda_layer calls", fx[i], b, fake_kda_layer_calls);
+            CHECK((fake_mla_layer_calls > 0) == (b >= 4), "%s budget %d: %d mla_layer calls", fx[i], b,
+                  fake_mla_layer_calls);
+            CHECK((fake_tail_calls > 0) == (b >= 4 && strstr(fx[i], "kimi_k3") != NULL), "%s budget %d: %d moe_tail calls",
+                  fx[i], b, fake_tail_calls);
             REQUIRE(lg != NULL, "%s budget %lld", fx[i], (long long)budgets[b]);
             df_engine_opts o;
             df_engine_opts_default(&o);
@@ -303,6 +414,7 @@ TEST(model_accel_bit_identical_any_budget) {
             }
             CHECK(memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %lld", fx[i], (long long)budgets[b]);
             CHECK(st.calls > 0, "%s: nothing ran on the accelerator", fx[i]);
+            CHECK(st.device_read_bytes > 0, "%s: no device reads counted", fx[i]);
             if (b % 3 == 0) CHECK(st.cache_evictions == 0 && st.transient_uploads == 0, "%s: evicted with room", fx[i]);
             /* the device tier: experts with device copies are not read again */
             if (b % 3 == 0)
@@ -462,7 +574,7 @@ TEST(model_accel_kda_failure_resets) {
     if (!n) SKIP("fixtures missing");
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla};
+                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL, NULL};
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;

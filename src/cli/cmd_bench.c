@@ -111,6 +111,12 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     double up_tok = ntok ? (double)(ac.upload_bytes - ac0.upload_bytes) / ntok : 0;
     double h2d = ac.calls ? df_engine_probe_h2d(e) : 0;
     double h2d_floor = h2d > 0 ? up_tok / (h2d * 1e9) : 0;
+    /* and the HBM floor: the bytes device work read per token (weights of
+     * the products run there, KDA states, MLA cache rows) at the device's
+     * read bandwidth, measured by a read probe kernel in this run */
+    double dev_tok = ntok ? (double)(ac.device_read_bytes - ac0.device_read_bytes) / ntok : 0;
+    double hbm = ac.calls ? df_engine_probe_device_read(e) : 0;
+    double hbm_floor = hbm > 0 ? dev_tok / (hbm * 1e9) : 0;
     /* lookahead quality over the decode: precision = of the prefetches whose
      * outcome is known, the share their pass used; recall = share of the
      * experts a pass would have missed that the prefetch had read */
@@ -193,6 +199,12 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "device_upload_bytes_per_token", json_real(up_tok));
         json_object_set_new(o, "h2d_gbps", json_real(h2d));
         json_object_set_new(o, "upload_floor_s_per_token", json_real(h2d_floor));
+        json_object_set_new(o, "device_read_bytes_per_token", json_real(dev_tok));
+        json_object_set_new(o, "device_read_gbps", json_real(hbm));
+        json_object_set_new(o, "hbm_floor_s_per_token", json_real(hbm_floor));
+        json_object_set_new(o, "hbm_ratio", json_real(hbm_floor > 0 ? med / hbm_floor : 0));
+        json_object_set_new(o, "device_waits_per_token", json_real((double)(ac.sync_calls - ac0.sync_calls) / ntok));
+        json_object_set_new(o, "device_wait_s_per_token", json_real((ac.sync_s - ac0.sync_s) / ntok));
         json_object_set_new(o, "expert_cache_pinned", json_boolean(ac.pinned_bytes != 0));
         for (int i = 0; i < DF_PROF_N; i++)
             json_object_set_new(prof, df_prof_name(i), json_real((prof1[i] - prof0[i]) / ntok));
@@ -230,6 +242,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                    "                            (same run), expert cache %s; upload floor %.4f s/token, ratio %.3f\n",
                    up_tok / 1e6, h2d, ac.pinned_bytes ? "page-locked" : "pageable", h2d_floor,
                    h2d_floor > 0 ? med / h2d_floor : 0);
+            printf("device reads per token      %.1f MB (decode mean: weights of the products run there, KDA\n"
+                   "                            states, MLA cache rows); device read probe %.1f GB/s (same run);\n"
+                   "                            HBM floor %.4f s/token, ratio %.3f\n",
+                   dev_tok / 1e6, hbm, hbm_floor, hbm_floor > 0 ? med / hbm_floor : 0);
             printf("device (prefill + decode)   %llu products on the device, %llu on the CPU; %lld matrices\n"
                    "                            resident (%.3f GB), cache %.3f GB: %llu hits, %llu uploads,\n"
                    "                            %llu evictions, %llu transient; %.3f GB weights uploaded;\n"

@@ -570,15 +570,6 @@ extern "C" df_status gpu_matvec(const gpu_weight *w, const float *x, float *y, v
 
 /* ---- 5. expert -------------------------------------------------------------- */
 
-/* ffn.c's act_apply for one element (same formulas, CUDA's expf/tanhf). */
-static __device__ __forceinline__ float act1(const gpu_act &a, float g, float u) {
-    if (!a.situ) return (g / (1.0f + expf(-g))) * u;
-    const float b = a.beta, lb = a.linear_beta;
-    float s = b * tanhf(g / b) * (1.0f / (1.0f + expf(-g)));
-    float up = lb > 0 ? lb * tanhf(u / lb) : u;
-    return s * up;
-}
-
 /* H[v][r] = act(gate row r . x_v, up row r . x_v) for RR rows r per warp. */
 template <int T, int RR, int NB>
 __global__ void __launch_bounds__(WARPS * 32)
@@ -606,7 +597,7 @@ k_gateup(const __grid_constant__ kw g, const __grid_constant__ kw u, const gpu_a
 #pragma unroll
             for (int v = 0; v < NB; v++)
                 if (rb + i < inter && v0 + v < n)
-                    H[(int64_t)(v0 + v) * inter + rb + i] = act1(act, acc[2 * i][v], acc[2 * i + 1][v]);
+                    H[(int64_t)(v0 + v) * inter + rb + i] = gpu_act1(act, acc[2 * i][v], acc[2 * i + 1][v]);
 }
 
 template <int T, int RR, int NB>
@@ -684,6 +675,20 @@ extern "C" df_status gpu_rmsnorm(float *out, const float *x, const float *w, int
     if (!out || !x || n < 1 || dim < 1) return DF_ERR_ARG;
     k_rmsnorm<<<n, NORM_THREADS, 0, (cudaStream_t)stream>>>(out, x, w, dim, eps);
     return launched("k_rmsnorm");
+}
+
+__global__ void __launch_bounds__(256) k_sigmoid_mul(float *x, const float *__restrict__ g, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)gridDim.x * 256)
+        x[i] = __fmul_rn(x[i], __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g[i]))));
+}
+
+extern "C" df_status gpu_sigmoid_mul(float *x, const float *g, int64_t n, void *stream) {
+    if (!x || !g || n < 0) return DF_ERR_ARG;
+    if (!n) return DF_OK;
+    int64_t blocks = (n + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    k_sigmoid_mul<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, g, n);
+    return launched("k_sigmoid_mul");
 }
 
 /* ---- 7. router -------------------------------------------------------------- */

@@ -143,10 +143,43 @@ df_status gpu_expert(const gpu_weight *gate, const gpu_weight *up, const gpu_wei
                      const gpu_act *act, const float *X, int n, float *H, float *out,
                      void *stream);
 
+/* One expert of a gpu_experts batch: out [n][down rows] = the expert on X
+ * [n][gate cols] (device pointers). */
+typedef struct {
+    const gpu_weight *gate, *up, *down;
+    const float *X;
+    int n;
+    float *out;
+} gpu_expert_job;
+
+/* Every job's expert in few launches (gpu_experts.cu): runs of MXFP4 jobs of
+ * one shape as two tensor-core batches (gate and up of all of them, then
+ * down) around one activation kernel; other jobs through gpu_expert. Each
+ * MXFP4 gate / up / down row is bit-equal to gpu_matmul_tc on that matrix
+ * (its bound, gpu_mma.cu), the activation is gpu_expert's, so a job's out
+ * depends neither on the other jobs nor on n. ws: scratch (hidden rows and
+ * splits), grown on demand, not shared by two streams at once. Outputs must
+ * not overlap any X. Asynchronous on stream. */
+df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gpu_act *act, gpu_ws *ws, void *stream);
+
+/* A MoE layer's weighted sum of expert outputs, for t < n and c < dim:
+ *   out[t][c] = sum_k w[t K + k] * rows[t K + k][c]   (k ascending from 0;
+ *   each product and each sum rounded to fp32 separately, as op_axpy's
+ *   y += a * x spelled without contraction), then, when add is set,
+ *   out[t][c] += add[t][c].
+ * rows and add: device arrays of device row pointers ([n K] and [n]);
+ * w, out: device. Asynchronous. */
+df_status gpu_moe_combine(const float *const *rows, const float *w, int n, int K, int64_t dim,
+                          const float *const *add, float *out, void *stream);
+
 /* out[i] = w * x[i] / sqrt(mean(x[i]^2) + eps) for n vectors of dim floats
  * (sum of squares in double, as op_rmsnorm). w may be NULL; out may alias x. */
 df_status gpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps,
                       void *stream);
+
+/* x[i] *= 1 / (1 + exp(-g[i])) for i < n (ops.h's op_sigmoid, CUDA's
+ * expf: within 8 ulp of the CPU's per element, tests/cuda). */
+df_status gpu_sigmoid_mul(float *x, const float *g, int64_t n, void *stream);
 
 /* ---- router ---- */
 

@@ -10,6 +10,10 @@ namespace {
 
 df_status cerr(char *err, cudaError_t e, const char *what);
 
+/* n floats rounded up to 64 bytes: every buffer carved from a staging area
+ * starts 16-byte aligned (the kernels load activations as float4). */
+size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
+
 enum { SPARE_MAX = 32 };
 const int64_t SPARE_BYTES = (int64_t)64 << 20; /* larger copies are freed at once */
 
@@ -21,13 +25,17 @@ struct handle {
     gpu_weight g;
     cudaEvent_t ready, freed;
     int was_freed;
+    int qref; /* queued experts not yet launched that read it */
 };
 
-/* A queued expert's outputs: n rows of dim floats at qhy + y_off, to be
- * written to out + rows[i] * stride at finish. */
+/* A queued expert: its copies and activation, its inputs (n rows of hid
+ * floats at qhx / qdx + x_off), its outputs (n rows of dim floats at qdy /
+ * qhy + y_off), written to out + rows[i] * stride at finish. */
 struct pending {
+    handle *h[3];
+    gpu_act act;
     float *out;
-    int64_t stride, dim, y_off;
+    int64_t stride, dim, hid, x_off, y_off;
     int n, rows_off; /* rows in acc::qrows */
 };
 
@@ -50,14 +58,23 @@ struct acc {
     /* the expert queue (expert_queue / expert_finish): per queued expert its
      * inputs and outputs get their own stretch of these buffers, reused
      * after each finish; growing them needs a finish first */
-    float *qhx, *qdx, *qhy, *qdy, *qdh; /* pinned in / device in / pinned out / device out / device hidden */
-    size_t qcap_x, qcap_y, qcap_h, qx_used, qy_used; /* floats */
+    float *qhx, *qdx, *qhy, *qdy; /* pinned in / device in / pinned out / device out */
+    size_t qcap_x, qcap_y, qx_used, qy_used; /* floats */
     pending *pend;
     int npend, cap_pend;
+    int nlaunched;        /* pend[0 .. nlaunched) are on the stream */
+    gpu_expert_job *jobs; /* cap_pend of them: a launch's batch */
+    gpu_ws ews;           /* gpu_experts' scratch */
+    df_status flush_st;   /* a launch that failed inside acc_release, reported at finish */
+    char flush_err[DF_ERRMSG];
     int *qrows;
     int nrows, cap_rows;
     float *kh, *kd; /* KDA staging: a step's inputs and o (pinned / device) */
     size_t cap_k;
+    float *th, *td; /* moe_tail staging (pinned) and device: weights, norm, host rows, row tables, sums */
+    size_t cap_t;
+    const float **tsrc; /* moe_tail: where each row is (grown, never per call) */
+    int64_t cap_tsrc;
     float *mh, *md; /* MLA staging (pinned) and device inputs + scratch + attn */
     size_t cap_m;
     gpu_ws mla_ws;  /* gpu_mla_attend's split workspace */
@@ -70,14 +87,14 @@ struct dev_state {
     void *d;
     int64_t bytes;
     float *conv[3], *a, *dt_bias, *o_norm; /* KDA */
-    float *kv_a_norm, *inv_freq;           /* MLA */
+    float *kv_a_norm, *inv_freq, *q_a_norm; /* MLA */
 };
 
 void dev_state_free(dev_state *st) {
     if (!st) return;
-    float *all[8] = {st->conv[0], st->conv[1], st->conv[2], st->a, st->dt_bias, st->o_norm, st->kv_a_norm,
-                     st->inv_freq};
-    for (int j = 0; j < 8; j++) cudaFree(all[j]);
+    float *all[9] = {st->conv[0], st->conv[1], st->conv[2], st->a, st->dt_bias, st->o_norm, st->kv_a_norm,
+                     st->inv_freq, st->q_a_norm};
+    for (int j = 0; j < 9; j++) cudaFree(all[j]);
     cudaFree(st->d);
     free(st);
 }
@@ -203,10 +220,18 @@ void *acc_upload(void *ctx, const void *weight, int *refused, char *err) {
     return h;
 }
 
+df_status queue_launch(acc *a, char *err);
+
 void acc_release(void *ctx, void *hp) {
     acc *a = (acc *)ctx;
     handle *h = (handle *)hp;
     if (!h) return;
+    /* queued experts that read it are launched first, so the events below
+     * follow them */
+    if (h->qref > 0) {
+        df_status st = queue_launch(a, a->flush_err);
+        if (st != DF_OK && a->flush_st == DF_OK) a->flush_st = st;
+    }
     /* queued products may still read h: a spare's next fill waits for them
      * (handle_fill), a copy given back waits here */
     if (a->nspare < SPARE_MAX && h->g.data_bytes + h->g.scale_bytes <= SPARE_BYTES &&
@@ -243,26 +268,66 @@ df_status acc_matmul(void *ctx, void *hp, const float *X, int n, float *Y, int64
     return DF_OK;
 }
 
+/* Several products behind one host wait: each distinct X staged once, all
+ * inputs up in one copy, the products (gpu_matmul_tc, as acc_matmul), all
+ * outputs back in one copy. */
+df_status acc_matmul_many(void *ctx, int count, void *const *hp, const float *const *X, const int *n,
+                          float *const *Y, const int64_t *ldy, char *err) {
+    acc *a = (acc *)ctx;
+    enum { MANY_MAX = 16 };
+    if (count < 1 || count > MANY_MAX) return DF_ERR_ARG;
+    size_t xoff[MANY_MAX], yoff[MANY_MAX], nx = 0, ny = 0;
+    for (int i = 0; i < count; i++) {
+        const handle *h = (const handle *)hp[i];
+        if (handle_wait(a, h, err) != DF_OK) return DF_ERR_IO;
+        int same = -1;
+        for (int j = 0; j < i && same < 0; j++)
+            if (X[j] == X[i] && n[j] == n[i] && ((const handle *)hp[j])->g.cols == h->g.cols) same = j;
+        if (same >= 0) xoff[i] = xoff[same];
+        else {
+            xoff[i] = nx;
+            nx += al16((size_t)n[i] * h->g.cols);
+        }
+        yoff[i] = ny;
+        ny += al16((size_t)n[i] * h->g.rows);
+    }
+    if (!grow(&a->hx, &a->dx, &a->cap_x, nx, err)) return DF_ERR_NOMEM;
+    if (!grow(&a->hy, &a->dy, &a->cap_y, ny, err)) return DF_ERR_NOMEM;
+    for (int i = 0; i < count; i++) {
+        const int64_t cols = ((const handle *)hp[i])->g.cols;
+        int first = 1;
+        for (int j = 0; j < i && first; j++) first = xoff[j] != xoff[i];
+        if (first) memcpy(a->hx + xoff[i], X[i], (size_t)n[i] * cols * sizeof(float));
+    }
+    if (act_copy(a, a->dx, a->hx, nx, err) != DF_OK) return DF_ERR_IO;
+    for (int i = 0; i < count; i++) {
+        const gpu_weight *g = &((const handle *)hp[i])->g;
+        df_status st = gpu_matmul_tc(g, a->dx + xoff[i], n[i], a->dy + yoff[i], g->rows, 0, g->rows, &a->ws, a->stream);
+        if (st != DF_OK) {
+            if (err) snprintf(err, DF_ERRMSG, "cuda: matmul: %s", gpu_last_error());
+            return st;
+        }
+    }
+    if (act_copy(a, a->hy, a->dy, ny, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "matmul");
+    for (int i = 0; i < count; i++) {
+        const int64_t rows = ((const handle *)hp[i])->g.rows;
+        for (int v = 0; v < n[i]; v++)
+            memcpy(Y[i] + (size_t)v * ldy[i], a->hy + yoff[i] + (size_t)v * rows, (size_t)rows * sizeof(float));
+    }
+    return DF_OK;
+}
+
 /* Makes room for one more queued expert: n_x input and n_y output floats,
  * n_h hidden floats, n rows. Growing a buffer first finishes the queue. */
 df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err);
 df_status acc_expert_finish(void *ctx, char *err);
 
-int grow_dev(float **d, size_t *cap, size_t need, char *err) {
-    if (need <= *cap) return 1;
-    size_t nc = need < 65536 ? 65536 : need + need / 2;
-    cudaFree(*d);
-    *d = NULL;
-    *cap = 0;
-    cudaError_t e = cudaMalloc((void **)d, nc * sizeof(float));
-    if (e != cudaSuccess) { cerr(err, e, "expert queue buffers"); return 0; }
-    *cap = nc;
-    return 1;
-}
-
 df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err) {
-    int full = a->qx_used + n_x > a->qcap_x || a->qy_used + n_y > a->qcap_y || n_h > a->qcap_h ||
-               a->npend == a->cap_pend || a->nrows + n > a->cap_rows;
+    (void)n_h; /* gpu_experts keeps its own scratch */
+    int full = a->qx_used + n_x > a->qcap_x || a->qy_used + n_y > a->qcap_y || a->npend == a->cap_pend ||
+               a->nrows + n > a->cap_rows;
     if (!full) return DF_OK;
     if (a->npend) { /* buffers in use by queued work: finish it first */
         df_status st = acc_expert_finish(a, err);
@@ -270,14 +335,16 @@ df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *er
     }
     size_t want_x = n_x * 64 > a->qcap_x ? n_x * 64 : a->qcap_x; /* room for a layer's experts */
     size_t want_y = n_y * 64 > a->qcap_y ? n_y * 64 : a->qcap_y;
-    if (!grow(&a->qhx, &a->qdx, &a->qcap_x, want_x, err) || !grow(&a->qhy, &a->qdy, &a->qcap_y, want_y, err) ||
-        !grow_dev(&a->qdh, &a->qcap_h, n_h, err))
+    if (!grow(&a->qhx, &a->qdx, &a->qcap_x, want_x, err) || !grow(&a->qhy, &a->qdy, &a->qcap_y, want_y, err))
         return DF_ERR_NOMEM;
     if (a->npend == a->cap_pend) {
         int nc = a->cap_pend ? 2 * a->cap_pend : 64;
         pending *p = (pending *)realloc(a->pend, (size_t)nc * sizeof *p);
         if (!p) return DF_ERR_NOMEM;
         a->pend = p;
+        gpu_expert_job *j = (gpu_expert_job *)realloc(a->jobs, (size_t)nc * sizeof *j);
+        if (!j) return DF_ERR_NOMEM;
+        a->jobs = j;
         a->cap_pend = nc;
     }
     if (a->nrows + n > a->cap_rows) {
@@ -290,37 +357,34 @@ df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *er
     return DF_OK;
 }
 
-/* One routed expert queued on the product stream: x up, gpu_expert (gate/up
- * + activation in one kernel, then down) once its uploads are in, y back to
- * pinned memory. The host waits for nothing here. */
+/* One routed expert queued: its inputs staged in pinned memory and its
+ * product stream waits on its uploads; nothing is launched until the batch
+ * is (queue_launch: at finish, or when a copy it reads is released). */
 df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ, float beta, float linear_beta,
                            const float *X, int n, float *out, const int *rows, int64_t stride, char *err) {
     acc *a = (acc *)ctx;
-    const handle *hg = (const handle *)gate, *hu = (const handle *)up, *hd = (const handle *)down;
-    const gpu_weight *g = &hg->g, *u = &hu->g, *d = &hd->g;
+    handle *hg = (handle *)gate, *hu = (handle *)up, *hd = (handle *)down;
+    const gpu_weight *g = &hg->g, *d = &hd->g;
     const int64_t hid = g->cols, inter = g->rows, dim = d->rows;
     if (n <= 0) return DF_OK;
     df_status st = queue_room(a, (size_t)n * hid, (size_t)n * dim, (size_t)n * inter, n, err);
     if (st != DF_OK) return st;
     if (handle_wait(a, hg, err) || handle_wait(a, hu, err) || handle_wait(a, hd, err)) return DF_ERR_IO;
-    float *hx = a->qhx + a->qx_used, *dx = a->qdx + a->qx_used;
-    float *hy = a->qhy + a->qy_used, *dy = a->qdy + a->qy_used;
-    memcpy(hx, X, (size_t)n * hid * sizeof(float));
-    if (act_copy(a, dx, hx, (size_t)n * hid, err) != DF_OK) return DF_ERR_IO;
-    gpu_act act = {situ, beta, linear_beta};
-    st = gpu_expert(g, u, d, &act, dx, n, a->qdh, dy, a->stream);
-    if (st != DF_OK) {
-        if (err) snprintf(err, DF_ERRMSG, "cuda: expert: %s", gpu_last_error());
-        return st;
-    }
-    if (act_copy(a, hy, dy, (size_t)n * dim, err) != DF_OK) return DF_ERR_IO;
+    memcpy(a->qhx + a->qx_used, X, (size_t)n * hid * sizeof(float));
     pending *p = &a->pend[a->npend++];
+    p->h[0] = hg;
+    p->h[1] = hu;
+    p->h[2] = hd;
+    p->act = {situ, beta, linear_beta};
     p->out = out;
     p->stride = stride;
     p->dim = dim;
+    p->hid = hid;
+    p->x_off = (int64_t)a->qx_used;
     p->y_off = (int64_t)a->qy_used;
     p->n = n;
     p->rows_off = a->nrows;
+    for (int i = 0; i < 3; i++) p->h[i]->qref++;
     memcpy(a->qrows + a->nrows, rows, (size_t)n * sizeof(int));
     a->nrows += n;
     a->qx_used += (size_t)n * hid;
@@ -328,14 +392,48 @@ df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ
     return DF_OK;
 }
 
-/* Waits for the product stream (not for uploads started since: prefetches
- * keep running), then writes every queued output to its rows. */
+/* Launches the queued experts not launched yet: their inputs up in one
+ * copy, gpu_experts over runs of one activation (a layer's experts: two
+ * tensor-core batches), their outputs back in one copy. No host wait. */
+df_status queue_launch(acc *a, char *err) {
+    const int first = a->nlaunched;
+    if (first == a->npend) return DF_OK;
+    const pending *p0 = &a->pend[first];
+    df_status st = act_copy(a, a->qdx + p0->x_off, a->qhx + p0->x_off, a->qx_used - (size_t)p0->x_off, err);
+    for (int i = first; i < a->npend; i++) {
+        const pending *p = &a->pend[i];
+        a->jobs[i] = {&p->h[0]->g, &p->h[1]->g, &p->h[2]->g, a->qdx + p->x_off, p->n, a->qdy + p->y_off};
+    }
+    for (int r0 = first; st == DF_OK && r0 < a->npend;) {
+        int r1 = r0 + 1;
+        const gpu_act &x = a->pend[r0].act;
+        while (r1 < a->npend && a->pend[r1].act.situ == x.situ && a->pend[r1].act.beta == x.beta &&
+               a->pend[r1].act.linear_beta == x.linear_beta)
+            r1++;
+        st = gpu_experts(a->jobs + r0, r1 - r0, &x, &a->ews, a->stream);
+        if (st != DF_OK && err) snprintf(err, DF_ERRMSG, "cuda: experts: %s", gpu_last_error());
+        r0 = r1;
+    }
+    if (st == DF_OK) st = act_copy(a, a->qhy + p0->y_off, a->qdy + p0->y_off, a->qy_used - (size_t)p0->y_off, err);
+    for (int i = first; i < a->npend; i++)
+        for (int k = 0; k < 3; k++) a->pend[i].h[k]->qref--;
+    a->nlaunched = a->npend;
+    return st;
+}
+
+/* Launches what is queued, waits for the product stream (not for uploads
+ * started since: prefetches keep running), then writes every queued output
+ * to its rows. */
 df_status acc_expert_finish(void *ctx, char *err) {
     acc *a = (acc *)ctx;
     if (!a->npend) return DF_OK;
+    df_status st = queue_launch(a, err);
+    if (st == DF_OK && a->flush_st != DF_OK) {
+        st = a->flush_st;
+        if (err) snprintf(err, DF_ERRMSG, "%s", a->flush_err);
+    }
     cudaError_t e = cudaStreamSynchronize(a->stream);
-    df_status st = DF_OK;
-    if (e != cudaSuccess) st = cerr(err, e, "queued experts");
+    if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "queued experts");
     for (int i = 0; st == DF_OK && i < a->npend; i++) {
         const pending *p = &a->pend[i];
         for (int r = 0; r < p->n; r++)
@@ -343,6 +441,107 @@ df_status acc_expert_finish(void *ctx, char *err) {
                    (size_t)p->dim * sizeof(float));
     }
     a->npend = 0;
+    a->nlaunched = 0;
+    a->flush_st = DF_OK;
+    a->nrows = 0;
+    a->qx_used = a->qy_used = 0;
+    return st;
+}
+
+/* The end of a latent MoE layer on the device (df_accel.moe_tail): the
+ * queued experts are launched, each (token, slot) row and shared row is
+ * found on the device (queued outputs) or staged from host memory, then
+ * gpu_moe_combine, gpu_rmsnorm, lat_up and the shared add; out back; the
+ * queue is finished as in acc_expert_finish. */
+df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *routed, int64_t dl,
+                       const float *lat_norm, float eps, void *lat_up, const float *shared, float *out, char *err) {
+    acc *a = (acc *)ctx;
+    const handle *hu = (const handle *)lat_up;
+    const gpu_weight *up = &hu->g;
+    const int64_t H = up->rows, R = (int64_t)n * K;
+    df_status st = queue_launch(a, err);
+    if (st == DF_OK && a->flush_st != DF_OK) {
+        st = a->flush_st;
+        if (err) snprintf(err, DF_ERRMSG, "%s", a->flush_err);
+    }
+    if (st == DF_OK && (up->cols != dl || n < 1 || K < 1)) {
+        if (err) snprintf(err, DF_ERRMSG, "cuda: moe tail: lat_up is %lldx%lld for rows of %lld", (long long)up->rows,
+                          (long long)up->cols, (long long)dl);
+        st = DF_ERR_ARG;
+    }
+    /* where each row is: a queued output on the device, or host memory */
+    if (st == DF_OK && a->cap_tsrc < R + n) {
+        const int64_t nc = R + n < 4096 ? 4096 : 2 * (R + n);
+        const float **p = (const float **)realloc(a->tsrc, (size_t)nc * sizeof *p);
+        if (p) {
+            a->tsrc = p;
+            a->cap_tsrc = nc;
+        } else {
+            st = DF_ERR_NOMEM;
+        }
+    }
+    const float **src = a->tsrc;
+    if (st == DF_OK) memset(src, 0, (size_t)(R + n) * sizeof *src);
+    int64_t nhost = 0;
+    for (int i = 0; st == DF_OK && i < a->npend; i++) {
+        const pending *p = &a->pend[i];
+        const int is_r = p->out == routed && p->dim == dl && p->stride == dl;
+        const int is_s = shared && p->out == shared && p->dim == H && p->stride == H;
+        for (int r = 0; (is_r || is_s) && r < p->n; r++) {
+            const int64_t row = a->qrows[p->rows_off + r];
+            if (is_r && row >= 0 && row < R) src[row] = a->qdy + p->y_off + (size_t)r * p->dim;
+            if (is_s && row >= 0 && row < n) src[R + row] = a->qdy + p->y_off + (size_t)r * p->dim;
+        }
+    }
+    for (int64_t r = 0; st == DF_OK && r < R + (shared ? n : 0); r++)
+        if (!src[r]) nhost += r < R ? dl : H;
+    /* staging: selw | ones [n] | lat_norm | host rows | row pointers (R routed, n shared, n of y) |
+     * sums [n][dl] | y [n][H] */
+    const size_t o_one = al16((size_t)R), o_norm = o_one + al16((size_t)n);
+    const size_t o_host = o_norm + al16(lat_norm ? (size_t)dl : 0);
+    const size_t o_ptr = o_host + al16((size_t)nhost), o_sum = o_ptr + al16(2 * (size_t)(R + 2 * n) + 2);
+    const size_t o_y = o_sum + al16((size_t)n * dl), total = o_y + al16((size_t)n * H);
+    if (st == DF_OK && !grow(&a->th, &a->td, &a->cap_t, total, err)) st = DF_ERR_NOMEM;
+    if (st == DF_OK) {
+        memcpy(a->th, selw, (size_t)R * sizeof(float));
+        for (int t = 0; t < n; t++) a->th[o_one + t] = 1.0f;
+        if (lat_norm) memcpy(a->th + o_norm, lat_norm, (size_t)dl * sizeof(float));
+        const float **ptr = (const float **)(void *)(a->th + o_ptr); /* o_ptr is 64-byte aligned */
+        size_t h = o_host;
+        for (int64_t r = 0; r < R + (shared ? n : 0); r++) {
+            if (src[r]) { ptr[r] = src[r]; continue; }
+            const int64_t w = r < R ? dl : H;
+            memcpy(a->th + h, r < R ? routed + r * dl : shared + (r - R) * H, (size_t)w * sizeof(float));
+            ptr[r] = a->td + h;
+            h += (size_t)w;
+        }
+        float *dsum = a->td + o_sum, *dy = a->td + o_y;
+        for (int t = 0; t < n; t++) ptr[R + n + t] = dy + (size_t)t * H;
+        const float *const *dptr = (const float *const *)(void *)(a->td + o_ptr);
+        st = act_copy(a, a->td, a->th, o_sum, err);
+        if (st == DF_OK) st = gpu_moe_combine(dptr, a->td, n, K, dl, NULL, dsum, a->stream);
+        if (st == DF_OK && lat_norm) st = gpu_rmsnorm(dsum, dsum, a->td + o_norm, n, (int)dl, eps, a->stream);
+        if (st == DF_OK && (st = handle_wait(a, hu, err)) == DF_OK)
+            st = gpu_matmul_tc(up, dsum, n, dy, H, 0, H, &a->ws, a->stream);
+        if (st == DF_OK && shared) /* y + shared: y as a combine of one row with weight 1 (exact), in place */
+            st = gpu_moe_combine(dptr + R + n, a->td + o_one, n, 1, H, dptr + R, dy, a->stream);
+        if (st == DF_OK) st = act_copy(a, a->th + o_y, dy, (size_t)n * H, err);
+        if (st != DF_OK && err && !*err) snprintf(err, DF_ERRMSG, "cuda: moe tail: %s", gpu_last_error());
+    }
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "moe tail");
+    if (st == DF_OK) memcpy(out, a->th + o_y, (size_t)n * H * sizeof(float));
+    /* other queued outputs (none in a MoE layer today) go where finish puts them */
+    for (int i = 0; st == DF_OK && i < a->npend; i++) {
+        const pending *p = &a->pend[i];
+        if (p->out == routed || (shared && p->out == shared)) continue;
+        for (int r = 0; r < p->n; r++)
+            memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
+                   (size_t)p->dim * sizeof(float));
+    }
+    a->npend = 0;
+    a->nlaunched = 0;
+    a->flush_st = DF_OK;
     a->nrows = 0;
     a->qx_used = a->qy_used = 0;
     return st;
@@ -399,6 +598,8 @@ void *acc_state_new(void *ctx, const df_accel_kda *layer, const df_accel_mla *ml
     } else {
         if (e == cudaSuccess) e = dev_copy(&st->kv_a_norm, mla->kv_a_norm, (size_t)mla->R);
         if (e == cudaSuccess && mla->use_rope) e = dev_copy(&st->inv_freq, mla->inv_freq, (size_t)mla->dr / 2);
+        if (e == cudaSuccess && mla->q_a_norm && mla->qlr > 0)
+            e = dev_copy(&st->q_a_norm, mla->q_a_norm, (size_t)mla->qlr);
     }
     if (e != cudaSuccess) {
         cerr(err, e, "session state");
@@ -455,6 +656,133 @@ df_status acc_kda(void *ctx, const df_accel_kda *l, void *state, int n, const fl
     cudaError_t e = cudaStreamSynchronize(a->stream);
     if (e != cudaSuccess) return cerr(err, e, "kda");
     memcpy(o, a->kh + in, nP * sizeof(float));
+    return DF_OK;
+}
+
+/* A whole KDA layer: xn up, the projections into device buffers (the
+ * low-rank halves reading their first halves there), gpu_kda, the output
+ * projection, out back: one host wait, the same kernels and inputs as the
+ * products through acc_matmul and acc_kda (so the same bits). */
+df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, void *const *mats, const float *xn,
+                        float *out, char *err) {
+    acc *a = (acc *)ctx;
+    dev_state *st = (dev_state *)state;
+    const handle *h[DF_KDA_MATS];
+    for (int i = 0; i < DF_KDA_MATS; i++) {
+        h[i] = (const handle *)mats[i];
+        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
+    }
+    const int full = h[DF_KDA_G] != NULL;
+    if (!h[DF_KDA_Q] || !h[DF_KDA_K] || !h[DF_KDA_V] || !h[DF_KDA_FA] || !h[DF_KDA_FB] || !h[DF_KDA_B] ||
+        !h[DF_KDA_O] || (!full && (!h[DF_KDA_GA] || !h[DF_KDA_GB]))) {
+        if (err) snprintf(err, DF_ERRMSG, "cuda: kda layer: a projection is missing");
+        return DF_ERR_ARG;
+    }
+    const int64_t hid = h[DF_KDA_Q]->g.cols, D = l->D;
+    const size_t nP = (size_t)n * l->H * l->D, nH = (size_t)n * l->H, nx = (size_t)n * hid, nD = (size_t)n * D;
+    /* device layout: q k v f gate braw (acc_kda's order) | o | xn | fa | gl | out */
+    const size_t aP = al16(nP), in = 5 * aP + al16(nH);
+    const size_t total = in + aP + al16(nx) + 2 * al16(nD) + al16(nx);
+    if (!grow(&a->kh, &a->kd, &a->cap_k, total, err)) return DF_ERR_NOMEM;
+    float *d = a->kd, *q = d, *k = d + aP, *v = d + 2 * aP, *f = d + 3 * aP, *gate = d + 4 * aP, *braw = d + 5 * aP;
+    float *o = d + in, *x = o + aP, *fa = x + al16(nx), *gl = fa + al16(nD), *y = gl + al16(nD);
+    memcpy(a->kh + (x - d), xn, nx * sizeof(float));
+    if (act_copy(a, x, a->kh + (x - d), nx, err) != DF_OK) return DF_ERR_IO;
+    struct {
+        int m;
+        const float *X;
+        float *Y;
+    } steps[8] = {{DF_KDA_Q, x, q}, {DF_KDA_K, x, k}, {DF_KDA_V, x, v}, {DF_KDA_FA, x, fa}, {DF_KDA_FB, fa, f},
+                  {DF_KDA_B, x, braw}, {full ? DF_KDA_G : DF_KDA_GA, x, full ? gate : gl}, {DF_KDA_GB, gl, gate}};
+    for (int i = 0; i < (full ? 7 : 8); i++) {
+        const gpu_weight *g = &h[steps[i].m]->g;
+        df_status ps = gpu_matmul_tc(g, steps[i].X, n, steps[i].Y, g->rows, 0, g->rows, &a->ws, a->stream);
+        if (ps != DF_OK) {
+            if (err) snprintf(err, DF_ERRMSG, "cuda: kda layer: %s", gpu_last_error());
+            return ps;
+        }
+    }
+    const kda_shape sh = kda_shape_of(l);
+    const kda_params p = {{st->conv[0], st->conv[1], st->conv[2]}, st->a, st->dt_bias, st->o_norm};
+    df_status rs = gpu_kda(&sh, &p, (float *)st->d, n, q, k, v, f, braw, gate, o, a->stream);
+    if (rs != DF_OK) {
+        snprintf(err, DF_ERRMSG, "cuda: kda: %s", rs == DF_ERR_IO ? gpu_last_error() : "refused");
+        return rs;
+    }
+    const gpu_weight *go = &h[DF_KDA_O]->g;
+    rs = gpu_matmul_tc(go, o, n, y, go->rows, 0, go->rows, &a->ws, a->stream);
+    if (rs != DF_OK) {
+        if (err) snprintf(err, DF_ERRMSG, "cuda: kda layer: %s", gpu_last_error());
+        return rs;
+    }
+    if (act_copy(a, a->kh + (y - d), y, nx, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "kda layer");
+    memcpy(out, a->kh + (y - d), nx * sizeof(float));
+    return DF_OK;
+}
+
+/* A whole MLA layer: xn up, q (through q_a, its norm and q_b, or q), kva,
+ * the cache write and attention as in acc_mla, the gate, the output
+ * projection, out back: one host wait. */
+df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int pos, int n, void *const *mats,
+                        const float *xn, float *out, char *err) {
+    acc *a = (acc *)ctx;
+    dev_state *st = (dev_state *)state;
+    const handle *h[DF_MLA_MATS];
+    for (int i = 0; i < DF_MLA_MATS; i++) {
+        h[i] = (const handle *)mats[i];
+        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
+    }
+    if (handle_wait(a, (const handle *)kv_b, err) != DF_OK) return DF_ERR_IO;
+    const int lr = h[DF_MLA_QA] != NULL;
+    if (!h[DF_MLA_KVA] || !h[DF_MLA_O] || (lr ? !h[DF_MLA_QB] || !st->q_a_norm || l->qlr < 1 : !h[DF_MLA_Q]) ||
+        (l->has_gate && !h[DF_MLA_G])) {
+        if (err) snprintf(err, DF_ERRMSG, "cuda: mla layer: a projection or q_a's norm is missing");
+        return DF_ERR_ARG;
+    }
+    const gpu_weight *w = &((const handle *)kv_b)->g;
+    const mla_shape sh = mla_shape_of(l);
+    const int64_t hid = h[DF_MLA_KVA]->g.cols, qlr = lr ? l->qlr : 0;
+    const size_t nq = (size_t)n * l->nh * sh.dq, nkv = (size_t)n * (l->R + l->dr), nlat = (size_t)l->nh * n * l->R;
+    const size_t nat = (size_t)n * l->nh * l->dv, nx = (size_t)n * hid, nqa = (size_t)n * qlr;
+    /* device: x | q | kva | qlat | olat | attn | qa | gate | y */
+    const size_t total = al16(nx) + al16(nq) + al16(nkv) + 2 * al16(nlat) + al16(nat) + al16(nqa) + al16(nat) + al16(nx);
+    if (!grow(&a->mh, &a->md, &a->cap_m, total, err)) return DF_ERR_NOMEM;
+    float *x = a->md, *q = x + al16(nx), *kva = q + al16(nq), *qlat = kva + al16(nkv), *olat = qlat + al16(nlat);
+    float *att = olat + al16(nlat), *qa = att + al16(nat), *gate = qa + al16(nqa), *y = gate + al16(nat);
+    memcpy(a->mh, xn, nx * sizeof(float));
+    if (act_copy(a, x, a->mh, nx, err) != DF_OK) return DF_ERR_IO;
+    df_status rs = DF_OK;
+#define MLA_MM(m, X, Y) \
+    (rs == DF_OK ? gpu_matmul_tc(&h[m]->g, X, n, Y, h[m]->g.rows, 0, h[m]->g.rows, &a->ws, a->stream) : rs)
+    if (lr) {
+        rs = MLA_MM(DF_MLA_QA, x, qa);
+        if (rs == DF_OK) rs = gpu_rmsnorm(qa, qa, st->q_a_norm, n, (int)qlr, l->latent_eps, a->stream);
+        rs = MLA_MM(DF_MLA_QB, qa, q);
+    } else {
+        rs = MLA_MM(DF_MLA_Q, x, q);
+    }
+    rs = MLA_MM(DF_MLA_KVA, x, kva);
+    float *cache = (float *)st->d;
+    if (rs == DF_OK) rs = gpu_mla_write(&sh, st->kv_a_norm, st->inv_freq, kva, cache, pos, n, q, a->stream);
+    if (rs == DF_OK) rs = gpu_mla_absorb(w, &sh, q, n, qlat, a->stream);
+    if (rs == DF_OK) rs = gpu_mla_attend(&sh, cache, q, qlat, pos, n, olat, &a->mla_ws, a->stream);
+    if (rs == DF_OK) rs = gpu_mla_lift(w, &sh, olat, n, att, a->stream);
+    if (l->has_gate) {
+        rs = MLA_MM(DF_MLA_G, x, gate);
+        if (rs == DF_OK) rs = gpu_sigmoid_mul(att, gate, (int64_t)nat, a->stream);
+    }
+    rs = MLA_MM(DF_MLA_O, att, y);
+#undef MLA_MM
+    if (rs != DF_OK) {
+        snprintf(err, DF_ERRMSG, "cuda: mla layer: %s", rs == DF_ERR_IO ? gpu_last_error() : df_status_name(rs));
+        return rs;
+    }
+    if (act_copy(a, a->mh, y, nx, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "mla layer");
+    memcpy(out, a->mh, nx * sizeof(float));
     return DF_OK;
 }
 
@@ -546,6 +874,58 @@ out:
     return t[2] > 0 ? n / t[2] / 1e9 : 0.0;
 }
 
+/* Read-only probe: every thread sums 16-byte loads over a grid-stride loop;
+ * a result that depends on every byte is written so nothing is elided. */
+__global__ void k_read_probe(const uint4 *__restrict__ p, size_t n16, unsigned *out) {
+    unsigned acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(p + i); /* streaming: do not keep it in L2 */
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc; /* almost never taken; keeps the loads */
+}
+
+/* Device read bandwidth: median of 5 timed passes of k_read_probe over a
+ * buffer of 1 GiB (halved while it cannot be allocated, down to 256 MiB:
+ * still 4x the H200's 60 MB L2) after one warm-up pass; 0 on failure. */
+double acc_read_gbps(void *ctx) {
+    acc *a = (acc *)ctx;
+    cudaSetDevice(a->device);
+    size_t n = (size_t)1 << 30;
+    void *d = NULL;
+    unsigned *o = NULL;
+    double t[5] = {0};
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a->device);
+    while (cudaMalloc(&d, n) != cudaSuccess && n > ((size_t)256 << 20)) {
+        cudaGetLastError();
+        n /= 2;
+    }
+    if (!d || cudaMalloc((void **)&o, sizeof *o) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
+        cudaEventCreate(&e1) != cudaSuccess || cudaMemsetAsync(d, 0x5a, n, a->stream) != cudaSuccess)
+        goto out;
+    for (int i = 0; i < 6; i++) {
+        float ms = 0;
+        cudaEventRecord(e0, a->stream);
+        k_read_probe<<<(unsigned)(sms > 0 ? sms * 8 : 1024), 512, 0, a->stream>>>((const uint4 *)d, n / 16, o);
+        cudaEventRecord(e1, a->stream);
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
+        if (i) t[i - 1] = ms * 1e-3;
+    }
+    for (int i = 0; i < 5; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x;
+        }
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(d);
+    cudaFree(o);
+    cudaGetLastError();
+    return t[2] > 0 ? n / t[2] / 1e9 : 0.0;
+}
+
 } // namespace
 
 extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err) {
@@ -586,16 +966,29 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.upload = acc_upload;
     a->pub.release = acc_release;
     a->pub.matmul = acc_matmul;
+#ifndef GPU_NO_MANY /* diagnostics: build without the hook */
+    a->pub.matmul_many = acc_matmul_many;
+#endif
     a->pub.pin = acc_pin;
     a->pub.unpin = acc_unpin;
     a->pub.h2d_gbps = acc_h2d_gbps;
+    a->pub.read_gbps = acc_read_gbps;
     a->pub.expert_queue = acc_expert_queue;
     a->pub.expert_finish = acc_expert_finish;
+#ifndef GPU_NO_MOE_TAIL
+    a->pub.moe_tail = acc_moe_tail;
+#endif
     a->pub.uploads_wait = acc_uploads_wait;
     a->pub.state_new = acc_state_new;
     a->pub.state_free = acc_state_free;
     a->pub.state_zero = acc_state_zero;
     a->pub.kda = acc_kda;
+#ifndef GPU_NO_KDA_LAYER
+    a->pub.kda_layer = acc_kda_layer;
+#endif
+#ifndef GPU_NO_MLA_LAYER
+    a->pub.mla_layer = acc_mla_layer;
+#endif
     a->pub.mla = acc_mla;
     return &a->pub;
 }
@@ -615,11 +1008,15 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFree(a->qdx);
     cudaFreeHost(a->qhy);
     cudaFree(a->qdy);
-    cudaFree(a->qdh);
     free(a->pend);
+    free(a->jobs);
+    gpu_ws_free(&a->ews);
     free(a->qrows);
     cudaFreeHost(a->kh);
     cudaFree(a->kd);
+    cudaFreeHost(a->th);
+    cudaFree(a->td);
+    free(a->tsrc);
     cudaFreeHost(a->mh);
     cudaFree(a->md);
     gpu_ws_free(&a->mla_ws);

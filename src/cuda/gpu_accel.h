@@ -24,7 +24,11 @@
  * state_new; a step stages q, k, v, f, gate and beta logits through pinned
  * memory in one copy, runs gpu_kda, and returns o (head dims without a
  * kernel are refused at state_new: the engine keeps those states on the
- * CPU).
+ * CPU). Fewer host round trips (issue 15): matmul_many (several products,
+ * one wait), kda_layer / mla_layer (a whole attention layer, activations
+ * kept on the device), the expert queue launched as one gpu_experts batch
+ * at finish, and moe_tail (a latent MoE layer's weighted sum, norm, lat_up
+ * and shared add on the device); read_gbps is bench's HBM probe.
  */
 #ifndef DF_CUDA_GPU_ACCEL_H
 #define DF_CUDA_GPU_ACCEL_H

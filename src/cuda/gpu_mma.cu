@@ -66,12 +66,10 @@ enum { TC_WIDE_ROWS = 16 * 132 * 4 };
 /* ws layout: xb [nblk][8 columns][4 lanes] uint4, then inv [TC_VEC] floats. */
 size_t ws_bytes(int64_t cols) { return (size_t)(cols / 32) * 8 * 4 * 16 + TC_VEC * sizeof(float); }
 
-/* One block per vector: k from max|x|, then hi/lo in mma order. */
-__global__ void __launch_bounds__(256) k_xsplit(const float *__restrict__ X, int64_t cols, uint4 *xb,
-                                                float *inv) {
-    __shared__ float red[256];
-    const int v = blockIdx.x;
-    const float *x = X + (int64_t)v * cols;
+/* One block splits one vector x into slot v of xb / inv: k from max|x|,
+ * then hi/lo in mma order. red: 256 floats of shared memory. */
+__device__ __forceinline__ void xsplit_one(const float *__restrict__ x, int64_t cols, uint4 *xb, float *inv, int v,
+                                           float *red) {
     float m = 0.0f;
     for (int64_t i = threadIdx.x; i < cols; i += 256) m = fmaxf(m, fabsf(x[i]));
     red[threadIdx.x] = m;
@@ -101,6 +99,27 @@ __global__ void __launch_bounds__(256) k_xsplit(const float *__restrict__ X, int
         xb[(b * 8 + 2 * v) * 4 + t] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
         xb[(b * 8 + 2 * v + 1) * 4 + t] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
     }
+}
+
+/* One block per vector. */
+__global__ void __launch_bounds__(256) k_xsplit(const float *__restrict__ X, int64_t cols, uint4 *xb,
+                                                float *inv) {
+    __shared__ float red[256];
+    xsplit_one(X + (int64_t)blockIdx.x * cols, cols, xb, inv, blockIdx.x, red);
+}
+
+/* A batch's splits: block e splits x[e] into slot[e] of xb[e] / inv[e]. */
+enum { SPLIT_MAX = 96 };
+struct split_tab {
+    const float *x[SPLIT_MAX];
+    uint4 *xb[SPLIT_MAX];
+    float *inv[SPLIT_MAX];
+    int slot[SPLIT_MAX];
+};
+__global__ void __launch_bounds__(256) k_xsplit_batch(const __grid_constant__ split_tab t, int64_t cols) {
+    __shared__ float red[256];
+    const int e = blockIdx.x;
+    xsplit_one(t.x[e], cols, t.xb[e], t.inv[e], t.slot[e], red);
 }
 
 /* Codes j and j + 4 of u as one f16x2, exact: the f16 bits (s << 15) |
@@ -244,15 +263,14 @@ __device__ __forceinline__ void stage_group(uint8_t *st, const uint8_t *data, in
 /* KS warps per 16-row tile (the k split), P cp.async stages per warp (P - 1
  * groups of 4 blocks in flight). */
 template <int KS, int P, bool S4>
-__global__ void __launch_bounds__(KS * 32)
-k_mx_tc(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t cols,
-        const uint4 *__restrict__ xb, const float *__restrict__ inv, int n, float *__restrict__ Y,
-        int64_t ldy, int64_t row0, int64_t row1) {
-    __shared__ __align__(16) uint8_t stage[KS][P][16 * ROWB];
-    __shared__ float part[KS][32][4];
+__device__ __forceinline__ void mx_tc_tile(uint8_t (*stage)[P][16 * ROWB], float (*part)[32][4],
+                                           const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
+                                           int64_t cols, const uint4 *__restrict__ xb, const float *__restrict__ inv,
+                                           int n, float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1,
+                                           int64_t tile) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int64_t r0 = row0 + (int64_t)blockIdx.x * 16;
+    const int64_t r0 = row0 + tile * 16;
     const int64_t ra = min(r0 + g, row1 - 1), rb = min(r0 + g + 8, row1 - 1);
     const int64_t nblk = cols / 32, rowb = cols / 2, ngrp = (nblk + 3) / 4;
     const uint8_t *sa = scale + ra * nblk, *sb = scale + rb * nblk;
@@ -311,6 +329,40 @@ k_mx_tc(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int
     if (r0 + g + 8 < row1) Y[(int64_t)t * ldy + (r0 + g + 8 - row0)] = __fadd_rn(s[2], s[3]);
 }
 
+template <int KS, int P, bool S4>
+__global__ void __launch_bounds__(KS * 32)
+k_mx_tc(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t cols,
+        const uint4 *__restrict__ xb, const float *__restrict__ inv, int n, float *__restrict__ Y,
+        int64_t ldy, int64_t row0, int64_t row1) {
+    __shared__ __align__(16) uint8_t stage[KS][P][16 * ROWB];
+    __shared__ float part[KS][32][4];
+    mx_tc_tile<KS, P, S4>(stage, part, data, scale, cols, xb, inv, n, Y, ldy, row0, row1, blockIdx.x);
+}
+
+/* A batch's products (gpu_tc_batch): block (tile, i) runs tile `tile` of
+ * item i, all items of one shape. */
+enum { TCB_MAX = 64 };
+struct tc_item {
+    const uint8_t *data, *scale;
+    const uint4 *xb;
+    const float *inv;
+    float *Y;
+    int64_t ldy;
+    int nv;
+};
+struct tc_tab {
+    tc_item it[TCB_MAX];
+};
+template <int KS, int P, bool S4>
+__global__ void __launch_bounds__(KS * 32)
+k_mx_tc_batch(const __grid_constant__ tc_tab t, int64_t cols, int64_t rows) {
+    __shared__ __align__(16) uint8_t stage[KS][P][16 * ROWB];
+    __shared__ float part[KS][32][4];
+    const tc_item &it = t.it[blockIdx.y];
+    mx_tc_tile<KS, P, S4>(stage, part, it.data, it.scale, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows,
+                          blockIdx.x);
+}
+
 } // namespace
 
 extern "C" void gpu_ws_free(gpu_ws *ws) {
@@ -364,4 +416,97 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
         if ((st = gpu_cuda_status(cudaGetLastError(), "k_mx_tc"))) return st;
     }
     return DF_OK;
+}
+
+/* ---- batches (gpu_internal.h) ----
+ * Scratch layout: the splits of every (job, group of TC_VEC vectors) one
+ * after another (ws_bytes less its inv part each), then their inv arrays
+ * (TC_VEC floats each). */
+
+static int64_t tc_groups(const gpu_tc_job *jobs, int njobs) {
+    int64_t g = 0;
+    for (int j = 0; j < njobs; j++) g += (jobs[j].n + TC_VEC - 1) / TC_VEC;
+    return g;
+}
+
+size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs) {
+    if (njobs < 1 || !jobs[0].w0) return 0;
+    return (size_t)tc_groups(jobs, njobs) * ws_bytes(jobs[0].w0->cols);
+}
+
+template <int KS, int P, bool S4>
+static df_status launch_tc_batch(const tc_tab &t, int count, int64_t cols, int64_t rows, cudaStream_t s) {
+    const dim3 grid((unsigned)((rows + 15) / 16), (unsigned)count);
+    k_mx_tc_batch<KS, P, S4><<<grid, KS * 32, 0, s>>>(t, cols, rows);
+    return gpu_cuda_status(cudaGetLastError(), "k_mx_tc_batch");
+}
+
+static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, cudaStream_t s) {
+    if (!count) return DF_OK;
+    const bool s4 = (cols / 32) % 4 == 0;
+    /* gpu_matmul_tc's choice, so every row is bit-equal to it */
+    if (rows >= TC_WIDE_ROWS)
+        return s4 ? launch_tc_batch<4, 4, true>(t, count, cols, rows, s) : launch_tc_batch<4, 4, false>(t, count, cols, rows, s);
+    return s4 ? launch_tc_batch<8, 3, true>(t, count, cols, rows, s) : launch_tc_batch<8, 3, false>(t, count, cols, rows, s);
+}
+
+df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStream_t s) {
+    if (njobs < 1) return DF_OK;
+    if (!jobs || !scratch || !jobs[0].w0) return DF_ERR_ARG;
+    const int64_t rows = jobs[0].w0->rows, cols = jobs[0].w0->cols;
+    for (int j = 0; j < njobs; j++)
+        for (int k = 0; k < 2; k++) {
+            const gpu_weight *w = k ? jobs[j].w1 : jobs[j].w0;
+            if (k && !w) continue;
+            if (!w || !w->data || !gpu_matmul_tc_takes(w) || w->rows != rows || w->cols != cols || !jobs[j].X ||
+                !(k ? jobs[j].Y1 : jobs[j].Y0) || jobs[j].n < 1 || jobs[j].ldy < rows)
+                return DF_ERR_ARG;
+        }
+    if (rows > 16 * (int64_t)0x7fffffff) return DF_ERR_UNSUPPORTED;
+    const int64_t ng = tc_groups(jobs, njobs);
+    const size_t xbytes = ws_bytes(cols) - TC_VEC * sizeof(float);
+    uint8_t *base = (uint8_t *)scratch;
+    float *inv0 = (float *)(base + (size_t)ng * xbytes);
+    /* the splits, SPLIT_MAX vectors per launch */
+    split_tab sp;
+    int ns = 0;
+    int64_t gi = 0;
+    df_status st = DF_OK;
+    for (int j = 0; j < njobs; j++)
+        for (int v = 0; v < jobs[j].n; v++) {
+            const int64_t g = gi + v / TC_VEC;
+            sp.x[ns] = jobs[j].X + (int64_t)v * cols;
+            sp.xb[ns] = (uint4 *)(base + (size_t)g * xbytes);
+            sp.inv[ns] = inv0 + g * TC_VEC;
+            sp.slot[ns] = v % TC_VEC;
+            if (++ns == SPLIT_MAX || (j == njobs - 1 && v == jobs[j].n - 1)) {
+                k_xsplit_batch<<<ns, 256, 0, s>>>(sp, cols);
+                if ((st = gpu_cuda_status(cudaGetLastError(), "k_xsplit_batch"))) return st;
+                ns = 0;
+            }
+            if (v == jobs[j].n - 1) gi += (jobs[j].n + TC_VEC - 1) / TC_VEC;
+        }
+    /* the products, TCB_MAX per launch */
+    tc_tab tt;
+    int nt = 0;
+    gi = 0;
+    for (int j = 0; j < njobs; j++)
+        for (int v0 = 0; v0 < jobs[j].n; v0 += TC_VEC, gi++)
+            for (int k = 0; k < 2; k++) {
+                const gpu_weight *w = k ? jobs[j].w1 : jobs[j].w0;
+                if (!w) continue;
+                tc_item &it = tt.it[nt++];
+                it.data = (const uint8_t *)w->data;
+                it.scale = (const uint8_t *)w->scale;
+                it.xb = (const uint4 *)(base + (size_t)gi * xbytes);
+                it.inv = inv0 + gi * TC_VEC;
+                it.Y = (k ? jobs[j].Y1 : jobs[j].Y0) + (int64_t)v0 * jobs[j].ldy;
+                it.ldy = jobs[j].ldy;
+                it.nv = jobs[j].n - v0 < TC_VEC ? jobs[j].n - v0 : TC_VEC;
+                if (nt == TCB_MAX) {
+                    if ((st = flush_items(tt, nt, cols, rows, s))) return st;
+                    nt = 0;
+                }
+            }
+    return flush_items(tt, nt, cols, rows, s);
 }

@@ -71,12 +71,22 @@ static int kind_of(const df_weight *w) {
     }
 }
 
+/* Bytes of one row of weights (its scales included, roughly): sets the row blocks. */
+static int64_t row_bytes(const df_weight *w) {
+    switch (w->type) {
+    case WT_F32: return w->cols * 4;
+    case WT_BF16: case WT_F16: return w->cols * 2;
+    case WT_INT4_G32: case WT_MXFP4: return w->cols / 2 + w->cols / 32 * 2;
+    default: return w->cols + 4;
+    }
+}
+
 int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int n,
                   float *Y, int64_t ldy, int64_t row0, int64_t row1) {
     const int k = kind_of(w);
     if (k < 0) return 0;
     kn_tiles t = tables[k];
-    t.row_bytes = wt_bytes(w) / w->rows;
+    t.row_bytes = row_bytes(w);
     kn_drive(&t, w, X, n, Y, ldy, row0, row1);
     return 1;
 }

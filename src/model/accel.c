@@ -313,6 +313,7 @@ static int run(acc_table *t, void *h, const df_weight *w, const float *X, int n,
         return 0;
     }
     t->st.calls++;
+    t->st.device_read_bytes += (uint64_t)wt_bytes(w);
     return 1;
 }
 
@@ -413,6 +414,59 @@ static void *expert_handle(acc_table *t, const df_weight *w, acc_ent **ent, int 
     return h;
 }
 
+/* The products of r the accelerator takes, in one matmul_many call (one
+ * host wait); done[i] = 1 for each it computed. Needs two or more. */
+static void acc_mm_many(acc_table *t, const mm_req *r, int count, int *done) {
+    enum { MANY_MAX = 16 };
+    if (!t || !t->a->matmul_many || count < 2 || count > MANY_MAX) return;
+    void *h[MANY_MAX];
+    int32_t id[MANY_MAX];
+    int tr[MANY_MAX], pick[MANY_MAX], np = 0;
+    const float *X[MANY_MAX];
+    float *Y[MANY_MAX];
+    int n[MANY_MAX];
+    int64_t ldy[MANY_MAX], bytes = 0;
+    for (int i = 0; i < count; i++) {
+        acc_ent *ent = NULL;
+        int transient = 0;
+        void *hi = expert_handle(t, r[i].w, &ent, &transient); /* marks ent busy: not evicted by the next */
+        if (!hi) continue;
+        h[np] = hi;
+        id[np] = ent ? (int32_t)(ent - t->ent) : -1;
+        tr[np] = transient;
+        X[np] = r[i].X;
+        Y[np] = r[i].Y;
+        n[np] = r[i].n;
+        ldy[np] = r[i].ldy;
+        pick[np++] = i;
+        bytes += wt_bytes(r[i].w);
+    }
+    df_status st = DF_OK;
+    if (np) {
+        double t0 = now_s();
+        st = t->a->matmul_many(t->a->ctx, np, h, X, n, Y, ldy, t->err);
+        t->st.sync_s += now_s() - t0;
+        t->st.sync_calls++;
+        if (st != DF_OK) snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+    }
+    for (int k = 0; k < np; k++) {
+        if (id[k] >= 0) t->ent[id[k]].busy = 0;
+        if (tr[k]) t->a->release(t->a->ctx, h[k]);
+        if (st == DF_OK) done[pick[k]] = 1;
+    }
+    if (np && st == DF_OK) {
+        t->st.calls += (uint64_t)np;
+        t->st.device_read_bytes += (uint64_t)bytes;
+    }
+}
+
+void mm_many(df_engine *e, const mm_req *r, int count) {
+    int done[16] = {0};
+    if (e->acc && count <= 16) acc_mm_many(e->acc, r, count, done);
+    for (int i = 0; i < count; i++)
+        if (!done[i]) mm(e, r[i].w, r[i].X, r[i].n, r[i].Y, r[i].ldy);
+}
+
 void acc_prefetch(acc_table *t, const df_weight *w, int n) {
     for (int i = 0; t && i < n; i++) {
         const void *k = key_of(&w[i]);
@@ -445,7 +499,10 @@ int acc_expert_queue(acc_table *t, const df_weight w[3], int situ, float beta, f
         if (id[i] >= 0) t->ent[id[i]].busy = 0;
         if (tr[i]) t->a->release(t->a->ctx, h[i]);
     }
-    if (ok) t->st.calls += 3;
+    if (ok) {
+        t->st.calls += 3;
+        t->st.device_read_bytes += (uint64_t)(wt_bytes(&w[0]) + wt_bytes(&w[1]) + wt_bytes(&w[2]));
+    }
     return ok;
 }
 
@@ -521,7 +578,118 @@ df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, c
         return df_fail(err, st, "%s", t->err);
     }
     t->st.kda_calls++;
+    /* the recurrent state S [H][D][D] is read once per launch */
+    t->st.device_read_bytes += (uint64_t)layer->H * layer->D * layer->D * sizeof(float);
     return DF_OK;
+}
+
+int acc_moe_tail(acc_table *t, int n, int K, const float *selw, const float *routed, int64_t dl,
+                 const float *lat_norm, float eps, const df_weight *lat_up, const float *shared, float *out,
+                 char *err) {
+    if (!t || !t->a->moe_tail || !t->a->expert_queue) return 0;
+    acc_ent *ent = NULL;
+    int tr = 0;
+    void *h = expert_handle(t, lat_up, &ent, &tr);
+    if (!h) return 0;
+    int32_t id = ent ? (int32_t)(ent - t->ent) : -1;
+    double t0 = now_s();
+    df_status st = t->a->moe_tail(t->a->ctx, n, K, selw, routed, dl, lat_norm, eps, h, shared, out, t->err);
+    t->st.sync_s += now_s() - t0;
+    t->st.sync_calls++;
+    if (id >= 0) t->ent[id].busy = 0;
+    if (tr) t->a->release(t->a->ctx, h);
+    if (st != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        df_fail(err, st, "%s", t->err);
+        return -1;
+    }
+    t->st.calls++;
+    t->st.device_read_bytes += (uint64_t)wt_bytes(lat_up);
+    return 1;
+}
+
+int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, const df_weight *const *w,
+                  const float *xn, float *out, char *err) {
+    if (!acc_has_kda(t) || !t->a->kda_layer) return 0;
+    void *h[DF_KDA_MATS] = {NULL};
+    int32_t id[DF_KDA_MATS];
+    int tr[DF_KDA_MATS] = {0}, ok = 1, count = 0;
+    int64_t bytes = 0;
+    for (int i = 0; i < DF_KDA_MATS; i++) {
+        id[i] = -1;
+        if (!w[i] || !ok) continue;
+        acc_ent *ent = NULL;
+        h[i] = expert_handle(t, w[i], &ent, &tr[i]); /* busy: the next upload does not evict it */
+        if (ent) id[i] = (int32_t)(ent - t->ent);
+        ok = h[i] != NULL;
+        bytes += wt_bytes(w[i]);
+        count++;
+    }
+    df_status st = DF_OK;
+    if (ok) {
+        double t0 = now_s();
+        st = t->a->kda_layer(t->a->ctx, layer, state, n, h, xn, out, t->err);
+        t->st.sync_s += now_s() - t0;
+        t->st.sync_calls++;
+    }
+    for (int i = 0; i < DF_KDA_MATS; i++) {
+        if (id[i] >= 0) t->ent[id[i]].busy = 0;
+        if (tr[i]) t->a->release(t->a->ctx, h[i]);
+    }
+    if (!ok) return 0;
+    if (st != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        df_fail(err, st, "%s", t->err);
+        return -1;
+    }
+    t->st.calls += (uint64_t)count;
+    t->st.kda_calls++;
+    t->st.device_read_bytes += (uint64_t)bytes + (uint64_t)layer->H * layer->D * layer->D * sizeof(float);
+    return 1;
+}
+
+int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const df_weight *const *w,
+                  const float *xn, float *out, char *err) {
+    if (!acc_has_mla(t) || !t->a->mla_layer) return 0;
+    enum { NM = DF_MLA_MATS + 1 }; /* the products, then kv_b */
+    const df_weight *all[NM];
+    for (int i = 0; i < DF_MLA_MATS; i++) all[i] = w[i];
+    all[DF_MLA_MATS] = layer->kv_b;
+    void *h[NM] = {NULL};
+    int32_t id[NM];
+    int tr[NM] = {0}, ok = 1, count = 0;
+    int64_t bytes = 0;
+    for (int i = 0; i < NM; i++) {
+        id[i] = -1;
+        if (!all[i] || !ok) continue;
+        acc_ent *ent = NULL;
+        h[i] = expert_handle(t, all[i], &ent, &tr[i]); /* busy: the next upload does not evict it */
+        if (ent) id[i] = (int32_t)(ent - t->ent);
+        ok = h[i] != NULL;
+        bytes += wt_bytes(all[i]);
+        count++;
+    }
+    df_status st = DF_OK;
+    if (ok) {
+        double t0 = now_s();
+        st = t->a->mla_layer(t->a->ctx, layer, h[DF_MLA_MATS], state, pos, n, h, xn, out, t->err);
+        t->st.sync_s += now_s() - t0;
+        t->st.sync_calls++;
+    }
+    for (int i = 0; i < NM; i++) {
+        if (id[i] >= 0) t->ent[id[i]].busy = 0;
+        if (tr[i]) t->a->release(t->a->ctx, h[i]);
+    }
+    if (!ok) return 0;
+    if (st != DF_OK) {
+        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        df_fail(err, st, "%s", t->err);
+        return -1;
+    }
+    t->st.calls += (uint64_t)count - 1;
+    t->st.mla_calls++;
+    t->st.device_read_bytes += (uint64_t)bytes + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
+    return 1;
 }
 
 df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const float *q,
@@ -543,6 +711,8 @@ df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos,
         return df_fail(err, st, "%s", t->err);
     }
     t->st.mla_calls++;
+    /* kv_b for the absorbed products, the latent cache rows 0 .. pos+n-1 */
+    t->st.device_read_bytes += (uint64_t)wt_bytes(kv_b) + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
     return DF_OK;
 }
 
@@ -559,6 +729,7 @@ void acc_reset_stats(acc_table *t) {
     t->st.sync_s = 0;
     t->st.sync_calls = 0;
     t->st.kda_calls = t->st.mla_calls = 0;
+    t->st.device_read_bytes = 0;
 }
 
 void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes, int n_experts) {
@@ -587,7 +758,10 @@ void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes,
              (long long)s->resident_mats, s->resident_bytes / 1e9, s->cached_bytes / 1e9, (long long)s->cpu_mats,
              t->experts_pinned ? "page-locked for uploads" : "pageable",
              t->a->expert_queue ? "; routed experts are queued on the device, uploads overlapping" : "",
-             acc_has_kda(t) ? "KDA states and recurrence on the device; norms, routing and MLA attention on the CPU"
+             acc_has_kda(t) ? (t->a->kda_layer ? "KDA and MLA layers on the device (states there, one host wait a layer); norms,\n"
+                                                 "               routing and residual mixing on the CPU"
+                                               : "KDA and MLA states and attention on the device; norms, routing and residual\n"
+                                                 "               mixing on the CPU")
                             : "attention, norms, routing and the absorbed MLA products run on the CPU",
              plan);
 }

@@ -557,6 +557,11 @@ double df_engine_probe_h2d(df_engine *e) {
     return a && a->h2d_gbps ? a->h2d_gbps(a->ctx) : 0.0;
 }
 
+double df_engine_probe_device_read(df_engine *e) {
+    const df_accel *a = e->opts.accel;
+    return a && a->read_gbps ? a->read_gbps(a->ctx) : 0.0;
+}
+
 df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char err[DF_ERRMSG]) {
     int best = 0;
     int64_t best_size = -1;

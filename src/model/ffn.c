@@ -429,12 +429,13 @@ static void device_prefetch(df_engine *e, const moe_layer *nx, moe_scratch *s) {
  * one left out; for a chunk, its best margin over the tokens), so the
  * store's policy can drop the ranks whose precision does not pay. Never
  * changes which experts run. */
-void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const float *xn, int n) {
-    if (!nx || !nx->store || !nx->lookahead) return;
+static int lookahead_on(const moe_layer *nx) { return nx && nx->store && nx->lookahead; }
+
+/* moe_lookahead with the next router's logits already in s->nlog. */
+static void lookahead_from(df_engine *e, const moe_layer *nx, moe_scratch *s, int n) {
     int K = nx->K, E = nx->E;
     int *sel = s->etok; /* free until run_expert */
     float *conf = s->conf;
-    mm(e, &nx->router, xn, n, s->nlog, E);
     int nu = 0;
     for (int t = 0; t < n; t++) {
         float wt[K], mg[K];
@@ -465,12 +466,27 @@ void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const floa
     }
 }
 
+void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const float *xn, int n) {
+    if (!lookahead_on(nx)) return;
+    mm(e, &nx->router, xn, n, s->nlog, nx->E);
+    lookahead_from(e, nx, s, n);
+}
+
 df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
                       const float *xn, int n, int pos, float *out, char *err) {
     int H = (int)m->router.cols, K = m->K;
     int dl = m->latent ? (int)m->lat_down.rows : H;
     double pt = prof_now(e);
-    mm(e, &m->router, xn, n, s->rlog, m->E);
+    /* the products of xn that do not wait for the routing: this router, the
+     * next layer's (lookahead) and the latent down-projection, in one
+     * accelerator call (one host wait) */
+    const int ahead = m->store && lookahead_on(m->next);
+    mm_req pre[3];
+    int npre = 0;
+    pre[npre++] = (mm_req){&m->router, xn, n, s->rlog, m->E};
+    if (ahead) pre[npre++] = (mm_req){&m->next->router, xn, n, s->nlog, m->next->E};
+    if (m->latent) pre[npre++] = (mm_req){&m->lat_down, xn, n, s->xl, dl};
+    mm_many(e, pre, npre);
     for (int t = 0; t < n; t++) {
         moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K, NULL);
         if (m->trace) m->trace(m->trace_ctx, pos + t, m->trace_layer, s->sel + t * K, s->selw + t * K, K);
@@ -490,7 +506,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
         else s->uni[nread++] = s->uni[i];
     }
     if (m->store && (st = xs_begin(m->store, m->layer, s->uni, nread, err))) return st;
-    if (m->store) moe_lookahead(e, m->next, s, xn, n);
+    if (ahead) lookahead_from(e, m->next, s, n);
     prof_add(e, DF_PROF_ROUTER, &pt);
     /* work that overlaps the reads */
     const float *xin = xn;
@@ -499,10 +515,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     if (m->has_shared && !queue_mlp(e, &m->shared, act, xn, n, s->sh))
         ffn_forward(e, &m->shared, act, xn, n, s->sh, s->g, s->u);
     prof_add(e, DF_PROF_SHARED, &pt);
-    if (m->latent) {
-        mm(e, &m->lat_down, xn, n, s->xl, dl);
-        xin = s->xl;
-    }
+    if (m->latent) xin = s->xl; /* computed above */
     /* each expert used by the chunk runs once over all its tokens, as it arrives */
     if (!m->store) {
         for (int i = 0; i < nu; i++) {
@@ -510,7 +523,6 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
             else cpu_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
         }
         flush_batch(e, m, act, s, 1);
-        if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     } else {
         /* the device's experts while the reads are in flight; any it fails
          * on are read afterwards in a second pass */
@@ -523,8 +535,19 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
             if ((st = run_from_store(e, m, act, s, xin, dl, n, err)) != DF_OK) return st;
         }
         device_prefetch(e, m->next, s);
-        if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     }
+    /* a latent layer's end on the device when it offers it (the experts'
+     * outputs never come back to the host), else here */
+    if (m->latent) {
+        int r = acc_moe_tail(e->acc, n, K, s->selw, s->ys, dl, m->lat_norm, m->lat_eps, &m->lat_up,
+                             m->has_shared ? s->sh : NULL, out, err);
+        if (r < 0) return DF_ERR_IO;
+        if (r > 0) {
+            prof_add(e, DF_PROF_ROUTED, &pt);
+            return DF_OK;
+        }
+    }
+    if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     float *acc = m->latent ? s->acc : out;
     for (int t = 0; t < n; t++) {
         float *o = acc + (size_t)t * dl;

@@ -165,17 +165,23 @@ static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
 df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
                       kda_scratch *s, int n, const float *xn, float *out, char *err) {
     int64_t P = (int64_t)sh->H * sh->D;
-    mm(e, &k->q, xn, n, s->qr, P);
-    mm(e, &k->k, xn, n, s->kr, P);
-    mm(e, &k->v, xn, n, s->vr, P);
-    mm(e, &k->fa, xn, n, s->fa, sh->D);
-    mm(e, &k->fb, s->fa, n, s->f, P);
-    mm(e, &k->b, xn, n, s->braw, sh->H);
-    if (sh->full_rank_gate) mm(e, &k->g, xn, n, s->gate, P);
-    else {
-        mm(e, &k->ga, xn, n, s->gl, sh->D);
-        mm(e, &k->gb, s->gl, n, s->gate, P);
+    if (dev_state) { /* the whole layer on the device, one host wait */
+        const int full = sh->full_rank_gate;
+        const df_weight *w[DF_KDA_MATS] = {&k->q, &k->k, &k->v, &k->fa, &k->fb, &k->b, full ? &k->g : NULL,
+                                           full ? NULL : &k->ga, full ? NULL : &k->gb, &k->o};
+        int r = acc_kda_layer(e->acc, &k->dev, dev_state, n, w, xn, out, err);
+        if (r < 0) return DF_ERR_IO;
+        if (r > 0) return DF_OK;
     }
+    /* the projections of xn, then the two low-rank second halves: two host
+     * waits on an accelerator instead of eight */
+    const mm_req first[6] = {{&k->q, xn, n, s->qr, P},          {&k->k, xn, n, s->kr, P},
+                             {&k->v, xn, n, s->vr, P},          {&k->fa, xn, n, s->fa, sh->D},
+                             {&k->b, xn, n, s->braw, sh->H},
+                             sh->full_rank_gate ? (mm_req){&k->g, xn, n, s->gate, P} : (mm_req){&k->ga, xn, n, s->gl, sh->D}};
+    mm_many(e, first, 6);
+    const mm_req second[2] = {{&k->fb, s->fa, n, s->f, P}, {&k->gb, s->gl, n, s->gate, P}};
+    mm_many(e, second, sh->full_rank_gate ? 1 : 2);
     if (dev_state) {
         df_status st = acc_kda(e->acc, &k->dev, dev_state, n, s->qr, s->kr, s->vr, s->f, s->braw, s->gate, s->o, err);
         if (st != DF_OK) return st;

@@ -39,7 +39,8 @@ df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate
         if ((st = model_bind_at(e, base, "g_proj", (int64_t)sh->nh * sh->dv, sh->hidden, &a->g, err))) return st;
     }
     a->dev = (df_accel_mla){sh->nh, sh->dn, sh->dr, sh->dv, sh->R, sh->use_rope, sh->rope_interleave, sh->inv_freq,
-                            sh->rope_mscale, sh->softmax_scale, sh->latent_eps, a->kv_a_norm, &a->kv_b};
+                            sh->rope_mscale, sh->softmax_scale, sh->latent_eps, a->kv_a_norm, &a->kv_b,
+                            sh->qlr > 0 ? a->q_a_norm : NULL, sh->qlr > 0 ? sh->qlr : 0, a->has_gate};
     return DF_OK;
 }
 
@@ -122,15 +123,23 @@ df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, flo
                       mla_scratch *s, int pos, int n, const float *xn, float *out, char *err) {
     int qdim = sh->nh * sh->dq, vdim = sh->nh * sh->dv;
     int64_t stride = sh->R + sh->dr;
+    if (dev_cache) { /* the whole layer on the device, one host wait */
+        const int lr = sh->qlr > 0;
+        const df_weight *w[DF_MLA_MATS] = {lr ? &a->q_a : NULL, lr ? &a->q_b : NULL, lr ? NULL : &a->q, &a->kv_a,
+                                           a->has_gate ? &a->g : NULL, &a->o};
+        int r = acc_mla_layer(e->acc, &a->dev, dev_cache, pos, n, w, xn, out, err);
+        if (r < 0) return DF_ERR_IO;
+        if (r > 0) return DF_OK;
+    }
+    /* the products of xn at once (one host wait on an accelerator) */
+    mm_req first[3] = {sh->qlr > 0 ? (mm_req){&a->q_a, xn, n, s->qa, sh->qlr} : (mm_req){&a->q, xn, n, s->q, qdim},
+                       {&a->kv_a, xn, n, s->kva, stride}, {&a->g, xn, n, s->gate, vdim}};
+    mm_many(e, first, a->has_gate ? 3 : 2);
     if (sh->qlr > 0) {
-        mm(e, &a->q_a, xn, n, s->qa, sh->qlr);
         for (int t = 0; t < n; t++)
             op_rmsnorm(s->qa + (size_t)t * sh->qlr, s->qa + (size_t)t * sh->qlr, a->q_a_norm, sh->qlr, sh->latent_eps);
         mm(e, &a->q_b, s->qa, n, s->q, qdim);
-    } else {
-        mm(e, &a->q, xn, n, s->q, qdim);
     }
-    mm(e, &a->kv_a, xn, n, s->kva, stride);
     if (dev_cache) {
         df_status st = acc_mla(e->acc, &a->dev, dev_cache, pos, n, s->q, s->kva, s->attn, err);
         if (st != DF_OK) return st;
@@ -142,7 +151,6 @@ df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, flo
         pool_for(e->pool, sh->nh, 1, heads, &j);
     }
     if (a->has_gate) {
-        mm(e, &a->g, xn, n, s->gate, vdim);
         for (size_t i = 0; i < (size_t)n * vdim; i++) s->attn[i] *= op_sigmoid(s->gate[i]);
     }
     mm(e, &a->o, s->attn, n, out, sh->hidden);

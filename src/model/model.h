@@ -145,6 +145,17 @@ void prof_add(df_engine *e, int part, double *t);
 
 /* Parallel y = W x over rows for n vectors: Y[i*ldy + r]. */
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
+/* Products of one layer that do not depend on each other: mm for each, the
+ * ones the accelerator takes in one call with one host wait (accel.c,
+ * df_accel.matmul_many). Same results as count mm calls in any order. */
+typedef struct {
+    const df_weight *w;
+    const float *X;
+    int n;
+    float *Y;
+    int64_t ldy;
+} mm_req;
+void mm_many(df_engine *e, const mm_req *r, int count);
 
 /* The accelerator table (accel.c): bound matrices are registered at open
  * and uploaded on first use; acc_mm returns 1 when the accelerator computed
@@ -206,6 +217,22 @@ void acc_states_free(acc_table *t, void **st, int count);
 df_status acc_state_zero(acc_table *t, void *state, char *err);
 /* kda_core.h's conv + recurrence on the device state for n tokens (inputs
  * and o in host memory). On error the state is undefined. */
+/* A whole KDA layer through df_accel.kda_layer (w[DF_KDA_MATS], NULL where
+ * the layer has none): 1 done (out written), 0 not offered or a matrix
+ * without a device copy (nothing changed: run the layer the usual way),
+ * -1 a device failure (err; the state is undefined). */
+int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, const df_weight *const *w,
+                  const float *xn, float *out, char *err);
+/* The same for a whole MLA layer (df_accel.mla_layer, w[DF_MLA_MATS]). */
+int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const df_weight *const *w,
+                  const float *xn, float *out, char *err);
+/* A latent MoE layer's end through df_accel.moe_tail (in place of
+ * acc_expert_finish + the combine, norm, lat_up and shared add on the
+ * host): 1 done (out written, the queue finished), 0 not offered or lat_up
+ * without a device copy (nothing changed), -1 a device failure (err). */
+int acc_moe_tail(acc_table *t, int n, int K, const float *selw, const float *routed, int64_t dl,
+                 const float *lat_norm, float eps, const df_weight *lat_up, const float *shared, float *out,
+                 char *err);
 df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, const float *q, const float *k,
                   const float *v, const float *f, const float *braw, const float *gate, float *o, char *err);
 /* An MLA layer's attention on the device (cache rows pos.., q_pe rotation,

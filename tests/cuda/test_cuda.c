@@ -16,7 +16,9 @@
  *    own bound, (cols + 64) 2^-24 sum|w x| + 2^-21 sum|w x| + 2^-38 max|x|
  *    sum|w| (x split into f16 hi + lo), also for x spanning 1e-30 .. 1e4.
  *  - fused expert vs kn_matmul (scalar) + the ffn.c activation on the CPU:
- *    ||gpu - cpu|| / ||cpu|| <= 1e-5 per token vector.
+ *    ||gpu - cpu|| / ||cpu|| <= 1e-5 per token vector; the same for expert
+ *    batches (gpu_experts), each expert bit-equal alone, per vector, and
+ *    (non-MXFP4) to gpu_expert.
  *  - RMSNorm vs op_rmsnorm: |d| <= 2^-22 |ref| per element.
  *  - router vs a copy of moe_route (ffn.c): identical ids, weights within
  *    1e-5 relative (CUDA's expf differs from glibc's by an ulp or two).
@@ -480,6 +482,201 @@ TEST(cuda_expert_mxfp4) { check_expert(WT_MXFP4, DT_UNKNOWN, "expert-mxfp4"); }
 TEST(cuda_expert_int4) { check_expert(WT_INT4_G32, DT_BF16, "expert-int4"); }
 TEST(cuda_expert_fp8) { check_expert(WT_FP8_BLOCK, DT_UNKNOWN, "expert-fp8"); }
 TEST(cuda_expert_bf16) { check_expert(WT_BF16, DT_UNKNOWN, "expert-bf16"); }
+
+/* ---- expert batches (gpu_experts) --------------------------------------------- */
+
+/* A layer-like batch: MXFP4 experts of two shapes, runs broken by an int4
+ * expert, n from 1 to 9. Every output against the CPU (kn_matmul scalar +
+ * the ffn.c activation, normwise 1e-5 as above), and bit-equal to the same
+ * expert alone in a batch, to each of its vectors alone (n = 1), and (int4)
+ * to gpu_expert. */
+TEST(cuda_experts_batch) {
+    if (!need_gpu()) return;
+    enum { HID = 512, NJ = 8, NMX = 9 };
+    static const int inter_of[NJ] = {256, 256, 256, 256, 128, 128, 256, 256};
+    static const int n_of[NJ] = {1, 3, 4, 9, 2, 1, 5, 4};
+    static const wt_type type_of[NJ] = {WT_MXFP4, WT_MXFP4, WT_INT4_G32, WT_MXFP4, WT_MXFP4, WT_MXFP4, WT_MXFP4,
+                                        WT_MXFP4};
+    uint64_t s = seed_of("experts-batch");
+    hmat m[NJ][3];
+    gpu_weight g[NJ][3];
+    gpu_expert_job jobs[NJ];
+    float *X[NJ], *dX[NJ], *dO[NJ], *ref[NJ], *out[NJ], *one[NJ];
+    char err[DF_ERRMSG] = "";
+    const gpu_act acts[2] = {{0, 0, 0}, {1, 3.0f, 2.0f}};
+    for (int j = 0; j < NJ; j++) {
+        const int I = inter_of[j], n = n_of[j];
+        hmat_make(&m[j][0], type_of[j], I, HID, DT_BF16, s + 10 * j + 1);
+        hmat_make(&m[j][1], type_of[j], I, HID, DT_BF16, s + 10 * j + 2);
+        hmat_make(&m[j][2], type_of[j], HID, I, DT_BF16, s + 10 * j + 3);
+        for (int k = 0; k < 3; k++) REQUIRE(gpu_weight_upload(&m[j][k].w, &g[j][k], err) == DF_OK, "%s", err);
+        X[j] = malloc((size_t)n * HID * sizeof(float));
+        ref[j] = malloc((size_t)n * HID * sizeof(float));
+        out[j] = malloc((size_t)n * HID * sizeof(float));
+        one[j] = malloc((size_t)n * HID * sizeof(float));
+        for (int i = 0; i < n * HID; i++) X[j][i] = 2.0f * frand(&s);
+        dX[j] = gpu_malloc((size_t)n * HID * sizeof(float));
+        dO[j] = gpu_malloc((size_t)n * HID * sizeof(float));
+        REQUIRE(dX[j] && dO[j]);
+        REQUIRE(gpu_put(dX[j], X[j], (size_t)n * HID * sizeof(float)) == DF_OK);
+        jobs[j] = (gpu_expert_job){&g[j][0], &g[j][1], &g[j][2], dX[j], n, dO[j]};
+    }
+    float *G = malloc((size_t)NMX * 256 * sizeof(float)), *U = malloc((size_t)NMX * 256 * sizeof(float));
+    float *dH = gpu_malloc((size_t)NMX * 256 * sizeof(float));
+    REQUIRE(G && U && dH);
+    gpu_ws ws = {0};
+    double worst = 0;
+    for (int a = 0; a < 2; a++) {
+        for (int j = 0; j < NJ; j++) REQUIRE(gpu_fill(dO[j], 0xff, (size_t)n_of[j] * HID * sizeof(float)) == DF_OK);
+        REQUIRE(gpu_experts(jobs, NJ, &acts[a], &ws, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_sync() == DF_OK, "%s", gpu_last_error());
+        for (int j = 0; j < NJ; j++) {
+            const int I = inter_of[j], n = n_of[j];
+            REQUIRE(gpu_get(out[j], dO[j], (size_t)n * HID * sizeof(float)) == DF_OK);
+            kn_matmul(KN_SCALAR, &m[j][0].w, X[j], n, G, I, 0, I);
+            kn_matmul(KN_SCALAR, &m[j][1].w, X[j], n, U, I, 0, I);
+            act_cpu(&acts[a], G, U, (int64_t)n * I);
+            kn_matmul(KN_SCALAR, &m[j][2].w, G, n, ref[j], HID, 0, HID);
+            for (int i = 0; i < n; i++) {
+                double d2 = 0, r2 = 0;
+                for (int c = 0; c < HID; c++) {
+                    double d = (double)out[j][i * HID + c] - ref[j][i * HID + c];
+                    d2 += d * d;
+                    r2 += (double)ref[j][i * HID + c] * ref[j][i * HID + c];
+                }
+                double rel = sqrt(d2 / r2);
+                if (!(rel <= 1e-5)) CHECK(0, "job %d n=%d vector %d act %d: relative error %.3g > 1e-5", j, n, i, a, rel);
+                if (rel > worst) worst = rel;
+            }
+            /* alone in a batch; then each vector alone */
+            REQUIRE(gpu_fill(dO[j], 0xff, (size_t)n * HID * sizeof(float)) == DF_OK);
+            REQUIRE(gpu_experts(&jobs[j], 1, &acts[a], &ws, NULL) == DF_OK, "%s", gpu_last_error());
+            REQUIRE(gpu_get(one[j], dO[j], (size_t)n * HID * sizeof(float)) == DF_OK);
+            CHECK(memcmp(one[j], out[j], (size_t)n * HID * sizeof(float)) == 0, "job %d act %d: alone != in the batch", j, a);
+            for (int i = 0; i < n; i++) {
+                gpu_expert_job v1 = jobs[j];
+                v1.X = dX[j] + (size_t)i * HID;
+                v1.n = 1;
+                REQUIRE(gpu_experts(&v1, 1, &acts[a], &ws, NULL) == DF_OK, "%s", gpu_last_error());
+                REQUIRE(gpu_get(one[j], dO[j], HID * sizeof(float)) == DF_OK);
+                CHECK(memcmp(one[j], out[j] + (size_t)i * HID, HID * sizeof(float)) == 0,
+                      "job %d vector %d act %d: n = 1 != row of n = %d", j, i, a, n);
+            }
+            if (type_of[j] != WT_MXFP4) {
+                REQUIRE(gpu_expert(&g[j][0], &g[j][1], &g[j][2], &acts[a], dX[j], n, dH, dO[j], NULL) == DF_OK);
+                REQUIRE(gpu_get(one[j], dO[j], (size_t)n * HID * sizeof(float)) == DF_OK);
+                CHECK(memcmp(one[j], out[j], (size_t)n * HID * sizeof(float)) == 0, "job %d: != gpu_expert", j);
+            }
+        }
+    }
+    gpu_expert_job bad = jobs[0];
+    bad.down = &g[4][2]; /* down of another shape */
+    CHECK(gpu_experts(&bad, 1, &acts[0], &ws, NULL) == DF_ERR_ARG, "mismatched shapes refused");
+    fprintf(stderr, "[experts-batch: worst normwise relative error %.2e, bound 1e-5] ", worst);
+    gpu_ws_free(&ws);
+    gpu_free(dH);
+    free(G);
+    free(U);
+    for (int j = 0; j < NJ; j++) {
+        for (int k = 0; k < 3; k++) {
+            gpu_weight_free(&g[j][k]);
+            hmat_free(&m[j][k]);
+        }
+        gpu_free(dX[j]);
+        gpu_free(dO[j]);
+        free(X[j]);
+        free(ref[j]);
+        free(out[j]);
+        free(one[j]);
+    }
+}
+
+/* gpu_sigmoid_mul (MLA's output gate on the device) against x * op_sigmoid(g):
+ * within 8 ulp per element (CUDA's expf is within 2 ulp of glibc's, and for
+ * large |g| the relative error of exp passes through the add and divide). */
+TEST(cuda_sigmoid_mul) {
+    if (!need_gpu()) return;
+    enum { N = 5000 };
+    static float x[N], g[N], ref[N], out[N];
+    uint64_t s = seed_of("sigmoid-mul");
+    for (int i = 0; i < N; i++) {
+        x[i] = 4.0f * frand(&s);
+        g[i] = 30.0f * frand(&s);
+        ref[i] = x[i] * op_sigmoid(g[i]);
+    }
+    float *dx = gpu_malloc(sizeof x), *dg = gpu_malloc(sizeof g);
+    REQUIRE(dx && dg);
+    REQUIRE(gpu_put(dx, x, sizeof x) == DF_OK && gpu_put(dg, g, sizeof g) == DF_OK);
+    REQUIRE(gpu_sigmoid_mul(dx, dg, N, NULL) == DF_OK, "%s", gpu_last_error());
+    REQUIRE(gpu_get(out, dx, sizeof out) == DF_OK, "%s", gpu_last_error());
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double b = 8 * 0x1p-24 * fabs(ref[i]) + 1e-37, d = fabs((double)out[i] - ref[i]);
+        if (!(d <= b)) CHECK(0, "element %d: %.9g vs %.9g", i, out[i], ref[i]);
+        if (d / b > worst) worst = d / b;
+    }
+    CHECK(gpu_sigmoid_mul(NULL, dg, 1, NULL) == DF_ERR_ARG, "NULL refused");
+    fprintf(stderr, "[worst %.3f of 8 ulp] ", worst);
+    gpu_free(dx);
+    gpu_free(dg);
+}
+
+/* gpu_moe_combine (a latent MoE layer's weighted sum on the device) against
+ * ffn.c's op_axpy from zero plus the add: within K 2^-24 sum |w y| + |add|
+ * 2^-24 per element (usually bit-equal: the same roundings). */
+TEST(cuda_moe_combine) {
+    if (!need_gpu()) return;
+    enum { N = 3, K = 5, DIM = 1000 };
+    static float rows[N * K][DIM], add[N][DIM], w[N * K], ref[N][DIM], out[N][DIM];
+    uint64_t s = seed_of("moe-combine");
+    for (int r = 0; r < N * K; r++) {
+        w[r] = frand(&s);
+        for (int c = 0; c < DIM; c++) rows[r][c] = 3.0f * frand(&s);
+    }
+    for (int t = 0; t < N; t++)
+        for (int c = 0; c < DIM; c++) add[t][c] = frand(&s);
+    float *drows = gpu_malloc(sizeof rows), *dadd = gpu_malloc(sizeof add), *dw = gpu_malloc(sizeof w);
+    float *dout = gpu_malloc(sizeof out);
+    const float **tab = gpu_malloc((N * K + N) * sizeof(float *));
+    REQUIRE(drows && dadd && dw && dout && tab);
+    const float *htab[N * K + N];
+    for (int r = 0; r < N * K; r++) htab[(r % N) * K + r / N] = drows + (size_t)r * DIM; /* rows in any order */
+    for (int t = 0; t < N; t++) htab[N * K + t] = dadd + (size_t)t * DIM;
+    REQUIRE(gpu_put(drows, rows, sizeof rows) == DF_OK && gpu_put(dadd, add, sizeof add) == DF_OK);
+    REQUIRE(gpu_put(dw, w, sizeof w) == DF_OK && gpu_put(tab, htab, sizeof htab) == DF_OK);
+    for (int with_add = 0; with_add < 2; with_add++) {
+        REQUIRE(gpu_fill(dout, 0xff, sizeof out) == DF_OK);
+        REQUIRE(gpu_moe_combine(tab, dw, N, K, DIM, with_add ? tab + N * K : NULL, dout, NULL) == DF_OK, "%s",
+                gpu_last_error());
+        REQUIRE(gpu_get(out, dout, sizeof out) == DF_OK, "%s", gpu_last_error());
+        int equal = 0;
+        double worst = 0;
+        for (int t = 0; t < N; t++) {
+            memset(ref[t], 0, sizeof ref[t]);
+            double mag[DIM] = {0};
+            for (int k = 0; k < K; k++) {
+                /* htab[t K + k] points at rows[src] with src = k N + t */
+                const float *y = rows[k * N + t];
+                op_axpy(ref[t], w[t * K + k], y, DIM);
+                for (int c = 0; c < DIM; c++) mag[c] += fabs((double)w[t * K + k] * y[c]);
+            }
+            for (int c = 0; c < DIM; c++) {
+                if (with_add) { ref[t][c] += add[t][c]; mag[c] += fabs(add[t][c]); }
+                double b = (K + 1) * 0x1p-24 * mag[c] + 1e-30, d = fabs((double)out[t][c] - ref[t][c]);
+                if (!(d <= b)) CHECK(0, "token %d column %d add %d: %.9g vs %.9g", t, c, with_add, out[t][c], ref[t][c]);
+                if (d / b > worst) worst = d / b;
+                equal += out[t][c] == ref[t][c];
+            }
+        }
+        fprintf(stderr, "[add %d: worst %.3f of the bound, %d of %d bit-equal] ", with_add, worst, equal, N * DIM);
+    }
+    CHECK(gpu_moe_combine(tab, dw, 0, K, DIM, NULL, dout, NULL) == DF_ERR_ARG, "n = 0 refused");
+    gpu_free(drows);
+    gpu_free(dadd);
+    gpu_free(dw);
+    gpu_free(dout);
+    gpu_free((void *)tab);
+}
 
 /* ---- rmsnorm ------------------------------------------------------------------ */
 
