@@ -322,49 +322,10 @@ static void nib_prep(const float *x, int64_t cols, float *out) {
 
 /* ---- 5. tiles per type ----------------------------------------------------- */
 
-/* Four instances per kernel body: NR x 1, 1 x 1, mr x mv, 1 x mv. */
-#define TILES(name, mr, mv, body, ...)                                                           \
-    static void name##_one(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y,  \
-                           int64_t ldy) { body(__VA_ARGS__ w, r, NR, 1, X, ldx, Y, ldy); }           \
-    static void name##_one1(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y, \
-                            int64_t ldy) { body(__VA_ARGS__ w, r, 1, 1, X, ldx, Y, ldy); }           \
-    static void name##_many(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y, \
-                            int64_t ldy) { body(__VA_ARGS__ w, r, mr, mv, X, ldx, Y, ldy); }         \
-    static void name##_many1(const df_weight *w, int64_t r, const float *X, int64_t ldx,          \
-                             float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, 1, mv, X, ldx, Y, ldy); }
-#define TABLE(name, mr, mv, prep) {name##_one, name##_one1, name##_many, name##_many1, NR, mr, mv, prep, 0}
-
-/* rows x vectors for prefill: accumulators (2 per output, 4 for fp8's
- * partials) plus decoded weights within the 32 registers */
-/* measured on a 16-core Zen host (bench --kernels, gemm column): dense 4x3
+/* measured on the 16-core host (bench --kernels, gemm column): dense 4x3
  * beat 4x2 by 14-27% (and a 512-token prefill by 26%), 4-bit 4x2 beat 4x3 */
 enum { D_MR = 4, D_MV = 3, F_MR = 2, F_MV = 2, N_MR = 4, N_MV = 2 };
-TILES(f32, D_MR, D_MV, dense_tile, E_F32,)
-TILES(bf16, D_MR, D_MV, dense_tile, E_BF16,)
-TILES(f16, D_MR, D_MV, dense_tile, E_F16,)
-TILES(i8, D_MR, D_MV, dense_tile, E_I8,)
-TILES(fp8, F_MR, F_MV, fp8_tile,)
-TILES(i4b, N_MR, N_MV, nib_tile, N_I4_BF16,)
-TILES(i4h, N_MR, N_MV, nib_tile, N_I4_F16,)
-TILES(i4f, N_MR, N_MV, nib_tile, N_I4_F32,)
-TILES(mx, N_MR, N_MV, nib_tile, N_MX,)
-
-static const kn_tiles TABLES[KN_K_COUNT] = {
-    [KN_K_F32] = TABLE(f32, D_MR, D_MV, NULL),
-    [KN_K_BF16] = TABLE(bf16, D_MR, D_MV, NULL),
-    [KN_K_F16] = TABLE(f16, D_MR, D_MV, NULL),
-    [KN_K_I8] = TABLE(i8, D_MR, D_MV, NULL),
-    [KN_K_FP8] = TABLE(fp8, F_MR, F_MV, NULL),
-    [KN_K_I4_BF16] = TABLE(i4b, N_MR, N_MV, nib_prep),
-    [KN_K_I4_F16] = TABLE(i4h, N_MR, N_MV, nib_prep),
-    [KN_K_I4_F32] = TABLE(i4f, N_MR, N_MV, nib_prep),
-    [KN_K_MXFP4] = TABLE(mx, N_MR, N_MV, nib_prep),
-};
-
-int kn_matmul_avx512(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
-                     int64_t row1) {
-    return kn_drive_kind(TABLES, w, X, n, Y, ldy, row0, row1);
-}
+KN_LEVEL(kn_matmul_avx512, nib_prep)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
  * FMAs; returns the flops done, with a result in *sink so none is dead. */

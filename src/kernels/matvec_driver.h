@@ -49,6 +49,50 @@ typedef enum {
 int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int n,
                   float *Y, int64_t ldy, int64_t row0, int64_t row1);
 
+/* A level's file defines its kernel bodies with the shared names
+ *   dense_tile(e, w, r, nr, nv, X, ldx, Y, ldy)   e in E_F32 E_BF16 E_F16 E_I8
+ *   fp8_tile(w, r, nr, nv, X, ldx, Y, ldy)
+ *   nib_tile(k, w, r, nr, nv, X, ldx, Y, ldy)     k in N_I4_BF16 N_I4_F16 N_I4_F32 N_MX
+ * and the constants NR (decode rows) and D_/F_/N_ MR, MV (prefill rows x
+ * vectors of dense, fp8 and 4-bit tiles), then says
+ *   KN_LEVEL(kn_matmul_LEVEL, prep for the 4-bit tiles or NULL)
+ * which instantiates every tile and the table, and defines the entry point. */
+#define KN_TILES_(name, mr, mv, body, ...)                                                        \
+    static void name##_one(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y,  \
+                           int64_t ldy) { body(__VA_ARGS__ w, r, NR, 1, X, ldx, Y, ldy); }           \
+    static void name##_one1(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y, \
+                            int64_t ldy) { body(__VA_ARGS__ w, r, 1, 1, X, ldx, Y, ldy); }           \
+    static void name##_many(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y, \
+                            int64_t ldy) { body(__VA_ARGS__ w, r, mr, mv, X, ldx, Y, ldy); }         \
+    static void name##_many1(const df_weight *w, int64_t r, const float *X, int64_t ldx,          \
+                             float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, 1, mv, X, ldx, Y, ldy); }
+#define KN_TABLE_(name, mr, mv, prep) {name##_one, name##_one1, name##_many, name##_many1, NR, mr, mv, prep, 0}
+#define KN_LEVEL(entry, nib_prep)                                                                  \
+    KN_TILES_(f32, D_MR, D_MV, dense_tile, E_F32,)                                                 \
+    KN_TILES_(bf16, D_MR, D_MV, dense_tile, E_BF16,)                                               \
+    KN_TILES_(f16, D_MR, D_MV, dense_tile, E_F16,)                                                 \
+    KN_TILES_(i8, D_MR, D_MV, dense_tile, E_I8,)                                                   \
+    KN_TILES_(fp8, F_MR, F_MV, fp8_tile,)                                                          \
+    KN_TILES_(i4b, N_MR, N_MV, nib_tile, N_I4_BF16,)                                               \
+    KN_TILES_(i4h, N_MR, N_MV, nib_tile, N_I4_F16,)                                                \
+    KN_TILES_(i4f, N_MR, N_MV, nib_tile, N_I4_F32,)                                                \
+    KN_TILES_(mx, N_MR, N_MV, nib_tile, N_MX,)                                                     \
+    static const kn_tiles kn_level_tables_[KN_K_COUNT] = {                                         \
+        [KN_K_F32] = KN_TABLE_(f32, D_MR, D_MV, NULL),                                             \
+        [KN_K_BF16] = KN_TABLE_(bf16, D_MR, D_MV, NULL),                                           \
+        [KN_K_F16] = KN_TABLE_(f16, D_MR, D_MV, NULL),                                             \
+        [KN_K_I8] = KN_TABLE_(i8, D_MR, D_MV, NULL),                                               \
+        [KN_K_FP8] = KN_TABLE_(fp8, F_MR, F_MV, NULL),                                             \
+        [KN_K_I4_BF16] = KN_TABLE_(i4b, N_MR, N_MV, nib_prep),                                     \
+        [KN_K_I4_F16] = KN_TABLE_(i4h, N_MR, N_MV, nib_prep),                                      \
+        [KN_K_I4_F32] = KN_TABLE_(i4f, N_MR, N_MV, nib_prep),                                      \
+        [KN_K_MXFP4] = KN_TABLE_(mx, N_MR, N_MV, nib_prep),                                        \
+    };                                                                                             \
+    int entry(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,      \
+              int64_t row1) {                                                                      \
+        return kn_drive_kind(kn_level_tables_, w, X, n, Y, ldy, row0, row1);                       \
+    }
+
 void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
               int64_t row0, int64_t row1);
 #endif
