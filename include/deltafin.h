@@ -225,6 +225,26 @@ const char *df_session_error(const df_session *s);
  * otherwise only the last row is computed and df_session_logits returns it.
  * On error the session is unchanged (its position does not move). */
 df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits);
+/* Rewinding, for speculative decoding: after df_session_set_rewind(s,
+ * depth, mode), every df_session_eval of n <= depth tokens (depth <=
+ * DF_REWIND_MAX) keeps what it takes to go back to any position inside it:
+ *   DF_REWIND_TRAIL   the recurrent (KDA) state after each token: a rewind
+ *                     is one copy (memory: depth x the KDA state);
+ *   DF_REWIND_REPLAY  one copy of it before the eval: a rewind restores it
+ *                     and evaluates the kept tokens again (a forward pass).
+ * Attention caches need nothing: positions past the end are overwritten.
+ * depth 0 turns it off. DF_ERR_UNSUPPORTED when the session's recurrent
+ * state lives on an accelerator; DF_ERR_NOMEM leaves it off. */
+typedef enum { DF_REWIND_TRAIL = 0, DF_REWIND_REPLAY } df_rewind_mode;
+enum { DF_REWIND_MAX = 32 };
+df_status df_session_set_rewind(df_session *s, int depth, int mode);
+/* Moves the session back to position pos: pos == the current position, or
+ * after the first token of the last eval that kept its rewind data (any
+ * pos < current for a model without recurrent state). The state is then
+ * bit-identical to having evaluated only the tokens before pos.
+ * df_session_logits is not updated (keep the rows the eval returned).
+ * DF_ERR_ARG (session unchanged) when pos cannot be reached. */
+df_status df_session_rewind(df_session *s, int pos);
 /* Logits of the last evaluated position (vocab_size floats), owned by the session. */
 const float *df_session_logits(const df_session *s);
 
@@ -448,6 +468,68 @@ void df_sampler_reset(df_sampler *s);
 /* Picks the next token from logits[vocab_size]; fills *info if non-NULL.
  * Does not accept the token (call df_sampler_accept). */
 int32_t df_sampler_sample(df_sampler *s, const float *logits, df_sample *info);
+/* Speculative verification of a draft token (prompt lookup proposes one
+ * token deterministically): returns the draft with probability p(draft),
+ * else a draw from p without the draft, renormalised, where p is the
+ * distribution df_sampler_sample draws from. The result is distributed
+ * exactly as df_sampler_sample's (greedy: the same argmax); it consumes
+ * random numbers differently, so seeded runs differ token by token. Does not
+ * accept the token. */
+int32_t df_sampler_verify(df_sampler *s, const float *logits, int32_t draft, df_sample *info);
+
+/* ---- speculative decoding (src/model/spec.c) ----
+ * Exact: drafts come from prompt lookup (the latest earlier occurrence of
+ * the last n-gram, and what followed it), are verified in one multi-row
+ * df_session_eval and rolled back past the first rejection
+ * (df_session_rewind). Greedy output equals plain greedy output; sampled
+ * output is distributed exactly as plain sampling (df_sampler_verify).
+ * A df_spec borrows a session and a sampler (both must outlive it) and
+ * keeps the session's token history (the lookup's text):
+ *
+ *   df_session_eval(s, prompt, n, NULL); df_spec_context(sp, prompt, n);
+ *   while (...) { df_spec_step(sp, room, toks, NULL, &k); show toks[0..k) }
+ *   df_spec_settle(sp, unshown);  // the session then holds what was shown
+ *
+ * Each step returns 1 .. depth + 1 tokens; the last one is sampled but not
+ * yet evaluated (the next step evaluates it with its drafts). */
+enum { DF_SPEC_MAX = 16 };
+typedef struct {
+    int depth;     /* most drafts per step, 1..DF_SPEC_MAX (default 8) */
+    int ngram;     /* longest suffix looked up (default 3; shorter ones are tried after) */
+    int adaptive;  /* 1 (default): the depth maximising measured tokens per second, 0 when
+                      drafting does not pay; 0: always depth */
+} df_spec_params;
+void df_spec_params_default(df_spec_params *p);
+typedef struct {
+    uint64_t steps, rows;      /* verify steps and the rows they evaluated */
+    uint64_t drafted, accepted; /* draft tokens proposed / accepted */
+    uint64_t tokens;           /* tokens returned */
+    double step_s;             /* time in verify steps */
+    int depth_now;             /* the depth the last step used */
+    double alpha;              /* estimated acceptance of one draft */
+    double row1_s, per_row_s;  /* the cost model: a 1-row step, each further row */
+} df_spec_stats;
+typedef struct df_spec df_spec;
+/* Turns on the session's rewinding (df_session_set_rewind, depth + 1,
+ * trail); fails (DF_ERR_UNSUPPORTED) when the session cannot be rewound. */
+df_status df_spec_new(df_session *s, df_sampler *smp, const df_spec_params *p, df_spec **out, char err[DF_ERRMSG]);
+void df_spec_free(df_spec *sp);
+/* Appends tokens the caller evaluated in the session (the prompt, a closing
+ * tag) to the history. DF_ERR_ARG while a token is pending (settle first). */
+df_status df_spec_context(df_spec *sp, const int32_t *ids, int n);
+/* Forgets the history (after df_session_reset). */
+void df_spec_reset(df_spec *sp);
+/* One step: up to max tokens (1..DF_SPEC_MAX + 1) into out, their sample
+ * info into info[] when non-NULL. The first step after context samples
+ * from df_session_logits. DF_ERR_CONTEXT when the session is full; other
+ * errors are the session's (df_session_error). */
+df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int *n);
+/* Ends a run of steps: the last n_drop tokens returned are forgotten and the
+ * session holds exactly the history (the pending token evaluated, or the
+ * dropped ones rewound). */
+df_status df_spec_settle(df_spec *sp, int n_drop);
+void df_spec_get_stats(const df_spec *sp, df_spec_stats *out);
+void df_spec_reset_stats(df_spec *sp);
 
 /* ---- chat: Kimi K3 "XTML" (../shared/K3.md §2.3-2.4) ----
  * Rendering puts special tokens only at structural places: message text,

@@ -441,11 +441,13 @@ void df_session_free(df_session *s) {
     if (!s) return;
     if (s->state) s->e->ops->state_free(s->state);
     free(s->logits);
+    free(s->rw_tokens);
     free(s);
 }
 
 void df_session_reset(df_session *s) {
     s->pos = 0;
+    s->rw_n = 0;
     if (s->e->ops->state_reset) s->e->ops->state_reset(s->e, s->state);
 }
 int df_session_pos(const df_session *s) { return s->pos; }
@@ -488,8 +490,69 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
     }
     if (logits) memcpy(s->logits, logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
     s->pos = pos + n;
+    s->rw_n = 0;
+    if (s->rw_depth && n <= s->rw_depth) { /* the program kept what a rewind inside it needs */
+        memmove(s->rw_tokens, tokens, (size_t)n * sizeof *tokens);
+        s->rw_start = pos;
+        s->rw_n = n;
+    }
     if (e->store) xs_tick(e->store, n);
     return DF_OK;
+}
+
+/* ---- rewinding ---- */
+
+df_status df_session_set_rewind(df_session *s, int depth, int mode) {
+    df_engine *e = s->e;
+    if (depth < 0 || depth > DF_REWIND_MAX || depth > DF_CHUNK || (mode != DF_REWIND_TRAIL && mode != DF_REWIND_REPLAY))
+        return df_fail(s->err, DF_ERR_ARG, "rewind depth %d (0..%d) or mode %d is not valid", depth, DF_REWIND_MAX, mode);
+    s->rw_n = 0;
+    s->rw_depth = 0;
+    free(s->rw_tokens);
+    s->rw_tokens = NULL;
+    if (e->ops->rewind_setup) {
+        df_status st = e->ops->rewind_setup(e, s->state, depth, mode);
+        if (st == DF_ERR_UNSUPPORTED)
+            return df_fail(s->err, st, "this session's recurrent state lives on the accelerator: it cannot be rewound");
+        if (st != DF_OK) { e->ops->rewind_setup(e, s->state, 0, mode); return df_fail(s->err, st, "out of memory"); }
+    }
+    if (depth == 0) return DF_OK;
+    if (!(s->rw_tokens = malloc((size_t)depth * sizeof *s->rw_tokens))) {
+        if (e->ops->rewind_setup) e->ops->rewind_setup(e, s->state, 0, mode);
+        return df_fail(s->err, DF_ERR_NOMEM, "out of memory");
+    }
+    s->rw_depth = depth;
+    s->rw_mode = mode;
+    return DF_OK;
+}
+
+df_status df_session_rewind(df_session *s, int pos) {
+    df_engine *e = s->e;
+    if (pos == s->pos) return DF_OK;
+    if (pos < 0 || pos > s->pos)
+        return df_fail(s->err, DF_ERR_ARG, "cannot rewind to position %d (the session is at %d)", pos, s->pos);
+    if (!e->ops->rewind_to) { /* positions alone define the timeline */
+        s->pos = pos;
+        s->rw_n = s->rw_n && pos > s->rw_start ? pos - s->rw_start : 0;
+        return DF_OK;
+    }
+    int lo = s->rw_mode == DF_REWIND_REPLAY ? s->rw_start : s->rw_start + 1;
+    if (!s->rw_n || pos < lo || pos > s->rw_start + s->rw_n)
+        return df_fail(s->err, DF_ERR_ARG,
+                       "cannot rewind to position %d: only positions inside the last evaluation of at most %d "
+                       "tokens (df_session_set_rewind) can be reached",
+                       pos, s->rw_depth);
+    if (s->rw_mode == DF_REWIND_TRAIL) {
+        e->ops->rewind_to(e, s->state, pos - s->rw_start - 1);
+        s->rw_n = pos - s->rw_start;
+        s->pos = pos;
+        return DF_OK;
+    }
+    e->ops->rewind_to(e, s->state, -1);
+    int keep = pos - s->rw_start;
+    s->pos = s->rw_start;
+    s->rw_n = 0;
+    return keep > 0 ? df_session_eval(s, s->rw_tokens, keep, NULL) : DF_OK;
 }
 
 /* ---- profile ---- */

@@ -163,7 +163,7 @@ static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
 /* ---- forward ---- */
 
 df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
-                      kda_scratch *s, int n, const float *xn, float *out, char *err) {
+                      float *trail, kda_scratch *s, int n, const float *xn, float *out, char *err) {
     int64_t P = (int64_t)sh->H * sh->D;
     mm(e, &k->q, xn, n, s->qr, P);
     mm(e, &k->k, xn, n, s->kr, P);
@@ -181,7 +181,7 @@ df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, flo
         if (st != DF_OK) return st;
     } else {
         kda_params p = {{k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};
-        kda_io io = {s->qr, s->kr, s->vr, s->f, s->braw, s->gate, s->o};
+        kda_io io = {s->qr, s->kr, s->vr, s->f, s->braw, s->gate, s->o, trail};
         job j = {sh, &p, state, &io, n};
         pool_for(e->pool, 3 * P, 64, conv_channels, &j);
         pool_for(e->pool, sh->H, 1, recur_heads, &j);

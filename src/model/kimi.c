@@ -205,6 +205,8 @@ typedef struct {
     void **mla_dev;              /* [n_mla] the caches on the device (acc_has_mla), else NULL */
     int n_mla_dev;
     acc_table *acc;              /* owner of kda_dev */
+    int rw_depth, rw_mode;       /* rewind_setup: forwards of <= rw_depth tokens keep rw_keep */
+    float *rw_keep;              /* trail: [n_kda][rw_depth][kda_state_floats]; replay: [n_kda][floats] */
     float *h, *xin, *xn, *y;     /* [C][H] */
     float *anchors;              /* [C][max_anchors][H] */
     mla_scratch mla;
@@ -236,6 +238,7 @@ static void km_state_free(void *p) {
     if (!s) return;
     free(s->mla_cache); free(s->kda_state); free(s->h); free(s->xin); free(s->xn); free(s->y);
     free(s->anchors);
+    free(s->rw_keep);
     acc_states_free(s->acc, s->kda_dev, s->n_dev);
     acc_states_free(s->acc, s->mla_dev, s->n_mla_dev);
     mla_scratch_free(&s->mla);
@@ -249,6 +252,33 @@ static void km_state_reset(df_engine *e, void *p) {
     km_state *s = p;
     memset(s->kda_state, 0, (size_t)(m->n_kda ? m->n_kda : 1) * kda_state_floats(&m->kda) * sizeof(float));
     for (int i = 0; i < s->n_dev; i++) acc_state_zero(s->acc, s->kda_dev[i], NULL); /* a failure shows at the next step */
+}
+
+static df_status km_rewind_setup(df_engine *e, void *p, int depth, int mode) {
+    km_model *m = e->prog;
+    km_state *s = p;
+    if (s->kda_dev && depth > 0) return DF_ERR_UNSUPPORTED;
+    free(s->rw_keep);
+    s->rw_keep = NULL;
+    s->rw_depth = 0;
+    if (depth <= 0 || m->n_kda == 0) return DF_OK;
+    size_t per = (size_t)m->n_kda * (size_t)kda_state_floats(&m->kda);
+    s->rw_keep = malloc(per * (mode == DF_REWIND_TRAIL ? (size_t)depth : 1) * sizeof(float));
+    if (!s->rw_keep) return DF_ERR_NOMEM;
+    s->rw_depth = depth;
+    s->rw_mode = mode;
+    return DF_OK;
+}
+
+static void km_rewind_to(df_engine *e, void *p, int t) {
+    km_model *m = e->prog;
+    km_state *s = p;
+    if (!s->rw_keep) return;
+    size_t F = (size_t)kda_state_floats(&m->kda);
+    for (int k = 0; k < m->n_kda; k++) {
+        const float *src = t < 0 ? s->rw_keep + (size_t)k * F : s->rw_keep + ((size_t)k * s->rw_depth + (size_t)t) * F;
+        memcpy(s->kda_state + (size_t)k * F, src, F * sizeof(float));
+    }
 }
 
 /* The session states of one kind on the device when the accelerator offers
@@ -314,6 +344,10 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
     int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
     int64_t kstride = kda_state_floats(&m->kda);
     double pt = prof_now(e);
+    int keep = s->rw_keep && n <= s->rw_depth; /* rewind_setup: keep what a rewind needs */
+    if (keep && s->rw_mode == DF_REWIND_REPLAY)
+        memcpy(s->rw_keep, s->kda_state, (size_t)m->n_kda * kstride * sizeof(float));
+    float *trail = keep && s->rw_mode == DF_REWIND_TRAIL ? s->rw_keep : NULL;
     for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], s->h + (size_t)t * H);
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0; /* anchors so far (same count for every position) */
@@ -339,7 +373,9 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
         prof_add(e, DF_PROF_NORMS, &pt);
         if (y->kda) {
             df_status kst = kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride,
-                                        s->kda_dev ? s->kda_dev[y->slot] : NULL, &s->kda, n, s->xn, s->y, err);
+                                        s->kda_dev ? s->kda_dev[y->slot] : NULL,
+                                        trail ? trail + (size_t)y->slot * s->rw_depth * kstride : NULL, &s->kda, n,
+                                        s->xn, s->y, err);
             if (kst != DF_OK) return kst;
         } else {
             df_status ast = mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride,
@@ -425,4 +461,6 @@ const df_program_ops kimi_program = {
     .state_reset = km_state_reset,
     .forward = km_forward,
     .describe = km_describe,
+    .rewind_setup = km_rewind_setup,
+    .rewind_to = km_rewind_to,
 };

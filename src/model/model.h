@@ -41,6 +41,16 @@ typedef struct {
                          float *out, int all_rows, char *err);
     /* Appends program-specific lines to the describe text. */
     void (*describe)(df_engine *e, char *buf, size_t cap);
+    /* Rewinding (NULL when positions alone define the timeline: caches are
+     * overwritten as positions are reused). rewind_setup(depth > 0) makes
+     * every later forward of n <= depth tokens keep what rewind_to needs:
+     * DF_REWIND_TRAIL the recurrent state after each token, DF_REWIND_REPLAY
+     * one copy of it before the pass; depth 0 frees that. rewind_to(t) puts
+     * back the state after token t of the last such forward (t >= 0, trail)
+     * or the state before it (t = -1, replay). DF_ERR_UNSUPPORTED when the
+     * state lives on an accelerator. */
+    df_status (*rewind_setup)(df_engine *e, void *state, int depth, int mode);
+    void (*rewind_to)(df_engine *e, void *state, int t);
 } df_program_ops;
 
 /* The memory plan (plan.c): one budget split between the spine, the expert
@@ -98,6 +108,9 @@ struct df_session {
     void *state;
     int max_ctx, pos;
     float *logits;        /* vocab_size */
+    int rw_depth, rw_mode;    /* df_session_set_rewind: evals of <= depth tokens can be rewound */
+    int rw_start, rw_n;       /* the last such eval: positions rw_start .. rw_start + rw_n - 1 */
+    int32_t *rw_tokens;       /* [rw_depth] its tokens (replay re-evaluates them) */
     char err[DF_ERRMSG];
 };
 
