@@ -524,7 +524,8 @@ void df_spec_reset(df_spec *sp);
  * from df_session_logits. DF_ERR_CONTEXT when the session is full; other
  * errors are the session's (df_session_error). */
 df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int *n);
-/* Ends a run of steps: the last n_drop tokens returned are forgotten and the
+/* Ends a run of steps: the last n_drop tokens returned (by the last step:
+ * n_drop <= its count) are forgotten and the
  * session holds exactly the history (the pending token evaluated, or the
  * dropped ones rewound). */
 df_status df_spec_settle(df_spec *sp, int n_drop);

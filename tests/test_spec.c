@@ -1,0 +1,315 @@
+/* test_spec.c — session rewinding and exact speculative decoding (suite spec_).
+ *
+ * Oracles: a rewound session against a fresh one that never saw the rolled-
+ * back tokens (logits bit-identical, both rewind modes, KDA and MLA models);
+ * greedy generation with prompt-lookup drafts against plain greedy, token
+ * for token (trained tiny K3 and random fixtures); df_sampler_verify's
+ * frequencies against the sampling distribution; the CLI's --spec output
+ * against the output without it.
+ */
+#include "test.h"
+#include "deltafin.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TINY "models/kimi-k3-tiny"
+
+static df_engine *open_model(const char *dir) {
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.n_threads = 2;
+    o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
+    df_engine *e = NULL;
+    char err[DF_ERRMSG];
+    if (df_engine_open(dir, &o, &e, err) != DF_OK) {
+        fprintf(stderr, "%s: %s\n", dir, err);
+        return NULL;
+    }
+    return e;
+}
+
+/* Tokens of the trained model's validation text (repetitive Python), or a
+ * pseudo-random repetitive sequence for the fixtures. */
+static int sample_tokens(int V, int32_t *tok, int n) {
+    FILE *f = fopen(TINY "/eval/val_windows.u16", "rb");
+    if (V == 4096 && f) {
+        uint16_t t16[512];
+        int got = (int)fread(t16, 2, (size_t)n, f);
+        fclose(f);
+        for (int i = 0; i < got; i++) tok[i] = t16[i];
+        if (got == n) return n;
+    } else if (f) fclose(f);
+    uint32_t r = 12345;
+    for (int i = 0; i < n; i++) {
+        if (i >= 24 && (i / 8) % 3 == 0) { tok[i] = tok[i - 16]; continue; } /* repeats: drafts find them */
+        r = r * 1664525u + 1013904223u;
+        tok[i] = (int32_t)((r >> 8) % (uint32_t)V);
+    }
+    return n;
+}
+
+/* ---- rewinding ---- */
+
+static void rewind_case(const char *dir, int mode) {
+    df_engine *e = open_model(dir);
+    if (!e) { CHECK(0, "%s", dir); return; }
+    int V = df_engine_vocab_size(e);
+    int32_t tok[40];
+    sample_tokens(V, tok, 40);
+    df_session *a = NULL, *b = NULL;
+    float *la = malloc((size_t)8 * V * sizeof(float)), *lb = malloc((size_t)8 * V * sizeof(float));
+    if (df_session_new(e, 64, &a) != DF_OK || df_session_new(e, 64, &b) != DF_OK || !la || !lb) {
+        CHECK(0, "alloc");
+        goto done;
+    }
+    CHECK(df_session_set_rewind(a, 8, mode) == DF_OK, "%s", df_session_error(a));
+    CHECK(df_session_eval(a, tok, 20, NULL) == DF_OK, "%s", df_session_error(a));
+    if (!strstr(dir, "dsv3")) /* positions alone define a DeepSeek-V3 timeline: any rewind works */
+        CHECK(df_session_rewind(a, 10) == DF_ERR_ARG, "a prompt longer than the depth cannot be rewound");
+    /* a speculative step: 6 tokens, keep 3 (2 when replaying keeps 0..) */
+    int32_t step[6] = {tok[20], tok[21], 7 % V, 11 % V, 13 % V, 17 % V};
+    for (int keep = 6; keep >= (mode == DF_REWIND_REPLAY ? 0 : 1); keep -= 2) {
+        CHECK(df_session_eval(a, step, 6, la) == DF_OK, "%s", df_session_error(a));
+        CHECK(df_session_rewind(a, 20 + keep) == DF_OK, "%s", df_session_error(a));
+        CHECK(df_session_pos(a) == 20 + keep);
+        /* the next token evaluated after the rewind, against a fresh timeline */
+        int32_t nxt = tok[30];
+        CHECK(df_session_eval(a, &nxt, 1, la) == DF_OK, "%s", df_session_error(a));
+        df_session_reset(b);
+        CHECK(df_session_eval(b, tok, 20, NULL) == DF_OK);
+        if (keep) CHECK(df_session_eval(b, step, keep, NULL) == DF_OK);
+        CHECK(df_session_eval(b, &nxt, 1, lb) == DF_OK);
+        CHECK(memcmp(la, lb, (size_t)V * sizeof(float)) == 0, "%s mode %d keep %d: logits differ after rewind", dir,
+              mode, keep);
+        /* back to 20 for the next round */
+        df_session_reset(a);
+        CHECK(df_session_eval(a, tok, 20, NULL) == DF_OK);
+    }
+    CHECK(df_session_rewind(a, 25) == DF_ERR_ARG, "past the end");
+done:
+    free(la);
+    free(lb);
+    df_session_free(a);
+    df_session_free(b);
+    df_engine_close(e);
+}
+
+TEST(spec_rewind_bit_identical_k3) {
+    rewind_case("tests/fixtures/kimi_k3_a", DF_REWIND_TRAIL);
+    rewind_case("tests/fixtures/kimi_k3_a", DF_REWIND_REPLAY);
+}
+
+TEST(spec_rewind_bit_identical_kimi_linear_and_dsv3) {
+    rewind_case("tests/fixtures/kimi_linear_a", DF_REWIND_TRAIL);
+    rewind_case("tests/fixtures/kimi_linear_a", DF_REWIND_REPLAY);
+    rewind_case("tests/fixtures/dsv3_qlora", DF_REWIND_TRAIL);
+}
+
+/* ---- greedy: drafts change nothing ---- */
+
+static void greedy_case(const char *dir, int n_prompt, int n_gen, int depth, int adaptive, int want_accepts) {
+    df_engine *e = open_model(dir);
+    if (!e) { CHECK(0, "%s", dir); return; }
+    int V = df_engine_vocab_size(e);
+    int32_t *tok = malloc(512 * sizeof *tok), *plain = malloc(512 * sizeof *plain), *fast = malloc(512 * sizeof *fast);
+    df_session *s = NULL;
+    df_sampler *smp = NULL;
+    df_spec *sp = NULL;
+    char err[DF_ERRMSG];
+    df_sampler_params p;
+    df_sampler_params_default(&p);
+    p.temperature = 0;
+    if (!tok || !plain || !fast || df_session_new(e, 512, &s) != DF_OK || df_sampler_new(&p, V, &smp, err) != DF_OK) {
+        CHECK(0, "alloc");
+        goto done;
+    }
+    sample_tokens(V, tok, n_prompt);
+    /* plain greedy, one token per step */
+    CHECK(df_session_eval(s, tok, n_prompt, NULL) == DF_OK);
+    for (int i = 0; i < n_gen; i++) {
+        plain[i] = df_sampler_sample(smp, df_session_logits(s), NULL);
+        CHECK(df_session_eval(s, &plain[i], 1, NULL) == DF_OK);
+    }
+    /* with drafts */
+    df_session_reset(s);
+    df_sampler_reset(smp);
+    df_spec_params sprm;
+    df_spec_params_default(&sprm);
+    sprm.depth = depth;
+    sprm.adaptive = adaptive;
+    REQUIRE(df_spec_new(s, smp, &sprm, &sp, err) == DF_OK, "%s", err);
+    CHECK(df_session_eval(s, tok, n_prompt, NULL) == DF_OK);
+    CHECK(df_spec_context(sp, tok, n_prompt) == DF_OK);
+    int made = 0;
+    while (made < n_gen) {
+        int32_t out[DF_SPEC_MAX + 1];
+        int k;
+        df_status st = df_spec_step(sp, n_gen - made, out, NULL, &k);
+        REQUIRE(st == DF_OK, "%s", df_session_error(s));
+        REQUIRE(k >= 1 && made + k <= n_gen);
+        memcpy(fast + made, out, (size_t)k * sizeof *out);
+        made += k;
+    }
+    int first_diff = -1;
+    for (int i = 0; i < n_gen && first_diff < 0; i++)
+        if (plain[i] != fast[i]) first_diff = i;
+    CHECK(first_diff < 0, "%s: greedy with drafts differs from plain greedy at token %d", dir, first_diff);
+    df_spec_stats st;
+    df_spec_get_stats(sp, &st);
+    fprintf(stderr, "[%s: %llu/%llu drafts accepted, %.2f tokens/step] ", dir, (unsigned long long)st.accepted,
+            (unsigned long long)st.drafted, st.steps ? (double)st.tokens / st.steps : 0);
+    if (want_accepts) CHECK(st.accepted > 0 && st.accepted < st.drafted, "drafts both accepted and rejected");
+    /* settle: the session holds exactly prompt + n_gen - 1 tokens (the pending one dropped) */
+    CHECK(df_spec_settle(sp, 1) == DF_OK, "%s", df_session_error(s));
+    CHECK(df_session_pos(s) == n_prompt + n_gen - 1, "pos %d", df_session_pos(s));
+done:
+    df_spec_free(sp);
+    df_sampler_free(smp);
+    df_session_free(s);
+    df_engine_close(e);
+    free(tok);
+    free(plain);
+    free(fast);
+}
+
+TEST(spec_greedy_equals_plain_trained) {
+    FILE *f = fopen(TINY "/eval/val_windows.u16", "rb");
+    if (!f) SKIP("models/kimi-k3-tiny/eval is missing");
+    fclose(f);
+    greedy_case(TINY, 200, 120, 6, 0, 1);
+    greedy_case(TINY, 100, 60, 16, 1, 0);
+}
+
+TEST(spec_greedy_equals_plain_fixtures) {
+    greedy_case("tests/fixtures/kimi_k3_a", 48, 40, 4, 0, 0);
+    greedy_case("tests/fixtures/kimi_linear_a", 48, 40, 3, 0, 0);
+    greedy_case("tests/fixtures/dsv3_qlora", 48, 40, 5, 0, 0);
+}
+
+/* ---- sampled: the distribution is unchanged ---- */
+
+TEST(spec_verify_distribution) {
+    enum { V = 8, N = 200000 };
+    float logits[V] = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f, 2.2f, -3.0f};
+    struct { float t; int k; float p; int32_t draft; } cases[] = {
+        {1.0f, 0, 1.0f, 1}, {0.7f, 4, 1.0f, 6}, {1.3f, 0, 0.8f, 3 /* outside top-p */}, {1.0f, 3, 1.0f, 7}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        df_sampler_params p;
+        df_sampler_params_default(&p);
+        p.temperature = cases[c].t;
+        p.top_k = cases[c].k;
+        p.top_p = cases[c].p;
+        p.seed = 99 + c;
+        df_sampler *a = NULL, *b = NULL;
+        char err[DF_ERRMSG];
+        REQUIRE(df_sampler_new(&p, V, &a, err) == DF_OK && df_sampler_new(&p, V, &b, err) == DF_OK);
+        double fa[V] = {0}, fb[V] = {0};
+        for (int i = 0; i < N; i++) {
+            fa[df_sampler_sample(a, logits, NULL)] += 1.0 / N;
+            fb[df_sampler_verify(b, logits, cases[c].draft, NULL)] += 1.0 / N;
+        }
+        for (int v = 0; v < V; v++) {
+            /* two independent estimates of p(v): their difference has sd <= sqrt(2 p (1-p) / N) */
+            double pm = (fa[v] + fb[v]) / 2, sd = sqrt(2 * pm * (1 - pm) / N) + 1e-9;
+            CHECK(fabs(fa[v] - fb[v]) < 5 * sd, "case %zu token %d: sample %.4f vs verify %.4f", c, v, fa[v], fb[v]);
+            if (fa[v] == 0) CHECK(fb[v] == 0, "case %zu: token %d outside the candidates was drawn", c, v);
+        }
+        df_sampler_free(a);
+        df_sampler_free(b);
+    }
+    /* greedy: the argmax whatever the draft */
+    df_sampler_params p;
+    df_sampler_params_default(&p);
+    p.temperature = 0;
+    df_sampler *g = NULL;
+    char err[DF_ERRMSG];
+    REQUIRE(df_sampler_new(&p, V, &g, err) == DF_OK);
+    for (int32_t d = -1; d < V; d++) CHECK(df_sampler_verify(g, logits, d, NULL) == 6);
+    df_sampler_free(g);
+}
+
+/* The same seeded sampled run with drafts, step by step, is a valid sample:
+ * each token it returns had non-zero probability (top-k 3 keeps 3), and the
+ * run completes with rollbacks. */
+TEST(spec_sampled_run_stays_in_support) {
+    df_engine *e = open_model("tests/fixtures/kimi_k3_a");
+    REQUIRE(e);
+    int V = df_engine_vocab_size(e);
+    df_session *s = NULL, *ref = NULL;
+    df_sampler *smp = NULL;
+    df_spec *sp = NULL;
+    char err[DF_ERRMSG];
+    df_sampler_params p;
+    df_sampler_params_default(&p);
+    p.temperature = 0.8f;
+    p.top_k = 3;
+    int32_t tok[64];
+    sample_tokens(V, tok, 48);
+    float *lg = malloc((size_t)V * sizeof(float));
+    REQUIRE(lg && df_session_new(e, 256, &s) == DF_OK && df_session_new(e, 256, &ref) == DF_OK &&
+            df_sampler_new(&p, V, &smp, err) == DF_OK);
+    df_spec_params sprm;
+    df_spec_params_default(&sprm);
+    sprm.adaptive = 0;
+    sprm.depth = 4;
+    REQUIRE(df_spec_new(s, smp, &sprm, &sp, err) == DF_OK, "%s", err);
+    CHECK(df_session_eval(s, tok, 48, NULL) == DF_OK && df_spec_context(sp, tok, 48) == DF_OK);
+    CHECK(df_session_eval(ref, tok, 48, NULL) == DF_OK);
+    memcpy(lg, df_session_logits(ref), (size_t)V * sizeof(float));
+    int made = 0, bad = 0;
+    while (made < 40) {
+        int32_t out[DF_SPEC_MAX + 1];
+        int k;
+        REQUIRE(df_spec_step(sp, 40 - made, out, NULL, &k) == DF_OK);
+        for (int i = 0; i < k; i++) {
+            /* the reference timeline: out[i] must be among the top 3 of its logits */
+            int above = 0;
+            for (int v = 0; v < V; v++) above += lg[v] > lg[out[i]];
+            bad += above >= 3;
+            CHECK(df_session_eval(ref, &out[i], 1, lg) == DF_OK);
+        }
+        made += k;
+    }
+    CHECK(bad == 0, "%d tokens outside the top-3", bad);
+    df_spec_free(sp);
+    df_sampler_free(smp);
+    df_session_free(s);
+    df_session_free(ref);
+    df_engine_close(e);
+    free(lg);
+}
+
+/* ---- CLI ---- */
+
+static char out1[16384], out2[16384];
+
+TEST(spec_cli_run_and_chat_same_output) {
+    FILE *f = fopen(TINY "/config.json", "r");
+    if (!f) SKIP("models/kimi-k3-tiny is missing");
+    fclose(f);
+    const char *prompt = "def add(a, b):\\n    return a + b\\n\\ndef sub(a, b):\\n    return a - b\\n\\ndef add(a, b):\\n";
+    int r1 = t_sh(out1, sizeof out1, "%s run --model %s --threads 2 --max-new 80 --prompt \"$(printf '%s')\" 2>/dev/null",
+                  t_bin(), TINY, prompt);
+    int r2 = t_sh(out2, sizeof out2,
+                  "%s run --model %s --threads 2 --max-new 80 --spec ngram --spec-depth 5 --spec-fixed --prompt \"$(printf '%s')\" 2>/dev/null",
+                  t_bin(), TINY, prompt);
+    CHECK(r1 == 0 && r2 == 0, "exit %d %d", r1, r2);
+    CHECK(strcmp(out1, out2) == 0, "run output differs with --spec:\n%s\n---\n%s", out1, out2);
+    /* chat: two turns; the session after each turn must hold what was shown */
+    const char *lines = "def add(a, b):\\ndef add(a, b):\\n";
+    r1 = t_sh(out1, sizeof out1, "printf '%s' | %s chat --model %s --threads 2 --max-new 30 --temperature 0 2>/dev/null",
+              lines, t_bin(), TINY);
+    r2 = t_sh(out2, sizeof out2,
+              "printf '%s' | %s chat --model %s --threads 2 --max-new 30 --temperature 0 --spec ngram 2>/dev/null",
+              lines, t_bin(), TINY);
+    CHECK(r1 == 0 && r2 == 0, "exit %d %d", r1, r2);
+    CHECK(strcmp(out1, out2) == 0, "chat output differs with --spec:\n%s\n---\n%s", out1, out2);
+    r1 = t_sh(out1, sizeof out1, "%s run --model %s --prompt x --spec eagle 2>&1", t_bin(), TINY);
+    CHECK(r1 == 2 && strstr(out1, "--spec takes ngram or off"), "%s", out1);
+    r1 = t_sh(out1, sizeof out1, "%s run --model %s --prompt x --spec ngram --spec-depth 99 2>&1", t_bin(), TINY);
+    CHECK(r1 == 2 && strstr(out1, "--spec-depth takes 1..16"), "%s", out1);
+    r1 = t_sh(out1, sizeof out1, "%s run --model %s --threads 2 --prompt 'a = 1' --max-new 8 --spec ngram --stats 2>&1",
+              t_bin(), TINY);
+    CHECK(r1 == 0 && strstr(out1, "spec ngram:") && strstr(out1, "rows and"), "%s", out1);
+}
