@@ -225,6 +225,30 @@ const char *df_session_error(const df_session *s);
  * otherwise only the last row is computed and df_session_logits returns it.
  * On error the session is unchanged (its position does not move). */
 df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits);
+/* Several sessions of one engine in one step: item i appends n tokens to
+ * its session as df_session_eval would (logits: NULL, or one row per
+ * token). Rows of different sessions share each pass (up to 32 rows a
+ * pass; more are split over passes): the spine and every routed expert the
+ * rows choose are read once for all of them. Each session's results are
+ * bit-identical to evaluating it alone. The sessions must be distinct. On
+ * error every session of the batch is reset (its error says why), except
+ * for argument errors, which change nothing. */
+typedef struct {
+    df_session *s;
+    const int32_t *tokens;
+    int n;
+    float *logits;
+} df_batch_item;
+df_status df_session_eval_batch(df_batch_item *items, int count);
+/* Batched steps since open or the last df_engine_reset_stats. */
+typedef struct {
+    uint64_t passes, rows;        /* forward passes of df_session_eval(_batch), rows they computed */
+    uint64_t multi_passes;        /* passes with rows of more than one session */
+    uint64_t union_experts;       /* routed experts the passes used, summed over MoE layers */
+    uint64_t solo_experts;        /* what the sessions would have used running alone (>= union) */
+} df_batch_stats;
+void df_engine_batch_stats(const df_engine *e, df_batch_stats *out);
+
 /* Rewinding, for speculative decoding: after df_session_set_rewind(s,
  * depth, mode), every df_session_eval of n <= depth tokens (depth <=
  * DF_REWIND_MAX) keeps what it takes to go back to any position inside it:

@@ -19,6 +19,17 @@ enum { DF_CHUNK = 32 }; /* positions per forward pass during prefill */
 
 typedef struct df_program df_program;
 
+/* One session's part of a batched forward pass: n tokens at pos.. of its
+ * state; out: NULL, or its logits rows (all n if all_rows, else the last). */
+typedef struct {
+    void *state;
+    int pos;
+    const int32_t *tokens;
+    int n;
+    float *out;
+    int all_rows;
+} df_fwd_seg;
+
 /* What a model program provides. */
 typedef struct {
     const char *name;
@@ -39,6 +50,10 @@ typedef struct {
      * for every token if all_rows, else only for the last into out[0]. */
     df_status (*forward)(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
                          float *out, int all_rows, char *err);
+    /* Several sessions' rows in one pass, total <= DF_CHUNK (NULL: the
+     * engine runs them one by one). Each session's results are
+     * bit-identical to its forward alone. seg[0]'s state lends the scratch. */
+    df_status (*forward_batch)(df_engine *e, const df_fwd_seg *seg, int nseg, char *err);
     /* Appends program-specific lines to the describe text. */
     void (*describe)(df_engine *e, char *buf, size_t cap);
     /* Rewinding (NULL when positions alone define the timeline: caches are
@@ -101,7 +116,12 @@ struct df_engine {
     int64_t spine_read0;      /* sp_bytes_read at the last df_engine_reset_stats */
     int int8;                 /* the converted int8 spine is bound (tensors "int8:NAME" in st) */
     char spine_dtype[16];     /* "int8", or the checkpoint's matrices' type */
+    float *batch_logits;      /* [DF_CHUNK][vocab] head rows of a batched pass (model_batch_logits) */
+    df_batch_stats bstats;    /* batched steps (df_engine_batch_stats) */
 };
+/* The engine's scratch for a batched pass's logits rows, allocated on first
+ * use (NULL when out of memory). */
+float *model_batch_logits(df_engine *e);
 
 struct df_session {
     df_engine *e;
