@@ -325,6 +325,11 @@ df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char 
 /* Host-to-device GB/s from page-locked memory, measured now by the
  * accelerator; 0 without one (or when it offers no probe). */
 double df_engine_probe_h2d(df_engine *e);
+/* Bytes of a session's state for max_ctx positions (attention caches +
+ * recurrent state; scratch not included), and of its recurrent (KDA) part
+ * alone (what a rewind trail keeps per token). */
+int64_t df_engine_session_bytes(const df_engine *e, int max_ctx);
+int64_t df_engine_recurrent_bytes(const df_engine *e);
 /* Bytes of one routed expert as stored (0 without experts). */
 int64_t df_engine_expert_bytes(const df_engine *e);
 /* Weight bytes a decode step reads besides routed experts (every non-expert
@@ -492,21 +497,18 @@ void df_sampler_reset(df_sampler *s);
 /* Picks the next token from logits[vocab_size]; fills *info if non-NULL.
  * Does not accept the token (call df_sampler_accept). */
 int32_t df_sampler_sample(df_sampler *s, const float *logits, df_sample *info);
-/* Speculative verification of a draft token (prompt lookup proposes one
- * token deterministically): returns the draft with probability p(draft),
- * else a draw from p without the draft, renormalised, where p is the
- * distribution df_sampler_sample draws from. The result is distributed
- * exactly as df_sampler_sample's (greedy: the same argmax); it consumes
- * random numbers differently, so seeded runs differ token by token. Does not
- * accept the token. */
-int32_t df_sampler_verify(df_sampler *s, const float *logits, int32_t draft, df_sample *info);
 
 /* ---- speculative decoding (src/model/spec.c) ----
  * Exact: drafts come from prompt lookup (the latest earlier occurrence of
  * the last n-gram, and what followed it), are verified in one multi-row
  * df_session_eval and rolled back past the first rejection
- * (df_session_rewind). Greedy output equals plain greedy output; sampled
- * output is distributed exactly as plain sampling (df_sampler_verify).
+ * (df_session_rewind). Verification samples each row as plain decoding
+ * would (df_sampler_sample, one draw per token, in order) and accepts a
+ * draft when the sample equals it: P(accept d) = p(d), and a rejected
+ * draft's replacement is distributed as p without d renormalised — the
+ * standard rule for a deterministic (one-hot) proposal — with the coupling
+ * that the output is token for token the output without drafts, greedy or
+ * seeded sampling alike.
  * A df_spec borrows a session and a sampler (both must outlive it) and
  * keeps the session's token history (the lookup's text):
  *
@@ -534,8 +536,11 @@ typedef struct {
     double row1_s, per_row_s;  /* the cost model: a 1-row step, each further row */
 } df_spec_stats;
 typedef struct df_spec df_spec;
-/* Turns on the session's rewinding (df_session_set_rewind, depth + 1,
- * trail); fails (DF_ERR_UNSUPPORTED) when the session cannot be rewound. */
+/* Turns on the session's rewinding (df_session_set_rewind, depth + 1):
+ * a trail while (depth + 1) x the recurrent state stays within
+ * DF_SPEC_TRAIL_BYTES, else snapshot + replay; fails (DF_ERR_UNSUPPORTED)
+ * when the session cannot be rewound. */
+#define DF_SPEC_TRAIL_BYTES ((int64_t)256 << 20)
 df_status df_spec_new(df_session *s, df_sampler *smp, const df_spec_params *p, df_spec **out, char err[DF_ERRMSG]);
 void df_spec_free(df_spec *sp);
 /* Appends tokens the caller evaluated in the session (the prompt, a closing

@@ -607,6 +607,7 @@ df_status df_session_set_rewind(df_session *s, int depth, int mode) {
     df_engine *e = s->e;
     if (depth < 0 || depth > DF_REWIND_MAX || depth > DF_CHUNK || (mode != DF_REWIND_TRAIL && mode != DF_REWIND_REPLAY))
         return df_fail(s->err, DF_ERR_ARG, "rewind depth %d (0..%d) or mode %d is not valid", depth, DF_REWIND_MAX, mode);
+    if (depth == s->rw_depth && (depth == 0 || mode == s->rw_mode)) return DF_OK; /* already so */
     s->rw_n = 0;
     s->rw_depth = 0;
     free(s->rw_tokens);
@@ -737,6 +738,15 @@ df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char 
     /* its buffers are outside the memory plan: at most 256 MB of them */
     while (depth > 4 && chunk * depth > ((int64_t)256 << 20)) depth--;
     return xr_probe_bandwidth(e->io, st_shard_path(e->st, best), XR_AUTO, (size_t)chunk, depth, seconds, gbps, err);
+}
+
+int64_t df_engine_session_bytes(const df_engine *e, int max_ctx) {
+    int64_t fixed = e->ops->state_fixed_bytes ? e->ops->state_fixed_bytes(e) : 0;
+    return fixed + (int64_t)max_ctx * e->ops->state_bytes_per_pos(e);
+}
+
+int64_t df_engine_recurrent_bytes(const df_engine *e) {
+    return e->ops->state_fixed_bytes ? e->ops->state_fixed_bytes(e) : 0;
 }
 
 int64_t df_engine_expert_bytes(const df_engine *e) {

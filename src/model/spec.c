@@ -2,13 +2,17 @@
  * spec_; public df_spec_*).
  *
  * Owns: the token history of one session (the lookup's text), the n-gram
- * drafter, the verify step (one multi-row df_session_eval, df_sampler_verify
+ * drafter, the verify step (one multi-row df_session_eval, df_sampler_sample
  * per row, df_session_rewind past the first rejection), the adaptive depth
  * and the counters. Borrows the session and the sampler (they must outlive
  * it). Refuses: anything lossy — greedy output is the plain greedy output
  * token for token (the verify rows are bit-identical to single steps: the
- * engine's chunking rule), sampled output is distributed exactly as plain
- * sampling (df_sampler_verify).
+ * engine's chunking rule), and so is seeded sampled output: each row is
+ * sampled exactly as plain decoding samples it (one draw per token, in
+ * order) and a draft is accepted when the sample equals it. For a
+ * deterministic proposal this is the standard speculative rule (accept d
+ * with probability p(d), else draw from p without d, renormalised), with
+ * the draws coupled to those of the run without drafts.
  *
  * One step, with x the token sampled last (pending: shown, not evaluated):
  *
@@ -77,7 +81,10 @@ df_status df_spec_new(df_session *s, df_sampler *smp, const df_spec_params *p, d
     sp->hist = malloc((size_t)sp->cap * sizeof *sp->hist);
     sp->rows = malloc((size_t)(DF_SPEC_MAX + 1) * sp->V * sizeof(float));
     if (!sp->hist || !sp->rows) { df_spec_free(sp); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
-    df_status st = df_session_set_rewind(s, p->depth + 1, DF_REWIND_TRAIL);
+    /* a trail costs (depth + 1) recurrent states (Kimi K3: 0.44 GB each),
+     * a replay one state and a forward pass of the kept tokens per rejection */
+    int trail = (int64_t)(p->depth + 1) * df_engine_recurrent_bytes(s->e) <= DF_SPEC_TRAIL_BYTES;
+    df_status st = df_session_set_rewind(s, p->depth + 1, trail ? DF_REWIND_TRAIL : DF_REWIND_REPLAY);
     if (st != DF_OK) {
         df_fail(err, st, "speculative decoding: %s", df_session_error(s));
         df_spec_free(sp);
@@ -203,7 +210,7 @@ df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int 
     *n_out = 0;
     if (max < 1) return DF_ERR_ARG;
     if (!sp->pending) { /* the first token of a turn: from the logits the context left */
-        int32_t t = df_sampler_verify(sp->smp, df_session_logits(s), -1, info);
+        int32_t t = df_sampler_sample(sp->smp, df_session_logits(s), info);
         df_sampler_accept(sp->smp, t);
         if (push(sp, t) != DF_OK) return DF_ERR_NOMEM;
         sp->pending = 1;
@@ -228,13 +235,13 @@ df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int 
     int j = 0, got = 0;
     int32_t y = -1;
     for (; j < nd; j++) {
-        y = df_sampler_verify(sp->smp, sp->rows + (size_t)j * sp->V, toks[1 + j], info ? info + got : NULL);
+        y = df_sampler_sample(sp->smp, sp->rows + (size_t)j * sp->V, info ? info + got : NULL);
         df_sampler_accept(sp->smp, y);
         out[got++] = y;
         if (y != toks[1 + j]) break;
     }
     if (j == nd) { /* every draft held: the last row gives one more */
-        y = df_sampler_verify(sp->smp, sp->rows + (size_t)nd * sp->V, -1, info ? info + got : NULL);
+        y = df_sampler_sample(sp->smp, sp->rows + (size_t)nd * sp->V, info ? info + got : NULL);
         df_sampler_accept(sp->smp, y);
         out[got++] = y;
     }

@@ -235,17 +235,10 @@ static void fill_logprobs(df_sampler *s, const float *v, int32_t chosen, df_samp
     for (int k = 0; k < info->n_top; k++) info->top_logprob[k] = (float)((double)v[info->top_id[k]] - lse);
 }
 
-/* The distribution p of one step (what df_sampler_sample draws from):
- * w = the adjusted logits; for T > 0, the candidates idx[0..*m) with their
- * unnormalised probabilities q[id] and *mass their sum (*m = 0 with greedy,
- * or when nothing can be drawn). Returns the argmax of w (the greedy choice
- * and the fallback). */
-static int32_t step_dist(df_sampler *s, const float *logits, int *m_out, double *mass_out) {
+int32_t df_sampler_sample(df_sampler *s, const float *logits, df_sample *info) {
     int V = s->V;
     float *w = s->work;
     const df_sampler_params *p = &s->p;
-    *m_out = 0;
-    *mass_out = 0;
     for (int i = 0; i < V; i++) w[i] = isnan(logits[i]) ? -INFINITY : logits[i];
     if (s->has_bias) for (int i = 0; i < V; i++) w[i] += s->bias[i];
     if (p->penalty_last_n != 0 && (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0)) {
@@ -259,6 +252,7 @@ static int32_t step_dist(df_sampler *s, const float *logits, int *m_out, double 
     /* greedy, and the best id as the fallback when nothing can be drawn */
     int32_t best = 0;
     for (int i = 1; i < V; i++) if (w[i] > w[best]) best = i;
+    int32_t chosen = best;
     if (p->temperature > 0 && w[best] > -INFINITY) {
         float inv_t = 1.0f / p->temperature, mx = w[best] * inv_t;
         float *q = s->prob;
@@ -307,61 +301,19 @@ static int32_t step_dist(df_sampler *s, const float *logits, int *m_out, double 
         }
         double mass = 0;
         for (int i = 0; i < m; i++) mass += q[s->idx[i]];
-        *m_out = m;
-        *mass_out = mass;
-    }
-    return best;
-}
-
-/* A draw from the candidates, leaving out id `skip` (-1: none) whose
- * probability mass is excluded from `mass` by the caller. */
-static int32_t draw(df_sampler *s, int m, double mass, int32_t skip, int32_t fallback) {
-    const float *q = s->prob;
-    int32_t chosen = fallback;
-    double u = uniform(s) * mass, acc = 0;
-    for (int i = 0; i < m; i++) {
-        int32_t id = s->idx[i];
-        if (q[id] == 0 || id == skip) continue;
-        acc += q[id];
-        chosen = id;
-        if (u < acc) break;
-    }
-    return chosen;
-}
-
-int32_t df_sampler_sample(df_sampler *s, const float *logits, df_sample *info) {
-    int m;
-    double mass;
-    int32_t chosen = step_dist(s, logits, &m, &mass);
-    if (m > 0) chosen = draw(s, m, mass, -1, chosen);
-    if (info) {
-        memset(info, 0, sizeof *info);
-        info->token = chosen;
-        fill_logprobs(s, s->work, chosen, info);
-    }
-    return chosen;
-}
-
-/* Speculative sampling with a deterministic proposal (q = one-hot on the
- * draft d): accept d with probability p(d); on rejection draw from p with d
- * removed and renormalised. P(token = x) = p(x) for every x, so the output
- * is distributed exactly as df_sampler_sample's. Greedy: the argmax, which
- * is d exactly when plain greedy would pick d. */
-int32_t df_sampler_verify(df_sampler *s, const float *logits, int32_t draft, df_sample *info) {
-    int m;
-    double mass;
-    int32_t chosen = step_dist(s, logits, &m, &mass);
-    if (m > 0) {
-        int in = 0;
-        for (int i = 0; i < m && !in; i++) in = s->idx[i] == draft;
-        double pd = in ? s->prob[draft] : 0.0;
-        if (pd > 0 && (pd >= mass || uniform(s) * mass < pd)) chosen = draft;
-        else chosen = draw(s, m, mass - pd, in ? draft : -1, chosen);
+        double u = uniform(s) * mass, acc = 0;
+        for (int i = 0; i < m; i++) {
+            int32_t id = s->idx[i];
+            if (q[id] == 0) continue;
+            acc += q[id];
+            chosen = id;
+            if (u < acc) break;
+        }
     }
     if (info) {
         memset(info, 0, sizeof *info);
         info->token = chosen;
-        fill_logprobs(s, s->work, chosen, info);
+        fill_logprobs(s, w, chosen, info);
     }
     return chosen;
 }
