@@ -553,6 +553,14 @@ void df_spec_reset(df_spec *sp);
  * from df_session_logits. DF_ERR_CONTEXT when the session is full; other
  * errors are the session's (df_session_error). */
 df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int *n);
+/* df_spec_step in two halves, for callers that batch sessions
+ * (df_session_eval_batch): begin sets *toks / *n to the tokens to evaluate
+ * (the pending one and its drafts; n = 0 for the first step of a turn,
+ * which needs no evaluation) and *rows to where their n logits rows must
+ * go; the caller evaluates them; end verifies and returns the tokens as
+ * df_spec_step does. The depth's cost model then times the batched step. */
+df_status df_spec_begin(df_spec *sp, int max, const int32_t **toks, int *n, float **rows);
+df_status df_spec_end(df_spec *sp, int32_t *out, df_sample *info, int *n);
 /* Ends a run of steps: the last n_drop tokens returned (by the last step:
  * n_drop <= its count) are forgotten and the
  * session holds exactly the history (the pending token evaluated, or the

@@ -52,6 +52,10 @@ struct df_spec {
     double alpha;                 /* EWMA acceptance of one draft (given the ones before it held) */
     int alpha_n;
     int since_probe;
+    int32_t toks[DF_SPEC_MAX + 1]; /* the step being verified: x, then its drafts */
+    int nd;                       /* its drafts; -1: no step begun with an evaluation */
+    int start;                    /* the session's position before it */
+    double t0;
     df_spec_stats st;
 };
 
@@ -91,6 +95,7 @@ df_status df_spec_new(df_session *s, df_sampler *smp, const df_spec_params *p, d
         return st;
     }
     sp->alpha = 0.5;
+    sp->nd = -1;
     sp->st.depth_now = p->depth;
     *out = sp;
     return DF_OK;
@@ -205,11 +210,31 @@ static int choose_depth(df_spec *sp) {
 
 /* ---- the step ---- */
 
-df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int *n_out) {
+df_status df_spec_begin(df_spec *sp, int max, const int32_t **toks, int *n, float **rows) {
+    df_session *s = sp->s;
+    *n = 0;
+    *toks = sp->toks;
+    *rows = sp->rows;
+    if (max < 1) return DF_ERR_ARG;
+    sp->nd = -1;
+    if (!sp->pending) return DF_OK; /* the first token of a turn: from the logits the context left */
+    int room = s->max_ctx - s->pos; /* rows this step can evaluate */
+    if (room < 1) return df_fail(s->err, DF_ERR_CONTEXT, "context full: %d positions used", s->pos);
+    int k = choose_depth(sp);
+    if (k > max - 1) k = max - 1;
+    if (k > room - 1) k = room - 1;
+    sp->toks[0] = sp->hist[sp->n - 1];
+    sp->nd = k > 0 ? draft(sp, k, sp->toks + 1) : 0;
+    sp->start = s->pos;
+    sp->t0 = now_s();
+    *n = sp->nd + 1;
+    return DF_OK;
+}
+
+df_status df_spec_end(df_spec *sp, int32_t *out, df_sample *info, int *n_out) {
     df_session *s = sp->s;
     *n_out = 0;
-    if (max < 1) return DF_ERR_ARG;
-    if (!sp->pending) { /* the first token of a turn: from the logits the context left */
+    if (sp->nd < 0) {
         int32_t t = df_sampler_sample(sp->smp, df_session_logits(s), info);
         df_sampler_accept(sp->smp, t);
         if (push(sp, t) != DF_OK) return DF_ERR_NOMEM;
@@ -219,18 +244,10 @@ df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int 
         sp->st.tokens++;
         return DF_OK;
     }
-    int room = s->max_ctx - s->pos; /* rows this step can evaluate */
-    if (room < 1) return df_fail(s->err, DF_ERR_CONTEXT, "context full: %d positions used", s->pos);
-    int k = choose_depth(sp);
-    if (k > max - 1) k = max - 1;
-    if (k > room - 1) k = room - 1;
-    int32_t toks[DF_SPEC_MAX + 1];
-    toks[0] = sp->hist[sp->n - 1];
-    int nd = k > 0 ? draft(sp, k, toks + 1) : 0;
-    int start = s->pos;
-    double t0 = now_s();
-    df_status st = df_session_eval(s, toks, nd + 1, sp->rows);
-    if (st != DF_OK) return st;
+    int nd = sp->nd, start = sp->start;
+    const int32_t *toks = sp->toks;
+    sp->nd = -1;
+    if (s->pos != start + nd + 1) return df_fail(s->err, DF_ERR_ARG, "df_spec_end: the step's tokens were not evaluated");
     /* verify: row i predicts the token after toks[i] */
     int j = 0, got = 0;
     int32_t y = -1;
@@ -246,8 +263,9 @@ df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int 
         out[got++] = y;
     }
     /* the session keeps x and the accepted drafts; y is pending */
+    df_status st;
     if (start + 1 + j < s->pos && (st = df_session_rewind(s, start + 1 + j)) != DF_OK) return st;
-    measure(sp, nd + 1, now_s() - t0);
+    measure(sp, nd + 1, now_s() - sp->t0);
     for (int i = 0; i < nd; i++) { /* acceptance of each draft given the ones before it held */
         if (i > j) break;
         double hit = i < j ? 1.0 : 0.0;
@@ -261,10 +279,21 @@ df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int 
     sp->st.drafted += (uint64_t)nd;
     sp->st.accepted += (uint64_t)j;
     sp->st.tokens += (uint64_t)got;
-    sp->st.step_s += now_s() - t0;
-    sp->st.depth_now = k;
+    sp->st.step_s += now_s() - sp->t0;
+    sp->st.depth_now = nd;
     *n_out = got;
     return DF_OK;
+}
+
+df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int *n_out) {
+    const int32_t *toks;
+    float *rows;
+    int n;
+    *n_out = 0;
+    df_status st = df_spec_begin(sp, max, &toks, &n, &rows);
+    if (st != DF_OK) return st;
+    if (n > 0 && (st = df_session_eval(sp->s, toks, n, rows)) != DF_OK) return st;
+    return df_spec_end(sp, out, info, n_out);
 }
 
 /* ---- settle ---- */
