@@ -198,6 +198,60 @@ TEST(spec_sampled_equals_plain_seeded) {
     gen_case("tests/fixtures/kimi_k3_a", 48, 40, 4, 0, 0, 1.0f);
 }
 
+/* Adaptive depth: where drafts are never accepted (random weights), the
+ * policy settles on no drafting; where they are (the trained model on
+ * repetitive text), it keeps drafting. */
+static double rows_per_step(const char *dir, int n_prompt, int n_gen, df_spec_stats *out) {
+    df_engine *e = open_model(dir);
+    if (!e) return -1;
+    int V = df_engine_vocab_size(e);
+    int32_t tok[512];
+    sample_tokens(V, tok, n_prompt);
+    if (n_prompt > 300) /* a document, then its beginning again: the continuation is in the context */
+        for (int i = 300; i < n_prompt; i++) tok[i] = tok[i - 300];
+    df_session *s = NULL;
+    df_sampler *smp = NULL;
+    df_spec *sp = NULL;
+    char err[DF_ERRMSG];
+    df_sampler_params p;
+    df_sampler_params_default(&p);
+    p.temperature = 0;
+    double r = -1;
+    df_spec_params sprm;
+    df_spec_params_default(&sprm);
+    if (df_session_new(e, 512, &s) == DF_OK && df_sampler_new(&p, V, &smp, err) == DF_OK &&
+        df_spec_new(s, smp, &sprm, &sp, err) == DF_OK && df_session_eval(s, tok, n_prompt, NULL) == DF_OK &&
+        df_spec_context(sp, tok, n_prompt) == DF_OK) {
+        int made = 0;
+        while (made < n_gen) {
+            int32_t o[DF_SPEC_MAX + 1];
+            int k;
+            if (df_spec_step(sp, n_gen - made, o, NULL, &k) != DF_OK) break;
+            made += k;
+            if (made > n_gen / 2 && made - k <= n_gen / 2) df_spec_reset_stats(sp); /* the second half */
+        }
+        df_spec_get_stats(sp, out);
+        r = out->steps ? (double)out->rows / out->steps : 0;
+    }
+    df_spec_free(sp);
+    df_sampler_free(smp);
+    df_session_free(s);
+    df_engine_close(e);
+    return r;
+}
+
+TEST(spec_adaptive_depth_turns_off_when_it_does_not_pay) {
+    df_spec_stats st;
+    double r = rows_per_step("tests/fixtures/kimi_k3_a", 48, 120, &st);
+    CHECK(r >= 1 && r < 1.5, "random weights: %.2f rows per step (acceptance %.2f)", r, st.alpha);
+    FILE *f = fopen(TINY "/eval/val_windows.u16", "rb");
+    if (!f) return;
+    fclose(f);
+    r = rows_per_step(TINY, 400, 100, &st);
+    CHECK(r > 1.2, "trained model copying a document: %.2f rows per step (acceptance %.2f)", r, st.alpha);
+    fprintf(stderr, "[trained: %.2f rows, %.2f tokens per step] ", r, st.steps ? (double)st.tokens / st.steps : 0);
+}
+
 /* ---- CLI ---- */
 
 static char out1[16384], out2[16384];

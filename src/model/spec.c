@@ -193,7 +193,8 @@ static double cost(const df_spec *sp, int r, double *a_out, double *b_out) {
 static int choose_depth(df_spec *sp) {
     int K = sp->p.depth;
     if (!sp->p.adaptive) return K;
-    if (cost(sp, 1, NULL, NULL) < 0) return K; /* measure first */
+    if (sp->n_rows[1] < 2) return 0;               /* measure one-row steps first (they cost nothing extra) */
+    if (cost(sp, 1, NULL, NULL) < 0) return K;     /* then a deep one */
     double al = sp->alpha, best = 0;
     int bk = 0;
     for (int k = 0; k <= K; k++) {
