@@ -308,6 +308,39 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                    sum > 0 ? 100 * (prof1[i] - prof0[i]) / sum : 0);
     }
     if (so && so->on) {
+        /* what a verify step costs per row in this regime, and a rewind in
+         * each mode: k rows evaluated with logits, then rewound to keep one
+         * (medians of 3) — the numbers the adaptive depth learns online */
+        float *vrows = malloc((size_t)(DF_SPEC_MAX + 1) * V * sizeof(float));
+        df_session *c = NULL;
+        int np = nprompt < 8 ? nprompt : 8; /* a short prompt: each repeat goes on one position */
+        if (vrows && df_session_new(e, np + 64, &c) == DF_OK && df_session_eval(c, prompt, np, NULL) == DF_OK) {
+            static const int ks[] = {1, 2, 4, 8, 16};
+            for (int m = 0; m < 2; m++) {
+                if (df_session_set_rewind(c, DF_SPEC_MAX + 1, m ? DF_REWIND_REPLAY : DF_REWIND_TRAIL) != DF_OK) break;
+                printf("verify cost (%s rewind)  ", m ? "replay" : "trail");
+                for (size_t q = 0; q < sizeof ks / sizeof ks[0] && ks[q] <= so->p.depth + 1; q++) {
+                    double te[3], tr[3];
+                    int32_t t8[DF_SPEC_MAX + 1];
+                    for (int i = 0; i < ks[q]; i++) t8[i] = plain[i % (ntok + 1)];
+                    for (int rep = 0; rep < 3; rep++) {
+                        int at = df_session_pos(c);
+                        double ta = cli_now();
+                        if (df_session_eval(c, t8, ks[q], vrows) != DF_OK) break;
+                        double tb = cli_now();
+                        if (df_session_rewind(c, at + 1) != DF_OK) break;
+                        te[rep] = tb - ta;
+                        tr[rep] = cli_now() - tb;
+                    }
+                    qsort(te, 3, sizeof(double), cmp_double);
+                    qsort(tr, 3, sizeof(double), cmp_double);
+                    printf("%s%d rows %.1f ms + rewind %.2f ms", q ? ", " : "", ks[q], te[1] * 1e3, tr[1] * 1e3);
+                }
+                printf("\n");
+            }
+        }
+        df_session_free(c);
+        free(vrows);
         double plain_s = 0;
         for (int i = 0; i < ntok; i++) plain_s += dt[i];
         static const char *const modes[2] = {"trail", "replay"};
@@ -323,16 +356,19 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
             if (json)
                 printf("{\"spec\":\"ngram\",\"rewind\":\"%s\",\"depth\":%d,\"adaptive\":%d,\"acceptance\":%.4f,"
                        "\"rows_per_step\":%.3f,\"tokens_per_step\":%.3f,\"decode_s\":%.4f,\"plain_decode_s\":%.4f,"
-                       "\"speedup\":%.3f,\"identical\":%s}\n",
+                       "\"speedup\":%.3f,\"row1_s\":%.5f,\"per_row_s\":%.5f,\"identical\":%s}\n",
                        modes[m], so->p.depth, so->p.adaptive, acc, rows, per, r[m].s, plain_s, speedup,
+                       r[m].st.row1_s, r[m].st.per_row_s,
                        r[m].same ? "true" : "false");
             else
                 printf("spec ngram (%s rewind)     %d tokens in %.3f s vs %.3f s without drafts: speedup %.2fx;\n"
                        "                            drafts accepted %llu/%llu (%.1f%%), %.2f rows and %.2f tokens per step,\n"
-                       "                            depth %d%s (now %d); output %s\n",
+                       "                            depth %d%s (drafts in the last step %d); measured cost: a 1-row\n"
+                       "                            step %.1f ms, +%.1f ms per further row; output %s\n",
                        modes[m], ntok, r[m].s, plain_s, speedup, (unsigned long long)r[m].st.accepted,
                        (unsigned long long)r[m].st.drafted, acc * 100, rows, per, so->p.depth,
-                       so->p.adaptive ? " adaptive" : " fixed", r[m].st.depth_now,
+                       so->p.adaptive ? " adaptive" : " fixed", r[m].st.depth_now, r[m].st.row1_s * 1e3,
+                       r[m].st.per_row_s * 1e3,
                        r[m].same ? "identical to plain greedy" : "DIFFERS from plain greedy (a bug)");
             if (!r[m].same) goto done;
         }
