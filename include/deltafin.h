@@ -228,7 +228,8 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
 /* Several sessions of one engine in one step: item i appends n tokens to
  * its session as df_session_eval would (logits: NULL, or one row per
  * token). Rows of different sessions share each pass (up to 32 rows a
- * pass; more are split over passes): the spine and every routed expert the
+ * pass; an item of more is split over passes, one of at most 32 never):
+ * the spine and every routed expert the
  * rows choose are read once for all of them. Each session's results are
  * bit-identical to evaluating it alone. The sessions must be distinct. On
  * error every session of the batch is reset (its error says why), except

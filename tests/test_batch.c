@@ -111,8 +111,15 @@ TEST(batch_rewind_inside_batch) {
         CHECK(df_session_set_rewind(s[i], 5, DF_REWIND_TRAIL) == DF_OK);
         CHECK(df_session_eval(s[i], p[i], 8, NULL) == DF_OK);
     }
-    df_batch_item it[2] = {{s[0], p[0] + 8, 4, lg}, {s[1], p[1] + 8, 3, lg + (size_t)4 * V}};
-    CHECK(df_session_eval_batch(it, 2) == DF_OK);
+    /* a 30-token prompt first: the 4-row item does not fit its pass and waits
+     * for the next one whole (an item of at most 32 rows is never split) */
+    df_session *big;
+    REQUIRE(df_session_new(e, 64, &big) == DF_OK);
+    int32_t bt[30];
+    for (int t = 0; t < 30; t++) bt[t] = (t * 13 + 1) % V;
+    df_batch_item it3[3] = {{big, bt, 30, NULL}, {s[0], p[0] + 8, 4, lg}, {s[1], p[1] + 8, 3, lg + (size_t)4 * V}};
+    CHECK(df_session_eval_batch(it3, 3) == DF_OK);
+    df_session_free(big);
     CHECK(df_session_rewind(s[0], 10) == DF_OK && df_session_rewind(s[1], 9) == DF_OK);
     for (int i = 0; i < 2; i++) {
         int keep = i == 0 ? 10 : 9;

@@ -557,6 +557,8 @@ df_status df_session_eval_batch(df_batch_item *it, int count) {
         for (int i = 0; i < count && used < DF_CHUNK; i++) {
             int rem = it[i].n - done[i];
             if (rem <= 0) continue;
+            /* an item that fits one pass is not split (its rewind data stays whole): it waits for the next */
+            if (rem <= DF_CHUNK && rem > DF_CHUNK - used) continue;
             int take = rem < DF_CHUNK - used ? rem : DF_CHUNK - used;
             df_session *s = it[i].s;
             float *out = it[i].logits ? it[i].logits + (size_t)done[i] * V : done[i] + take == it[i].n ? s->logits : NULL;

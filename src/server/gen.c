@@ -47,9 +47,10 @@ typedef struct srv_sess {
 
 static int pool_size(srv *s);
 
-/* Prompt rows a generation evaluates per step: one engine pass, so a new
+/* Prompt rows a generation evaluates per step: what one engine pass (32
+ * rows) leaves beside the decoding rows, at least PREFILL_MIN, so a new
  * request's prefill interleaves with the others' decoding. */
-enum { PREFILL_STEP = 32 };
+enum { PREFILL_STEP = 32, PREFILL_MIN = 8 };
 
 /* ---- 1. helpers: clock, log, stop strings ---------------------------------------- */
 
@@ -284,7 +285,9 @@ static srv_sess *pick_session(srv *s, const df_tokens *p, int *reuse) {
         srv_sess *x = &s->pool[s->n_pool];
         memset(x, 0, sizeof *x);
         if (df_session_new(s->e, s->ctx, &x->s) != DF_OK) return lru ? (df_session_reset(lru->s), lru->kept.n = 0, lru) : NULL;
+        pthread_mutex_lock(&s->mu); /* /metrics reads the pool's size */
         s->n_pool++;
+        pthread_mutex_unlock(&s->mu);
         return x;
     }
     if (lru) { df_session_reset(lru->s); lru->kept.n = 0; }
@@ -416,11 +419,12 @@ static void slot_tokens(srv *s, slot *q, const int32_t *toks, const df_sample *i
 
 /* This step's rows for the slot (prefill piece, pending token, or the
  * pending token + drafts); 0 rows with *ready = 1: sample without one. */
-static int slot_item(srv *s, slot *q, df_batch_item *it, int *ready) {
+static int slot_item(srv *s, slot *q, df_batch_item *it, int *ready, int room) {
     *ready = 0;
     const df_tokens *p = &q->j->prompt;
     if (!q->decoding && q->prefilled < p->n) {
-        q->take = p->n - q->prefilled < PREFILL_STEP ? p->n - q->prefilled : PREFILL_STEP;
+        int step = room > PREFILL_MIN ? room : PREFILL_MIN; /* what the decoders' pass leaves */
+        q->take = p->n - q->prefilled < step ? p->n - q->prefilled : step;
         *it = (df_batch_item){q->ss->s, p->ids + q->prefilled, q->take, NULL};
         return 1;
     }
@@ -651,12 +655,19 @@ static void *gen_main(void *arg) {
         for (int f = 0; f < nfresh; f++) slot_start(s, &sl[fresh[f]]);
         /* one step: every running generation's rows together */
         int n = 0, ready[par > 0 ? par : 1], decoded = 0;
-        for (int k = 0; k < par; k++) {
-            ready[k] = 0;
-            if (!sl[k].j || sl[k].ended) continue;
-            if (stopping) { sl[k].ended = 1; sl[k].spec_drop = sl[k].gen.n > 0; continue; }
-            if (slot_item(s, &sl[k], &items[n], &ready[k])) who[n++] = k;
-        }
+        int used = 0;
+        for (int pass = 0; pass < 2; pass++) /* decoding rows first; prompt pieces fill the room left */
+            for (int k = 0; k < par; k++) {
+                if (!pass) ready[k] = 0;
+                if (!sl[k].j || sl[k].ended) continue;
+                int prefill = !sl[k].decoding && sl[k].prefilled < sl[k].j->prompt.n;
+                if (prefill != pass) continue;
+                if (stopping) { sl[k].ended = 1; sl[k].spec_drop = sl[k].gen.n > 0; continue; }
+                if (slot_item(s, &sl[k], &items[n], &ready[k], PREFILL_STEP - used)) {
+                    used += items[n].n;
+                    who[n++] = k;
+                }
+            }
         if (n) {
             df_status est = df_session_eval_batch(items, n);
             if (est != DF_OK) {

@@ -207,7 +207,7 @@ struct srv {
     df_tokenizer *tok;
     int vocab, ctx;
     struct srv_sess *pool;       /* [pool_cap] sessions, made on first use; kept for prefix reuse */
-    int n_pool, pool_cap;
+    int n_pool, pool_cap;        /* n_pool grows under mu (/metrics reads it) */
     uint64_t clock;              /* LRU clock of the pool */
     int64_t expert_bytes;        /* one routed expert (the bytes-saved metric) */
     int32_t stop_ids[8];         /* end-of-generation tokens */
