@@ -14,8 +14,9 @@
 # MODEL needs a tokenizer (e.g. `deltafin synth --arch kimi_k3 --preset
 # k3-slice --gb 6 --tokenizer RANKS --out M`). TOKENS default 16, REQS 2,
 # DISK_CACHE (the --expert-cache of the disk regime) 600M; EXTRA: more serve
-# options (e.g. "--threads 2"). Quote the medians of a few runs: timings on a
-# shared machine are noisy.
+# options (e.g. "--threads 2"); REGIMES="ram" (environment) runs one regime.
+# CLIENTS="1 8" (environment) picks the client counts. Quote the medians of a
+# few runs: timings on a shared machine are noisy.
 set -eu
 BIN=${1:?usage: server_parallel.sh BIN MODEL [TOKENS] [REQS] [DISK_CACHE] [EXTRA]}
 MODEL=${2:?usage: server_parallel.sh BIN MODEL [TOKENS] [REQS] [DISK_CACHE] [EXTRA]}
@@ -41,7 +42,7 @@ serve() { # regime name, extra serve options
     # warm-up: the spine's pages and the expert cache
     curl -s "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
         -d "{\"prompt\": [1,2,3,4], \"max_tokens\": 4, \"temperature\": 0}" > /dev/null
-    for C in 1 2 4 8; do
+    for C in ${CLIENTS:-1 2 4 8}; do
         python3 - "$PORT" "$C" "$R" "$T" "$EOS" "$1" <<'PY'
 import json, statistics, sys, threading, time, urllib.request
 port, C, R, T, eos, regime = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
@@ -86,5 +87,9 @@ PY
     done
     kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
 }
-serve ram ""
-serve disk "--expert-cache $DC"
+for r in ${REGIMES:-ram disk}; do
+    case $r in
+    ram) serve ram "" ;;
+    disk) serve disk "--expert-cache $DC" ;;
+    esac
+done
