@@ -62,7 +62,8 @@ extern const char cli_spec_opts_help[];
 void cli_spec_opts_init(cli_spec_opts *o);
 /* 1 consumed, 0 not ours, -1 bad (printed) */
 int cli_spec_opt(cli_spec_opts *o, int argc, char **argv, int *i);
-/* NULL after printing why (a session that cannot be rewound). */
+/* NULL after printing why (a session that cannot be rewound: the caller
+ * decodes without drafts). */
 df_spec *cli_spec_new(const cli_spec_opts *o, df_session *s, df_sampler *smp);
 /* One stats line: acceptance, rows and tokens per step, the cost model. */
 void cli_spec_print(const df_spec *sp, FILE *f);

@@ -358,7 +358,7 @@ df_spec *cli_spec_new(const cli_spec_opts *o, df_session *s, df_sampler *smp) {
     df_spec *sp = NULL;
     char err[DF_ERRMSG];
     if (df_spec_new(s, smp, &o->p, &sp, err) != DF_OK) {
-        fprintf(stderr, "deltafin: %s\n", err);
+        fprintf(stderr, "deltafin: %s; decoding without drafts\n", err);
         return NULL;
     }
     return sp;
