@@ -448,7 +448,7 @@ TEST(server_3_parallel_openai_node_client) {
     memcpy(saved, model_dir, sizeof saved);
     snprintf(model_dir, sizeof model_dir, "models/kimi-k3-tiny");
     server p = {0}, q = {0};
-    int ok = start_server(&p, "srv-par", "--parallel 3 --spec ngram --retain 5") == 0 &&
+    int ok = start_server(&p, "srv-par", "--parallel 3 --spec ngram --spec-fixed --spec-depth 4 --retain 5") == 0 &&
              start_server(&q, "srv-solo", "") == 0;
     memcpy(model_dir, saved, sizeof saved);
     static char log[1 << 17];

@@ -201,14 +201,27 @@ TEST(spec_sampled_equals_plain_seeded) {
 /* Adaptive depth: where drafts are never accepted (random weights), the
  * policy settles on no drafting; where they are (the trained model on
  * repetitive text), it keeps drafting. */
-static double rows_per_step(const char *dir, int n_prompt, int n_gen, df_spec_stats *out) {
+static double rows_per_step(const char *dir, const char *text_file, int n_prompt, int n_gen, df_spec_stats *out) {
     df_engine *e = open_model(dir);
     if (!e) return -1;
     int V = df_engine_vocab_size(e);
-    int32_t tok[512];
+    int32_t tok[1024];
     sample_tokens(V, tok, n_prompt);
-    if (n_prompt > 300) /* a document, then its beginning again: the continuation is in the context */
-        for (int i = 300; i < n_prompt; i++) tok[i] = tok[i - 300];
+    if (text_file) { /* a document, then its beginning again (bench/prompts/edit_code.txt) */
+        df_tokenizer *tk = NULL;
+        df_tokens ids = {0};
+        char err[DF_ERRMSG], text[8192];
+        FILE *f = fopen(text_file, "rb");
+        size_t tn = f ? fread(text, 1, sizeof text, f) : 0;
+        if (f) fclose(f);
+        if (df_tokenizer_load_dir(dir, &tk, err) == DF_OK && df_tokenize(tk, text, tn, 0, &ids, err) == DF_OK &&
+            ids.n <= 1024 && ids.n > 0) {
+            memcpy(tok, ids.ids, (size_t)ids.n * sizeof *tok);
+            n_prompt = ids.n;
+        }
+        df_tokens_free(&ids);
+        df_tokenizer_free(tk);
+    }
     df_session *s = NULL;
     df_sampler *smp = NULL;
     df_spec *sp = NULL;
@@ -242,13 +255,13 @@ static double rows_per_step(const char *dir, int n_prompt, int n_gen, df_spec_st
 
 TEST(spec_adaptive_depth_turns_off_when_it_does_not_pay) {
     df_spec_stats st;
-    double r = rows_per_step("tests/fixtures/kimi_k3_a", 48, 120, &st);
+    double r = rows_per_step("tests/fixtures/kimi_k3_a", NULL, 48, 120, &st);
     CHECK(r >= 1 && r < 1.5, "random weights: %.2f rows per step (acceptance %.2f)", r, st.alpha);
     FILE *f = fopen(TINY "/eval/val_windows.u16", "rb");
     if (!f) return;
     fclose(f);
-    r = rows_per_step(TINY, 400, 100, &st);
-    CHECK(r > 1.2, "trained model copying a document: %.2f rows per step (acceptance %.2f)", r, st.alpha);
+    r = rows_per_step(TINY, "bench/prompts/edit_code.txt", 0, 100, &st);
+    CHECK(r > 2, "trained model copying a document: %.2f rows per step (acceptance %.2f)", r, st.alpha);
     fprintf(stderr, "[trained: %.2f rows, %.2f tokens per step] ", r, st.steps ? (double)st.tokens / st.steps : 0);
 }
 

@@ -2,7 +2,7 @@
 // ngram) against a plain one-at-a-time server, driven by the official openai
 // client (node --test). tests/test_server.c starts both on the trained tiny
 // K3 (models/kimi-k3-tiny) and passes them in the environment:
-//   DF_PAR_URL    --parallel 3 --spec ngram --retain 5
+//   DF_PAR_URL    --parallel 3 --spec ngram --spec-fixed --spec-depth 4 --retain 5
 //   DF_SOLO_URL   the defaults (one generation at a time, no drafts)
 // Every request's text, finish reason, usage and logprobs through the
 // concurrent server must be those of the same request run alone.
