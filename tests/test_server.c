@@ -436,6 +436,29 @@ TEST(server_3_openai_node_client) {
     }
 }
 
+/* The kept-session pool: --retain sets its capacity, --retain-mem caps it
+ * (never below --parallel); a bad --parallel is a usage error. */
+TEST(server_2_retained_sessions_capacity) {
+    if (!servers()) { CHECK(0, "the servers did not start"); return; }
+    static const struct { const char *opts; int cap; } cases[] = {
+        {"--parallel 2 --retain 6", 6}, {"--parallel 2 --retain 6 --retain-mem 1K", 2}, {"--parallel 3", 3}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        server x = {0};
+        if (start_server(&x, "srv-retain", cases[i].opts) != 0) { CHECK(0, "%s: did not start", cases[i].opts); continue; }
+        char out[65536];
+        t_sh(out, sizeof out, "curl -s --max-time 20 http://127.0.0.1:%d/metrics", x.port);
+        const char *c = strstr(out, "\ndeltafin_sessions_capacity "), *p = strstr(out, "\ndeltafin_parallel ");
+        CHECK(c && atoi(c + 28) == cases[i].cap, "%s: capacity %s", cases[i].opts, c ? c + 1 : "missing");
+        CHECK(p && atoi(p + 19) == (strstr(cases[i].opts, "--parallel 3") ? 3 : 2), "%s", cases[i].opts);
+        int st;
+        stop_server(&x, &st);
+        CHECK(st == 0, "exit %d", st);
+    }
+    char out[512];
+    int rc = t_sh(out, sizeof out, "%s serve --model %s --parallel 0 2>&1", t_bin(), model_dir);
+    CHECK(rc == 2 && strstr(out, "--parallel"), "rc %d: %s", rc, out);
+}
+
 /* --parallel and --spec against a plain server, on the trained tiny K3
  * (its repetitive Python makes drafts pay): tests/server/parallel.test.mjs. */
 TEST(server_3_parallel_openai_node_client) {
