@@ -278,6 +278,51 @@ const char *df_session_error(const df_session *s);
  * otherwise only the last row is computed and df_session_logits returns it.
  * On error the session is unchanged (its position does not move). */
 df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits);
+/* Several sessions of one engine in one step: item i appends n tokens to
+ * its session as df_session_eval would (logits: NULL, or one row per
+ * token). Rows of different sessions share each pass (up to 32 rows a
+ * pass; an item of more is split over passes, one of at most 32 never):
+ * the spine and every routed expert the
+ * rows choose are read once for all of them. Each session's results are
+ * bit-identical to evaluating it alone. The sessions must be distinct. On
+ * error every session of the batch is reset (its error says why), except
+ * for argument errors, which change nothing. */
+typedef struct {
+    df_session *s;
+    const int32_t *tokens;
+    int n;
+    float *logits;
+} df_batch_item;
+df_status df_session_eval_batch(df_batch_item *items, int count);
+/* Batched steps since open or the last df_engine_reset_stats. */
+typedef struct {
+    uint64_t passes, rows;        /* forward passes of df_session_eval(_batch), rows they computed */
+    uint64_t multi_passes;        /* passes with rows of more than one session */
+    uint64_t union_experts;       /* routed experts the passes used, summed over MoE layers */
+    uint64_t solo_experts;        /* what the sessions would have used running alone (>= union) */
+} df_batch_stats;
+void df_engine_batch_stats(const df_engine *e, df_batch_stats *out);
+
+/* Rewinding, for speculative decoding: after df_session_set_rewind(s,
+ * depth, mode), every df_session_eval of n <= depth tokens (depth <=
+ * DF_REWIND_MAX) keeps what it takes to go back to any position inside it:
+ *   DF_REWIND_TRAIL   the recurrent (KDA) state after each token: a rewind
+ *                     is one copy (memory: depth x the KDA state);
+ *   DF_REWIND_REPLAY  one copy of it before the eval: a rewind restores it
+ *                     and evaluates the kept tokens again (a forward pass).
+ * Attention caches need nothing: positions past the end are overwritten.
+ * depth 0 turns it off. DF_ERR_UNSUPPORTED when the session's recurrent
+ * state lives on an accelerator; DF_ERR_NOMEM leaves it off. */
+typedef enum { DF_REWIND_TRAIL = 0, DF_REWIND_REPLAY } df_rewind_mode;
+enum { DF_REWIND_MAX = 32 };
+df_status df_session_set_rewind(df_session *s, int depth, int mode);
+/* Moves the session back to position pos: pos == the current position, or
+ * after the first token of the last eval that kept its rewind data (any
+ * pos < current for a model without recurrent state). The state is then
+ * bit-identical to having evaluated only the tokens before pos.
+ * df_session_logits is not updated (keep the rows the eval returned).
+ * DF_ERR_ARG (session unchanged) when pos cannot be reached. */
+df_status df_session_rewind(df_session *s, int pos);
 /* Logits of the last evaluated position (vocab_size floats), owned by the session. */
 const float *df_session_logits(const df_session *s);
 
@@ -339,6 +384,11 @@ double df_engine_probe_h2d(df_engine *e);
 /* The accelerator's device read bandwidth (GB/s) measured now by a read
  * probe kernel; 0 without one (or when it offers no probe). */
 double df_engine_probe_device_read(df_engine *e);
+/* Bytes of a session's state for max_ctx positions (attention caches +
+ * recurrent state; scratch not included), and of its recurrent (KDA) part
+ * alone (what a rewind trail keeps per token). */
+int64_t df_engine_session_bytes(const df_engine *e, int max_ctx);
+int64_t df_engine_recurrent_bytes(const df_engine *e);
 /* Bytes of one routed expert as stored (0 without experts). */
 int64_t df_engine_expert_bytes(const df_engine *e);
 /* Weight bytes a decode step reads besides routed experts (every non-expert
@@ -522,6 +572,77 @@ void df_sampler_reset(df_sampler *s);
 /* Picks the next token from logits[vocab_size]; fills *info if non-NULL.
  * Does not accept the token (call df_sampler_accept). */
 int32_t df_sampler_sample(df_sampler *s, const float *logits, df_sample *info);
+
+/* ---- speculative decoding (src/model/spec.c) ----
+ * Exact: drafts come from prompt lookup (the latest earlier occurrence of
+ * the last n-gram, and what followed it), are verified in one multi-row
+ * df_session_eval and rolled back past the first rejection
+ * (df_session_rewind). Verification samples each row as plain decoding
+ * would (df_sampler_sample, one draw per token, in order) and accepts a
+ * draft when the sample equals it: P(accept d) = p(d), and a rejected
+ * draft's replacement is distributed as p without d renormalised — the
+ * standard rule for a deterministic (one-hot) proposal — with the coupling
+ * that the output is token for token the output without drafts, greedy or
+ * seeded sampling alike.
+ * A df_spec borrows a session and a sampler (both must outlive it) and
+ * keeps the session's token history (the lookup's text):
+ *
+ *   df_session_eval(s, prompt, n, NULL); df_spec_context(sp, prompt, n);
+ *   while (...) { df_spec_step(sp, room, toks, NULL, &k); show toks[0..k) }
+ *   df_spec_settle(sp, unshown);  // the session then holds what was shown
+ *
+ * Each step returns 1 .. depth + 1 tokens; the last one is sampled but not
+ * yet evaluated (the next step evaluates it with its drafts). */
+enum { DF_SPEC_MAX = 16 };
+typedef struct {
+    int depth;     /* most drafts per step, 1..DF_SPEC_MAX (default 8) */
+    int ngram;     /* longest suffix looked up (default 3; shorter ones are tried after) */
+    int adaptive;  /* 1 (default): the depth maximising measured tokens per second, 0 when
+                      drafting does not pay; 0: always depth */
+} df_spec_params;
+void df_spec_params_default(df_spec_params *p);
+typedef struct {
+    uint64_t steps, rows;      /* verify steps and the rows they evaluated */
+    uint64_t drafted, accepted; /* draft tokens proposed / accepted */
+    uint64_t tokens;           /* tokens returned */
+    double step_s;             /* time in verify steps */
+    int depth_now;             /* the depth the last step used */
+    double alpha;              /* estimated acceptance of one draft */
+    double row1_s, per_row_s;  /* the cost model: a 1-row step, each further row */
+} df_spec_stats;
+typedef struct df_spec df_spec;
+/* Turns on the session's rewinding (df_session_set_rewind, depth + 1):
+ * a trail while (depth + 1) x the recurrent state stays within
+ * DF_SPEC_TRAIL_BYTES, else snapshot + replay; fails (DF_ERR_UNSUPPORTED)
+ * when the session cannot be rewound. */
+#define DF_SPEC_TRAIL_BYTES ((int64_t)256 << 20)
+df_status df_spec_new(df_session *s, df_sampler *smp, const df_spec_params *p, df_spec **out, char err[DF_ERRMSG]);
+void df_spec_free(df_spec *sp);
+/* Appends tokens the caller evaluated in the session (the prompt, a closing
+ * tag) to the history. DF_ERR_ARG while a token is pending (settle first). */
+df_status df_spec_context(df_spec *sp, const int32_t *ids, int n);
+/* Forgets the history (after df_session_reset). */
+void df_spec_reset(df_spec *sp);
+/* One step: up to max tokens (1..DF_SPEC_MAX + 1) into out, their sample
+ * info into info[] when non-NULL. The first step after context samples
+ * from df_session_logits. DF_ERR_CONTEXT when the session is full; other
+ * errors are the session's (df_session_error). */
+df_status df_spec_step(df_spec *sp, int max, int32_t *out, df_sample *info, int *n);
+/* df_spec_step in two halves, for callers that batch sessions
+ * (df_session_eval_batch): begin sets *toks / *n to the tokens to evaluate
+ * (the pending one and its drafts; n = 0 for the first step of a turn,
+ * which needs no evaluation) and *rows to where their n logits rows must
+ * go; the caller evaluates them; end verifies and returns the tokens as
+ * df_spec_step does. The depth's cost model then times the batched step. */
+df_status df_spec_begin(df_spec *sp, int max, const int32_t **toks, int *n, float **rows);
+df_status df_spec_end(df_spec *sp, int32_t *out, df_sample *info, int *n);
+/* Ends a run of steps: the last n_drop tokens returned (by the last step:
+ * n_drop <= its count) are forgotten and the
+ * session holds exactly the history (the pending token evaluated, or the
+ * dropped ones rewound). */
+df_status df_spec_settle(df_spec *sp, int n_drop);
+void df_spec_get_stats(const df_spec *sp, df_spec_stats *out);
+void df_spec_reset_stats(df_spec *sp);
 
 /* ---- chat: Kimi K3 "XTML" (../shared/K3.md §2.3-2.4) ----
  * Rendering puts special tokens only at structural places: message text,

@@ -269,7 +269,7 @@ static df_status fake_kda(void *ctx, const df_accel_kda *l, void *state, int n, 
     memcpy(vc, v, bytes);
     kda_shape sh = {0, l->H, l->D, l->W, 0, l->has_lower_bound, l->lower_bound, l->norm_eps};
     kda_params p = {{l->conv[0], l->conv[1], l->conv[2]}, l->a, l->dt_bias, l->o_norm};
-    kda_io io = {qc, kc, vc, f, braw, gate, o};
+    kda_io io = {qc, kc, vc, f, braw, gate, o, NULL};
     for (int which = 0; which < 3; which++)
         for (int c = 0; c < (int)P; c++) kda_conv_channel(&sh, &p, state, which, c, n, &io);
     for (int h = 0; h < l->H; h++) kda_recur_head(&sh, &p, state, h, n, &io);

@@ -436,6 +436,72 @@ TEST(server_3_openai_node_client) {
     }
 }
 
+/* The kept-session pool: --retain sets its capacity, --retain-mem caps it
+ * (never below --parallel); a bad --parallel is a usage error. */
+TEST(server_2_retained_sessions_capacity) {
+    if (!servers()) { CHECK(0, "the servers did not start"); return; }
+    static const struct { const char *opts; int cap; } cases[] = {
+        {"--parallel 2 --retain 6", 6}, {"--parallel 2 --retain 6 --retain-mem 1K", 2}, {"--parallel 3", 3}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        server x = {0};
+        if (start_server(&x, "srv-retain", cases[i].opts) != 0) { CHECK(0, "%s: did not start", cases[i].opts); continue; }
+        char out[65536];
+        t_sh(out, sizeof out, "curl -s --max-time 20 http://127.0.0.1:%d/metrics", x.port);
+        const char *c = strstr(out, "\ndeltafin_sessions_capacity "), *p = strstr(out, "\ndeltafin_parallel ");
+        CHECK(c && atoi(c + 28) == cases[i].cap, "%s: capacity %s", cases[i].opts, c ? c + 1 : "missing");
+        CHECK(p && atoi(p + 19) == (strstr(cases[i].opts, "--parallel 3") ? 3 : 2), "%s", cases[i].opts);
+        int st;
+        stop_server(&x, &st);
+        CHECK(st == 0, "exit %d", st);
+    }
+    char out[512];
+    int rc = t_sh(out, sizeof out, "%s serve --model %s --parallel 0 2>&1", t_bin(), model_dir);
+    CHECK(rc == 2 && strstr(out, "--parallel"), "rc %d: %s", rc, out);
+}
+
+/* --parallel and --spec against a plain server, on the trained tiny K3
+ * (its repetitive Python makes drafts pay): tests/server/parallel.test.mjs. */
+TEST(server_3_parallel_openai_node_client) {
+    char out[256];
+    if (t_sh(out, sizeof out, "command -v node") != 0) SKIP("node is not installed (scripts/install-deps.sh installs nodejs)");
+    if (t_sh(out, sizeof out, "test -f tests/server/node_modules/openai/package.json") != 0)
+        SKIP("the openai npm package is missing: run `npm ci --prefix tests/server` (.ci/run does)");
+    if (access("models/kimi-k3-tiny/config.json", F_OK) != 0) SKIP("models/kimi-k3-tiny is missing");
+    char saved[sizeof model_dir];
+    memcpy(saved, model_dir, sizeof saved);
+    snprintf(model_dir, sizeof model_dir, "models/kimi-k3-tiny");
+    server p = {0}, q = {0};
+    int ok = start_server(&p, "srv-par", "--parallel 3 --spec ngram --spec-fixed --spec-depth 4 --retain 5") == 0 &&
+             start_server(&q, "srv-solo", "") == 0;
+    memcpy(model_dir, saved, sizeof saved);
+    static char log[1 << 17];
+    int rc = -1, pass = -1, fail = -1;
+    if (ok) {
+        rc = t_sh(log, sizeof log,
+                  "cd tests/server && DF_PAR_URL=http://127.0.0.1:%d DF_SOLO_URL=http://127.0.0.1:%d "
+                  "timeout 240 node --test --test-reporter=tap parallel.test.mjs",
+                  p.port, q.port);
+        const char *ps = strstr(log, "\n# pass "), *fs = strstr(log, "\n# fail ");
+        pass = ps ? atoi(ps + 8) : -1;
+        fail = fs ? atoi(fs + 8) : -1;
+        if (rc != 0 || fail != 0 || pass <= 0) {
+            size_t n = strlen(log);
+            fprintf(stderr, "\n%s\n", n > 12000 ? log + n - 12000 : log);
+        }
+        const char *note = strstr(log, "# parallel:");
+        if (note) {
+            const char *e = strchr(note, '\n');
+            fprintf(stderr, "[%.*s] ", e ? (int)(e - note - 2) : 80, note + 2);
+        }
+    }
+    int st;
+    stop_server(&p, &st);
+    CHECK(!ok || st == 0, "the parallel server exited with %d", st);
+    stop_server(&q, &st);
+    CHECK(ok, "the servers did not start");
+    CHECK(rc == 0 && fail == 0 && pass >= 2, "node --test: rc %d, %d passed, %d failed", rc, pass, fail);
+}
+
 /* ---- 4. shutdown ------------------------------------------------------------------- */
 
 TEST(server_4_sigterm_exits_cleanly) {

@@ -4,6 +4,7 @@
 #define DF_CLI_H
 #include "deltafin.h"
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct {
     const char *model;
@@ -51,6 +52,21 @@ int64_t cli_parse_size(const char *s);
 int cli_parse_tokens(const char *s, int32_t **out);
 double cli_now(void);
 int cli_usage(const char *cmd, const char *msg);
+
+/* --spec ngram, --spec-depth K, --spec-ngram N, --spec-fixed (opts.c). */
+typedef struct {
+    int on;
+    df_spec_params p;
+} cli_spec_opts;
+extern const char cli_spec_opts_help[];
+void cli_spec_opts_init(cli_spec_opts *o);
+/* 1 consumed, 0 not ours, -1 bad (printed) */
+int cli_spec_opt(cli_spec_opts *o, int argc, char **argv, int *i);
+/* NULL after printing why (a session that cannot be rewound: the caller
+ * decodes without drafts). */
+df_spec *cli_spec_new(const cli_spec_opts *o, df_session *s, df_sampler *smp);
+/* One stats line: acceptance, rows and tokens per step, the cost model. */
+void cli_spec_print(const df_spec *sp, FILE *f);
 
 int cmd_logits(int argc, char **argv);
 int cmd_run(int argc, char **argv);

@@ -43,7 +43,56 @@ static int bench_kernels(int threads, int simd, double mb, double seconds) {
 /* MoE layers of the model: expert reads per token = K x this. */
 static int nmoe_layers(df_engine *e) { return df_engine_moe_layers(e); }
 
-static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_s, int json) {
+/* --spec: the same greedy decode with drafts, once per rewind mode (trail:
+ * a copy of the KDA state per token; replay: one copy + a forward pass of
+ * the kept tokens per rejection); the tokens must be the plain ones. */
+typedef struct {
+    double s;                     /* decode seconds */
+    df_spec_stats st;
+    int same;                     /* tokens equal the plain decode's */
+} spec_run;
+
+static int bench_spec_run(df_engine *e, const cli_spec_opts *so, int mode, const int32_t *prompt, int nprompt,
+                          const int32_t *plain, int ntok, spec_run *r) {
+    df_session *s = NULL;
+    df_sampler *smp = NULL;
+    df_spec *sp = NULL;
+    char err[DF_ERRMSG];
+    df_sampler_params p;
+    df_sampler_params_default(&p);
+    p.temperature = 0;
+    int rc = -1, made = 0;
+    memset(r, 0, sizeof *r);
+    r->same = 1;
+    if (df_session_new(e, nprompt + ntok + DF_SPEC_MAX + 2, &s) != DF_OK ||
+        df_sampler_new(&p, df_engine_vocab_size(e), &smp, err) != DF_OK)
+        goto done;
+    if (df_spec_new(s, smp, &so->p, &sp, err) != DF_OK) { fprintf(stderr, "deltafin: %s\n", err); goto done; }
+    if (df_session_set_rewind(s, so->p.depth + 1, mode) != DF_OK) { fprintf(stderr, "deltafin: %s\n", df_session_error(s)); goto done; }
+    if (df_session_eval(s, prompt, nprompt, NULL) != DF_OK || df_spec_context(sp, prompt, nprompt) != DF_OK) goto done;
+    double t0 = cli_now();
+    while (made < ntok + 1) { /* the plain decode's first token comes from the prompt; it then made ntok more */
+        int32_t out[DF_SPEC_MAX + 1];
+        int k;
+        if (df_spec_step(sp, ntok + 1 - made, out, NULL, &k) != DF_OK) {
+            fprintf(stderr, "deltafin: %s\n", df_session_error(s));
+            goto done;
+        }
+        for (int i = 0; i < k; i++) r->same &= out[i] == plain[made + i];
+        made += k;
+    }
+    r->s = cli_now() - t0;
+    df_spec_get_stats(sp, &r->st);
+    rc = 0;
+done:
+    df_spec_free(sp);
+    df_sampler_free(smp);
+    df_session_free(s);
+    return rc;
+}
+
+static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_s, int json, const cli_spec_opts *so,
+                        const char *prompt_file) {
     mo->profile = 1;
     /* the DRAM floor's probe before the engine takes its memory (its buffer
      * is outside the plan, which may fill a memory limit) */
@@ -58,15 +107,37 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     df_session *s = NULL;
     double *dt = calloc((size_t)ntok * 2 + 1, sizeof(double));
     uint64_t *bytes = calloc((size_t)ntok + 1, sizeof(uint64_t));
-    int32_t *prompt = malloc((size_t)nprompt * sizeof(int32_t));
+    int32_t *prompt = NULL, *plain = malloc(((size_t)ntok + 1) * sizeof(int32_t));
     char err[DF_ERRMSG];
     double disk = 0;
-    if (!dt || !bytes || !prompt) goto done;
+    df_tokens ptoks = {0};
+    if (prompt_file) { /* a text prompt (repetitive text is where drafts pay) */
+        df_tokenizer *tk = NULL;
+        FILE *f = fopen(prompt_file, "rb");
+        char *text = malloc(1 << 20);
+        size_t tn = f && text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+        if (f) fclose(f);
+        if (!tn || df_tokenizer_load_dir(mo->model, &tk, err) != DF_OK ||
+            df_tokenize(tk, text, tn, 0, &ptoks, err) != DF_OK || ptoks.n < 1) {
+            fprintf(stderr, "deltafin: --prompt-file %s: %s\n", prompt_file, tn ? err : "cannot read it (or it is empty)");
+            df_tokenizer_free(tk);
+            free(text);
+            goto done;
+        }
+        df_tokenizer_free(tk);
+        free(text);
+        nprompt = ptoks.n;
+        prompt = ptoks.ids;
+    } else {
+        prompt = malloc((size_t)nprompt * sizeof(int32_t));
+    }
+    if (!dt || !bytes || !prompt || !plain) goto done;
     if (df_engine_probe_disk(e, probe_s, &disk, err) != DF_OK) {
         fprintf(stderr, "deltafin: disk probe failed: %s\n", err);
         goto done;
     }
-    for (int i = 0; i < nprompt; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
+    if (!prompt_file)
+        for (int i = 0; i < nprompt; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
     if (df_session_new(e, nprompt + ntok + 1, &s) != DF_OK) goto done;
     df_stats a, b;
     df_engine_reset_stats(e);
@@ -86,6 +157,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     df_engine_accel_stats(e, &ac0);
     for (int i = 0; i < ntok; i++) {
         int32_t tok = df_argmax(df_session_logits(s), V);
+        plain[i] = tok;
         a = b;
         double t = cli_now();
         if (df_session_eval(s, &tok, 1, NULL) != DF_OK) {
@@ -104,6 +176,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
             fprintf(stderr, "token %d: %.3f s, %.1f MB read (spine %.1f MB)\n", i + 1, dt[i], bytes[i] / 1e6,
                     (b.spine_bytes_read - a.spine_bytes_read) / 1e6);
     }
+    plain[ntok] = df_argmax(df_session_logits(s), V);
     df_engine_profile(e, prof1);
     df_engine_accel_stats(e, &ac);
     /* the device's floor: the decode's weight uploads at the measured
@@ -271,18 +344,89 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
             printf("  %-22s %8.1f ms  %5.1f%%\n", df_prof_name(i), (prof1[i] - prof0[i]) / ntok * 1e3,
                    sum > 0 ? 100 * (prof1[i] - prof0[i]) / sum : 0);
     }
+    if (so && so->on) {
+        /* what a verify step costs per row in this regime, and a rewind in
+         * each mode: k rows evaluated with logits, then rewound to keep one
+         * (medians of 3) — the numbers the adaptive depth learns online */
+        float *vrows = malloc((size_t)(DF_SPEC_MAX + 1) * V * sizeof(float));
+        df_session *c = NULL;
+        int np = nprompt < 8 ? nprompt : 8; /* a short prompt: each repeat goes on one position */
+        if (vrows && df_session_new(e, np + 64, &c) == DF_OK && df_session_eval(c, prompt, np, NULL) == DF_OK) {
+            static const int ks[] = {1, 2, 4, 8, 16};
+            for (int m = 0; m < 2; m++) {
+                if (df_session_set_rewind(c, DF_SPEC_MAX + 1, m ? DF_REWIND_REPLAY : DF_REWIND_TRAIL) != DF_OK) break;
+                printf("verify cost (%s rewind)  ", m ? "replay" : "trail");
+                for (size_t q = 0; q < sizeof ks / sizeof ks[0] && ks[q] <= so->p.depth + 1; q++) {
+                    double te[3], tr[3];
+                    int32_t t8[DF_SPEC_MAX + 1];
+                    for (int i = 0; i < ks[q]; i++) t8[i] = plain[i % (ntok + 1)];
+                    for (int rep = 0; rep < 3; rep++) {
+                        int at = df_session_pos(c);
+                        double ta = cli_now();
+                        if (df_session_eval(c, t8, ks[q], vrows) != DF_OK) break;
+                        double tb = cli_now();
+                        if (df_session_rewind(c, at + 1) != DF_OK) break;
+                        te[rep] = tb - ta;
+                        tr[rep] = cli_now() - tb;
+                    }
+                    qsort(te, 3, sizeof(double), cmp_double);
+                    qsort(tr, 3, sizeof(double), cmp_double);
+                    printf("%s%d rows %.1f ms + rewind %.2f ms", q ? ", " : "", ks[q], te[1] * 1e3, tr[1] * 1e3);
+                }
+                printf("\n");
+            }
+        }
+        df_session_free(c);
+        free(vrows);
+        double plain_s = 0;
+        for (int i = 0; i < ntok; i++) plain_s += dt[i];
+        static const char *const modes[2] = {"trail", "replay"};
+        spec_run r[2];
+        for (int m = 0; m < 2; m++) {
+            if (bench_spec_run(e, so, m == 0 ? DF_REWIND_TRAIL : DF_REWIND_REPLAY, prompt, nprompt, plain, ntok, &r[m]))
+                goto done;
+            double acc = r[m].st.drafted ? (double)r[m].st.accepted / r[m].st.drafted : 0;
+            double rows = r[m].st.steps ? (double)r[m].st.rows / r[m].st.steps : 0;
+            double per = r[m].st.steps ? (double)r[m].st.tokens / r[m].st.steps : 0;
+            /* both made ntok tokens after the first (which comes from the prompt) */
+            double speedup = r[m].s > 0 ? plain_s / r[m].s : 0;
+            if (json)
+                printf("{\"spec\":\"ngram\",\"rewind\":\"%s\",\"depth\":%d,\"adaptive\":%d,\"acceptance\":%.4f,"
+                       "\"rows_per_step\":%.3f,\"tokens_per_step\":%.3f,\"decode_s\":%.4f,\"plain_decode_s\":%.4f,"
+                       "\"speedup\":%.3f,\"row1_s\":%.5f,\"per_row_s\":%.5f,\"identical\":%s}\n",
+                       modes[m], so->p.depth, so->p.adaptive, acc, rows, per, r[m].s, plain_s, speedup,
+                       r[m].st.row1_s, r[m].st.per_row_s,
+                       r[m].same ? "true" : "false");
+            else
+                printf("spec ngram (%s rewind)     %d tokens in %.3f s vs %.3f s without drafts: speedup %.2fx;\n"
+                       "                            drafts accepted %llu/%llu (%.1f%%), %.2f rows and %.2f tokens per step,\n"
+                       "                            depth %d%s (drafts in the last step %d); measured cost: a 1-row\n"
+                       "                            step %.1f ms, +%.1f ms per further row; output %s\n",
+                       modes[m], ntok, r[m].s, plain_s, speedup, (unsigned long long)r[m].st.accepted,
+                       (unsigned long long)r[m].st.drafted, acc * 100, rows, per, so->p.depth,
+                       so->p.adaptive ? " adaptive" : " fixed", r[m].st.depth_now, r[m].st.row1_s * 1e3,
+                       r[m].st.per_row_s * 1e3,
+                       r[m].same ? "identical to plain greedy" : "DIFFERS from plain greedy (a bug)");
+            if (!r[m].same) goto done;
+        }
+    }
     rc = CLI_OK;
 done:
+    df_tokens_free(&ptoks);
+    if (!prompt_file) free(prompt);
+    free(plain);
     df_session_free(s);
     df_engine_close(e);
     free(dt);
     free(bytes);
-    free(prompt);
     return rc;
 }
 
 int cmd_bench(int argc, char **argv) {
     int kernels = 0, decode = 0, threads = 0, ntok = 8, nprompt = 8, json = 0;
+    const char *prompt_file = NULL;
+    cli_spec_opts so;
+    cli_spec_opts_init(&so);
     double mb = df_probe_default_mb(), seconds = 1.0, probe_s = 2.0;
     cli_model_opts mo;
     cli_model_opts_init(&mo);
@@ -298,14 +442,22 @@ int cmd_bench(int argc, char **argv) {
                    "                GFLOP/s of a %d-vector matmul (prefill); --simd picks the level\n"
                    "  --decode      greedy decode of N tokens (default 8) after a prompt (default 8 tokens):\n"
                    "                median s/token of steady tokens, bytes read, hit rate, the disk's O_DIRECT\n"
-                   "                bandwidth measured in the same run, floor and ratio; --json prints one object\n\n%s",
+                   "                bandwidth measured in the same run, floor and ratio; --json prints one object\n"
+                   "  --prompt-file F  the prompt: F's text through the model's tokenizer (default: N\n"
+                   "                pseudo-random ids)\n"
+                   "  --spec ngram  then the same decode with drafts, once per rewind mode (trail, replay):\n"
+                   "                acceptance, rows and tokens per step, speedup vs the decode without drafts\n"
+                   "                (output checked identical); --spec-depth, --spec-fixed as in run\n\n%s",
                    DF_BENCH_GEMM_N, cli_model_opts_help);
             return 0;
         }
         int r = cli_model_opt(&mo, argc, argv, &i);
         if (r < 0) return CLI_USAGE;
         if (r) continue;
+        if ((r = cli_spec_opt(&so, argc, argv, &i)) < 0) return CLI_USAGE;
+        if (r) continue;
         if (!strcmp(a, "--kernels")) kernels = 1;
+        else if (!strcmp(a, "--prompt-file") && i + 1 < argc) prompt_file = argv[++i];
         else if (!strcmp(a, "--decode")) decode = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--mb") && i + 1 < argc) mb = atof(argv[++i]);
@@ -320,7 +472,7 @@ int cmd_bench(int argc, char **argv) {
     if (decode) {
         if (!mo.model) return cli_usage("bench", "--decode needs --model");
         if (ntok < 1 || nprompt < 1) return cli_usage("bench", "--tokens and --prompt-tokens must be positive");
-        return bench_decode(&mo, ntok, nprompt, probe_s, json);
+        return bench_decode(&mo, ntok, nprompt, probe_s, json, &so, prompt_file);
     }
     return cli_usage("bench", "say what to measure (--kernels or --decode)");
 }

@@ -3,6 +3,7 @@
  * CLI contract (tests depend on it; keep it stable):
  *   deltafin run --model DIR --prompt TEXT [--chat] [--system TEXT] [--max-new N]
  *                [sampling options] [--stop STR]... [--ignore-eos] [--stats]
+ *                [--spec ngram [--spec-depth K] [--spec-ngram N] [--spec-fixed]]
  *       streams the continuation to stdout as it is generated (with --chat:
  *       the answer to stdout, the thinking channel to stderr) and ends it
  *       with a newline. Ctrl-C stops cleanly, keeping what was printed.
@@ -18,6 +19,9 @@
  * the tokenizer's <|end_of_msg|> / [EOS] / <|endoftext|> specials), at a stop
  * string (matched on the text across token boundaries, not printed), at
  * --max-new, at the context limit, or on Ctrl-C.
+ * --spec ngram: exact speculative decoding (src/model/spec.c): the same
+ * output, several tokens per step where prompt lookup finds the text; a
+ * chat session is settled after each turn to hold what was shown.
  * Exit codes: 0 ok (also after Ctrl-C), 1 the work failed, 2 usage.
  */
 #include "cli.h"
@@ -54,6 +58,7 @@ typedef struct {
     int saw_reasoning;
     int prefill_n, gen_n;
     double prefill_s, gen_s;
+    df_spec *spec;         /* --spec ngram: exact speculative decoding; NULL: one token per step */
 } gen;
 
 /* ---- options ---- */
@@ -65,6 +70,7 @@ typedef struct {
     int chat, max_new, stats, ignore_eos, no_think;
     const char *stop[MAX_STOP];
     int n_stop;
+    cli_spec_opts so;
 } gen_opts;
 
 static const char gen_opts_help[] =
@@ -82,7 +88,14 @@ static const char gen_opts_help[] =
     "  --system TEXT        a system message (chat)\n"
     "  --effort E           thinking effort: low, medium, high, max (default), none\n"
     "  --no-think           open the response channel directly\n"
-    "  --stats              timings and token counts on stderr\n";
+    "  --stats              timings and token counts on stderr\n"
+    "%s";
+
+static const char *gen_opts_help_text(void) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, gen_opts_help, cli_spec_opts_help);
+    return buf;
+}
 
 static int num(const char *s, double lo, double hi, double *out) {
     char *end;
@@ -101,6 +114,8 @@ static int gen_opt(gen_opts *o, int argc, char **argv, int *i) {
     if (!strcmp(a, "--stats")) { o->stats = 1; return 1; }
     if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; return 1; }
     if (!strcmp(a, "--no-think")) { o->no_think = 1; return 1; }
+    int r = cli_spec_opt(&o->so, argc, argv, i);
+    if (r) return r;
     static const char *const with_value[] = {"--prompt", "--system", "--effort", "--stop", "--max-new", "--temperature",
                                              "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
                                              "--frequency-penalty", "--penalty-last-n", "--seed", NULL};
@@ -144,6 +159,7 @@ static void gen_opts_init(gen_opts *o, int chat_default) {
     o->sp.temperature = chat_default ? 0.6f : 0.0f;
     o->max_new = 256;
     o->effort = "max";
+    cli_spec_opts_init(&o->so);
 }
 
 /* ---- setup ---- */
@@ -191,10 +207,12 @@ static int setup(gen *g, gen_opts *o, int chat) {
     g->max_new = o->max_new;
     g->chat = chat;
     g->stats = o->stats;
+    if (o->so.on) g->spec = cli_spec_new(&o->so, g->s, g->smp); /* NULL: said why, no drafts */
     return CLI_OK;
 }
 
 static void teardown(gen *g) {
+    df_spec_free(g->spec);
     df_detok_free(g->dt);
     df_sampler_free(g->smp);
     df_session_free(g->s);
@@ -257,6 +275,44 @@ static void on_chat(void *ud, int kind, const char *s, size_t n) {
 
 /* ---- one generation turn ---- */
 
+/* Shows one generated token (EOS is not shown); 1 if it is an EOS. */
+static int show(gen *g, df_chat_parser *cp, int32_t tok) {
+    for (int k = 0; k < g->n_eos && !g->ignore_eos; k++)
+        if (tok == g->eos[k]) return 1;
+    const char *txt;
+    size_t tl;
+    if (df_detok_push(g->dt, tok, &txt, &tl) == DF_OK) {
+        if (cp) df_chat_parser_feed(cp, txt, tl);
+        else out_answer(g, txt, tl);
+    }
+    return 0;
+}
+
+/* The generation loop with --spec: steps return several tokens; those past
+ * a stop are dropped, and a chat session is settled to hold what was shown
+ * (as the plain loop leaves it). */
+static int spec_turn(gen *g, df_chat_parser *cp, const int32_t *ids, int n, int *made, int *finished) {
+    if (df_spec_context(g->spec, ids, n) != DF_OK) { fprintf(stderr, "deltafin: out of memory\n"); return CLI_FAIL; }
+    int unshown = 0, full = 0;
+    while (*made < g->max_new && !interrupted && !g->stopped && !*finished) {
+        int32_t toks[DF_SPEC_MAX + 1];
+        int k;
+        df_status st = df_spec_step(g->spec, g->max_new - *made, toks, NULL, &k);
+        if (st == DF_ERR_CONTEXT) { full = 1; if (g->stats) fprintf(stderr, "\n[context limit reached]\n"); break; }
+        if (st != DF_OK) { fprintf(stderr, "\ndeltafin: %s\n", df_session_error(g->s)); return CLI_FAIL; }
+        for (int i = 0; i < k; i++) {
+            if (*made >= g->max_new || g->stopped || interrupted) { unshown = k - i; break; }
+            (*made)++;
+            if (show(g, cp, toks[i])) { *finished = 1; unshown = k - i - 1; break; }
+        }
+    }
+    if (g->chat && df_spec_settle(g->spec, full ? 1 : unshown) != DF_OK) {
+        fprintf(stderr, "\ndeltafin: %s\n", df_session_error(g->s));
+        return CLI_FAIL;
+    }
+    return CLI_OK;
+}
+
 /* Evaluates the prompt ids, then samples until a stop. *finished is 1 when
  * the model closed its message (EOS; the EOS is evaluated too, so a chat
  * session holds the whole turn). */
@@ -286,6 +342,10 @@ static int turn(gen *g, const int32_t *ids, int n, int in_thinking, int *finishe
     g->prefill_n = n;
     g->prefill_s = t1 - t0;
     int made = 0;
+    if (g->spec) {
+        if (spec_turn(g, cp, ids, n, &made, finished) != CLI_OK) goto done;
+        goto out;
+    }
     for (; made < g->max_new && !interrupted && !g->stopped; made++) {
         int32_t tok = df_sampler_sample(g->smp, df_session_logits(g->s), NULL);
         df_sampler_accept(g->smp, tok);
@@ -322,6 +382,7 @@ static int turn(gen *g, const int32_t *ids, int n, int in_thinking, int *finishe
             goto done;
         }
     }
+out:;
     const char *txt;
     size_t tl;
     df_detok_flush(g->dt, &txt, &tl);
@@ -347,6 +408,7 @@ static void print_stats(gen *g) {
     fprintf(stderr, "%s%sprompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.2f tok/s); context %d/%d\n",
             lossy, *lossy ? " | " : "", g->prefill_n, g->prefill_s, g->prefill_n / (g->prefill_s + 1e-12), g->gen_n,
             g->gen_s, steps / (g->gen_s + 1e-12), df_session_pos(g->s), g->ctx);
+    if (g->spec) cli_spec_print(g->spec, stderr);
 }
 
 static void catch_sigint(void) {
@@ -384,7 +446,7 @@ int cmd_run_text(int argc, char **argv) {
             printf("usage: deltafin run --model DIR --prompt TEXT [--chat] [options]\n"
                    "Streams the continuation of TEXT (with --chat: the answer to a user message in\n"
                    "the model's chat format; the thinking goes to stderr). Ctrl-C stops cleanly.\n\n%s%s",
-                   gen_opts_help, cli_model_opts_help);
+                   gen_opts_help_text(), cli_model_opts_help);
             return 0;
         }
     int chat = 0;
@@ -437,7 +499,7 @@ int cmd_chat(int argc, char **argv) {
                    "An interactive conversation: one message per line; /reset starts over,\n"
                    "/stats prints timings and context use, /quit (or end of input) leaves.\n"
                    "Earlier turns stay in the session: each turn evaluates only its new tokens.\n\n%s%s",
-                   gen_opts_help, cli_model_opts_help);
+                   gen_opts_help_text(), cli_model_opts_help);
             return 0;
         }
     gen_opts o;
@@ -467,6 +529,7 @@ int cmd_chat(int argc, char **argv) {
         if (!strcmp(line, "/reset")) {
             df_session_reset(g.s);
             df_sampler_reset(g.smp);
+            if (g.spec) df_spec_reset(g.spec);
             turns = 0;
             fprintf(stderr, "[conversation reset]\n");
             continue;
@@ -504,8 +567,8 @@ int cmd_chat(int argc, char **argv) {
                                 : "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
             df_tokens c = {0};
             if (df_tokenize(g.t, close, strlen(close), DF_TOK_SPECIAL, &c, err) == DF_OK &&
-                df_session_pos(g.s) + c.n <= g.ctx)
-                df_session_eval(g.s, c.ids, c.n, NULL);
+                df_session_pos(g.s) + c.n <= g.ctx && df_session_eval(g.s, c.ids, c.n, NULL) == DF_OK && g.spec)
+                df_spec_context(g.spec, c.ids, c.n);
             df_tokens_free(&c);
         }
         if (o.stats) print_stats(&g);

@@ -23,13 +23,20 @@ static const char serve_help[] =
     "usage: deltafin serve --model DIR [options]\n"
     "Serves the model over HTTP with the OpenAI API: GET /v1/models, POST /v1/chat/completions,\n"
     "POST /v1/completions (streaming with server-sent events), GET /health, GET /metrics\n"
-    "(Prometheus text). One generation runs at a time; others wait in a FIFO queue.\n"
+    "(Prometheus text). Up to --parallel generations decode together (one step, each chosen\n"
+    "expert read once for all of them; every request's output is what it would be alone);\n"
+    "others wait in a FIFO queue.\n"
     "The model directory needs its tokenizer (tiktoken.model or tokenizer.json).\n"
     "\n"
     "  --host ADDR             address to listen on (default 127.0.0.1: loopback only)\n"
     "  --port N                port (default 8000; 0: any free port, printed)\n"
     "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)\n"
-    "  --queue N               requests that may wait behind the running one (default 8);\n"
+    "  --parallel N            generations decoded together (default 1; joining and leaving at\n"
+    "                          token boundaries, a new prompt's prefill interleaved)\n"
+    "  --retain N              sessions kept for prefix reuse, least recently used dropped\n"
+    "                          (default: --parallel)\n"
+    "  --retain-mem SIZE       cap on the kept sessions' state (default: none)\n"
+    "  --queue N               requests that may wait behind the running ones (default 8);\n"
     "                          past it: 429 with Retry-After\n"
     "  --max-request-bytes S   largest request body (default 1M; 413 above)\n"
     "  --max-tokens N          ceiling on a request's max_tokens (default 4096; 400 above)\n"
@@ -37,6 +44,7 @@ static const char serve_help[] =
     "  --max-connections N     open connections at once (default 128)\n"
     "  --test-delay-ms N       testing aid: sleep N ms after every generated token\n"
     "                          (never changes the output)\n"
+    "%s"
     "\n"
     "model options:\n";
 
@@ -59,15 +67,19 @@ int cmd_serve(int argc, char **argv) {
     cli_model_opts_init(&mo);
     srv_opts so;
     srv_opts_default(&so);
+    cli_spec_opts spec;
+    cli_spec_opts_init(&spec);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(serve_help, stdout);
+            printf(serve_help, cli_spec_opts_help);
             fputs(cli_model_opts_help, stdout);
             return CLI_OK;
         }
         int r = cli_model_opt(&mo, argc, argv, &i);
         if (r < 0) return CLI_USAGE;
+        if (r) continue;
+        if ((r = cli_spec_opt(&spec, argc, argv, &i)) < 0) return CLI_USAGE;
         if (r) continue;
         if (!v) return cli_usage("serve", "unknown option or missing value");
         i++;
@@ -81,6 +93,9 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--name")) { so.model_name = v; bad = !*v; }
         else if (!strcmp(a, "--max-connections")) bad = parse_nonneg(v, 1, 1 << 16, &so.max_connections);
         else if (!strcmp(a, "--test-delay-ms")) bad = parse_nonneg(v, 0, 60000, &so.test_delay_ms);
+        else if (!strcmp(a, "--parallel")) bad = parse_nonneg(v, 1, 256, &so.parallel);
+        else if (!strcmp(a, "--retain")) bad = parse_nonneg(v, 1, 4096, &so.retain);
+        else if (!strcmp(a, "--retain-mem")) bad = (so.retain_bytes = cli_parse_size(v)) <= 0;
         else return cli_usage("serve", "unknown option");
         if (bad) {
             fprintf(stderr, "deltafin serve: bad value for %s: '%s' (see `deltafin serve --help`)\n", a, v);
@@ -93,6 +108,8 @@ int cmd_serve(int argc, char **argv) {
     so.ctx = mo.ctx;
     if (cli_engine_opts(&mo, &so.engine) != 0) return CLI_FAIL;
     so.log = log_line;
+    so.spec = spec.on;
+    so.spec_params = spec.p;
 
     /* Signals: every thread the server starts inherits this mask, so
      * SIGINT / SIGTERM reach only the sigwait below. */

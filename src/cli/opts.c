@@ -316,3 +316,66 @@ int cli_usage(const char *cmd, const char *msg) {
     fprintf(stderr, "deltafin %s: %s (see `deltafin %s --help`)\n", cmd, msg, cmd);
     return CLI_USAGE;
 }
+
+/* ---- speculative decoding options (run, chat, serve, bench --decode) ---- */
+
+const char cli_spec_opts_help[] =
+    "  --spec MODE          ngram: exact speculative decoding with prompt-lookup drafts (greedy output\n"
+    "                       unchanged, sampled output distributed as without); off (default)\n"
+    "  --spec-depth K       most drafts per step (1..16, default 8)\n"
+    "  --spec-ngram N       longest suffix looked up in the text so far (default 3)\n"
+    "  --spec-fixed         always draft K (default: adaptive, off when measured not to pay)\n";
+
+void cli_spec_opts_init(cli_spec_opts *o) {
+    memset(o, 0, sizeof *o);
+    df_spec_params_default(&o->p);
+}
+
+int cli_spec_opt(cli_spec_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--spec-fixed")) { o->p.adaptive = 0; return 1; }
+    int which = !strcmp(a, "--spec") ? 1 : !strcmp(a, "--spec-depth") ? 2 : !strcmp(a, "--spec-ngram") ? 3 : 0;
+    if (!which) return 0;
+    if (!v) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
+    (*i)++;
+    if (which == 1) {
+        if (!strcmp(v, "ngram")) o->on = 1;
+        else if (!strcmp(v, "off")) o->on = 0;
+        else { fprintf(stderr, "deltafin: --spec takes ngram or off, not '%s'\n", v); return -1; }
+        return 1;
+    }
+    int x;
+    int hi = which == 2 ? DF_SPEC_MAX : 16;
+    if (parse_int(v, &x) || x < 1 || x > hi) {
+        fprintf(stderr, "deltafin: %s takes 1..%d, not '%s'\n", a, hi, v);
+        return -1;
+    }
+    if (which == 2) o->p.depth = x;
+    else o->p.ngram = x;
+    return 1;
+}
+
+df_spec *cli_spec_new(const cli_spec_opts *o, df_session *s, df_sampler *smp) {
+    df_spec *sp = NULL;
+    char err[DF_ERRMSG];
+    if (df_spec_new(s, smp, &o->p, &sp, err) != DF_OK) {
+        fprintf(stderr, "deltafin: %s; decoding without drafts\n", err);
+        return NULL;
+    }
+    return sp;
+}
+
+void cli_spec_print(const df_spec *sp, FILE *f) {
+    df_spec_stats st;
+    df_spec_get_stats(sp, &st);
+    double acc = st.drafted ? 100.0 * (double)st.accepted / (double)st.drafted : 0;
+    double per_step = st.steps ? (double)(st.tokens) / (double)st.steps : 0;
+    double rows = st.steps ? (double)st.rows / (double)st.steps : 0;
+    fprintf(f, "spec ngram: %llu steps, %.2f rows and %.2f tokens per step; drafts accepted %llu/%llu (%.1f%%)",
+            (unsigned long long)st.steps, rows, per_step, (unsigned long long)st.accepted,
+            (unsigned long long)st.drafted, acc);
+    if (st.row1_s > 0 && st.steps)
+        fprintf(f, "; 1-row step %.1f ms, +%.2f ms per row; speedup vs no drafts ~%.2fx (estimated from the 1-row step)",
+                st.row1_s * 1e3, st.per_row_s * 1e3, (double)st.tokens / st.steps * st.row1_s / (st.step_s / st.steps));
+    fprintf(f, "; depth now %d\n", st.depth_now);
+}

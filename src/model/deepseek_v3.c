@@ -240,16 +240,30 @@ static df_status ds_state_new(df_engine *e, int max_ctx, void **out) {
 
 /* ---- forward ---- */
 
-static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
-                            float *out, int all_rows, char *err) {
+/* Several sessions' rows in one pass (seg[0]'s scratch holds them all; see
+ * df_program_ops.forward_batch): MLA runs per segment on its own cache. */
+static df_status ds_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg, char *err) {
     ds_model *m = e->prog;
-    ds_state *s = state;
-    int H = m->H;
+    ds_state *s = seg[0].state;
+    int H = m->H, n = 0;
+    for (int i = 0; i < nseg; i++) {
+        const ds_state *si = seg[i].state;
+        if (seg[i].n < 1 || seg[i].pos + seg[i].n > si->max_ctx) return DF_ERR_ARG;
+        n += seg[i].n;
+    }
+    if (n > DF_CHUNK || nseg > DF_CHUNK) return DF_ERR_ARG;
     size_t nh = (size_t)n * H;
-    if (n > DF_CHUNK || pos + n > s->max_ctx) return DF_ERR_ARG;
-    int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
+    mla_seg ms[DF_CHUNK];
+    int rpos[DF_CHUNK], rseg[DF_CHUNK];
     double pt = prof_now(e);
-    for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], s->x + (size_t)t * H);
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++)
+        for (int t = 0; t < seg[i].n; t++) {
+            kn_dequant_row(&m->embed, seg[i].tokens[t], s->x + (size_t)(off + t) * H);
+            rpos[off + t] = seg[i].pos + t;
+            rseg[off + t] = i;
+        }
+    s->moe.rpos = nseg > 1 ? rpos : NULL;
+    s->moe.rseg = nseg > 1 ? rseg : NULL;
     prof_add(e, DF_PROF_EMBED, &pt);
     for (int l = 0; l < m->L; l++) {
         ds_layer *y = &m->layers[l];
@@ -257,29 +271,59 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
         if (est != DF_OK) return est;
         for (int t = 0; t < n; t++) op_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, y->attn_norm, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
-        df_status ast = mla_forward(e, &m->mla, &y->attn, s->cache + l * cstride, s->cache_dev ? s->cache_dev[l] : NULL,
-                                    &s->mla, pos, n, s->xn, s->y, err);
+        for (int i = 0; i < nseg; i++) {
+            ds_state *si = seg[i].state;
+            int64_t cstride = (int64_t)si->max_ctx * mla_cache_floats_per_pos(&m->mla);
+            ms[i] = (mla_seg){si->cache + l * cstride, si->cache_dev ? si->cache_dev[l] : NULL, &si->mla, seg[i].pos,
+                              seg[i].n};
+        }
+        df_status ast = mla_forward_batch(e, &m->mla, &y->attn, ms, nseg, &s->mla, s->xn, s->y, err);
         if (ast != DF_OK) return ast;
         prof_add(e, DF_PROF_MLA, &pt);
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];
         for (int t = 0; t < n; t++) op_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, y->ffn_norm, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
-        df_status st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, s->xn, n, pos,
+        df_status st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, s->xn, n, seg[0].pos,
                                  s->y, &pt, err);
         if (st != DF_OK) return st;
         for (size_t i = 0; i < nh; i++) s->x[i] += s->y[i];
     }
-    if (!out) return DF_OK;
+    s->moe.rpos = NULL;
+    s->moe.rseg = NULL;
+    int rows = 0;
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
+        if (!seg[i].out) continue;
+        for (int t = seg[i].all_rows ? 0 : seg[i].n - 1; t < seg[i].n; t++, rows++)
+            op_rmsnorm(s->xn + (size_t)rows * H, s->x + (size_t)(off + t) * H, m->final_norm, H, m->eps);
+    }
+    if (!rows) return DF_OK;
     df_status hst = model_enter(e, m->L, err);
     if (hst != DF_OK) return hst;
     pt = prof_now(e);
-    int first = all_rows ? 0 : n - 1, rows = n - first;
-    for (int t = first; t < n; t++)
-        op_rmsnorm(s->xn + (size_t)(t - first) * H, s->x + (size_t)t * H, m->final_norm, H, m->eps);
-    mm(e, &m->head, s->xn, rows, out, m->V);
+    if (nseg == 1) {
+        mm(e, &m->head, s->xn, rows, seg[0].out, m->V);
+    } else {
+        float *lg = model_batch_logits(e);
+        if (!lg) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+        mm(e, &m->head, s->xn, rows, lg, m->V);
+        for (int i = 0, r = 0; i < nseg; i++) {
+            if (!seg[i].out) continue;
+            int k = seg[i].all_rows ? seg[i].n : 1;
+            memcpy(seg[i].out, lg + (size_t)r * m->V, (size_t)k * m->V * sizeof(float));
+            r += k;
+        }
+    }
     prof_add(e, DF_PROF_HEAD, &pt);
     return DF_OK;
+}
+
+static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
+                            float *out, int all_rows, char *err) {
+    ds_state *s = state;
+    if (n > DF_CHUNK || pos + n > s->max_ctx) return DF_ERR_ARG;
+    df_fwd_seg seg = {state, pos, tokens, n, out, all_rows};
+    return ds_forward_batch(e, &seg, 1, err);
 }
 
 /* ---- describe ---- */
@@ -322,5 +366,6 @@ const df_program_ops dsv3_program = {
     .state_new = ds_state_new,
     .state_free = ds_state_free,
     .forward = ds_forward,
+    .forward_batch = ds_forward_batch,
     .describe = ds_describe,
 };

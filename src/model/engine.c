@@ -215,6 +215,7 @@ void df_engine_close(df_engine *e) {
     pool_free(e->pool);
     st_close(e->st);
     free(e->describe_text);
+    free(e->batch_logits);
     free(e);
 }
 
@@ -443,11 +444,13 @@ void df_session_free(df_session *s) {
     if (!s) return;
     if (s->state) s->e->ops->state_free(s->state);
     free(s->logits);
+    free(s->rw_tokens);
     free(s);
 }
 
 void df_session_reset(df_session *s) {
     s->pos = 0;
+    s->rw_n = 0;
     if (s->e->ops->state_reset) s->e->ops->state_reset(s->e, s->state);
 }
 int df_session_pos(const df_session *s) { return s->pos; }
@@ -490,8 +493,172 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
     }
     if (logits) memcpy(s->logits, logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
     s->pos = pos + n;
+    s->rw_n = 0;
+    e->bstats.passes += (uint64_t)((n + DF_CHUNK - 1) / DF_CHUNK);
+    e->bstats.rows += (uint64_t)n;
+    if (s->rw_depth && n <= s->rw_depth) { /* the program kept what a rewind inside it needs */
+        memmove(s->rw_tokens, tokens, (size_t)n * sizeof *tokens);
+        s->rw_start = pos;
+        s->rw_n = n;
+    }
     if (e->store) xs_tick(e->store, n);
     return DF_OK;
+}
+
+/* ---- batched steps ---- */
+
+float *model_batch_logits(df_engine *e) {
+    if (!e->batch_logits) e->batch_logits = malloc((size_t)DF_CHUNK * e->cfg.vocab_size * sizeof(float));
+    return e->batch_logits;
+}
+
+void df_engine_batch_stats(const df_engine *e, df_batch_stats *out) { *out = e->bstats; }
+
+static df_status check_item(df_session *s, const int32_t *tokens, int n) {
+    int V = s->e->cfg.vocab_size;
+    s->err[0] = 0;
+    if (n <= 0) return df_fail(s->err, DF_ERR_ARG, "no tokens to evaluate");
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return df_fail(s->err, DF_ERR_ARG, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, V);
+    if (s->pos + n > s->max_ctx)
+        return df_fail(s->err, DF_ERR_CONTEXT, "context full: %d positions used + %d new > limit %d", s->pos, n,
+                       s->max_ctx);
+    return DF_OK;
+}
+
+df_status df_session_eval_batch(df_batch_item *it, int count) {
+    if (count <= 0) return DF_ERR_ARG;
+    if (count == 1) return df_session_eval(it[0].s, it[0].tokens, it[0].n, it[0].logits);
+    df_engine *e = it[0].s->e;
+    int V = e->cfg.vocab_size;
+    for (int i = 0; i < count; i++) {
+        if (it[i].s->e != e) return df_fail(it[i].s->err, DF_ERR_ARG, "a batch mixes sessions of two engines");
+        for (int j = 0; j < i; j++)
+            if (it[j].s == it[i].s) return df_fail(it[i].s->err, DF_ERR_ARG, "a session appears twice in one batch");
+        df_status st = check_item(it[i].s, it[i].tokens, it[i].n);
+        if (st != DF_OK) return st;
+    }
+    if (!e->ops->forward_batch) { /* one by one: the same results, no shared reads */
+        for (int i = 0; i < count; i++) {
+            df_status st = df_session_eval(it[i].s, it[i].tokens, it[i].n, it[i].logits);
+            if (st != DF_OK) return st;
+        }
+        return DF_OK;
+    }
+    if (e->store) {
+        df_status cst = xs_check_files(e->store, it[0].s->err);
+        if (cst != DF_OK) return cst;
+    }
+    int done[count], pieces[count], total = 0;
+    memset(done, 0, sizeof done);
+    memset(pieces, 0, sizeof pieces);
+    df_fwd_seg seg[DF_CHUNK];
+    for (;;) {
+        int nseg = 0, used = 0;
+        for (int i = 0; i < count && used < DF_CHUNK; i++) {
+            int rem = it[i].n - done[i];
+            if (rem <= 0) continue;
+            /* an item that fits one pass is not split (its rewind data stays whole): it waits for the next */
+            if (rem <= DF_CHUNK && rem > DF_CHUNK - used) continue;
+            int take = rem < DF_CHUNK - used ? rem : DF_CHUNK - used;
+            df_session *s = it[i].s;
+            float *out = it[i].logits ? it[i].logits + (size_t)done[i] * V : done[i] + take == it[i].n ? s->logits : NULL;
+            seg[nseg++] = (df_fwd_seg){s->state, s->pos + done[i], it[i].tokens + done[i], take, out, it[i].logits != NULL};
+            pieces[i]++;
+            done[i] += take;
+            used += take;
+        }
+        if (!nseg) break;
+        df_session *s0 = it[0].s;
+        df_status st = e->ops->forward_batch(e, seg, nseg, s0->err);
+        if (st != DF_OK) {
+            char why[DF_ERRMSG];
+            snprintf(why, sizeof why, "%s", s0->err[0] ? s0->err : "a batched forward pass failed");
+            for (int i = 0; i < count; i++) { /* recurrent states are half-updated: start over */
+                df_session *s = it[i].s;
+                if (e->ops->state_reset) e->ops->state_reset(e, s->state);
+                s->pos = 0;
+                s->rw_n = 0;
+                snprintf(s->err, sizeof s->err, "%.900s (the session was reset: evaluate the prompt again)", why);
+            }
+            return st;
+        }
+        e->bstats.passes++;
+        e->bstats.multi_passes += nseg > 1;
+        e->bstats.rows += (uint64_t)used;
+        total += used;
+    }
+    for (int i = 0; i < count; i++) {
+        df_session *s = it[i].s;
+        int n = it[i].n;
+        if (it[i].logits) memcpy(s->logits, it[i].logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+        s->rw_n = 0;
+        if (s->rw_depth && n <= s->rw_depth && pieces[i] == 1) {
+            memmove(s->rw_tokens, it[i].tokens, (size_t)n * sizeof *it[i].tokens);
+            s->rw_start = s->pos;
+            s->rw_n = n;
+        }
+        s->pos += n;
+    }
+    if (e->store) xs_tick(e->store, total);
+    return DF_OK;
+}
+
+/* ---- rewinding ---- */
+
+df_status df_session_set_rewind(df_session *s, int depth, int mode) {
+    df_engine *e = s->e;
+    if (depth < 0 || depth > DF_REWIND_MAX || depth > DF_CHUNK || (mode != DF_REWIND_TRAIL && mode != DF_REWIND_REPLAY))
+        return df_fail(s->err, DF_ERR_ARG, "rewind depth %d (0..%d) or mode %d is not valid", depth, DF_REWIND_MAX, mode);
+    if (depth == s->rw_depth && (depth == 0 || mode == s->rw_mode)) return DF_OK; /* already so */
+    s->rw_n = 0;
+    s->rw_depth = 0;
+    free(s->rw_tokens);
+    s->rw_tokens = NULL;
+    if (e->ops->rewind_setup) {
+        df_status st = e->ops->rewind_setup(e, s->state, depth, mode);
+        if (st == DF_ERR_UNSUPPORTED)
+            return df_fail(s->err, st, "this session's recurrent state lives on the accelerator: it cannot be rewound");
+        if (st != DF_OK) { e->ops->rewind_setup(e, s->state, 0, mode); return df_fail(s->err, st, "out of memory"); }
+    }
+    if (depth == 0) return DF_OK;
+    if (!(s->rw_tokens = malloc((size_t)depth * sizeof *s->rw_tokens))) {
+        if (e->ops->rewind_setup) e->ops->rewind_setup(e, s->state, 0, mode);
+        return df_fail(s->err, DF_ERR_NOMEM, "out of memory");
+    }
+    s->rw_depth = depth;
+    s->rw_mode = mode;
+    return DF_OK;
+}
+
+df_status df_session_rewind(df_session *s, int pos) {
+    df_engine *e = s->e;
+    if (pos == s->pos) return DF_OK;
+    if (pos < 0 || pos > s->pos)
+        return df_fail(s->err, DF_ERR_ARG, "cannot rewind to position %d (the session is at %d)", pos, s->pos);
+    if (!e->ops->rewind_to) { /* positions alone define the timeline */
+        s->pos = pos;
+        s->rw_n = s->rw_n && pos > s->rw_start ? pos - s->rw_start : 0;
+        return DF_OK;
+    }
+    int lo = s->rw_mode == DF_REWIND_REPLAY ? s->rw_start : s->rw_start + 1;
+    if (!s->rw_n || pos < lo || pos > s->rw_start + s->rw_n)
+        return df_fail(s->err, DF_ERR_ARG,
+                       "cannot rewind to position %d: only positions inside the last evaluation of at most %d "
+                       "tokens (df_session_set_rewind) can be reached",
+                       pos, s->rw_depth);
+    if (s->rw_mode == DF_REWIND_TRAIL) {
+        e->ops->rewind_to(e, s->state, pos - s->rw_start - 1);
+        s->rw_n = pos - s->rw_start;
+        s->pos = pos;
+        return DF_OK;
+    }
+    e->ops->rewind_to(e, s->state, -1);
+    int keep = pos - s->rw_start;
+    s->pos = s->rw_start;
+    s->rw_n = 0;
+    return keep > 0 ? df_session_eval(s, s->rw_tokens, keep, NULL) : DF_OK;
 }
 
 /* ---- profile ---- */
@@ -547,6 +714,7 @@ void df_engine_accel_stats(const df_engine *e, df_accel_stats *out) { acc_get_st
 
 void df_engine_reset_stats(df_engine *e) {
     memset(e->prof, 0, sizeof e->prof);
+    memset(&e->bstats, 0, sizeof e->bstats);
     acc_reset_stats(e->acc);
     if (e->store) xs_reset_stats(e->store);
     if (e->spine) e->spine_read0 = sp_bytes_read(e->spine);
@@ -579,6 +747,15 @@ df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char 
     /* its buffers are outside the memory plan: at most 256 MB of them */
     while (depth > 4 && chunk * depth > ((int64_t)256 << 20)) depth--;
     return xr_probe_bandwidth(e->io, st_shard_path(e->st, best), XR_AUTO, (size_t)chunk, depth, seconds, gbps, err);
+}
+
+int64_t df_engine_session_bytes(const df_engine *e, int max_ctx) {
+    int64_t fixed = e->ops->state_fixed_bytes ? e->ops->state_fixed_bytes(e) : 0;
+    return fixed + (int64_t)max_ctx * e->ops->state_bytes_per_pos(e);
+}
+
+int64_t df_engine_recurrent_bytes(const df_engine *e) {
+    return e->ops->state_fixed_bytes ? e->ops->state_fixed_bytes(e) : 0;
 }
 
 int64_t df_engine_expert_bytes(const df_engine *e) {

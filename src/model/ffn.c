@@ -472,6 +472,23 @@ void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const floa
     lookahead_from(e, nx, s, n);
 }
 
+/* Batched passes: the experts each session would have used alone (summed)
+ * against the union the pass uses once (df_engine_batch_stats). */
+static void union_stats(df_engine *e, moe_scratch *s, int n, int K, int nu) {
+    e->bstats.union_experts += (uint64_t)nu;
+    if (!s->rseg) { e->bstats.solo_experts += (uint64_t)nu; return; }
+    for (int t0 = 0; t0 < n;) {
+        int t1 = t0;
+        while (t1 < n && s->rseg[t1] == s->rseg[t0]) t1++;
+        for (int i = t0 * K; i < t1 * K; i++) {
+            if (!s->mark[s->sel[i]]) e->bstats.solo_experts++;
+            s->mark[s->sel[i]] = 1;
+        }
+        for (int i = t0 * K; i < t1 * K; i++) s->mark[s->sel[i]] = 0;
+        t0 = t1;
+    }
+}
+
 df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
                       const float *xn, int n, int pos, float *out, char *err) {
     int H = (int)m->router.cols, K = m->K;
@@ -489,13 +506,15 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     mm_many(e, pre, npre);
     for (int t = 0; t < n; t++) {
         moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K, NULL);
-        if (m->trace) m->trace(m->trace_ctx, pos + t, m->trace_layer, s->sel + t * K, s->selw + t * K, K);
+        if (m->trace) m->trace(m->trace_ctx, s->rpos ? s->rpos[t] : pos + t, m->trace_layer, s->sel + t * K,
+                               s->selw + t * K, K);
     }
     /* the union of the chunk's experts, ascending */
     int nu = 0;
     for (int i = 0; i < n * K; i++) s->mark[s->sel[i]] = 1;
     for (int x = 0; x < m->E; x++)
         if (s->mark[x]) { s->uni[nu++] = x; s->mark[x] = 0; }
+    union_stats(e, s, n, K, nu);
     df_status st = DF_OK;
     /* experts with device copies run from them (dev, ascending); only the
      * rest are read (s->uni keeps them, ascending) */

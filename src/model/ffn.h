@@ -82,6 +82,9 @@ typedef struct {
     int n_ahead;                /* how many; 0 after they were offered to the device */
     int *held;                  /* [E] experts of a store pass queued on the device, not yet done */
     moe_batch batch;            /* CPU batch of ready experts */
+    /* batched passes (several sessions' rows, km_forward_batch); NULL otherwise */
+    const int *rpos;            /* [chunk] each row's position (the trace); NULL: pos + t */
+    const int *rseg;            /* [chunk] each row's segment (the union statistics) */
 } moe_scratch;
 
 /* Binds <base><names[0..2]> as gate, up, down ([inter, hidden] x2, [hidden, inter]). */

@@ -162,19 +162,22 @@ static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
 
 /* ---- forward ---- */
 
-df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
-                      kda_scratch *s, int n, const float *xn, float *out, char *err) {
+df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *k, const kda_seg *seg, int nseg,
+                            kda_scratch *s, const float *xn, float *out, char *err) {
     int64_t P = (int64_t)sh->H * sh->D;
-    if (dev_state) { /* the whole layer on the device, one host wait */
+    int n = 0;
+    for (int i = 0; i < nseg; i++) n += seg[i].n;
+    if (nseg == 1 && seg[0].dev_state) { /* the whole layer on the device, one host wait */
         const int full = sh->full_rank_gate;
         const df_weight *w[DF_KDA_MATS] = {&k->q, &k->k, &k->v, &k->fa, &k->fb, &k->b, full ? &k->g : NULL,
                                            full ? NULL : &k->ga, full ? NULL : &k->gb, &k->o};
-        int r = acc_kda_layer(e->acc, &k->dev, dev_state, n, w, xn, out, err);
+        int r = acc_kda_layer(e->acc, &k->dev, seg[0].dev_state, n, w, xn, out, err);
         if (r < 0) return DF_ERR_IO;
         if (r > 0) return DF_OK;
     }
-    /* the projections of xn, then the two low-rank second halves: two host
-     * waits on an accelerator instead of eight */
+    /* the projections: every row of every segment in one product per matrix;
+     * those of xn, then the two low-rank second halves (two host waits on
+     * an accelerator instead of eight) */
     const mm_req first[6] = {{&k->q, xn, n, s->qr, P},          {&k->k, xn, n, s->kr, P},
                              {&k->v, xn, n, s->vr, P},          {&k->fa, xn, n, s->fa, sh->D},
                              {&k->b, xn, n, s->braw, sh->H},
@@ -182,16 +185,28 @@ df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, flo
     mm_many(e, first, 6);
     const mm_req second[2] = {{&k->fb, s->fa, n, s->f, P}, {&k->gb, s->gl, n, s->gate, P}};
     mm_many(e, second, sh->full_rank_gate ? 1 : 2);
-    if (dev_state) {
-        df_status st = acc_kda(e->acc, &k->dev, dev_state, n, s->qr, s->kr, s->vr, s->f, s->braw, s->gate, s->o, err);
-        if (st != DF_OK) return st;
-    } else {
-        kda_params p = {{k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};
-        kda_io io = {s->qr, s->kr, s->vr, s->f, s->braw, s->gate, s->o};
-        job j = {sh, &p, state, &io, n};
-        pool_for(e->pool, 3 * P, 64, conv_channels, &j);
-        pool_for(e->pool, sh->H, 1, recur_heads, &j);
+    /* the conv + recurrence: each segment on its own state, its rows in order */
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
+        size_t o = (size_t)off * P;
+        if (seg[i].dev_state) {
+            df_status st = acc_kda(e->acc, &k->dev, seg[i].dev_state, seg[i].n, s->qr + o, s->kr + o, s->vr + o,
+                                   s->f + o, s->braw + (size_t)off * sh->H, s->gate + o, s->o + o, err);
+            if (st != DF_OK) return st;
+        } else {
+            kda_params p = {{k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};
+            kda_io io = {s->qr + o, s->kr + o, s->vr + o, s->f + o, s->braw + (size_t)off * sh->H, s->gate + o,
+                         s->o + o, seg[i].trail};
+            job j = {sh, &p, seg[i].state, &io, seg[i].n};
+            pool_for(e->pool, 3 * P, 64, conv_channels, &j);
+            pool_for(e->pool, sh->H, 1, recur_heads, &j);
+        }
     }
     mm(e, &k->o, s->o, n, out, sh->hidden);
     return DF_OK;
+}
+
+df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
+                      float *trail, kda_scratch *s, int n, const float *xn, float *out, char *err) {
+    kda_seg seg = {state, dev_state, trail, n};
+    return kda_forward_batch(e, sh, k, &seg, 1, s, xn, out, err);
 }

@@ -53,9 +53,24 @@ void kda_scratch_free(kda_scratch *s);
 /* n tokens: xn [n][hidden] normalised input, state of this layer (host
  * floats, or with dev_state non-NULL the device state from acc_state_new:
  * the conv + recurrence then run on the accelerator), out [n][hidden].
+ * trail (host state only; else NULL): NULL, or [n][kda_state_floats] that
+ * receives the state after each token (kda_io.trail).
  * Fails only on the device (err says why; the state is then undefined). */
 df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
-                      kda_scratch *s, int n, const float *xn, float *out, char *err);
+                      float *trail, kda_scratch *s, int n, const float *xn, float *out, char *err);
+/* Several timelines in one pass: segment i is seg[i].n consecutive rows of
+ * xn / out with its own state (host, device, trail as in kda_forward).
+ * The projections run once over all rows (each weight read once); each row
+ * is bit-identical to running its segment alone (kn_matmul's row contract).
+ * Total rows <= DF_CHUNK. */
+typedef struct {
+    float *state;
+    void *dev_state;
+    float *trail;
+    int n;
+} kda_seg;
+df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *k, const kda_seg *seg, int nseg,
+                            kda_scratch *s, const float *xn, float *out, char *err);
 /* "per head", "per head (first 96 of 128, rest zero: release layout)" */
 void kda_a_mode_text(const kda_layer *k, int H, char *out, size_t cap);
 #endif

@@ -38,6 +38,8 @@ void kda_conv_channel(const kda_shape *sh, const kda_params *p, float *state, in
         for (int q = 0; q < W; q++) acc += w[q] * win[q];
         *v = op_silu(acc);
         for (int q = 0; q < W - 1; q++) win[q] = win[q + 1];
+        if (io->trail) memcpy(io->trail + (size_t)t * kda_state_floats(sh) + (st - state), win,
+                              (size_t)(W - 1) * sizeof(float));
     }
     for (int q = 0; q < W - 1; q++) st[q] = win[q];
 }
@@ -87,5 +89,7 @@ void kda_recur_head(const kda_shape *sh, const kda_params *p, float *state, int 
         op_rmsnorm(o, o, p->o_norm, D, sh->norm_eps);
         const float *gt = io->gate + off;
         for (int e2 = 0; e2 < D; e2++) o[e2] *= op_sigmoid(gt[e2]);
+        if (io->trail) memcpy(io->trail + (size_t)t * kda_state_floats(sh) + (S - state), S,
+                              (size_t)D * D * sizeof(float));
     }
 }

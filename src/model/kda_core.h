@@ -41,6 +41,8 @@ typedef struct {
     const float *braw;          /* [n][H] beta logits */
     const float *gate;          /* [n][P] output gate logits */
     float *o;                   /* [n][P] out: RMSNorm(o_h, o_norm) * sigmoid(gate) */
+    float *trail;               /* NULL, or [n][kda_state_floats]: receives the layer's state after
+                                   each token (rewinding a speculative step is then one copy) */
 } kda_io;
 
 /* Floats of session state per layer (conv + recurrent). */

@@ -205,6 +205,8 @@ typedef struct {
     void **mla_dev;              /* [n_mla] the caches on the device (acc_has_mla), else NULL */
     int n_mla_dev;
     acc_table *acc;              /* owner of kda_dev */
+    int rw_depth, rw_mode;       /* rewind_setup: forwards of <= rw_depth tokens keep rw_keep */
+    float *rw_keep;              /* trail: [n_kda][rw_depth][kda_state_floats]; replay: [n_kda][floats] */
     float *h, *xin, *xn, *y;     /* [C][H] */
     float *anchors;              /* [C][max_anchors][H] */
     mla_scratch mla;
@@ -236,6 +238,7 @@ static void km_state_free(void *p) {
     if (!s) return;
     free(s->mla_cache); free(s->kda_state); free(s->h); free(s->xin); free(s->xn); free(s->y);
     free(s->anchors);
+    free(s->rw_keep);
     acc_states_free(s->acc, s->kda_dev, s->n_dev);
     acc_states_free(s->acc, s->mla_dev, s->n_mla_dev);
     mla_scratch_free(&s->mla);
@@ -249,6 +252,33 @@ static void km_state_reset(df_engine *e, void *p) {
     km_state *s = p;
     memset(s->kda_state, 0, (size_t)(m->n_kda ? m->n_kda : 1) * kda_state_floats(&m->kda) * sizeof(float));
     for (int i = 0; i < s->n_dev; i++) acc_state_zero(s->acc, s->kda_dev[i], NULL); /* a failure shows at the next step */
+}
+
+static df_status km_rewind_setup(df_engine *e, void *p, int depth, int mode) {
+    km_model *m = e->prog;
+    km_state *s = p;
+    if (s->kda_dev && depth > 0) return DF_ERR_UNSUPPORTED;
+    free(s->rw_keep);
+    s->rw_keep = NULL;
+    s->rw_depth = 0;
+    if (depth <= 0 || m->n_kda == 0) return DF_OK;
+    size_t per = (size_t)m->n_kda * (size_t)kda_state_floats(&m->kda);
+    s->rw_keep = malloc(per * (mode == DF_REWIND_TRAIL ? (size_t)depth : 1) * sizeof(float));
+    if (!s->rw_keep) return DF_ERR_NOMEM;
+    s->rw_depth = depth;
+    s->rw_mode = mode;
+    return DF_OK;
+}
+
+static void km_rewind_to(df_engine *e, void *p, int t) {
+    km_model *m = e->prog;
+    km_state *s = p;
+    if (!s->rw_keep) return;
+    size_t F = (size_t)kda_state_floats(&m->kda);
+    for (int k = 0; k < m->n_kda; k++) {
+        const float *src = t < 0 ? s->rw_keep + (size_t)k * F : s->rw_keep + ((size_t)k * s->rw_depth + (size_t)t) * F;
+        memcpy(s->kda_state + (size_t)k * F, src, F * sizeof(float));
+    }
 }
 
 /* The session states of one kind on the device when the accelerator offers
@@ -304,17 +334,41 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
 
 /* ---- forward ---- */
 
-static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
-                            float *out, int all_rows, char *err) {
+/* Rows of several sessions in one pass (seg[0]'s scratch holds them all):
+ * per-row work (embedding, AttnRes, norms, the MoE block, the head) and the
+ * projections see every row at once; attention runs per segment on its own
+ * state. Each row is bit-identical to running its session alone. */
+static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg, char *err) {
     km_model *m = e->prog;
-    km_state *s = state;
-    int H = m->H, A = m->max_anchors;
+    km_state *s = seg[0].state;
+    int H = m->H, A = m->max_anchors, n = 0;
+    for (int i = 0; i < nseg; i++) {
+        const km_state *si = seg[i].state;
+        if (seg[i].n < 1 || seg[i].pos + seg[i].n > si->max_ctx) return DF_ERR_ARG;
+        n += seg[i].n;
+    }
+    if (n > DF_CHUNK || nseg > DF_CHUNK) return DF_ERR_ARG;
     size_t nh = (size_t)n * H;
-    if (n > DF_CHUNK || pos + n > s->max_ctx) return DF_ERR_ARG;
-    int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
     int64_t kstride = kda_state_floats(&m->kda);
+    kda_seg ks[DF_CHUNK];
+    mla_seg ms[DF_CHUNK];
+    float *trail[DF_CHUNK];
+    int rpos[DF_CHUNK], rseg[DF_CHUNK];
     double pt = prof_now(e);
-    for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], s->h + (size_t)t * H);
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
+        km_state *si = seg[i].state;
+        int keep = si->rw_keep && seg[i].n <= si->rw_depth; /* rewind_setup: keep what a rewind needs */
+        if (keep && si->rw_mode == DF_REWIND_REPLAY)
+            memcpy(si->rw_keep, si->kda_state, (size_t)m->n_kda * kstride * sizeof(float));
+        trail[i] = keep && si->rw_mode == DF_REWIND_TRAIL ? si->rw_keep : NULL;
+        for (int t = 0; t < seg[i].n; t++) {
+            kn_dequant_row(&m->embed, seg[i].tokens[t], s->h + (size_t)(off + t) * H);
+            rpos[off + t] = seg[i].pos + t;
+            rseg[off + t] = i;
+        }
+    }
+    s->moe.rpos = nseg > 1 ? rpos : NULL;
+    s->moe.rseg = nseg > 1 ? rseg : NULL;
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0; /* anchors so far (same count for every position) */
     for (int l = 0; l < m->L; l++) {
@@ -338,12 +392,21 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
             op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->attn_norm, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
         if (y->kda) {
-            df_status kst = kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride,
-                                        s->kda_dev ? s->kda_dev[y->slot] : NULL, &s->kda, n, s->xn, s->y, err);
+            for (int i = 0; i < nseg; i++) {
+                km_state *si = seg[i].state;
+                ks[i] = (kda_seg){si->kda_state + y->slot * kstride, si->kda_dev ? si->kda_dev[y->slot] : NULL,
+                                  trail[i] ? trail[i] + (size_t)y->slot * si->rw_depth * kstride : NULL, seg[i].n};
+            }
+            df_status kst = kda_forward_batch(e, &m->kda, &y->k, ks, nseg, &s->kda, s->xn, s->y, err);
             if (kst != DF_OK) return kst;
         } else {
-            df_status ast = mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride,
-                                        s->mla_dev ? s->mla_dev[y->slot] : NULL, &s->mla, pos, n, s->xn, s->y, err);
+            for (int i = 0; i < nseg; i++) {
+                km_state *si = seg[i].state;
+                int64_t cstride = (int64_t)si->max_ctx * mla_cache_floats_per_pos(&m->mla);
+                ms[i] = (mla_seg){si->mla_cache + y->slot * cstride, si->mla_dev ? si->mla_dev[y->slot] : NULL, &si->mla,
+                                  seg[i].pos, seg[i].n};
+            }
+            df_status ast = mla_forward_batch(e, &m->mla, &y->a, ms, nseg, &s->mla, s->xn, s->y, err);
             if (ast != DF_OK) return ast;
         }
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
@@ -360,26 +423,52 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
             op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->ffn_norm, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
-        df_status st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, s->xn, n, pos,
+        df_status st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, s->xn, n, seg[0].pos,
                                  s->y, &pt, err);
         if (st != DF_OK) return st;
         for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
         prof_add(e, DF_PROF_NORMS, &pt);
     }
-    if (!out) return DF_OK;
+    s->moe.rpos = NULL;
+    s->moe.rseg = NULL;
+    /* the head: every row of a segment that wants all rows, else its last */
+    int rows = 0;
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
+        if (!seg[i].out) continue;
+        for (int t = seg[i].all_rows ? 0 : seg[i].n - 1; t < seg[i].n; t++, rows++) {
+            float *x = s->h + (size_t)(off + t) * H, *xo = s->xin + (size_t)rows * H;
+            if (m->block > 0) op_attn_res(s->anchors + (size_t)(off + t) * A * H, na, x, m->res_out, H, m->eps, xo);
+            else memcpy(xo, x, (size_t)H * sizeof(float));
+            op_rmsnorm(s->xn + (size_t)rows * H, xo, m->final_norm, H, m->eps);
+        }
+    }
+    if (!rows) return DF_OK;
     df_status hst = model_enter(e, m->L, err);
     if (hst != DF_OK) return hst;
     pt = prof_now(e);
-    int first = all_rows ? 0 : n - 1, rows = n - first;
-    for (int t = first; t < n; t++) {
-        float *x = s->h + (size_t)t * H, *xo = s->xin + (size_t)(t - first) * H;
-        if (m->block > 0) op_attn_res(s->anchors + (size_t)t * A * H, na, x, m->res_out, H, m->eps, xo);
-        else memcpy(xo, x, (size_t)H * sizeof(float));
-        op_rmsnorm(s->xn + (size_t)(t - first) * H, xo, m->final_norm, H, m->eps);
+    if (nseg == 1) {
+        mm(e, &m->head, s->xn, rows, seg[0].out, m->V);
+    } else {
+        float *lg = model_batch_logits(e);
+        if (!lg) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+        mm(e, &m->head, s->xn, rows, lg, m->V);
+        for (int i = 0, r = 0; i < nseg; i++) {
+            if (!seg[i].out) continue;
+            int k = seg[i].all_rows ? seg[i].n : 1;
+            memcpy(seg[i].out, lg + (size_t)r * m->V, (size_t)k * m->V * sizeof(float));
+            r += k;
+        }
     }
-    mm(e, &m->head, s->xn, rows, out, m->V);
     prof_add(e, DF_PROF_HEAD, &pt);
     return DF_OK;
+}
+
+static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
+                            float *out, int all_rows, char *err) {
+    km_state *s = state;
+    if (n > DF_CHUNK || pos + n > s->max_ctx) return DF_ERR_ARG;
+    df_fwd_seg seg = {state, pos, tokens, n, out, all_rows};
+    return km_forward_batch(e, &seg, 1, err);
 }
 
 /* ---- describe ---- */
@@ -424,5 +513,8 @@ const df_program_ops kimi_program = {
     .state_free = km_state_free,
     .state_reset = km_state_reset,
     .forward = km_forward,
+    .forward_batch = km_forward_batch,
     .describe = km_describe,
+    .rewind_setup = km_rewind_setup,
+    .rewind_to = km_rewind_to,
 };

@@ -107,27 +107,33 @@ typedef struct {
     const float *cache;
     mla_scratch *s;
     int pos, n;
+    const float *q;              /* this segment's rows of s->q */
+    float *attn;                 /* ... of s->attn */
+    float *tscratch;             /* [threads][tstride] of the segment's session */
+    int64_t tstride;
 } job;
 
 static void heads(void *ctx, int64_t h0, int64_t h1, int tid) {
     job *j = ctx;
     mla_scratch *s = j->s;
     for (int64_t h = h0; h < h1; h++)
-        mla_head(j->sh, j->e->level, &j->a->kv_b, j->cache, s->q, j->pos, j->n, (int)h, s->qlat, s->olat, s->attn,
-                 s->tscratch + (size_t)tid * s->tstride);
+        mla_head(j->sh, j->e->level, &j->a->kv_b, j->cache, j->q, j->pos, j->n, (int)h, s->qlat, s->olat, j->attn,
+                 j->tscratch + (size_t)tid * j->tstride);
 }
 
 /* ---- forward ---- */
 
-df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache, void *dev_cache,
-                      mla_scratch *s, int pos, int n, const float *xn, float *out, char *err) {
+df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *a, const mla_seg *seg, int nseg,
+                            mla_scratch *s, const float *xn, float *out, char *err) {
     int qdim = sh->nh * sh->dq, vdim = sh->nh * sh->dv;
     int64_t stride = sh->R + sh->dr;
-    if (dev_cache) { /* the whole layer on the device, one host wait */
+    int n = 0;
+    for (int i = 0; i < nseg; i++) n += seg[i].n;
+    if (nseg == 1 && seg[0].dev_cache) { /* the whole layer on the device, one host wait */
         const int lr = sh->qlr > 0;
         const df_weight *w[DF_MLA_MATS] = {lr ? &a->q_a : NULL, lr ? &a->q_b : NULL, lr ? NULL : &a->q, &a->kv_a,
                                            a->has_gate ? &a->g : NULL, &a->o};
-        int r = acc_mla_layer(e->acc, &a->dev, dev_cache, pos, n, w, xn, out, err);
+        int r = acc_mla_layer(e->acc, &a->dev, seg[0].dev_cache, seg[0].pos, n, w, xn, out, err);
         if (r < 0) return DF_ERR_IO;
         if (r > 0) return DF_OK;
     }
@@ -140,19 +146,30 @@ df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, flo
             op_rmsnorm(s->qa + (size_t)t * sh->qlr, s->qa + (size_t)t * sh->qlr, a->q_a_norm, sh->qlr, sh->latent_eps);
         mm(e, &a->q_b, s->qa, n, s->q, qdim);
     }
-    if (dev_cache) {
-        df_status st = acc_mla(e->acc, &a->dev, dev_cache, pos, n, s->q, s->kva, s->attn, err);
-        if (st != DF_OK) return st;
-    } else {
-        for (int t = 0; t < n; t++)
-            mla_write_row(sh, a->kv_a_norm, s->kva + (size_t)t * stride, pos + t, cache + (size_t)(pos + t) * stride,
-                          s->q + (size_t)t * sh->nh * sh->dq);
-        job j = {e, sh, a, cache, s, pos, n};
-        pool_for(e->pool, sh->nh, 1, heads, &j);
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
+        const mla_seg *g = &seg[i];
+        float *q = s->q + (size_t)off * qdim, *kva = s->kva + (size_t)off * stride, *attn = s->attn + (size_t)off * vdim;
+        if (g->dev_cache) {
+            df_status st = acc_mla(e->acc, &a->dev, g->dev_cache, g->pos, g->n, q, kva, attn, err);
+            if (st != DF_OK) return st;
+        } else {
+            for (int t = 0; t < g->n; t++)
+                mla_write_row(sh, a->kv_a_norm, kva + (size_t)t * stride, g->pos + t,
+                              g->cache + (size_t)(g->pos + t) * stride, q + (size_t)t * sh->nh * sh->dq);
+            const mla_scratch *ts = g->scratch ? g->scratch : s;
+            job j = {e, sh, a, g->cache, s, g->pos, g->n, q, attn, ts->tscratch, ts->tstride};
+            pool_for(e->pool, sh->nh, 1, heads, &j);
+        }
     }
     if (a->has_gate) {
         for (size_t i = 0; i < (size_t)n * vdim; i++) s->attn[i] *= op_sigmoid(s->gate[i]);
     }
     mm(e, &a->o, s->attn, n, out, sh->hidden);
     return DF_OK;
+}
+
+df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache, void *dev_cache,
+                      mla_scratch *s, int pos, int n, const float *xn, float *out, char *err) {
+    mla_seg seg = {cache, dev_cache, NULL, pos, n};
+    return mla_forward_batch(e, sh, a, &seg, 1, s, xn, out, err);
 }

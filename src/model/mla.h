@@ -53,4 +53,17 @@ void mla_scratch_free(mla_scratch *s);
  * device (err says why; the cache is then undefined). */
 df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache, void *dev_cache,
                       mla_scratch *s, int pos, int n, const float *xn, float *out, char *err);
+/* Several timelines in one pass: segment i is seg[i].n consecutive rows of
+ * xn / out at positions pos.. of its own cache (host or device); scratch:
+ * the segment's session scratch for the per-thread attention rows (sized
+ * for its context; NULL: s). Projections run once over all rows; each row
+ * is bit-identical to running its segment alone. Total rows <= DF_CHUNK. */
+typedef struct {
+    float *cache;
+    void *dev_cache;
+    const mla_scratch *scratch;
+    int pos, n;
+} mla_seg;
+df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *a, const mla_seg *seg, int nseg,
+                            mla_scratch *s, const float *xn, float *out, char *err);
 #endif

@@ -19,6 +19,17 @@ enum { DF_CHUNK = 32 }; /* positions per forward pass during prefill */
 
 typedef struct df_program df_program;
 
+/* One session's part of a batched forward pass: n tokens at pos.. of its
+ * state; out: NULL, or its logits rows (all n if all_rows, else the last). */
+typedef struct {
+    void *state;
+    int pos;
+    const int32_t *tokens;
+    int n;
+    float *out;
+    int all_rows;
+} df_fwd_seg;
+
 /* What a model program provides. */
 typedef struct {
     const char *name;
@@ -39,8 +50,22 @@ typedef struct {
      * for every token if all_rows, else only for the last into out[0]. */
     df_status (*forward)(df_engine *e, void *state, int pos, const int32_t *tokens, int n,
                          float *out, int all_rows, char *err);
+    /* Several sessions' rows in one pass, total <= DF_CHUNK (NULL: the
+     * engine runs them one by one). Each session's results are
+     * bit-identical to its forward alone. seg[0]'s state lends the scratch. */
+    df_status (*forward_batch)(df_engine *e, const df_fwd_seg *seg, int nseg, char *err);
     /* Appends program-specific lines to the describe text. */
     void (*describe)(df_engine *e, char *buf, size_t cap);
+    /* Rewinding (NULL when positions alone define the timeline: caches are
+     * overwritten as positions are reused). rewind_setup(depth > 0) makes
+     * every later forward of n <= depth tokens keep what rewind_to needs:
+     * DF_REWIND_TRAIL the recurrent state after each token, DF_REWIND_REPLAY
+     * one copy of it before the pass; depth 0 frees that. rewind_to(t) puts
+     * back the state after token t of the last such forward (t >= 0, trail)
+     * or the state before it (t = -1, replay). DF_ERR_UNSUPPORTED when the
+     * state lives on an accelerator. */
+    df_status (*rewind_setup)(df_engine *e, void *state, int depth, int mode);
+    void (*rewind_to)(df_engine *e, void *state, int t);
 } df_program_ops;
 
 /* The memory plan (plan.c): one budget split between the spine, the expert
@@ -91,13 +116,21 @@ struct df_engine {
     int64_t spine_read0;      /* sp_bytes_read at the last df_engine_reset_stats */
     int int8;                 /* the converted int8 spine is bound (tensors "int8:NAME" in st) */
     char spine_dtype[16];     /* "int8", or the checkpoint's matrices' type */
+    float *batch_logits;      /* [DF_CHUNK][vocab] head rows of a batched pass (model_batch_logits) */
+    df_batch_stats bstats;    /* batched steps (df_engine_batch_stats) */
 };
+/* The engine's scratch for a batched pass's logits rows, allocated on first
+ * use (NULL when out of memory). */
+float *model_batch_logits(df_engine *e);
 
 struct df_session {
     df_engine *e;
     void *state;
     int max_ctx, pos;
     float *logits;        /* vocab_size */
+    int rw_depth, rw_mode;    /* df_session_set_rewind: evals of <= depth tokens can be rewound */
+    int rw_start, rw_n;       /* the last such eval: positions rw_start .. rw_start + rw_n - 1 */
+    int32_t *rw_tokens;       /* [rw_depth] its tokens (replay re-evaluates them) */
     char err[DF_ERRMSG];
 };
 

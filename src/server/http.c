@@ -357,6 +357,8 @@ void srv_opts_default(srv_opts *o) {
     o->max_request_bytes = 1 << 20;
     o->max_tokens = 4096;
     o->max_connections = 128;
+    o->parallel = 1;
+    df_spec_params_default(&o->spec_params);
 }
 
 static int listen_on(const char *host, int port, int *bound, char err[DF_ERRMSG]) {

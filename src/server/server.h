@@ -9,7 +9,8 @@
  *           (size limit), API key, the SSE response callback, disconnect
  *           tracking, /health, /metrics, /v1/models, error objects.
  *   gen.c   the generator thread: loads the engine, the bounded FIFO queue,
- *           the kept session (prefix reuse), the token loop (sampler,
+ *           the kept sessions (prefix reuse, LRU), the step loop that decodes
+ *           up to `parallel` generations together (sampler,
  *           streaming detokeniser, chat parser, stop strings, cancellation),
  *           metrics; the clock and the log line (srv_now, srv_log).
  *   api.c   the byte buffer srv_buf; OpenAI request JSON -> srv_job (every
@@ -44,6 +45,11 @@ typedef struct {
     const char *model_name;      /* id in /v1/models (NULL: the directory's base name) */
     int max_connections;         /* libmicrohttpd connection limit (threads) */
     int test_delay_ms;           /* testing aid: sleep after each generated token */
+    int parallel;                /* generations decoded together in one step (default 1) */
+    int retain;                  /* sessions kept for prefix reuse (LRU), at least parallel (0: parallel) */
+    int64_t retain_bytes;        /* cap on the kept sessions' state bytes (0: no cap; parallel always fit) */
+    int spec;                    /* 1: speculative decoding with spec_params */
+    df_spec_params spec_params;
     void (*log)(void *ud, const char *line);
     void *log_ud;
 } srv_opts;
@@ -193,14 +199,17 @@ struct srv {
     int stopping;
     srv_job **q;                 /* FIFO ring of waiting jobs */
     int q_head, q_n, q_cap;
-    srv_job *running;
+    srv_job **running;           /* [parallel] generations in progress (NULL: free) */
+    int n_running;
 
     /* generator-owned (set before loaded = 1, read-only for others after) */
     df_engine *e;
     df_tokenizer *tok;
     int vocab, ctx;
-    df_session *sess;
-    df_tokens kept;              /* exactly the tokens evaluated in sess */
+    struct srv_sess *pool;       /* [pool_cap] sessions, made on first use; kept for prefix reuse */
+    int n_pool, pool_cap;        /* n_pool grows under mu (/metrics reads it) */
+    uint64_t clock;              /* LRU clock of the pool */
+    int64_t expert_bytes;        /* one routed expert (the bytes-saved metric) */
     int32_t stop_ids[8];         /* end-of-generation tokens */
     int n_stop_ids;
     int32_t marker_ids[4];       /* K3 chat markers (-1 if absent): the only specials chat output keeps */
@@ -213,6 +222,10 @@ struct srv {
     uint64_t ttft_n[2];
     double last_s_per_token;
     df_stats stats;              /* engine counters, copied by the generator */
+    df_batch_stats bstats;       /* batched passes, copied by the generator */
+    uint64_t steps, step_rows;   /* generator steps and the rows they evaluated */
+    uint64_t spec_steps, spec_rows, spec_drafted, spec_accepted; /* finished requests' speculative counters */
+    int spec_off;                /* speculative decoding refused by the session (say so once) */
 };
 
 /* gen.c */

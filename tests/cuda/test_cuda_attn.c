@@ -146,7 +146,7 @@ static void kda_cpu(const kda_case *c, float *state, float *o) {
     size_t nP = (size_t)c->n * c->P;
     float *q = hdup(c->q, nP), *k = hdup(c->k, nP), *v = hdup(c->v, nP);
     kda_params p = {{c->conv[0], c->conv[1], c->conv[2]}, c->a, c->dt_bias, c->o_norm};
-    kda_io io = {q, k, v, c->f, c->braw, c->gate, o};
+    kda_io io = {q, k, v, c->f, c->braw, c->gate, o, NULL};
     for (int which = 0; which < 3; which++)
         for (int ch = 0; ch < c->P; ch++) kda_conv_channel(&c->sh, &p, state, which, ch, c->n, &io);
     for (int h = 0; h < c->sh.H; h++) kda_recur_head(&c->sh, &p, state, h, c->n, &io);
