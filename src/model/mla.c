@@ -144,6 +144,8 @@ df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, flo
         df_status st = acc_mla(e->acc, &a->dev, dev_cache, pos, n, s->q, s->kva, s->attn, err);
         if (st != DF_OK) return st;
     } else {
+        if (!model_host(e, &a->kv_b)) /* streamed, served by the device until a product failed */
+            return df_fail(err, e->spine_fault ? e->spine_fault : DF_ERR_IO, "%s", e->spine_fault_msg);
         for (int t = 0; t < n; t++)
             mla_write_row(sh, a->kv_a_norm, s->kva + (size_t)t * stride, pos + t, cache + (size_t)(pos + t) * stride,
                           s->q + (size_t)t * sh->nh * sh->dq);
