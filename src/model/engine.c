@@ -263,9 +263,18 @@ const char *df_engine_describe(df_engine *e) {
         snprintf(b + used, cap - used, "expert cache   none: experts are used in place through mmap\n");
     }
     used = strlen(b);
-    if (e->spine)
+    if (e->spine) {
+        df_accel_stats as;
+        acc_get_stats(e->acc, &as);
         snprintf(b + used, cap - used, "spine          %.3f GB %s; 2 x %.3f GB buffers\n", spine_bytes(e) / 1e9,
                  e->plan.why, sp_slot_bytes(e->spine) / 1e9);
+        used = strlen(b);
+        if (e->acc)
+            snprintf(b + used, cap - used,
+                     "               %lld of its %d layer groups kept on the device (never read again once\n"
+                     "               uploaded); any group whose matrices all have device copies is not read\n",
+                     (long long)as.spine_kept_groups, sp_n_groups(e->spine));
+    }
     else
         snprintf(b + used, cap - used, "spine          %.3f GB %s\n", spine_bytes(e) / 1e9, e->plan.why);
     used = strlen(b);
