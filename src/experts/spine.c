@@ -224,10 +224,15 @@ static void start(sp_store *s, int k, int g) {
 
 /* ---- enter ---- */
 
-/* The first group after `group` (wrapping, never `group` itself) that the
- * hook says needs its bytes; -1 if none. */
+/* How far the read-ahead looks past groups served from the device: each
+ * look asks the hook (a check of every matrix of the group), so a spine
+ * held wholly on the device costs a few checks per group, not all of them. */
+enum { SP_LOOK = 4 };
+
+/* The first group after `group` (wrapping, never `group` itself, at most
+ * SP_LOOK on) that the hook says needs its bytes; -1 if none. */
 static int next_needed(const sp_store *s, int group) {
-    for (int i = 1; i < s->n_groups; i++) {
+    for (int i = 1; i < s->n_groups && i <= SP_LOOK; i++) {
         int g = (group + i) % s->n_groups;
         if (!s->needs || s->needs(s->needs_ctx, g)) return g;
     }
