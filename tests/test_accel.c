@@ -689,6 +689,8 @@ static df_status flaky_matmul_many(void *ctx, int count, void *const *handles, c
     return fake_matmul_many(ctx, count, handles, X, n, Y, ldy, err);
 }
 
+static int stream_described; /* inspect's text named the groups kept on the device */
+
 /* Logits over the fixture's tokens with the spine streamed (first half as
  * one chunk, then a token at a time); *later_read: spine bytes read after
  * the first eval. fail_every arms fake_flaky after the first eval. */
@@ -706,6 +708,7 @@ static float *stream_logits(const char *dir, const df_accel *a, int fail_every, 
     df_engine *e = NULL;
     char err[DF_ERRMSG];
     if (df_engine_open(dir, &o, &e, err) != DF_OK) { fprintf(stderr, "%s\n", err); return NULL; }
+    stream_described = strstr(df_engine_describe(e), "layer groups kept on the device") != NULL;
     int V = df_engine_vocab_size(e);
     float *lg = malloc((size_t)n * V * sizeof(float));
     df_session *s = NULL;
@@ -770,6 +773,7 @@ TEST(model_accel_stream_spine_not_reread) {
             float *lg = stream_logits(fx[i], &a, 0, &st, &later);
             REQUIRE(lg != NULL, "%s variant %d", fx[i], b);
             if (b == 0) spine = st.resident_bytes + reserve - 1; /* variant 3: all but the last group fit */
+            CHECK(stream_described, "%s variant %d: describe does not say which groups stay on the device", fx[i], b);
             CHECK(memcmp(lg, ref, bytes) == 0, "%s variant %d: logits differ from the CPU's", fx[i], b);
             if (b < 2) {
                 CHECK(later == 0, "%s variant %d: %llu spine bytes read after the first step", fx[i], b,
