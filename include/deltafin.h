@@ -371,6 +371,9 @@ typedef struct {
     uint64_t kda_calls, mla_calls;         /* KDA / MLA layer steps run on the device (state there) */
     uint64_t device_read_bytes;            /* bytes device work read: the weights of every product
                                               run there, KDA states, the MLA cache rows attended */
+    uint64_t spine_groups_on_device;       /* streamed spine groups entered without reading them
+                                              (every matrix had a device copy) */
+    int64_t spine_kept_groups;             /* streamed spine groups planned to stay on the device */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);

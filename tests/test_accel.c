@@ -666,3 +666,180 @@ TEST(model_accel_pins_a_spine_that_does_not_fit) {
     }
     free(ref);
 }
+
+/* ---- a streamed spine served from device copies ---- */
+
+/* The stand-in's products that fail every fake_fail_every-th call once
+ * armed (a device failure: the engine must run that product on the CPU). */
+static int fake_fail_every, fake_fail_count, fake_failures;
+static int fake_flaky(char *err) {
+    if (!fake_fail_every || ++fake_fail_count % fake_fail_every) return 0;
+    fake_failures++;
+    snprintf(err, DF_ERRMSG, "fake: injected device failure");
+    return 1;
+}
+static df_status flaky_matmul(void *ctx, void *handle, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+                              int64_t row1, char *err) {
+    if (fake_flaky(err)) return DF_ERR_IO;
+    return fake_matmul(ctx, handle, X, n, Y, ldy, row0, row1, err);
+}
+static df_status flaky_matmul_many(void *ctx, int count, void *const *handles, const float *const *X, const int *n,
+                                   float *const *Y, const int64_t *ldy, char *err) {
+    if (fake_flaky(err)) return DF_ERR_IO;
+    return fake_matmul_many(ctx, count, handles, X, n, Y, ldy, err);
+}
+
+static int stream_described; /* inspect's text named the groups kept on the device */
+
+/* Logits over the fixture's tokens with the spine streamed (first half as
+ * one chunk, then a token at a time); *later_read: spine bytes read after
+ * the first eval. fail_every arms fake_flaky after the first eval. */
+static float *stream_logits(const char *dir, const df_accel *a, int fail_every, df_accel_stats *st,
+                            uint64_t *later_read) {
+    int32_t tok[64];
+    int n = read_tokens(dir, tok, 64);
+    if (n <= 0) return NULL;
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.n_threads = 3;
+    o.accel = a;
+    o.expert_cache_bytes = 1;
+    o.spine = DF_SPINE_STREAM;
+    df_engine *e = NULL;
+    char err[DF_ERRMSG];
+    if (df_engine_open(dir, &o, &e, err) != DF_OK) { fprintf(stderr, "%s\n", err); return NULL; }
+    stream_described = strstr(df_engine_describe(e), "layer groups kept on the device") != NULL;
+    int V = df_engine_vocab_size(e);
+    float *lg = malloc((size_t)n * V * sizeof(float));
+    df_session *s = NULL;
+    int ok = df_session_new(e, 0, &s) == DF_OK;
+    int half = n / 2;
+    ok = ok && df_session_eval(s, tok, half, lg) == DF_OK;
+    df_engine_reset_stats(e);
+    fake_fail_every = fail_every;
+    fake_fail_count = fake_failures = 0;
+    for (int i = half; ok && i < n; i++) ok = df_session_eval(s, tok + i, 1, lg + (size_t)i * V) == DF_OK;
+    if (!ok) fprintf(stderr, "%s\n", s ? df_session_error(s) : "no session");
+    fake_fail_every = 0;
+    df_stats ds;
+    df_engine_stats(e, &ds);
+    *later_read = ds.spine_bytes_read;
+    df_engine_accel_stats(e, st);
+    df_session_free(s);
+    df_engine_close(e);
+    if (!ok) { free(lg); return NULL; }
+    return lg;
+}
+
+/* --spine stream with an accelerator: once every matrix of a layer group has
+ * a device copy (the whole spine fits here: kept resident from the first
+ * step), the group is never read from disk again, and the logits are the
+ * CPU's bit for bit. With no room on the device every group is read each
+ * step, same logits. */
+TEST(model_accel_stream_spine_not_reread) {
+    static const char *fx[] = {"tests/fixtures/kimi_k3_mxfp4", "tests/fixtures/dsv3_fp8_yarn",
+                               "tests/fixtures/kimi_linear_a"};
+    kn_level lv = kn_detect();
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        int32_t tok[64];
+        int n = 0;
+        float *ref = cpu_logits(fx[i], tok, &n);
+        if (!n) SKIP("fixtures missing");
+        REQUIRE(ref != NULL, "%s cpu", fx[i]);
+        size_t bytes = 0;
+        int64_t spine = 0, reserve = 0;
+        {
+            df_engine *e = NULL;
+            char err[DF_ERRMSG];
+            df_engine_opts o;
+            df_engine_opts_default(&o);
+            REQUIRE(df_engine_open(fx[i], &o, &e, err) == DF_OK, "%s", err);
+            bytes = (size_t)n * df_engine_vocab_size(e) * sizeof(float);
+            reserve = df_engine_expert_bytes(e) * df_engine_experts_per_token(e); /* accel.c keeps it for experts */
+            df_engine_close(e);
+        }
+        uint64_t none_read = 0; /* spine bytes read after the first step with no room (variant 2) */
+        for (int b = 0; b < 4; b++) {
+            /* 0, 1: everything fits (1: whole-layer hooks); 2: no room;
+             * 3: room for all but the last group (kept groups and a cached one) */
+            int64_t budget = b == 2 ? 1 : b == 3 ? spine : (int64_t)1 << 40;
+            df_accel a = {"fake", &lv, budget, fake_upload, fake_release, fake_matmul, NULL,
+                          NULL, NULL, fake_queue, fake_finish, NULL, fake_state_new, fake_state_free,
+                          fake_state_zero, fake_kda, fake_mla, NULL, fake_matmul_many,
+                          b == 1 ? fake_kda_layer : NULL, b == 1 ? fake_mla_layer : NULL,
+                          b == 1 ? fake_moe_tail : NULL};
+            df_accel_stats st;
+            uint64_t later = 0;
+            float *lg = stream_logits(fx[i], &a, 0, &st, &later);
+            REQUIRE(lg != NULL, "%s variant %d", fx[i], b);
+            if (b == 0) spine = st.resident_bytes + reserve - 1; /* variant 3: all but the last group fit */
+            CHECK(stream_described, "%s variant %d: describe does not say which groups stay on the device", fx[i], b);
+            CHECK(memcmp(lg, ref, bytes) == 0, "%s variant %d: logits differ from the CPU's", fx[i], b);
+            if (b < 2) {
+                CHECK(later == 0, "%s variant %d: %llu spine bytes read after the first step", fx[i], b,
+                      (unsigned long long)later);
+                CHECK(st.spine_groups_on_device > 0 && st.spine_kept_groups > 0, "%s variant %d: %llu groups, %lld kept",
+                      fx[i], b, (unsigned long long)st.spine_groups_on_device, (long long)st.spine_kept_groups);
+            } else if (b == 2) {
+                CHECK(later > 0 && st.spine_groups_on_device == 0 && st.spine_kept_groups == 0,
+                      "%s no room: %llu bytes read, %llu groups from the device", fx[i], (unsigned long long)later,
+                      (unsigned long long)st.spine_groups_on_device);
+                none_read = later;
+            } else {
+                /* the group not kept stays cached beside them (held while it runs) or is read again */
+                CHECK(st.spine_kept_groups > 0 && st.spine_groups_on_device > 0 && later < none_read,
+                      "%s room for all but one group: %lld groups kept, %llu entered from the device, %llu of %llu bytes "
+                      "read", fx[i], (long long)st.spine_kept_groups, (unsigned long long)st.spine_groups_on_device,
+                      (unsigned long long)later, (unsigned long long)none_read);
+            }
+            CHECK(fake_live == 0 && fake_states == 0, "%s: leaks %d handles, %d states", fx[i], fake_live, fake_states);
+            free(lg);
+        }
+        free(ref);
+    }
+}
+
+/* A product of a group entered without its bytes that fails on the device
+ * reads the group then and runs on the CPU: same logits bit for bit. */
+TEST(model_accel_stream_spine_device_failure) {
+    static const char *fx[] = {"tests/fixtures/kimi_k3_mxfp4", "tests/fixtures/dsv3_fp8_yarn"};
+    kn_level lv = kn_detect();
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        int32_t tok[64];
+        int n = 0;
+        float *ref = cpu_logits(fx[i], tok, &n);
+        if (!n) SKIP("fixtures missing");
+        REQUIRE(ref != NULL, "%s cpu", fx[i]);
+        size_t bytes = 0;
+        {
+            df_engine *e = NULL;
+            char err[DF_ERRMSG];
+            df_engine_opts o;
+            df_engine_opts_default(&o);
+            REQUIRE(df_engine_open(fx[i], &o, &e, err) == DF_OK, "%s", err);
+            bytes = (size_t)n * df_engine_vocab_size(e) * sizeof(float);
+            df_engine_close(e);
+        }
+        for (int b = 0; b < 2; b++) {
+            /* 0: products one by one (KDA / MLA states on the "device");
+             * 1: with the whole-layer hooks (their products do not fail) */
+            df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, flaky_matmul, NULL, NULL, NULL,
+                          fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda,
+                          fake_mla, NULL, flaky_matmul_many, b ? fake_kda_layer : NULL, b ? fake_mla_layer : NULL,
+                          b ? fake_moe_tail : NULL};
+            df_accel_stats st;
+            uint64_t later = 0;
+            float *lg = stream_logits(fx[i], &a, b ? 1 : 2, &st, &later);
+            REQUIRE(lg != NULL, "%s variant %d", fx[i], b);
+            CHECK(fake_failures > 0 && st.spine_groups_on_device > 0, "%s variant %d: %d failures, %llu groups", fx[i],
+                  b, fake_failures, (unsigned long long)st.spine_groups_on_device);
+            /* with the layer hooks, dsv3's spine has no product outside them (tied head) */
+            if (b == 0 || strstr(fx[i], "kimi_k3"))
+                CHECK(later > 0, "%s variant %d: failed products read no spine bytes", fx[i], b);
+            CHECK(memcmp(lg, ref, bytes) == 0, "%s variant %d: logits differ after device failures", fx[i], b);
+            CHECK(fake_live == 0 && fake_states == 0, "%s: leaks %d handles, %d states", fx[i], fake_live, fake_states);
+            free(lg);
+        }
+        free(ref);
+    }
+}

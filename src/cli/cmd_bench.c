@@ -270,6 +270,9 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "prefill_compute_floor_s", json_real(prefill_compute));
         json_object_set_new(o, "prefill_ratio_to_larger_floor", json_real(prefill_best > 0 ? prefill_s / prefill_best : 0));
         json_object_set_new(o, "device_upload_bytes_per_token", json_real(up_tok));
+        json_object_set_new(o, "spine_groups_kept_on_device", json_integer((json_int_t)ac.spine_kept_groups));
+        json_object_set_new(o, "spine_groups_from_device_per_token",
+                            json_real((double)(ac.spine_groups_on_device - ac0.spine_groups_on_device) / ntok));
         json_object_set_new(o, "h2d_gbps", json_real(h2d));
         json_object_set_new(o, "upload_floor_s_per_token", json_real(h2d_floor));
         json_object_set_new(o, "device_read_bytes_per_token", json_real(dev_tok));
@@ -328,6 +331,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                    (unsigned long long)ac.cache_uploads, (unsigned long long)ac.cache_evictions,
                    (unsigned long long)ac.transient_uploads, ac.upload_bytes / 1e9,
                    (unsigned long long)ac.tier_hits);
+            if (df_engine_spine_streamed(e))
+                printf("streamed spine on device    %lld layer groups kept there; %.1f groups per token entered\n"
+                       "                            without reading them (every matrix had a device copy)\n",
+                       (long long)ac.spine_kept_groups,
+                       (double)(ac.spine_groups_on_device - ac0.spine_groups_on_device) / ntok);
             if (ac.spine_pinned_bytes)
                 printf("spine page-locked           %.3f GB (it does not fit the device: uploaded per use)\n",
                        ac.spine_pinned_bytes / 1e9);

@@ -4,7 +4,8 @@
  * slots, the shard descriptors and its own reader (so its completions never
  * mix with the expert store's).
  *
- * Sections: registration; finalize (spans, slots); reading; enter.
+ * Sections: registration; finalize (spans, slots); reading; enter (and
+ * skip: a group served from device copies, read only if a product fails).
  */
 #include "spine.h"
 #include "../base/port.h"
@@ -46,6 +47,8 @@ struct sp_store {
     int loading[2];       /* reads outstanding per slot */
     int failed[2];
     int64_t bytes_read;
+    int (*needs)(void *ctx, int group); /* read-ahead hook (NULL: every group is read) */
+    void *needs_ctx;
 };
 
 /* ---- registration ---- */
@@ -176,6 +179,16 @@ df_status sp_finalize(sp_store *s, char *err) {
 }
 
 int64_t sp_slot_bytes(const sp_store *s) { return s->slot_bytes; }
+int sp_n_groups(const sp_store *s) { return s->n_groups; }
+int sp_views(const sp_store *s, int group, df_weight *const **views) {
+    if (group < 0 || group >= s->n_groups) { *views = NULL; return 0; }
+    *views = s->g[group].views;
+    return s->g[group].nv;
+}
+void sp_set_needs_hook(sp_store *s, int (*needs)(void *ctx, int group), void *ctx) {
+    s->needs = needs;
+    s->needs_ctx = ctx;
+}
 void *sp_slot(const sp_store *s, int k) { return k == 0 || k == 1 ? s->slot[k] : NULL; }
 int64_t sp_bytes_read(const sp_store *s) { return s->bytes_read; }
 
@@ -211,11 +224,38 @@ static void start(sp_store *s, int k, int g) {
 
 /* ---- enter ---- */
 
+/* How far the read-ahead looks past groups served from the device: each
+ * look asks the hook (a check of every matrix of the group), so a spine
+ * held wholly on the device costs a few checks per group, not all of them. */
+enum { SP_LOOK = 4 };
+
+/* The first group after `group` (wrapping, never `group` itself, at most
+ * SP_LOOK on) that the hook says needs its bytes; -1 if none. */
+static int next_needed(const sp_store *s, int group) {
+    for (int i = 1; i < s->n_groups && i <= SP_LOOK; i++) {
+        int g = (group + i) % s->n_groups;
+        if (!s->needs || s->needs(s->needs_ctx, g)) return g;
+    }
+    return -1;
+}
+
+/* Starts reading the next needed group after `group` unless a slot already
+ * holds it; never into slot `busy` (the group being computed, -1: none). */
+static void read_ahead(sp_store *s, int group, int busy) {
+    int next = next_needed(s, group);
+    if (next < 0 || s->held[0] == next || s->held[1] == next) return;
+    int o = busy >= 0 ? 1 - busy : s->held[0] < 0 ? 0 : s->held[1] < 0 ? 1 : s->loading[0] ? 1 : 0;
+    while (s->loading[o] > 0) reap(s, 1);
+    start(s, o, next);
+}
+
 df_status sp_enter(sp_store *s, int group, char *err) {
     int k = s->held[0] == group ? 0 : s->held[1] == group ? 1 : -1;
     if (k < 0) {
-        /* not prefetched: use the slot that is not the other group's */
-        k = s->held[0] < 0 ? 0 : s->held[1] < 0 ? 1 : 0;
+        /* not read ahead: a slot that holds nothing, else one that does
+         * not hold the next group's read-ahead */
+        int ahead = next_needed(s, group);
+        k = s->held[0] < 0 ? 0 : s->held[1] < 0 ? 1 : s->held[0] == ahead ? 1 : 0;
         while (s->loading[k] > 0) reap(s, 1);
         start(s, k, group);
     }
@@ -244,11 +284,16 @@ df_status sp_enter(sp_store *s, int group, char *err) {
             }
         }
     }
-    /* read ahead: the next group into the other slot */
-    int o = 1 - k, next = (group + 1) % s->n_groups;
-    if (next != group && s->held[o] != next) {
-        while (s->loading[o] > 0) reap(s, 1);
-        start(s, o, next);
-    }
+    read_ahead(s, group, k); /* the next group into the other slot */
     return DF_OK;
+}
+
+void sp_skip(sp_store *s, int group) {
+    if (group < 0 || group >= s->n_groups) return;
+    sp_group *g = &s->g[group];
+    for (int i = 0; i < g->nv; i++) {
+        g->views[i]->data = NULL; /* no host bytes: an earlier read's slot is not this group's any more */
+        if (g->views[i]->t_scale) g->views[i]->scale = NULL;
+    }
+    read_ahead(s, group, -1);
 }

@@ -14,6 +14,13 @@
  *
  * The bytes a view sees are the file's bytes, so streaming never changes
  * the output.
+ *
+ * With an accelerator that holds device copies of every matrix of a group,
+ * the engine enters that group with sp_skip instead: nothing is read, the
+ * group's views get no host bytes (data and scale NULL, so only the device
+ * copies can serve them), and the read-ahead goes to the next group the
+ * engine's hook says still needs its bytes. If a device product fails
+ * later, sp_enter reads the group after all (the CPU then runs it).
  */
 #ifndef DF_EXPERTS_SPINE_H
 #define DF_EXPERTS_SPINE_H
@@ -35,6 +42,18 @@ df_status sp_finalize(sp_store *s, char *err);
 /* Makes group g resident and its views valid; starts reading the next group
  * (g+1, wrapping to 0 after the last). DF_ERR_IO if a read failed. */
 df_status sp_enter(sp_store *s, int group, char *err);
+/* Enters group g without reading it: its views' data and scale become NULL
+ * (the caller serves them from device copies); starts reading the next
+ * group that needs its bytes. */
+void sp_skip(sp_store *s, int group);
+/* The read-ahead asks needs(ctx, g) which later group to read next: 0 means
+ * g will be served without its bytes (sp_skip). Without a hook every group
+ * is read. A wrong guess costs time, never correctness: sp_enter reads a
+ * group that was not read ahead. */
+void sp_set_needs_hook(sp_store *s, int (*needs)(void *ctx, int group), void *ctx);
+/* Group g's registered views (*views, borrowed); returns their count. */
+int sp_views(const sp_store *s, int group, df_weight *const **views);
+int sp_n_groups(const sp_store *s);
 int64_t sp_slot_bytes(const sp_store *s);
 /* Slot k (0 or 1) of the double buffer; NULL before sp_finalize. */
 void *sp_slot(const sp_store *s, int k);

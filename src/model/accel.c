@@ -11,6 +11,12 @@
  *             resident matrices that did not fit the budget)
  *   ABSENT    known, no device copy now (evicted, or never fitted)
  *   CPU       the accelerator refused it (type or shape): CPU kernels
+ * A streamed spine (--spine stream) is planned at open (acc_keep_group): its
+ * layer groups, in order, are bound PENDING (kept resident, ahead of expert
+ * copies) while they fit beside the resident matrices and one layer's
+ * experts; the rest go through the LRU. A group whose every matrix has a
+ * copy is served without reading it (acc_hold: its cached copies are held,
+ * never evicted, until the next group is entered).
  * Budget: resident + cached bytes <= accel->budget; a matrix that cannot fit
  * even after evicting every cached copy is uploaded for the call and
  * released after it (transient). Any device failure falls back to the CPU
@@ -32,6 +38,7 @@ typedef struct {
     int32_t prev, next; /* LRU list of CACHED entries (indices, -1 = none) */
     int state;
     int busy; /* being handed to acc_expert_queue: not evicted */
+    int hold; /* a streamed spine group served from its copies (acc_hold): not evicted */
     const void *src[2];  /* host bytes of a matrix bound resident (data, scale; NULL: lazily bound) */
     int64_t src_bytes[2];
 } acc_ent;
@@ -51,6 +58,8 @@ struct acc_table {
     int npins, cap_pins;
     int experts_pinned;    /* the expert cache is among them */
     int spine_pin_tried;   /* pin_spine_ranges ran (once at most) */
+    int32_t *held;         /* entries with hold set (acc_hold) */
+    int nheld, cap_held;
     df_accel_stats st;
     char err[DF_ERRMSG];
     char last_err[DF_ERRMSG];
@@ -146,6 +155,7 @@ void acc_free(acc_table *t) {
         if (t->ent[i].h) t->a->release(t->a->ctx, t->ent[i].h);
     for (int i = 0; i < t->npins && t->a->unpin; i++) t->a->unpin(t->a->ctx, t->pins[i]);
     free(t->pins);
+    free(t->held);
     free(t->ent);
     free(t->index);
     free(t);
@@ -243,7 +253,7 @@ static int make_room(acc_table *t, int64_t need) {
     if (need > t->a->budget - t->st.resident_bytes) return 0;
     while (used_bytes(t) + need > t->a->budget) {
         int32_t i = t->lru_head;
-        while (i >= 0 && t->ent[i].busy) i = t->ent[i].next;
+        while (i >= 0 && (t->ent[i].busy || t->ent[i].hold)) i = t->ent[i].next;
         if (i < 0) return 0;
         acc_ent *v = &t->ent[i];
         lru_unlink(t, v);
@@ -324,6 +334,59 @@ int acc_on_device(acc_table *t, const df_weight *w) {
 }
 
 void acc_count_tier_hit(acc_table *t) { t->st.tier_hits++; }
+
+/* ---- a streamed spine's device copies ---- */
+
+int acc_keep_group(acc_table *t, df_weight *const *v, int n, int64_t reserve) {
+    if (!t || n < 1) return 0;
+    int64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        const void *k = key_of(v[i]);
+        if (!k) return 0;
+        if (!find(t, k)) bytes += wt_bytes(v[i]);
+    }
+    if (t->planned_bytes + bytes > t->a->budget - reserve) return 0;
+    for (int i = 0; i < n; i++) {
+        const void *k = key_of(v[i]);
+        if (find(t, k)) continue;
+        if (!insert(t, k, wt_bytes(v[i]), A_PENDING)) return 0;
+        t->planned_bytes += wt_bytes(v[i]);
+    }
+    t->st.spine_kept_groups++;
+    return 1;
+}
+
+int acc_views_on_device(acc_table *t, df_weight *const *v, int n) {
+    if (!t || n < 1) return 0;
+    for (int i = 0; i < n; i++)
+        if (!acc_on_device(t, v[i])) return 0;
+    return 1;
+}
+
+void acc_unhold(acc_table *t) {
+    if (!t) return;
+    for (int i = 0; i < t->nheld; i++) t->ent[t->held[i]].hold = 0;
+    t->nheld = 0;
+}
+
+int acc_hold(acc_table *t, df_weight *const *v, int n) {
+    acc_unhold(t);
+    if (!acc_views_on_device(t, v, n)) return 0;
+    if (t->cap_held < n) {
+        int32_t *nh = realloc(t->held, (size_t)n * sizeof *nh);
+        if (!nh) return 0;
+        t->held = nh;
+        t->cap_held = n;
+    }
+    for (int i = 0; i < n; i++) {
+        acc_ent *e = find(t, key_of(v[i]));
+        if (e->state != A_CACHED || e->hold) continue;
+        e->hold = 1;
+        t->held[t->nheld++] = (int32_t)(e - t->ent);
+    }
+    t->st.spine_groups_on_device++;
+    return 1;
+}
 
 int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
     const void *k = key_of(w);
@@ -726,6 +789,7 @@ void acc_reset_stats(acc_table *t) {
     t->st.calls = t->st.cpu_calls = t->st.cache_hits = t->st.cache_uploads = 0;
     t->st.cache_evictions = t->st.transient_uploads = t->st.upload_bytes = 0;
     t->st.tier_hits = 0;
+    t->st.spine_groups_on_device = 0;
     t->st.sync_s = 0;
     t->st.sync_calls = 0;
     t->st.kda_calls = t->st.mla_calls = 0;

@@ -30,6 +30,7 @@ void df_engine_opts_default(df_engine_opts *o) {
 }
 
 static int64_t spine_bytes(const df_engine *e);
+static void plan_spine_on_device(df_engine *e);
 
 /* The spine's matrices: a converted int8 spine (DIR/int8-spine) joins the
  * shard set as "int8:" tensors when asked for, or found in auto. */
@@ -166,6 +167,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     st = e->ops->open(e, &e->prog, err);
     if (st != DF_OK) goto fail;
     e->spine_group = -1;
+    e->spine_cur = -1;
     if (e->spine && (st = sp_finalize(e->spine, err)) != DF_OK) goto fail;
     if (e->store) xs_set_budget(e->store, plan_expert_cache(e));
     if (e->store && (st = xs_finalize(e->store, err)) != DF_OK) goto fail;
@@ -173,6 +175,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
      * go at the DMA rate (best effort: pageable uploads give the same results) */
     /* a spine that does not fit the device is uploaded again and again:
      * from page-locked memory (its streaming buffers, or its mapped bytes) */
+    if (e->acc && e->spine) plan_spine_on_device(e);
     if (e->acc && !opts->plan_only) {
         if (e->spine)
             for (int k = 0; k < 2; k++) acc_pin_range(e->acc, sp_slot(e->spine, k), sp_slot_bytes(e->spine));
@@ -261,9 +264,18 @@ const char *df_engine_describe(df_engine *e) {
         snprintf(b + used, cap - used, "expert cache   none: experts are used in place through mmap\n");
     }
     used = strlen(b);
-    if (e->spine)
+    if (e->spine) {
+        df_accel_stats as;
+        acc_get_stats(e->acc, &as);
         snprintf(b + used, cap - used, "spine          %.3f GB %s; 2 x %.3f GB buffers\n", spine_bytes(e) / 1e9,
                  e->plan.why, sp_slot_bytes(e->spine) / 1e9);
+        used = strlen(b);
+        if (e->acc)
+            snprintf(b + used, cap - used,
+                     "               %lld of its %d layer groups kept on the device (never read again once\n"
+                     "               uploaded); any group whose matrices all have device copies is not read\n",
+                     (long long)as.spine_kept_groups, sp_n_groups(e->spine));
+    }
     else
         snprintf(b + used, cap - used, "spine          %.3f GB %s\n", spine_bytes(e) / 1e9, e->plan.why);
     used = strlen(b);
@@ -311,12 +323,52 @@ df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int6
     return st;
 }
 
+/* A streamed group whose every matrix has a device copy is entered without
+ * reading it (its cached copies held until the next group); a product of
+ * it that then fails on the device reads it after all (model_host). */
 df_status model_enter(df_engine *e, int group, char *err) {
     if (!e->spine) return DF_OK;
     double t = prof_now(e);
-    df_status st = sp_enter(e->spine, group, err);
+    df_weight *const *v = NULL;
+    int nv = sp_views(e->spine, group, &v);
+    df_status st = DF_OK;
+    e->spine_cur = group;
+    if (e->acc && acc_hold(e->acc, v, nv)) sp_skip(e->spine, group);
+    else st = sp_enter(e->spine, group, err);
     prof_add(e, DF_PROF_SPINE_WAIT, &t);
     return st;
+}
+
+int model_host(df_engine *e, const df_weight *w) {
+    if (w->data) return 1;
+    if (!e->spine || e->spine_cur < 0 || e->spine_fault) return 0;
+    double t = prof_now(e);
+    df_status st = sp_enter(e->spine, e->spine_cur, e->spine_fault_msg);
+    prof_add(e, DF_PROF_SPINE_WAIT, &t);
+    if (st != DF_OK) e->spine_fault = st;
+    return st == DF_OK && w->data;
+}
+
+/* sp_set_needs_hook: a group needs its bytes unless the device holds it. */
+static int spine_needs_read(void *ctx, int group) {
+    df_engine *e = ctx;
+    df_weight *const *v = NULL;
+    int nv = sp_views(e->spine, group, &v);
+    return !acc_views_on_device(e->acc, v, nv);
+}
+
+/* Plans the streamed spine's device copies: whole layer groups, in order,
+ * stay on the device while they fit beside the matrices bound resident
+ * and one token's experts of one layer (expert copies take the rest). */
+static void plan_spine_on_device(df_engine *e) {
+    int64_t reserve = 0;
+    if (e->store) reserve = (int64_t)e->cfg.num_experts_per_tok * xs_expert_bytes(e->store);
+    for (int g = 0; g < sp_n_groups(e->spine); g++) {
+        df_weight *const *v = NULL;
+        int nv = sp_views(e->spine, g, &v);
+        acc_keep_group(e->acc, v, nv, reserve);
+    }
+    sp_set_needs_hook(e->spine, spine_needs_read, e);
 }
 
 /* Bytes of the non-expert weights (what a resident spine keeps mapped). */
@@ -416,6 +468,10 @@ static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
 
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
     if (e->acc && acc_mm(e->acc, w, X, n, Y, ldy)) return;
+    if (!model_host(e, w)) { /* the step fails (df_session_eval): no bytes to compute from */
+        for (int i = 0; i < n; i++) memset(Y + (size_t)i * ldy, 0, (size_t)w->rows * sizeof(float));
+        return;
+    }
     mm_job j = {e, w, X, n, Y, ldy};
     pool_for(e->pool, w->rows, 16, mm_rows, &j);
 }
@@ -480,6 +536,10 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
         float *out = logits ? logits + (size_t)i * V : s->logits;
         if (!logits && !last_chunk) out = NULL;
         df_status st = e->ops->forward(e, s->state, pos + i, tokens + i, m, out, logits != NULL, s->err);
+        if (e->spine_fault) { /* a spine read after a device failure failed (model_host) */
+            if (st == DF_OK) st = df_fail(s->err, e->spine_fault, "%s", e->spine_fault_msg);
+            e->spine_fault = 0;
+        }
         if (st != DF_OK) {
             if (!s->err[0]) df_fail(s->err, st, "forward pass failed at position %d", pos + i);
             if (s->e->ops->state_reset) { /* recurrent state is half-updated: start over */

@@ -153,6 +153,8 @@ df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *
             df_status st = acc_mla(e->acc, &a->dev, g->dev_cache, g->pos, g->n, q, kva, attn, err);
             if (st != DF_OK) return st;
         } else {
+            if (!model_host(e, &a->kv_b)) /* streamed, served by the device until a product failed */
+                return df_fail(err, e->spine_fault ? e->spine_fault : DF_ERR_IO, "%s", e->spine_fault_msg);
             for (int t = 0; t < g->n; t++)
                 mla_write_row(sh, a->kv_a_norm, kva + (size_t)t * stride, g->pos + t,
                               g->cache + (size_t)(g->pos + t) * stride, q + (size_t)t * sh->nh * sh->dq);

@@ -114,6 +114,9 @@ struct df_engine {
     struct acc_table *acc;    /* device copies when opts.accel is set (accel.c); NULL: CPU only */
     eng_plan plan;
     int64_t spine_read0;      /* sp_bytes_read at the last df_engine_reset_stats */
+    int spine_cur;            /* the spine group being computed (-1 none) */
+    int spine_fault;          /* a failed read of a group served from the device (model_host); 0 none */
+    char spine_fault_msg[DF_ERRMSG];
     int int8;                 /* the converted int8 spine is bound (tensors "int8:NAME" in st) */
     char spine_dtype[16];     /* "int8", or the checkpoint's matrices' type */
     float *batch_logits;      /* [DF_CHUNK][vocab] head rows of a batched pass (model_batch_logits) */
@@ -147,6 +150,11 @@ df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int6
 /* Before computing layer group g (layers 0..L-1, the head is L): makes its
  * streamed weights valid. DF_OK at once when the spine is resident. */
 df_status model_enter(df_engine *e, int group, char *err);
+/* Makes w's host bytes valid when the spine group being computed was
+ * entered without them (its device copies served it, sp_skip) and a device
+ * product failed: reads the group now. 1 if w->data is valid; 0 if the read
+ * failed (the error is kept and the step fails: df_session_eval). */
+int model_host(df_engine *e, const df_weight *w);
 /* model_bind of the matrix named base + leaf. */
 df_status model_bind_at(df_engine *e, const char *base, const char *leaf, int64_t rows, int64_t cols,
                         df_weight *w, char *err);
@@ -210,6 +218,18 @@ int64_t acc_pin_spine(acc_table *t);
 /* Page-locks [p, p + bytes) for uploads (not the expert cache); 1 if done. */
 int acc_pin_range(acc_table *t, void *p, int64_t bytes);
 int acc_mm(acc_table *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
+/* A streamed spine on the device. acc_keep_group plans one layer group
+ * (its views v[n], lazily bound) to stay on the device: bound PENDING
+ * (uploaded on first use, then resident) when the group fits beside what is
+ * planned so far and `reserve` bytes for expert copies; 1 if kept.
+ * acc_views_on_device: 1 if every v[i] has a device copy now. acc_hold:
+ * the same check, and then the cached ones among them are held (never
+ * evicted) until the next acc_hold or acc_unhold: the group may then run
+ * without host bytes. 0: nothing held. */
+int acc_keep_group(acc_table *t, df_weight *const *v, int n, int64_t reserve);
+int acc_views_on_device(acc_table *t, df_weight *const *v, int n);
+int acc_hold(acc_table *t, df_weight *const *v, int n);
+void acc_unhold(acc_table *t);
 /* 1 if w has a device copy now (acc_mm then needs no host bytes: w->data
  * may be NULL, and acc_mm returns 0 only on a device failure). */
 int acc_on_device(acc_table *t, const df_weight *w);

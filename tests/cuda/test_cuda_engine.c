@@ -222,3 +222,48 @@ TEST(cuda_engine_attention_on_device) {
               "%s: bench does not report KDA and MLA on the device: %s", arch[i], out);
     }
 }
+
+/* --spine stream on the device: once the first step has uploaded every
+ * layer group, decode reads no spine bytes (bench: "spine 0.0" MB per
+ * token, every group entered from its device copies), and the logits are
+ * bit-identical to --spine resident on the device, also when nothing fits
+ * (--gpu-mem 1M: every group read and uploaded per use). */
+TEST(cuda_engine_stream_spine_on_device) {
+    if (!have_gpu()) return;
+    const char *tmp = t_tmpdir("cuda_stream");
+    static const char *arch[2] = {"kimi_k3", "deepseek_v3"};
+    const char *toks = "5,17,300,2,901,44,7,7,512,3,88,61,250,9,1000,12,33,64,128,255";
+    for (int i = 0; i < 2; i++) {
+        char model[600], out[16384];
+        snprintf(model, sizeof model, "%.400s/%s", tmp, arch[i]);
+        int rc = t_sh(out, sizeof out, "%s synth --arch %s --preset tiny --seed 7 --out %s", bin(), arch[i], model);
+        REQUIRE(rc == 0, "synth %s: %s", arch[i], out);
+        const char *dev[3] = {"cuda --spine resident", "cuda --spine stream", "cuda --spine stream --gpu-mem 1M"};
+        float *lg[3] = {0};
+        size_t nl[3] = {0};
+        for (int d = 0; d < 3; d++) {
+            char path[700];
+            snprintf(path, sizeof path, "%.600s/s%d.bin", model, d);
+            rc = t_sh(out, sizeof out, "%s logits --model %s --tokens %s --out %s --device %s", bin(), model, toks,
+                      path, dev[d]);
+            CHECK(rc == 0, "%s logits %s: %s", arch[i], dev[d], out);
+            lg[d] = read_floats(path, &nl[d]);
+        }
+        if (lg[0] && lg[1] && lg[2] && nl[0] && nl[1] == nl[0] && nl[2] == nl[0]) {
+            CHECK(!memcmp(lg[0], lg[1], nl[0] * 4), "%s: --spine stream changes the logits", arch[i]);
+            CHECK(!memcmp(lg[0], lg[2], nl[0] * 4), "%s: --spine stream --gpu-mem 1M changes the logits", arch[i]);
+        } else {
+            CHECK(0, "%s: logits missing", arch[i]);
+        }
+        for (int d = 0; d < 3; d++) free(lg[d]);
+        rc = t_sh(out, sizeof out, "%s bench --decode --model %s --tokens 4 --prompt-tokens 4 --spine stream --device cuda",
+                  bin(), model);
+        const char *r = strstr(out, "bytes read per token");
+        double all = -1, ex = -1, sp = -1;
+        int got = r ? sscanf(r, "bytes read per token %lf MB (experts %lf + spine %lf", &all, &ex, &sp) : 0;
+        CHECK(rc == 0 && got == 3 && sp == 0.0, "%s: decode with --spine stream on the device read %.1f MB of spine "
+              "per token: %s", arch[i], sp, out);
+        const char *g = strstr(out, "streamed spine on device");
+        fprintf(stderr, "    %-12s --spine stream: %.1f MB spine read per token; %.80s\n", arch[i], sp, g ? g : "?");
+    }
+}
