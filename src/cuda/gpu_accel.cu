@@ -841,6 +841,29 @@ void acc_unpin(void *ctx, void *ptr) {
     cudaGetLastError();
 }
 
+/* Six timed runs of op on a->stream between events e0 and e1; the first
+ * warms up, the next five's seconds go to t[0..4]. 0 when an event fails
+ * (t then holds the runs timed so far). */
+template <typename Op> static int time_runs(acc *a, cudaEvent_t e0, cudaEvent_t e1, double t[5], Op op) {
+    for (int i = 0; i < 6; i++) {
+        float ms = 0;
+        cudaEventRecord(e0, a->stream);
+        op();
+        cudaEventRecord(e1, a->stream);
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) return 0;
+        if (i) t[i - 1] = ms * 1e-3;
+    }
+    return 1;
+}
+
+/* t[0..4] in ascending order (insertion sort): t[2] is the median. */
+static void sort5(double t[5]) {
+    for (int i = 0; i < 5; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x;
+        }
+}
+
 /* Median of 5 timed 256 MiB copies from page-locked memory. */
 double acc_h2d_gbps(void *ctx) {
     acc *a = (acc *)ctx;
@@ -853,18 +876,8 @@ double acc_h2d_gbps(void *ctx) {
         cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
         goto out;
     memset(h, 1, n);
-    for (int i = 0; i < 6; i++) {
-        float ms = 0;
-        cudaEventRecord(e0, a->stream);
-        cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, a->stream);
-        cudaEventRecord(e1, a->stream);
-        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
-        if (i) t[i - 1] = ms * 1e-3; /* the first one warms up */
-    }
-    for (int i = 0; i < 5; i++) /* insertion sort, then the middle one */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x;
-        }
+    if (!time_runs(a, e0, e1, t, [&] { cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, a->stream); })) goto out;
+    sort5(t);
 out:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
@@ -905,18 +918,11 @@ double acc_read_gbps(void *ctx) {
     if (!d || cudaMalloc((void **)&o, sizeof *o) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
         cudaEventCreate(&e1) != cudaSuccess || cudaMemsetAsync(d, 0x5a, n, a->stream) != cudaSuccess)
         goto out;
-    for (int i = 0; i < 6; i++) {
-        float ms = 0;
-        cudaEventRecord(e0, a->stream);
-        k_read_probe<<<(unsigned)(sms > 0 ? sms * 8 : 1024), 512, 0, a->stream>>>((const uint4 *)d, n / 16, o);
-        cudaEventRecord(e1, a->stream);
-        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
-        if (i) t[i - 1] = ms * 1e-3;
-    }
-    for (int i = 0; i < 5; i++)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x;
-        }
+    if (!time_runs(a, e0, e1, t, [&] {
+            k_read_probe<<<(unsigned)(sms > 0 ? sms * 8 : 1024), 512, 0, a->stream>>>((const uint4 *)d, n / 16, o);
+        }))
+        goto out;
+    sort5(t);
 out:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
