@@ -841,21 +841,6 @@ void acc_unpin(void *ctx, void *ptr) {
     cudaGetLastError();
 }
 
-/* Six timed runs of op on a->stream between events e0 and e1; the first
- * warms up, the next five's seconds go to t[0..4]. 0 when an event fails
- * (t then holds the runs timed so far). */
-template <typename Op> static int time_runs(acc *a, cudaEvent_t e0, cudaEvent_t e1, double t[5], Op op) {
-    for (int i = 0; i < 6; i++) {
-        float ms = 0;
-        cudaEventRecord(e0, a->stream);
-        op();
-        cudaEventRecord(e1, a->stream);
-        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) return 0;
-        if (i) t[i - 1] = ms * 1e-3;
-    }
-    return 1;
-}
-
 /* t[0..4] in ascending order (insertion sort): t[2] is the median. */
 static void sort5(double t[5]) {
     for (int i = 0; i < 5; i++)
@@ -864,27 +849,44 @@ static void sort5(double t[5]) {
         }
 }
 
+/* GB/s of op moving `bytes`: six runs of op on a->stream timed between two
+ * events, the first a warm-up, the median of the other five; 0 when an
+ * event cannot be made. When a run's timing fails, t[2] is used as it
+ * stands (the runs timed so far, unsorted). */
+template <typename Op> static double median_gbps(acc *a, size_t bytes, Op op) {
+    double t[5] = {0};
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) goto out;
+    for (int i = 0; i < 6; i++) {
+        float ms = 0;
+        cudaEventRecord(e0, a->stream);
+        op();
+        cudaEventRecord(e1, a->stream);
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
+        if (i) t[i - 1] = ms * 1e-3; /* the first one warms up */
+    }
+    sort5(t);
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return t[2] > 0 ? bytes / t[2] / 1e9 : 0.0;
+}
+
 /* Median of 5 timed 256 MiB copies from page-locked memory. */
 double acc_h2d_gbps(void *ctx) {
     acc *a = (acc *)ctx;
     cudaSetDevice(a->device);
     const size_t n = (size_t)256 << 20;
     void *h = NULL, *d = NULL;
-    double t[5] = {0};
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    if (cudaMallocHost(&h, n) != cudaSuccess || cudaMalloc(&d, n) != cudaSuccess ||
-        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
-        goto out;
-    memset(h, 1, n);
-    if (!time_runs(a, e0, e1, t, [&] { cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, a->stream); })) goto out;
-    sort5(t);
-out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
+    double gbps = 0.0;
+    if (cudaMallocHost(&h, n) == cudaSuccess && cudaMalloc(&d, n) == cudaSuccess) {
+        memset(h, 1, n);
+        gbps = median_gbps(a, n, [&] { cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, a->stream); });
+    }
     cudaFreeHost(h);
     cudaFree(d);
     cudaGetLastError();
-    return t[2] > 0 ? n / t[2] / 1e9 : 0.0;
+    return gbps;
 }
 
 /* Read-only probe: every thread sums 16-byte loads over a grid-stride loop;
@@ -907,29 +909,22 @@ double acc_read_gbps(void *ctx) {
     size_t n = (size_t)1 << 30;
     void *d = NULL;
     unsigned *o = NULL;
-    double t[5] = {0};
-    cudaEvent_t e0 = NULL, e1 = NULL;
+    double gbps = 0.0;
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a->device);
     while (cudaMalloc(&d, n) != cudaSuccess && n > ((size_t)256 << 20)) {
         cudaGetLastError();
         n /= 2;
     }
-    if (!d || cudaMalloc((void **)&o, sizeof *o) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
-        cudaEventCreate(&e1) != cudaSuccess || cudaMemsetAsync(d, 0x5a, n, a->stream) != cudaSuccess)
-        goto out;
-    if (!time_runs(a, e0, e1, t, [&] {
+    if (d && cudaMalloc((void **)&o, sizeof *o) == cudaSuccess &&
+        cudaMemsetAsync(d, 0x5a, n, a->stream) == cudaSuccess)
+        gbps = median_gbps(a, n, [&] {
             k_read_probe<<<(unsigned)(sms > 0 ? sms * 8 : 1024), 512, 0, a->stream>>>((const uint4 *)d, n / 16, o);
-        }))
-        goto out;
-    sort5(t);
-out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
+        });
     cudaFree(d);
     cudaFree(o);
     cudaGetLastError();
-    return t[2] > 0 ? n / t[2] / 1e9 : 0.0;
+    return gbps;
 }
 
 } // namespace
