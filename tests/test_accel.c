@@ -746,6 +746,20 @@ static float *stream_logits(const char *dir, const df_accel *a, int fail_every, 
     return fx_end(&r, ok);
 }
 
+/* Opens dir (default options) for the bytes of n tokens' logits and, when
+ * reserve is set, of one token's routed experts (the room accel.c keeps
+ * for them). 0 when it does not open (err says why). */
+static int engine_sizes(const char *dir, int n, size_t *bytes, int64_t *reserve, char *err) {
+    df_engine *e = NULL;
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    if (df_engine_open(dir, &o, &e, err) != DF_OK) return 0;
+    *bytes = (size_t)n * df_engine_vocab_size(e) * sizeof(float);
+    if (reserve) *reserve = df_engine_expert_bytes(e) * df_engine_experts_per_token(e);
+    df_engine_close(e);
+    return 1;
+}
+
 /* --spine stream with an accelerator: once every matrix of a layer group has
  * a device copy (the whole spine fits here: kept resident from the first
  * step), the group is never read from disk again, and the logits are the
@@ -763,16 +777,8 @@ TEST(model_accel_stream_spine_not_reread) {
         REQUIRE(ref != NULL, "%s cpu", fx[i]);
         size_t bytes = 0;
         int64_t spine = 0, reserve = 0;
-        {
-            df_engine *e = NULL;
-            char err[DF_ERRMSG];
-            df_engine_opts o;
-            df_engine_opts_default(&o);
-            REQUIRE(df_engine_open(fx[i], &o, &e, err) == DF_OK, "%s", err);
-            bytes = (size_t)n * df_engine_vocab_size(e) * sizeof(float);
-            reserve = df_engine_expert_bytes(e) * df_engine_experts_per_token(e); /* accel.c keeps it for experts */
-            df_engine_close(e);
-        }
+        char err[DF_ERRMSG];
+        REQUIRE(engine_sizes(fx[i], n, &bytes, &reserve, err), "%s", err);
         uint64_t none_read = 0; /* spine bytes read after the first step with no room (variant 2) */
         for (int b = 0; b < 4; b++) {
             /* 0, 1: everything fits (1: whole-layer hooks); 2: no room;
@@ -826,15 +832,8 @@ TEST(model_accel_stream_spine_device_failure) {
         if (!n) SKIP("fixtures missing");
         REQUIRE(ref != NULL, "%s cpu", fx[i]);
         size_t bytes = 0;
-        {
-            df_engine *e = NULL;
-            char err[DF_ERRMSG];
-            df_engine_opts o;
-            df_engine_opts_default(&o);
-            REQUIRE(df_engine_open(fx[i], &o, &e, err) == DF_OK, "%s", err);
-            bytes = (size_t)n * df_engine_vocab_size(e) * sizeof(float);
-            df_engine_close(e);
-        }
+        char err[DF_ERRMSG];
+        REQUIRE(engine_sizes(fx[i], n, &bytes, NULL, err), "%s", err);
         for (int b = 0; b < 2; b++) {
             /* 0: products one by one (KDA / MLA states on the "device");
              * 1: with the whole-layer hooks (their products do not fail) */
