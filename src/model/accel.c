@@ -533,6 +533,19 @@ static void release_handles(acc_table *t, const acc_handles *hs) {
     }
 }
 
+/* Ends a device call over hs, made when ok and then returning st: releases
+ * the handles; 0 when it was not made (every handle not had), -1 when it
+ * failed (call_failed: err set), else 1. */
+static int call_end(acc_table *t, const acc_handles *hs, int ok, df_status st, char *err) {
+    release_handles(t, hs);
+    if (!ok) return 0;
+    if (st != DF_OK) {
+        call_failed(t, st, err);
+        return -1;
+    }
+    return 1;
+}
+
 /* The products of r the accelerator takes, in one matmul_many call (one
  * host wait); done[i] = 1 for each it computed. Needs two or more. */
 static void acc_mm_many(acc_table *t, const mm_req *r, int count, int *done) {
@@ -695,11 +708,8 @@ int acc_moe_tail(acc_table *t, int n, int K, const float *selw, const float *rou
     double t0 = now_s();
     df_status st = t->a->moe_tail(t->a->ctx, n, K, selw, routed, dl, lat_norm, eps, hs.h[0], shared, out, t->err);
     sync_done(t, t0);
-    release_handles(t, &hs);
-    if (st != DF_OK) {
-        call_failed(t, st, err);
-        return -1;
-    }
+    int r = call_end(t, &hs, 1, st, err);
+    if (r != 1) return r;
     t->st.calls++;
     t->st.device_read_bytes += (uint64_t)wt_bytes(lat_up);
     return 1;
@@ -716,12 +726,8 @@ int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, c
         st = t->a->kda_layer(t->a->ctx, layer, state, n, hs.h, xn, out, t->err);
         sync_done(t, t0);
     }
-    release_handles(t, &hs);
-    if (!ok) return 0;
-    if (st != DF_OK) {
-        call_failed(t, st, err);
-        return -1;
-    }
+    int r = call_end(t, &hs, ok, st, err);
+    if (r != 1) return r;
     t->st.calls += (uint64_t)hs.count;
     t->st.kda_calls++;
     t->st.device_read_bytes += (uint64_t)hs.bytes + (uint64_t)layer->H * layer->D * layer->D * sizeof(float);
@@ -743,12 +749,8 @@ int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos,
         st = t->a->mla_layer(t->a->ctx, layer, hs.h[DF_MLA_MATS], state, pos, n, hs.h, xn, out, t->err);
         sync_done(t, t0);
     }
-    release_handles(t, &hs);
-    if (!ok) return 0;
-    if (st != DF_OK) {
-        call_failed(t, st, err);
-        return -1;
-    }
+    int r = call_end(t, &hs, ok, st, err);
+    if (r != 1) return r;
     t->st.calls += (uint64_t)hs.count - 1;
     t->st.mla_calls++;
     t->st.device_read_bytes += (uint64_t)hs.bytes + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
