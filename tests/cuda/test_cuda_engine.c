@@ -93,19 +93,23 @@ static float *read_floats(const char *path, size_t *n) {
 }
 
 /* `deltafin logits` over tokens with each of the n device options dev[d],
- * written to <prefix><d>.bin and read back into lg[d] (NULL when unread;
- * the caller frees) of nl[d] floats. A failing run fails the test, naming
- * `name`; out (cap bytes) holds the last run's output. */
-static void device_logits(const char *model, const char *tokens, const char *prefix, const char *name,
-                          const char *const *dev, int n, float **lg, size_t *nl, char *out, size_t cap) {
+ * written to <dir>/<stem><d>.bin and read back into lg[d] (NULL when
+ * unread; the caller frees) of nl[d] floats. A failing run fails the test,
+ * naming `name`; out (cap bytes) holds the last run's output. 1 when every
+ * lg[d] was read, all of the same nonzero length nl[0]. */
+static int device_logits(const char *model, const char *tokens, const char *dir, const char *stem, const char *name,
+                         const char *const *dev, int n, float **lg, size_t *nl, char *out, size_t cap) {
+    int same = 1;
     for (int d = 0; d < n; d++) {
-        char path[700];
-        snprintf(path, sizeof path, "%.680s%d.bin", prefix, d);
+        char path[900];
+        snprintf(path, sizeof path, "%.600s/%.200s%d.bin", dir, stem, d);
         int rc = t_sh(out, cap, "%s logits --model %s --tokens %s --out %s --device %s", bin(), model, tokens, path,
                       dev[d]);
         CHECK(rc == 0, "%s logits %s: %s", name, dev[d], out);
         lg[d] = read_floats(path, &nl[d]);
     }
+    for (int d = 0; d < n; d++) same &= lg[d] && nl[d] == nl[0];
+    return same && nl[0];
 }
 
 /* `deltafin synth` of arch's tiny preset (seed 7) into <tmp>/<arch>, its
@@ -145,12 +149,9 @@ TEST(cuda_engine_fixtures) {
                                "cuda --expert-cache 1K"};
         float *lg[ND] = {0};
         size_t nl[ND] = {0};
-        char prefix[600];
-        snprintf(prefix, sizeof prefix, "%.300s/%.200s_", tmp, names[i]);
-        device_logits(model, tokens, prefix, names[i], dev, ND, lg, nl, out, sizeof out);
-        int same = 1;
-        for (int d = 0; d < ND; d++) same &= lg[d] && nl[d] == nl[0];
-        if (same && nl[0]) {
+        char stem[210];
+        snprintf(stem, sizeof stem, "%.200s_", names[i]);
+        if (device_logits(model, tokens, tmp, stem, names[i], dev, ND, lg, nl, out, sizeof out)) {
             double mx = 0, md = 0;
             for (size_t k = 0; k < nl[0]; k++) {
                 mx = fmax(mx, fabs(lg[0][k]));
@@ -201,10 +202,7 @@ TEST(cuda_engine_attention_on_device) {
         const char *dev[3] = {"cpu", "cuda", "cuda --gpu-mem 1M"};
         float *lg[3] = {0};
         size_t nl[3] = {0};
-        char prefix[610];
-        snprintf(prefix, sizeof prefix, "%s/l", model);
-        device_logits(model, toks, prefix, arch[i], dev, 3, lg, nl, out, sizeof out);
-        if (lg[0] && lg[1] && lg[2] && nl[0] && nl[1] == nl[0] && nl[2] == nl[0]) {
+        if (device_logits(model, toks, model, "l", arch[i], dev, 3, lg, nl, out, sizeof out)) {
             double mx = 0, md = 0;
             for (size_t k = 0; k < nl[0]; k++) {
                 mx = fmax(mx, fabs(lg[0][k]));
@@ -252,10 +250,7 @@ TEST(cuda_engine_stream_spine_on_device) {
         const char *dev[3] = {"cuda --spine resident", "cuda --spine stream", "cuda --spine stream --gpu-mem 1M"};
         float *lg[3] = {0};
         size_t nl[3] = {0};
-        char prefix[610];
-        snprintf(prefix, sizeof prefix, "%s/s", model);
-        device_logits(model, toks, prefix, arch[i], dev, 3, lg, nl, out, sizeof out);
-        if (lg[0] && lg[1] && lg[2] && nl[0] && nl[1] == nl[0] && nl[2] == nl[0]) {
+        if (device_logits(model, toks, model, "s", arch[i], dev, 3, lg, nl, out, sizeof out)) {
             CHECK(!memcmp(lg[0], lg[1], nl[0] * 4), "%s: --spine stream changes the logits", arch[i]);
             CHECK(!memcmp(lg[0], lg[2], nl[0] * 4), "%s: --spine stream --gpu-mem 1M changes the logits", arch[i]);
         } else {
