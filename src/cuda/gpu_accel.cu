@@ -421,6 +421,23 @@ df_status queue_launch(acc *a, char *err) {
     return st;
 }
 
+/* A queued expert's output (host staging qhy, after the stream's sync) to
+ * its rows of p->out. */
+static void pending_out(const acc *a, const pending *p) {
+    for (int r = 0; r < p->n; r++)
+        memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
+               (size_t)p->dim * sizeof(float));
+}
+
+/* The queue emptied once finished (acc_expert_finish, acc_moe_tail). */
+static void queue_clear(acc *a) {
+    a->npend = 0;
+    a->nlaunched = 0;
+    a->flush_st = DF_OK;
+    a->nrows = 0;
+    a->qx_used = a->qy_used = 0;
+}
+
 /* Launches what is queued, waits for the product stream (not for uploads
  * started since: prefetches keep running), then writes every queued output
  * to its rows. */
@@ -434,17 +451,8 @@ df_status acc_expert_finish(void *ctx, char *err) {
     }
     cudaError_t e = cudaStreamSynchronize(a->stream);
     if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "queued experts");
-    for (int i = 0; st == DF_OK && i < a->npend; i++) {
-        const pending *p = &a->pend[i];
-        for (int r = 0; r < p->n; r++)
-            memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
-                   (size_t)p->dim * sizeof(float));
-    }
-    a->npend = 0;
-    a->nlaunched = 0;
-    a->flush_st = DF_OK;
-    a->nrows = 0;
-    a->qx_used = a->qy_used = 0;
+    for (int i = 0; st == DF_OK && i < a->npend; i++) pending_out(a, &a->pend[i]);
+    queue_clear(a);
     return st;
 }
 
@@ -535,15 +543,9 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
     for (int i = 0; st == DF_OK && i < a->npend; i++) {
         const pending *p = &a->pend[i];
         if (p->out == routed || (shared && p->out == shared)) continue;
-        for (int r = 0; r < p->n; r++)
-            memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
-                   (size_t)p->dim * sizeof(float));
+        pending_out(a, p);
     }
-    a->npend = 0;
-    a->nlaunched = 0;
-    a->flush_st = DF_OK;
-    a->nrows = 0;
-    a->qx_used = a->qy_used = 0;
+    queue_clear(a);
     return st;
 }
 
