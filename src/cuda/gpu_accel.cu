@@ -661,6 +661,16 @@ df_status acc_kda(void *ctx, const df_accel_kda *l, void *state, int n, const fl
     return DF_OK;
 }
 
+/* A whole layer's device copies mats[0..n) as handles h (NULL where the
+ * layer has none), each waited for (its upload may still be in flight). */
+static df_status layer_handles(acc *a, void *const *mats, int n, const handle **h, char *err) {
+    for (int i = 0; i < n; i++) {
+        h[i] = (const handle *)mats[i];
+        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
+    }
+    return DF_OK;
+}
+
 /* A whole KDA layer: xn up, the projections into device buffers (the
  * low-rank halves reading their first halves there), gpu_kda, the output
  * projection, out back: one host wait, the same kernels and inputs as the
@@ -670,10 +680,7 @@ df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, vo
     acc *a = (acc *)ctx;
     dev_state *st = (dev_state *)state;
     const handle *h[DF_KDA_MATS];
-    for (int i = 0; i < DF_KDA_MATS; i++) {
-        h[i] = (const handle *)mats[i];
-        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
-    }
+    if (layer_handles(a, mats, DF_KDA_MATS, h, err) != DF_OK) return DF_ERR_IO;
     const int full = h[DF_KDA_G] != NULL;
     if (!h[DF_KDA_Q] || !h[DF_KDA_K] || !h[DF_KDA_V] || !h[DF_KDA_FA] || !h[DF_KDA_FB] || !h[DF_KDA_B] ||
         !h[DF_KDA_O] || (!full && (!h[DF_KDA_GA] || !h[DF_KDA_GB]))) {
@@ -732,10 +739,7 @@ df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *stat
     acc *a = (acc *)ctx;
     dev_state *st = (dev_state *)state;
     const handle *h[DF_MLA_MATS];
-    for (int i = 0; i < DF_MLA_MATS; i++) {
-        h[i] = (const handle *)mats[i];
-        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
-    }
+    if (layer_handles(a, mats, DF_MLA_MATS, h, err) != DF_OK) return DF_ERR_IO;
     if (handle_wait(a, (const handle *)kv_b, err) != DF_OK) return DF_ERR_IO;
     const int lr = h[DF_MLA_QA] != NULL;
     if (!h[DF_MLA_KVA] || !h[DF_MLA_O] || (lr ? !h[DF_MLA_QB] || !st->q_a_norm || l->qlr < 1 : !h[DF_MLA_Q]) ||
