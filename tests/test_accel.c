@@ -329,39 +329,71 @@ static int read_tokens(const char *dir, int32_t *out, int cap) {
     return cnt;
 }
 
-/* All logits over the fixture's tokens; NULL on failure. */
-static float *logits_with(const char *dir, const df_accel *a, int64_t ram, df_accel_stats *st,
-                          uint64_t *bytes_read) {
+/* An engine over a fixture's tokens and a session, for the logits runs
+ * below (logits_with, stream_logits). */
+typedef struct {
     int32_t tok[64];
-    int n = read_tokens(dir, tok, 64);
-    if (n <= 0) return NULL;
+    int n, V;
+    df_engine *e;
+    df_session *s;
+    int ok;    /* the session was made */
+    float *lg; /* [n][V] (owned until fx_end) */
+} fx_run;
+
+/* Reads dir's tokens and opens it (3 threads, accelerator a, ram bytes of
+ * expert cache, the spine as given) with a session; 0 when there are no
+ * tokens or the engine does not open (its message on stderr). */
+static int fx_open(fx_run *r, const char *dir, const df_accel *a, int64_t ram, df_spine_mode spine) {
+    r->n = read_tokens(dir, r->tok, 64);
+    if (r->n <= 0) return 0;
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;
     o.accel = a;
     o.expert_cache_bytes = ram;
-    o.spine = DF_SPINE_RESIDENT; /* what the device budgets test must not depend on free host memory */
-    df_engine *e = NULL;
+    o.spine = spine;
+    r->e = NULL;
     char err[DF_ERRMSG];
-    if (df_engine_open(dir, &o, &e, err) != DF_OK) { fprintf(stderr, "%s\n", err); return NULL; }
-    int V = df_engine_vocab_size(e);
-    float *lg = malloc((size_t)n * V * sizeof(float));
-    df_session *s = NULL;
-    int ok = df_session_new(e, 0, &s) == DF_OK;
+    if (df_engine_open(dir, &o, &r->e, err) != DF_OK) { fprintf(stderr, "%s\n", err); return 0; }
+    r->V = df_engine_vocab_size(r->e);
+    r->lg = malloc((size_t)r->n * r->V * sizeof(float));
+    r->s = NULL;
+    r->ok = df_session_new(r->e, 0, &r->s) == DF_OK;
+    return 1;
+}
+
+/* Evaluates tokens from .. to-1 one at a time into their logits rows while ok; the new ok. */
+static int fx_steps(fx_run *r, int from, int to, int ok) {
+    for (int i = from; ok && i < to; i++)
+        ok = df_session_eval(r->s, r->tok + i, 1, r->lg + (size_t)i * r->V) == DF_OK;
+    return ok;
+}
+
+/* Closes the session and the engine: the logits when ok, else NULL. */
+static float *fx_end(fx_run *r, int ok) {
+    df_session_free(r->s);
+    df_engine_close(r->e);
+    if (!ok) { free(r->lg); return NULL; }
+    return r->lg;
+}
+
+/* All logits over the fixture's tokens; NULL on failure. */
+static float *logits_with(const char *dir, const df_accel *a, int64_t ram, df_accel_stats *st,
+                          uint64_t *bytes_read) {
+    fx_run r;
+    /* a resident spine: what the device budgets test must not depend on free host memory */
+    if (!fx_open(&r, dir, a, ram, DF_SPINE_RESIDENT)) return NULL;
     /* prefill the first half as one chunk, then one token at a time */
-    int half = n / 2;
-    ok = ok && df_session_eval(s, tok, half, lg) == DF_OK;
-    for (int i = half; ok && i < n; i++) ok = df_session_eval(s, tok + i, 1, lg + (size_t)i * V) == DF_OK;
-    if (st) df_engine_accel_stats(e, st);
+    int half = r.n / 2;
+    int ok = r.ok && df_session_eval(r.s, r.tok, half, r.lg) == DF_OK;
+    ok = fx_steps(&r, half, r.n, ok);
+    if (st) df_engine_accel_stats(r.e, st);
     if (bytes_read) {
         df_stats ds;
-        df_engine_stats(e, &ds);
+        df_engine_stats(r.e, &ds);
         *bytes_read = ds.bytes_read;
     }
-    df_session_free(s);
-    df_engine_close(e);
-    if (!ok) { free(lg); return NULL; }
-    return lg;
+    return fx_end(&r, ok);
 }
 
 TEST(model_accel_bit_identical_any_budget) {
@@ -696,39 +728,36 @@ static int stream_described; /* inspect's text named the groups kept on the devi
  * the first eval. fail_every arms fake_flaky after the first eval. */
 static float *stream_logits(const char *dir, const df_accel *a, int fail_every, df_accel_stats *st,
                             uint64_t *later_read) {
-    int32_t tok[64];
-    int n = read_tokens(dir, tok, 64);
-    if (n <= 0) return NULL;
-    df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.n_threads = 3;
-    o.accel = a;
-    o.expert_cache_bytes = 1;
-    o.spine = DF_SPINE_STREAM;
-    df_engine *e = NULL;
-    char err[DF_ERRMSG];
-    if (df_engine_open(dir, &o, &e, err) != DF_OK) { fprintf(stderr, "%s\n", err); return NULL; }
-    stream_described = strstr(df_engine_describe(e), "layer groups kept on the device") != NULL;
-    int V = df_engine_vocab_size(e);
-    float *lg = malloc((size_t)n * V * sizeof(float));
-    df_session *s = NULL;
-    int ok = df_session_new(e, 0, &s) == DF_OK;
-    int half = n / 2;
-    ok = ok && df_session_eval(s, tok, half, lg) == DF_OK;
-    df_engine_reset_stats(e);
+    fx_run r;
+    if (!fx_open(&r, dir, a, 1, DF_SPINE_STREAM)) return NULL;
+    stream_described = strstr(df_engine_describe(r.e), "layer groups kept on the device") != NULL;
+    int half = r.n / 2;
+    int ok = r.ok && df_session_eval(r.s, r.tok, half, r.lg) == DF_OK;
+    df_engine_reset_stats(r.e);
     fake_fail_every = fail_every;
     fake_fail_count = fake_failures = 0;
-    for (int i = half; ok && i < n; i++) ok = df_session_eval(s, tok + i, 1, lg + (size_t)i * V) == DF_OK;
-    if (!ok) fprintf(stderr, "%s\n", s ? df_session_error(s) : "no session");
+    ok = fx_steps(&r, half, r.n, ok);
+    if (!ok) fprintf(stderr, "%s\n", r.s ? df_session_error(r.s) : "no session");
     fake_fail_every = 0;
     df_stats ds;
-    df_engine_stats(e, &ds);
+    df_engine_stats(r.e, &ds);
     *later_read = ds.spine_bytes_read;
-    df_engine_accel_stats(e, st);
-    df_session_free(s);
+    df_engine_accel_stats(r.e, st);
+    return fx_end(&r, ok);
+}
+
+/* Opens dir (default options) for the bytes of n tokens' logits and, when
+ * reserve is set, of one token's routed experts (the room accel.c keeps
+ * for them). 0 when it does not open (err says why). */
+static int engine_sizes(const char *dir, int n, size_t *bytes, int64_t *reserve, char *err) {
+    df_engine *e = NULL;
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    if (df_engine_open(dir, &o, &e, err) != DF_OK) return 0;
+    *bytes = (size_t)n * df_engine_vocab_size(e) * sizeof(float);
+    if (reserve) *reserve = df_engine_expert_bytes(e) * df_engine_experts_per_token(e);
     df_engine_close(e);
-    if (!ok) { free(lg); return NULL; }
-    return lg;
+    return 1;
 }
 
 /* --spine stream with an accelerator: once every matrix of a layer group has
@@ -748,16 +777,8 @@ TEST(model_accel_stream_spine_not_reread) {
         REQUIRE(ref != NULL, "%s cpu", fx[i]);
         size_t bytes = 0;
         int64_t spine = 0, reserve = 0;
-        {
-            df_engine *e = NULL;
-            char err[DF_ERRMSG];
-            df_engine_opts o;
-            df_engine_opts_default(&o);
-            REQUIRE(df_engine_open(fx[i], &o, &e, err) == DF_OK, "%s", err);
-            bytes = (size_t)n * df_engine_vocab_size(e) * sizeof(float);
-            reserve = df_engine_expert_bytes(e) * df_engine_experts_per_token(e); /* accel.c keeps it for experts */
-            df_engine_close(e);
-        }
+        char err[DF_ERRMSG];
+        REQUIRE(engine_sizes(fx[i], n, &bytes, &reserve, err), "%s", err);
         uint64_t none_read = 0; /* spine bytes read after the first step with no room (variant 2) */
         for (int b = 0; b < 4; b++) {
             /* 0, 1: everything fits (1: whole-layer hooks); 2: no room;
@@ -811,15 +832,8 @@ TEST(model_accel_stream_spine_device_failure) {
         if (!n) SKIP("fixtures missing");
         REQUIRE(ref != NULL, "%s cpu", fx[i]);
         size_t bytes = 0;
-        {
-            df_engine *e = NULL;
-            char err[DF_ERRMSG];
-            df_engine_opts o;
-            df_engine_opts_default(&o);
-            REQUIRE(df_engine_open(fx[i], &o, &e, err) == DF_OK, "%s", err);
-            bytes = (size_t)n * df_engine_vocab_size(e) * sizeof(float);
-            df_engine_close(e);
-        }
+        char err[DF_ERRMSG];
+        REQUIRE(engine_sizes(fx[i], n, &bytes, NULL, err), "%s", err);
         for (int b = 0; b < 2; b++) {
             /* 0: products one by one (KDA / MLA states on the "device");
              * 1: with the whole-layer hooks (their products do not fail) */

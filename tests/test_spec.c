@@ -107,6 +107,17 @@ TEST(spec_rewind_bit_identical_kimi_linear_and_dsv3) {
 
 /* ---- greedy: drafts change nothing ---- */
 
+/* The session (512 positions) and sampler a case decodes with: greedy at
+ * temp 0, else seeded top-k 40 with a repetition penalty. 1 when both open. */
+static int open_decoder(df_engine *e, float temp, df_session **s, df_sampler **smp) {
+    char err[DF_ERRMSG];
+    df_sampler_params p;
+    df_sampler_params_default(&p);
+    p.temperature = temp;
+    if (temp > 0) { p.top_k = 40; p.repetition_penalty = 1.1f; p.seed = 4242; }
+    return df_session_new(e, 512, s) == DF_OK && df_sampler_new(&p, df_engine_vocab_size(e), smp, err) == DF_OK;
+}
+
 static void gen_case(const char *dir, int n_prompt, int n_gen, int depth, int adaptive, int want_accepts, float temp) {
     df_engine *e = open_model(dir);
     if (!e) { CHECK(0, "%s", dir); return; }
@@ -116,11 +127,7 @@ static void gen_case(const char *dir, int n_prompt, int n_gen, int depth, int ad
     df_sampler *smp = NULL;
     df_spec *sp = NULL;
     char err[DF_ERRMSG];
-    df_sampler_params p;
-    df_sampler_params_default(&p);
-    p.temperature = temp;
-    if (temp > 0) { p.top_k = 40; p.repetition_penalty = 1.1f; p.seed = 4242; }
-    if (!tok || !plain || !fast || df_session_new(e, 512, &s) != DF_OK || df_sampler_new(&p, V, &smp, err) != DF_OK) {
+    if (!tok || !plain || !fast || !open_decoder(e, temp, &s, &smp)) {
         CHECK(0, "alloc");
         goto done;
     }
@@ -226,13 +233,10 @@ static double rows_per_step(const char *dir, const char *text_file, int n_prompt
     df_sampler *smp = NULL;
     df_spec *sp = NULL;
     char err[DF_ERRMSG];
-    df_sampler_params p;
-    df_sampler_params_default(&p);
-    p.temperature = 0;
     double r = -1;
     df_spec_params sprm;
     df_spec_params_default(&sprm);
-    if (df_session_new(e, 512, &s) == DF_OK && df_sampler_new(&p, V, &smp, err) == DF_OK &&
+    if (open_decoder(e, 0, &s, &smp) &&
         df_spec_new(s, smp, &sprm, &sp, err) == DF_OK && df_session_eval(s, tok, n_prompt, NULL) == DF_OK &&
         df_spec_context(sp, tok, n_prompt) == DF_OK) {
         int made = 0;

@@ -421,6 +421,23 @@ df_status queue_launch(acc *a, char *err) {
     return st;
 }
 
+/* A queued expert's output (host staging qhy, after the stream's sync) to
+ * its rows of p->out. */
+static void pending_out(const acc *a, const pending *p) {
+    for (int r = 0; r < p->n; r++)
+        memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
+               (size_t)p->dim * sizeof(float));
+}
+
+/* The queue emptied once finished (acc_expert_finish, acc_moe_tail). */
+static void queue_clear(acc *a) {
+    a->npend = 0;
+    a->nlaunched = 0;
+    a->flush_st = DF_OK;
+    a->nrows = 0;
+    a->qx_used = a->qy_used = 0;
+}
+
 /* Launches what is queued, waits for the product stream (not for uploads
  * started since: prefetches keep running), then writes every queued output
  * to its rows. */
@@ -434,17 +451,8 @@ df_status acc_expert_finish(void *ctx, char *err) {
     }
     cudaError_t e = cudaStreamSynchronize(a->stream);
     if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "queued experts");
-    for (int i = 0; st == DF_OK && i < a->npend; i++) {
-        const pending *p = &a->pend[i];
-        for (int r = 0; r < p->n; r++)
-            memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
-                   (size_t)p->dim * sizeof(float));
-    }
-    a->npend = 0;
-    a->nlaunched = 0;
-    a->flush_st = DF_OK;
-    a->nrows = 0;
-    a->qx_used = a->qy_used = 0;
+    for (int i = 0; st == DF_OK && i < a->npend; i++) pending_out(a, &a->pend[i]);
+    queue_clear(a);
     return st;
 }
 
@@ -535,15 +543,9 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
     for (int i = 0; st == DF_OK && i < a->npend; i++) {
         const pending *p = &a->pend[i];
         if (p->out == routed || (shared && p->out == shared)) continue;
-        for (int r = 0; r < p->n; r++)
-            memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
-                   (size_t)p->dim * sizeof(float));
+        pending_out(a, p);
     }
-    a->npend = 0;
-    a->nlaunched = 0;
-    a->flush_st = DF_OK;
-    a->nrows = 0;
-    a->qx_used = a->qy_used = 0;
+    queue_clear(a);
     return st;
 }
 
@@ -659,6 +661,16 @@ df_status acc_kda(void *ctx, const df_accel_kda *l, void *state, int n, const fl
     return DF_OK;
 }
 
+/* A whole layer's device copies mats[0..n) as handles h (NULL where the
+ * layer has none), each waited for (its upload may still be in flight). */
+static df_status layer_handles(acc *a, void *const *mats, int n, const handle **h, char *err) {
+    for (int i = 0; i < n; i++) {
+        h[i] = (const handle *)mats[i];
+        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
+    }
+    return DF_OK;
+}
+
 /* A whole KDA layer: xn up, the projections into device buffers (the
  * low-rank halves reading their first halves there), gpu_kda, the output
  * projection, out back: one host wait, the same kernels and inputs as the
@@ -668,10 +680,7 @@ df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, vo
     acc *a = (acc *)ctx;
     dev_state *st = (dev_state *)state;
     const handle *h[DF_KDA_MATS];
-    for (int i = 0; i < DF_KDA_MATS; i++) {
-        h[i] = (const handle *)mats[i];
-        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
-    }
+    if (layer_handles(a, mats, DF_KDA_MATS, h, err) != DF_OK) return DF_ERR_IO;
     const int full = h[DF_KDA_G] != NULL;
     if (!h[DF_KDA_Q] || !h[DF_KDA_K] || !h[DF_KDA_V] || !h[DF_KDA_FA] || !h[DF_KDA_FB] || !h[DF_KDA_B] ||
         !h[DF_KDA_O] || (!full && (!h[DF_KDA_GA] || !h[DF_KDA_GB]))) {
@@ -730,10 +739,7 @@ df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *stat
     acc *a = (acc *)ctx;
     dev_state *st = (dev_state *)state;
     const handle *h[DF_MLA_MATS];
-    for (int i = 0; i < DF_MLA_MATS; i++) {
-        h[i] = (const handle *)mats[i];
-        if (h[i] && handle_wait(a, h[i], err) != DF_OK) return DF_ERR_IO;
-    }
+    if (layer_handles(a, mats, DF_MLA_MATS, h, err) != DF_OK) return DF_ERR_IO;
     if (handle_wait(a, (const handle *)kv_b, err) != DF_OK) return DF_ERR_IO;
     const int lr = h[DF_MLA_QA] != NULL;
     if (!h[DF_MLA_KVA] || !h[DF_MLA_O] || (lr ? !h[DF_MLA_QB] || !st->q_a_norm || l->qlr < 1 : !h[DF_MLA_Q]) ||
@@ -841,37 +847,52 @@ void acc_unpin(void *ctx, void *ptr) {
     cudaGetLastError();
 }
 
+/* t[0..4] in ascending order (insertion sort): t[2] is the median. */
+static void sort5(double t[5]) {
+    for (int i = 0; i < 5; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x;
+        }
+}
+
+/* GB/s of op moving `bytes`: six runs of op on a->stream timed between two
+ * events, the first a warm-up, the median of the other five; 0 when an
+ * event cannot be made. When a run's timing fails, t[2] is used as it
+ * stands (the runs timed so far, unsorted). */
+template <typename Op> static double median_gbps(acc *a, size_t bytes, Op op) {
+    double t[5] = {0};
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) goto out;
+    for (int i = 0; i < 6; i++) {
+        float ms = 0;
+        cudaEventRecord(e0, a->stream);
+        op();
+        cudaEventRecord(e1, a->stream);
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
+        if (i) t[i - 1] = ms * 1e-3; /* the first one warms up */
+    }
+    sort5(t);
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return t[2] > 0 ? bytes / t[2] / 1e9 : 0.0;
+}
+
 /* Median of 5 timed 256 MiB copies from page-locked memory. */
 double acc_h2d_gbps(void *ctx) {
     acc *a = (acc *)ctx;
     cudaSetDevice(a->device);
     const size_t n = (size_t)256 << 20;
     void *h = NULL, *d = NULL;
-    double t[5] = {0};
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    if (cudaMallocHost(&h, n) != cudaSuccess || cudaMalloc(&d, n) != cudaSuccess ||
-        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
-        goto out;
-    memset(h, 1, n);
-    for (int i = 0; i < 6; i++) {
-        float ms = 0;
-        cudaEventRecord(e0, a->stream);
-        cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, a->stream);
-        cudaEventRecord(e1, a->stream);
-        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
-        if (i) t[i - 1] = ms * 1e-3; /* the first one warms up */
+    double gbps = 0.0;
+    if (cudaMallocHost(&h, n) == cudaSuccess && cudaMalloc(&d, n) == cudaSuccess) {
+        memset(h, 1, n);
+        gbps = median_gbps(a, n, [&] { cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, a->stream); });
     }
-    for (int i = 0; i < 5; i++) /* insertion sort, then the middle one */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x;
-        }
-out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
     cudaFreeHost(h);
     cudaFree(d);
     cudaGetLastError();
-    return t[2] > 0 ? n / t[2] / 1e9 : 0.0;
+    return gbps;
 }
 
 /* Read-only probe: every thread sums 16-byte loads over a grid-stride loop;
@@ -894,36 +915,22 @@ double acc_read_gbps(void *ctx) {
     size_t n = (size_t)1 << 30;
     void *d = NULL;
     unsigned *o = NULL;
-    double t[5] = {0};
-    cudaEvent_t e0 = NULL, e1 = NULL;
+    double gbps = 0.0;
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a->device);
     while (cudaMalloc(&d, n) != cudaSuccess && n > ((size_t)256 << 20)) {
         cudaGetLastError();
         n /= 2;
     }
-    if (!d || cudaMalloc((void **)&o, sizeof *o) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
-        cudaEventCreate(&e1) != cudaSuccess || cudaMemsetAsync(d, 0x5a, n, a->stream) != cudaSuccess)
-        goto out;
-    for (int i = 0; i < 6; i++) {
-        float ms = 0;
-        cudaEventRecord(e0, a->stream);
-        k_read_probe<<<(unsigned)(sms > 0 ? sms * 8 : 1024), 512, 0, a->stream>>>((const uint4 *)d, n / 16, o);
-        cudaEventRecord(e1, a->stream);
-        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
-        if (i) t[i - 1] = ms * 1e-3;
-    }
-    for (int i = 0; i < 5; i++)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x;
-        }
-out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
+    if (d && cudaMalloc((void **)&o, sizeof *o) == cudaSuccess &&
+        cudaMemsetAsync(d, 0x5a, n, a->stream) == cudaSuccess)
+        gbps = median_gbps(a, n, [&] {
+            k_read_probe<<<(unsigned)(sms > 0 ? sms * 8 : 1024), 512, 0, a->stream>>>((const uint4 *)d, n / 16, o);
+        });
     cudaFree(d);
     cudaFree(o);
     cudaGetLastError();
-    return t[2] > 0 ? n / t[2] / 1e9 : 0.0;
+    return gbps;
 }
 
 } // namespace

@@ -302,6 +302,19 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* After a host wait on the device that began at t0. */
+static void sync_done(acc_table *t, double t0) {
+    t->st.sync_s += now_s() - t0;
+    t->st.sync_calls++;
+}
+
+/* A failed device call: its message (t->err) kept as the last error and
+ * copied into err (when not NULL); returns st. */
+static df_status call_failed(acc_table *t, df_status st, char *err) {
+    snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+    return df_fail(err, st, "%s", t->err);
+}
+
 /* First use of a matrix bound resident: uploaded to stay; if it does not
  * fit, it is cached from now on, and (the first time this happens) every
  * matrix bound resident is page-locked, since such matrices are uploaded
@@ -316,10 +329,9 @@ static void upload_pending(acc_table *t, acc_ent *e, const df_weight *w) {
 static int run(acc_table *t, void *h, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
     double t0 = now_s();
     df_status st = t->a->matmul(t->a->ctx, h, X, n, Y, ldy, 0, w->rows, t->err);
-    t->st.sync_s += now_s() - t0;
-    t->st.sync_calls++;
+    sync_done(t, t0);
     if (st != DF_OK) {
-        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        call_failed(t, st, NULL);
         return 0;
     }
     t->st.calls++;
@@ -477,6 +489,63 @@ static void *expert_handle(acc_table *t, const df_weight *w, acc_ent **ent, int 
     return h;
 }
 
+/* Device handles for one accelerator call over a list of matrices. */
+enum { HANDLES_MAX = DF_KDA_MATS }; /* the longest list: a KDA layer's */
+_Static_assert(DF_MLA_MATS + 1 <= HANDLES_MAX, "an MLA layer's products and kv_b fit acc_handles");
+typedef struct {
+    void *h[HANDLES_MAX];   /* in the order of the list; NULL for a NULL matrix (or after a failure) */
+    int32_t id[HANDLES_MAX]; /* entry marked busy (an index: expert_handle may move t->ent), -1 = none */
+    int tr[HANDLES_MAX];    /* transient upload: released after the call */
+    int n;                  /* the list's length */
+    int count;              /* non-NULL matrices asked for */
+    int64_t bytes;          /* their bytes */
+} acc_handles;
+
+/* Handles (through expert_handle, so each entry is busy and the next upload
+ * does not evict it) for w[0..n), skipping NULL matrices. Returns 1 when
+ * every one got a handle, else 0 (stopping at the first without one). The
+ * caller calls release_handles either way. */
+static int acquire_handles(acc_table *t, const df_weight *const *w, int n, acc_handles *hs) {
+    int ok = 1;
+    hs->n = n;
+    hs->count = 0;
+    hs->bytes = 0;
+    for (int i = 0; i < n; i++) {
+        hs->h[i] = NULL;
+        hs->id[i] = -1;
+        hs->tr[i] = 0;
+        if (!w[i] || !ok) continue;
+        acc_ent *ent = NULL;
+        hs->h[i] = expert_handle(t, w[i], &ent, &hs->tr[i]);
+        if (ent) hs->id[i] = (int32_t)(ent - t->ent);
+        ok = hs->h[i] != NULL;
+        hs->bytes += wt_bytes(w[i]);
+        hs->count++;
+    }
+    return ok;
+}
+
+/* Ends acquire_handles: entries no longer busy, transient uploads released. */
+static void release_handles(acc_table *t, const acc_handles *hs) {
+    for (int i = 0; i < hs->n; i++) {
+        if (hs->id[i] >= 0) t->ent[hs->id[i]].busy = 0;
+        if (hs->tr[i]) t->a->release(t->a->ctx, hs->h[i]);
+    }
+}
+
+/* Ends a device call over hs, made when ok and then returning st: releases
+ * the handles; 0 when it was not made (every handle not had), -1 when it
+ * failed (call_failed: err set), else 1. */
+static int call_end(acc_table *t, const acc_handles *hs, int ok, df_status st, char *err) {
+    release_handles(t, hs);
+    if (!ok) return 0;
+    if (st != DF_OK) {
+        call_failed(t, st, err);
+        return -1;
+    }
+    return 1;
+}
+
 /* The products of r the accelerator takes, in one matmul_many call (one
  * host wait); done[i] = 1 for each it computed. Needs two or more. */
 static void acc_mm_many(acc_table *t, const mm_req *r, int count, int *done) {
@@ -508,9 +577,8 @@ static void acc_mm_many(acc_table *t, const mm_req *r, int count, int *done) {
     if (np) {
         double t0 = now_s();
         st = t->a->matmul_many(t->a->ctx, np, h, X, n, Y, ldy, t->err);
-        t->st.sync_s += now_s() - t0;
-        t->st.sync_calls++;
-        if (st != DF_OK) snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
+        sync_done(t, t0);
+        if (st != DF_OK) call_failed(t, st, NULL);
     }
     for (int k = 0; k < np; k++) {
         if (id[k] >= 0) t->ent[id[k]].busy = 0;
@@ -543,28 +611,21 @@ void acc_prefetch(acc_table *t, const df_weight *w, int n) {
 int acc_expert_queue(acc_table *t, const df_weight w[3], int situ, float beta, float linear_beta, const float *X,
                      int n, float *out, const int *rows, int64_t out_stride) {
     if (!t || !t->a->expert_queue || !t->a->expert_finish) return 0;
-    void *h[3] = {NULL, NULL, NULL};
-    acc_ent *ent[3] = {NULL, NULL, NULL};
-    int tr[3] = {0, 0, 0}, ok = 1;
-    /* expert_handle may insert (moving t->ent): keep indices, not pointers */
-    int32_t id[3] = {-1, -1, -1};
-    for (int i = 0; i < 3 && ok; i++) {
-        h[i] = expert_handle(t, &w[i], &ent[i], &tr[i]);
-        if (ent[i]) id[i] = (int32_t)(ent[i] - t->ent);
-        ok = h[i] != NULL;
+    const df_weight *const mats[3] = {&w[0], &w[1], &w[2]};
+    acc_handles hs;
+    int ok = acquire_handles(t, mats, 3, &hs);
+    if (ok) {
+        df_status st = t->a->expert_queue(t->a->ctx, hs.h[0], hs.h[1], hs.h[2], situ, beta, linear_beta, X, n, out,
+                                          rows, out_stride, t->err);
+        if (st != DF_OK) {
+            call_failed(t, st, NULL);
+            ok = 0;
+        }
     }
-    if (ok && t->a->expert_queue(t->a->ctx, h[0], h[1], h[2], situ, beta, linear_beta, X, n, out, rows, out_stride,
-                                 t->err) != DF_OK) {
-        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
-        ok = 0;
-    }
-    for (int i = 0; i < 3; i++) {
-        if (id[i] >= 0) t->ent[id[i]].busy = 0;
-        if (tr[i]) t->a->release(t->a->ctx, h[i]);
-    }
+    release_handles(t, &hs);
     if (ok) {
         t->st.calls += 3;
-        t->st.device_read_bytes += (uint64_t)(wt_bytes(&w[0]) + wt_bytes(&w[1]) + wt_bytes(&w[2]));
+        t->st.device_read_bytes += (uint64_t)hs.bytes;
     }
     return ok;
 }
@@ -573,12 +634,8 @@ df_status acc_expert_finish(acc_table *t, char *err) {
     if (!t || !t->a->expert_finish) return DF_OK;
     double t0 = now_s();
     df_status st = t->a->expert_finish(t->a->ctx, t->err);
-    t->st.sync_s += now_s() - t0;
-    t->st.sync_calls++;
-    if (st != DF_OK) {
-        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
-        return df_fail(err, st, "%s", t->err);
-    }
+    sync_done(t, t0);
+    if (st != DF_OK) return call_failed(t, st, err);
     return DF_OK;
 }
 
@@ -634,12 +691,8 @@ df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, c
                   const float *v, const float *f, const float *braw, const float *gate, float *o, char *err) {
     double t0 = now_s();
     df_status st = t->a->kda(t->a->ctx, layer, state, n, q, k, v, f, braw, gate, o, t->err);
-    t->st.sync_s += now_s() - t0;
-    t->st.sync_calls++;
-    if (st != DF_OK) {
-        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
-        return df_fail(err, st, "%s", t->err);
-    }
+    sync_done(t, t0);
+    if (st != DF_OK) return call_failed(t, st, err);
     t->st.kda_calls++;
     /* the recurrent state S [H][D][D] is read once per launch */
     t->st.device_read_bytes += (uint64_t)layer->H * layer->D * layer->D * sizeof(float);
@@ -650,22 +703,13 @@ int acc_moe_tail(acc_table *t, int n, int K, const float *selw, const float *rou
                  const float *lat_norm, float eps, const df_weight *lat_up, const float *shared, float *out,
                  char *err) {
     if (!t || !t->a->moe_tail || !t->a->expert_queue) return 0;
-    acc_ent *ent = NULL;
-    int tr = 0;
-    void *h = expert_handle(t, lat_up, &ent, &tr);
-    if (!h) return 0;
-    int32_t id = ent ? (int32_t)(ent - t->ent) : -1;
+    acc_handles hs;
+    if (!acquire_handles(t, &lat_up, 1, &hs)) return 0;
     double t0 = now_s();
-    df_status st = t->a->moe_tail(t->a->ctx, n, K, selw, routed, dl, lat_norm, eps, h, shared, out, t->err);
-    t->st.sync_s += now_s() - t0;
-    t->st.sync_calls++;
-    if (id >= 0) t->ent[id].busy = 0;
-    if (tr) t->a->release(t->a->ctx, h);
-    if (st != DF_OK) {
-        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
-        df_fail(err, st, "%s", t->err);
-        return -1;
-    }
+    df_status st = t->a->moe_tail(t->a->ctx, n, K, selw, routed, dl, lat_norm, eps, hs.h[0], shared, out, t->err);
+    sync_done(t, t0);
+    int r = call_end(t, &hs, 1, st, err);
+    if (r != 1) return r;
     t->st.calls++;
     t->st.device_read_bytes += (uint64_t)wt_bytes(lat_up);
     return 1;
@@ -674,40 +718,19 @@ int acc_moe_tail(acc_table *t, int n, int K, const float *selw, const float *rou
 int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, const df_weight *const *w,
                   const float *xn, float *out, char *err) {
     if (!acc_has_kda(t) || !t->a->kda_layer) return 0;
-    void *h[DF_KDA_MATS] = {NULL};
-    int32_t id[DF_KDA_MATS];
-    int tr[DF_KDA_MATS] = {0}, ok = 1, count = 0;
-    int64_t bytes = 0;
-    for (int i = 0; i < DF_KDA_MATS; i++) {
-        id[i] = -1;
-        if (!w[i] || !ok) continue;
-        acc_ent *ent = NULL;
-        h[i] = expert_handle(t, w[i], &ent, &tr[i]); /* busy: the next upload does not evict it */
-        if (ent) id[i] = (int32_t)(ent - t->ent);
-        ok = h[i] != NULL;
-        bytes += wt_bytes(w[i]);
-        count++;
-    }
+    acc_handles hs;
+    int ok = acquire_handles(t, w, DF_KDA_MATS, &hs);
     df_status st = DF_OK;
     if (ok) {
         double t0 = now_s();
-        st = t->a->kda_layer(t->a->ctx, layer, state, n, h, xn, out, t->err);
-        t->st.sync_s += now_s() - t0;
-        t->st.sync_calls++;
+        st = t->a->kda_layer(t->a->ctx, layer, state, n, hs.h, xn, out, t->err);
+        sync_done(t, t0);
     }
-    for (int i = 0; i < DF_KDA_MATS; i++) {
-        if (id[i] >= 0) t->ent[id[i]].busy = 0;
-        if (tr[i]) t->a->release(t->a->ctx, h[i]);
-    }
-    if (!ok) return 0;
-    if (st != DF_OK) {
-        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
-        df_fail(err, st, "%s", t->err);
-        return -1;
-    }
-    t->st.calls += (uint64_t)count;
+    int r = call_end(t, &hs, ok, st, err);
+    if (r != 1) return r;
+    t->st.calls += (uint64_t)hs.count;
     t->st.kda_calls++;
-    t->st.device_read_bytes += (uint64_t)bytes + (uint64_t)layer->H * layer->D * layer->D * sizeof(float);
+    t->st.device_read_bytes += (uint64_t)hs.bytes + (uint64_t)layer->H * layer->D * layer->D * sizeof(float);
     return 1;
 }
 
@@ -718,61 +741,33 @@ int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos,
     const df_weight *all[NM];
     for (int i = 0; i < DF_MLA_MATS; i++) all[i] = w[i];
     all[DF_MLA_MATS] = layer->kv_b;
-    void *h[NM] = {NULL};
-    int32_t id[NM];
-    int tr[NM] = {0}, ok = 1, count = 0;
-    int64_t bytes = 0;
-    for (int i = 0; i < NM; i++) {
-        id[i] = -1;
-        if (!all[i] || !ok) continue;
-        acc_ent *ent = NULL;
-        h[i] = expert_handle(t, all[i], &ent, &tr[i]); /* busy: the next upload does not evict it */
-        if (ent) id[i] = (int32_t)(ent - t->ent);
-        ok = h[i] != NULL;
-        bytes += wt_bytes(all[i]);
-        count++;
-    }
+    acc_handles hs;
+    int ok = acquire_handles(t, all, NM, &hs);
     df_status st = DF_OK;
     if (ok) {
         double t0 = now_s();
-        st = t->a->mla_layer(t->a->ctx, layer, h[DF_MLA_MATS], state, pos, n, h, xn, out, t->err);
-        t->st.sync_s += now_s() - t0;
-        t->st.sync_calls++;
+        st = t->a->mla_layer(t->a->ctx, layer, hs.h[DF_MLA_MATS], state, pos, n, hs.h, xn, out, t->err);
+        sync_done(t, t0);
     }
-    for (int i = 0; i < NM; i++) {
-        if (id[i] >= 0) t->ent[id[i]].busy = 0;
-        if (tr[i]) t->a->release(t->a->ctx, h[i]);
-    }
-    if (!ok) return 0;
-    if (st != DF_OK) {
-        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
-        df_fail(err, st, "%s", t->err);
-        return -1;
-    }
-    t->st.calls += (uint64_t)count - 1;
+    int r = call_end(t, &hs, ok, st, err);
+    if (r != 1) return r;
+    t->st.calls += (uint64_t)hs.count - 1;
     t->st.mla_calls++;
-    t->st.device_read_bytes += (uint64_t)bytes + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
+    t->st.device_read_bytes += (uint64_t)hs.bytes + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
     return 1;
 }
 
 df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const float *q,
                   const float *kva, float *attn, char *err) {
     const df_weight *kv_b = layer->kv_b;
-    acc_ent *ent = NULL;
-    int transient = 0;
-    void *h = expert_handle(t, kv_b, &ent, &transient);
-    if (!h) return df_fail(err, DF_ERR_IO, "accelerator: no device copy of an MLA kv_b_proj: %s", t->last_err);
-    int32_t id = ent ? (int32_t)(ent - t->ent) : -1;
+    acc_handles hs;
+    if (!acquire_handles(t, &kv_b, 1, &hs))
+        return df_fail(err, DF_ERR_IO, "accelerator: no device copy of an MLA kv_b_proj: %s", t->last_err);
     double t0 = now_s();
-    df_status st = t->a->mla(t->a->ctx, layer, h, state, pos, n, q, kva, attn, t->err);
-    t->st.sync_s += now_s() - t0;
-    t->st.sync_calls++;
-    if (id >= 0) t->ent[id].busy = 0;
-    if (transient) t->a->release(t->a->ctx, h);
-    if (st != DF_OK) {
-        snprintf(t->last_err, sizeof t->last_err, "%s", t->err);
-        return df_fail(err, st, "%s", t->err);
-    }
+    df_status st = t->a->mla(t->a->ctx, layer, hs.h[0], state, pos, n, q, kva, attn, t->err);
+    sync_done(t, t0);
+    release_handles(t, &hs);
+    if (st != DF_OK) return call_failed(t, st, err);
     t->st.mla_calls++;
     /* kv_b for the absorbed products, the latent cache rows 0 .. pos+n-1 */
     t->st.device_read_bytes += (uint64_t)wt_bytes(kv_b) + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);

@@ -572,6 +572,30 @@ float *model_batch_logits(df_engine *e) {
     return e->batch_logits;
 }
 
+df_status model_batch_head(df_engine *e, int L, const df_weight *head, const float *xn, int rows,
+                           const df_fwd_seg *seg, int nseg, char *err) {
+    if (!rows) return DF_OK;
+    int V = e->cfg.vocab_size;
+    df_status hst = model_enter(e, L, err);
+    if (hst != DF_OK) return hst;
+    double pt = prof_now(e);
+    if (nseg == 1) {
+        mm(e, head, xn, rows, seg[0].out, V);
+    } else {
+        float *lg = model_batch_logits(e);
+        if (!lg) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+        mm(e, head, xn, rows, lg, V);
+        for (int i = 0, r = 0; i < nseg; i++) {
+            if (!seg[i].out) continue;
+            int k = seg[i].all_rows ? seg[i].n : 1;
+            memcpy(seg[i].out, lg + (size_t)r * V, (size_t)k * V * sizeof(float));
+            r += k;
+        }
+    }
+    prof_add(e, DF_PROF_HEAD, &pt);
+    return DF_OK;
+}
+
 void df_engine_batch_stats(const df_engine *e, df_batch_stats *out) { *out = e->bstats; }
 
 static df_status check_item(df_session *s, const int32_t *tokens, int n) {

@@ -442,25 +442,7 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
             op_rmsnorm(s->xn + (size_t)rows * H, xo, m->final_norm, H, m->eps);
         }
     }
-    if (!rows) return DF_OK;
-    df_status hst = model_enter(e, m->L, err);
-    if (hst != DF_OK) return hst;
-    pt = prof_now(e);
-    if (nseg == 1) {
-        mm(e, &m->head, s->xn, rows, seg[0].out, m->V);
-    } else {
-        float *lg = model_batch_logits(e);
-        if (!lg) return df_fail(err, DF_ERR_NOMEM, "out of memory");
-        mm(e, &m->head, s->xn, rows, lg, m->V);
-        for (int i = 0, r = 0; i < nseg; i++) {
-            if (!seg[i].out) continue;
-            int k = seg[i].all_rows ? seg[i].n : 1;
-            memcpy(seg[i].out, lg + (size_t)r * m->V, (size_t)k * m->V * sizeof(float));
-            r += k;
-        }
-    }
-    prof_add(e, DF_PROF_HEAD, &pt);
-    return DF_OK;
+    return model_batch_head(e, m->L, &m->head, s->xn, rows, seg, nseg, err);
 }
 
 static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *tokens, int n,

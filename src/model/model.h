@@ -125,6 +125,13 @@ struct df_engine {
 /* The engine's scratch for a batched pass's logits rows, allocated on first
  * use (NULL when out of memory). */
 float *model_batch_logits(df_engine *e);
+/* The end of a model program's batched pass (forward_batch): the head
+ * (layer group L, entered here) over xn's rows [rows][hidden], the final-
+ * normed rows of the segments with an out, in segment order (every row of
+ * one with all_rows, else its last), written to those outs. DF_OK at once
+ * when rows is 0. */
+df_status model_batch_head(df_engine *e, int L, const df_weight *head, const float *xn, int rows,
+                           const df_fwd_seg *seg, int nseg, char *err);
 
 struct df_session {
     df_engine *e;

@@ -785,6 +785,23 @@ static void metric(srv_buf *b, const char *name, const char *type, const char *h
     mf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A metric with one sample: metric's lines, then "name value" (an integer,
+ * a count, or a number with prec decimals). */
+static void metric_d(srv_buf *b, const char *name, const char *type, const char *help, int v) {
+    metric(b, name, type, help);
+    mf(b, "%s %d\n", name, v);
+}
+
+static void metric_u(srv_buf *b, const char *name, const char *type, const char *help, unsigned long long v) {
+    metric(b, name, type, help);
+    mf(b, "%s %llu\n", name, v);
+}
+
+static void metric_f(srv_buf *b, const char *name, const char *type, const char *help, int prec, double v) {
+    metric(b, name, type, help);
+    mf(b, "%s %.*f\n", name, prec, v);
+}
+
 char *srv_metrics_text(srv *s) {
     static const char *const routes[SRV_N_ROUTES] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
                                                      "/health", "/metrics", "other"};
@@ -795,81 +812,77 @@ char *srv_metrics_text(srv *s) {
         for (int c = 100; c < 600; c++)
             if (s->req_count[r][c]) mf(&b, "deltafin_requests_total{route=\"%s\",code=\"%d\"} %llu\n", routes[r], c,
                                         (unsigned long long)s->req_count[r][c]);
-    metric(&b, "deltafin_prompt_tokens_total", "counter", "prompt tokens evaluated (prefilled)");
-    mf(&b, "deltafin_prompt_tokens_total %llu\n", (unsigned long long)s->prompt_tokens);
-    metric(&b, "deltafin_prompt_tokens_reused_total", "counter", "prompt tokens served from the kept session (prefix reuse)");
-    mf(&b, "deltafin_prompt_tokens_reused_total %llu\n", (unsigned long long)s->cached_tokens);
-    metric(&b, "deltafin_generation_tokens_total", "counter", "tokens generated");
-    mf(&b, "deltafin_generation_tokens_total %llu\n", (unsigned long long)s->gen_tokens);
-    metric(&b, "deltafin_prefill_seconds_total", "counter", "time spent evaluating prompts");
-    mf(&b, "deltafin_prefill_seconds_total %.6f\n", s->prefill_s);
-    metric(&b, "deltafin_decode_seconds_total", "counter", "time spent generating");
-    mf(&b, "deltafin_decode_seconds_total %.6f\n", s->decode_s);
-    metric(&b, "deltafin_seconds_per_token", "gauge", "decode seconds per generated token of the last request");
-    mf(&b, "deltafin_seconds_per_token %.6f\n", s->last_s_per_token);
+    metric_u(&b, "deltafin_prompt_tokens_total", "counter", "prompt tokens evaluated (prefilled)",
+             (unsigned long long)s->prompt_tokens);
+    metric_u(&b, "deltafin_prompt_tokens_reused_total", "counter",
+             "prompt tokens served from the kept session (prefix reuse)", (unsigned long long)s->cached_tokens);
+    metric_u(&b, "deltafin_generation_tokens_total", "counter", "tokens generated", (unsigned long long)s->gen_tokens);
+    metric_f(&b, "deltafin_prefill_seconds_total", "counter", "time spent evaluating prompts", 6, s->prefill_s);
+    metric_f(&b, "deltafin_decode_seconds_total", "counter", "time spent generating", 6, s->decode_s);
+    metric_f(&b, "deltafin_seconds_per_token", "gauge", "decode seconds per generated token of the last request", 6,
+             s->last_s_per_token);
     metric(&b, "deltafin_time_to_first_token_seconds", "summary", "time from the start of a generation to its first token");
     for (int k = 0; k < 2; k++) {
         mf(&b, "deltafin_time_to_first_token_seconds_sum{prefix_reused=\"%s\"} %.6f\n", k ? "yes" : "no", s->ttft_sum[k]);
         mf(&b, "deltafin_time_to_first_token_seconds_count{prefix_reused=\"%s\"} %llu\n", k ? "yes" : "no",
            (unsigned long long)s->ttft_n[k]);
     }
-    metric(&b, "deltafin_queue_depth", "gauge", "requests waiting for the generator");
-    mf(&b, "deltafin_queue_depth %d\n", s->q_n);
-    metric(&b, "deltafin_queue_capacity", "gauge", "waiting requests accepted before 429");
-    mf(&b, "deltafin_queue_capacity %d\n", s->o.queue);
-    metric(&b, "deltafin_generating", "gauge", "generations running now (at most --parallel)");
-    mf(&b, "deltafin_generating %d\n", s->n_running);
-    metric(&b, "deltafin_parallel", "gauge", "generations decoded together at most (--parallel)");
-    mf(&b, "deltafin_parallel %d\n", s->o.parallel > 0 ? s->o.parallel : 1);
-    metric(&b, "deltafin_steps_total", "counter", "generator steps (one batched evaluation of every running generation's rows)");
-    mf(&b, "deltafin_steps_total %llu\n", (unsigned long long)s->steps);
-    metric(&b, "deltafin_step_rows_total", "counter", "rows those steps evaluated (prompt pieces, tokens, drafts)");
-    mf(&b, "deltafin_step_rows_total %llu\n", (unsigned long long)s->step_rows);
-    metric(&b, "deltafin_rows_per_step", "gauge", "rows per generator step, on average");
-    mf(&b, "deltafin_rows_per_step %.4f\n", s->steps ? (double)s->step_rows / (double)s->steps : 0.0);
-    metric(&b, "deltafin_passes_total", "counter", "engine forward passes (at most 32 rows each)");
-    mf(&b, "deltafin_passes_total %llu\n", (unsigned long long)s->bstats.passes);
-    metric(&b, "deltafin_passes_shared_total", "counter", "passes with rows of more than one generation");
-    mf(&b, "deltafin_passes_shared_total %llu\n", (unsigned long long)s->bstats.multi_passes);
-    metric(&b, "deltafin_expert_union_total", "counter", "routed experts the passes ran (the union of their rows' choices), summed over MoE layers");
-    mf(&b, "deltafin_expert_union_total %llu\n", (unsigned long long)s->bstats.union_experts);
-    metric(&b, "deltafin_expert_solo_total", "counter", "routed experts the generations would have run each alone, summed");
-    mf(&b, "deltafin_expert_solo_total %llu\n", (unsigned long long)s->bstats.solo_experts);
-    metric(&b, "deltafin_expert_union_per_pass", "gauge", "routed experts per pass and MoE layer, on average");
-    mf(&b, "deltafin_expert_union_per_pass %.4f\n", s->bstats.passes && s->e ? (double)s->bstats.union_experts / (double)s->bstats.passes / (double)(df_engine_moe_layers(s->e) ? df_engine_moe_layers(s->e) : 1) : 0.0);
-    metric(&b, "deltafin_expert_bytes_saved_total", "counter", "expert bytes shared steps did not read or stream again (solo - union) x expert size");
-    mf(&b, "deltafin_expert_bytes_saved_total %llu\n", (unsigned long long)((s->bstats.solo_experts - s->bstats.union_experts) * (uint64_t)(s->expert_bytes > 0 ? s->expert_bytes : 0)));
-    metric(&b, "deltafin_sessions_kept", "gauge", "sessions in the pool (prefix reuse), and its capacity");
-    mf(&b, "deltafin_sessions_kept %d\n", s->n_pool);
+    metric_d(&b, "deltafin_queue_depth", "gauge", "requests waiting for the generator", s->q_n);
+    metric_d(&b, "deltafin_queue_capacity", "gauge", "waiting requests accepted before 429", s->o.queue);
+    metric_d(&b, "deltafin_generating", "gauge", "generations running now (at most --parallel)", s->n_running);
+    metric_d(&b, "deltafin_parallel", "gauge", "generations decoded together at most (--parallel)",
+             s->o.parallel > 0 ? s->o.parallel : 1);
+    metric_u(&b, "deltafin_steps_total", "counter",
+             "generator steps (one batched evaluation of every running generation's rows)",
+             (unsigned long long)s->steps);
+    metric_u(&b, "deltafin_step_rows_total", "counter", "rows those steps evaluated (prompt pieces, tokens, drafts)",
+             (unsigned long long)s->step_rows);
+    metric_f(&b, "deltafin_rows_per_step", "gauge", "rows per generator step, on average", 4,
+             s->steps ? (double)s->step_rows / (double)s->steps : 0.0);
+    metric_u(&b, "deltafin_passes_total", "counter", "engine forward passes (at most 32 rows each)",
+             (unsigned long long)s->bstats.passes);
+    metric_u(&b, "deltafin_passes_shared_total", "counter", "passes with rows of more than one generation",
+             (unsigned long long)s->bstats.multi_passes);
+    metric_u(&b, "deltafin_expert_union_total", "counter",
+             "routed experts the passes ran (the union of their rows' choices), summed over MoE layers",
+             (unsigned long long)s->bstats.union_experts);
+    metric_u(&b, "deltafin_expert_solo_total", "counter",
+             "routed experts the generations would have run each alone, summed",
+             (unsigned long long)s->bstats.solo_experts);
+    metric_f(&b, "deltafin_expert_union_per_pass", "gauge", "routed experts per pass and MoE layer, on average", 4,
+             s->bstats.passes && s->e ? (double)s->bstats.union_experts / (double)s->bstats.passes / (double)(df_engine_moe_layers(s->e) ? df_engine_moe_layers(s->e) : 1) : 0.0);
+    metric_u(&b, "deltafin_expert_bytes_saved_total", "counter",
+             "expert bytes shared steps did not read or stream again (solo - union) x expert size",
+             (unsigned long long)((s->bstats.solo_experts - s->bstats.union_experts) * (uint64_t)(s->expert_bytes > 0 ? s->expert_bytes : 0)));
+    metric_d(&b, "deltafin_sessions_kept", "gauge", "sessions in the pool (prefix reuse), and its capacity", s->n_pool);
     mf(&b, "deltafin_sessions_capacity %d\n", s->pool_cap);
     if (s->o.spec) {
-        metric(&b, "deltafin_spec_drafted_total", "counter", "speculative draft tokens proposed (finished requests)");
-        mf(&b, "deltafin_spec_drafted_total %llu\n", (unsigned long long)s->spec_drafted);
-        metric(&b, "deltafin_spec_accepted_total", "counter", "draft tokens accepted");
-        mf(&b, "deltafin_spec_accepted_total %llu\n", (unsigned long long)s->spec_accepted);
-        metric(&b, "deltafin_spec_rows_per_step", "gauge", "rows per speculative step (1 + drafts)");
-        mf(&b, "deltafin_spec_rows_per_step %.4f\n", s->spec_steps ? (double)s->spec_rows / (double)s->spec_steps : 0.0);
+        metric_u(&b, "deltafin_spec_drafted_total", "counter", "speculative draft tokens proposed (finished requests)",
+                 (unsigned long long)s->spec_drafted);
+        metric_u(&b, "deltafin_spec_accepted_total", "counter", "draft tokens accepted",
+                 (unsigned long long)s->spec_accepted);
+        metric_f(&b, "deltafin_spec_rows_per_step", "gauge", "rows per speculative step (1 + drafts)", 4,
+                 s->spec_steps ? (double)s->spec_rows / (double)s->spec_steps : 0.0);
     }
-    metric(&b, "deltafin_requests_rejected_total", "counter", "requests refused with 429 (queue full)");
-    mf(&b, "deltafin_requests_rejected_total %llu\n", (unsigned long long)s->rejected);
-    metric(&b, "deltafin_requests_cancelled_total", "counter", "generations stopped because the client went away");
-    mf(&b, "deltafin_requests_cancelled_total %llu\n", (unsigned long long)s->cancelled);
-    metric(&b, "deltafin_expert_bytes_read_total", "counter", "routed expert bytes read from disk");
-    mf(&b, "deltafin_expert_bytes_read_total %llu\n", (unsigned long long)s->stats.bytes_read);
-    metric(&b, "deltafin_spine_bytes_read_total", "counter", "non-expert bytes read from disk by a streamed spine");
-    mf(&b, "deltafin_spine_bytes_read_total %llu\n", (unsigned long long)s->stats.spine_bytes_read);
+    metric_u(&b, "deltafin_requests_rejected_total", "counter", "requests refused with 429 (queue full)",
+             (unsigned long long)s->rejected);
+    metric_u(&b, "deltafin_requests_cancelled_total", "counter", "generations stopped because the client went away",
+             (unsigned long long)s->cancelled);
+    metric_u(&b, "deltafin_expert_bytes_read_total", "counter", "routed expert bytes read from disk",
+             (unsigned long long)s->stats.bytes_read);
+    metric_u(&b, "deltafin_spine_bytes_read_total", "counter", "non-expert bytes read from disk by a streamed spine",
+             (unsigned long long)s->stats.spine_bytes_read);
     if (s->loaded == 1) {
         metric(&b, "deltafin_spine_info", "gauge", "the spine's matrices in use (dtype) and the lossy settings (\"\" when exact)");
         mf(&b, "deltafin_spine_info{dtype=\"%s\",lossy=\"%s\"} 1\n", s->spine_dtype, s->lossy);
     }
     /* prefetched experts were read for the step: misses, not hits */
     uint64_t look = s->stats.expert_hits + s->stats.expert_misses + s->stats.prefetch_used;
-    metric(&b, "deltafin_expert_cache_hit_ratio", "gauge", "experts found in RAM without a read / experts used");
-    mf(&b, "deltafin_expert_cache_hit_ratio %.6f\n", look ? (double)s->stats.expert_hits / (double)look : 0.0);
-    metric(&b, "deltafin_expert_io_wait_seconds_total", "counter", "time compute waited for expert reads");
-    mf(&b, "deltafin_expert_io_wait_seconds_total %.6f\n", s->stats.io_wait_s);
-    metric(&b, "deltafin_model_loaded", "gauge", "1 once the model is loaded");
-    mf(&b, "deltafin_model_loaded %d\n", s->loaded == 1);
+    metric_f(&b, "deltafin_expert_cache_hit_ratio", "gauge", "experts found in RAM without a read / experts used", 6,
+             look ? (double)s->stats.expert_hits / (double)look : 0.0);
+    metric_f(&b, "deltafin_expert_io_wait_seconds_total", "counter", "time compute waited for expert reads", 6,
+             s->stats.io_wait_s);
+    metric_d(&b, "deltafin_model_loaded", "gauge", "1 once the model is loaded", s->loaded == 1);
     pthread_mutex_unlock(&s->mu);
     return b.p ? b.p : strdup("");
 }

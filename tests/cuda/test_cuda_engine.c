@@ -92,6 +92,33 @@ static float *read_floats(const char *path, size_t *n) {
     return v;
 }
 
+/* `deltafin logits` over tokens with each of the n device options dev[d],
+ * written to <dir>/<stem><d>.bin and read back into lg[d] (NULL when
+ * unread; the caller frees) of nl[d] floats. A failing run fails the test,
+ * naming `name`; out (cap bytes) holds the last run's output. 1 when every
+ * lg[d] was read, all of the same nonzero length nl[0]. */
+static int device_logits(const char *model, const char *tokens, const char *dir, const char *stem, const char *name,
+                         const char *const *dev, int n, float **lg, size_t *nl, char *out, size_t cap) {
+    int same = 1;
+    for (int d = 0; d < n; d++) {
+        char path[900];
+        snprintf(path, sizeof path, "%.600s/%.200s%d.bin", dir, stem, d);
+        int rc = t_sh(out, cap, "%s logits --model %s --tokens %s --out %s --device %s", bin(), model, tokens, path,
+                      dev[d]);
+        CHECK(rc == 0, "%s logits %s: %s", name, dev[d], out);
+        lg[d] = read_floats(path, &nl[d]);
+    }
+    for (int d = 0; d < n; d++) same &= lg[d] && nl[d] == nl[0];
+    return same && nl[0];
+}
+
+/* `deltafin synth` of arch's tiny preset (seed 7) into <tmp>/<arch>, its
+ * path in model[600]; the exit status (out holds the output). */
+static int synth_tiny(const char *tmp, const char *arch, char model[600], char *out, size_t cap) {
+    snprintf(model, 600, "%.400s/%s", tmp, arch);
+    return t_sh(out, cap, "%s synth --arch %s --preset tiny --seed 7 --out %s", bin(), arch, model);
+}
+
 enum { ND = 5 }; /* device configurations compared per fixture */
 
 TEST(cuda_engine_fixtures) {
@@ -122,17 +149,9 @@ TEST(cuda_engine_fixtures) {
                                "cuda --expert-cache 1K"};
         float *lg[ND] = {0};
         size_t nl[ND] = {0};
-        for (int d = 0; d < ND; d++) {
-            char path[600];
-            snprintf(path, sizeof path, "%.300s/%.200s_%d.bin", tmp, names[i], d);
-            rc = t_sh(out, sizeof out, "%s logits --model %s --tokens %s --out %s --device %s", bin(), model, tokens,
-                      path, dev[d]);
-            CHECK(rc == 0, "%s logits %s: %s", names[i], dev[d], out);
-            lg[d] = read_floats(path, &nl[d]);
-        }
-        int same = 1;
-        for (int d = 0; d < ND; d++) same &= lg[d] && nl[d] == nl[0];
-        if (same && nl[0]) {
+        char stem[210];
+        snprintf(stem, sizeof stem, "%.200s_", names[i]);
+        if (device_logits(model, tokens, tmp, stem, names[i], dev, ND, lg, nl, out, sizeof out)) {
             double mx = 0, md = 0;
             for (size_t k = 0; k < nl[0]; k++) {
                 mx = fmax(mx, fabs(lg[0][k]));
@@ -178,21 +197,12 @@ TEST(cuda_engine_attention_on_device) {
     for (int i = 0; i < 4; i++) {
         const int has_kda = i < 2; /* the DeepSeek-V3 family has MLA only (with RoPE) */
         char model[600], out[16384];
-        snprintf(model, sizeof model, "%.400s/%s", tmp, arch[i]);
-        int rc = t_sh(out, sizeof out, "%s synth --arch %s --preset tiny --seed 7 --out %s", bin(), arch[i], model);
+        int rc = synth_tiny(tmp, arch[i], model, out, sizeof out);
         REQUIRE(rc == 0, "synth %s: %s", arch[i], out);
         const char *dev[3] = {"cpu", "cuda", "cuda --gpu-mem 1M"};
         float *lg[3] = {0};
         size_t nl[3] = {0};
-        for (int d = 0; d < 3; d++) {
-            char path[700];
-            snprintf(path, sizeof path, "%.600s/l%d.bin", model, d);
-            rc = t_sh(out, sizeof out, "%s logits --model %s --tokens %s --out %s --device %s", bin(), model, toks,
-                      path, dev[d]);
-            CHECK(rc == 0, "%s logits %s: %s", arch[i], dev[d], out);
-            lg[d] = read_floats(path, &nl[d]);
-        }
-        if (lg[0] && lg[1] && lg[2] && nl[0] && nl[1] == nl[0] && nl[2] == nl[0]) {
+        if (device_logits(model, toks, model, "l", arch[i], dev, 3, lg, nl, out, sizeof out)) {
             double mx = 0, md = 0;
             for (size_t k = 0; k < nl[0]; k++) {
                 mx = fmax(mx, fabs(lg[0][k]));
@@ -235,21 +245,12 @@ TEST(cuda_engine_stream_spine_on_device) {
     const char *toks = "5,17,300,2,901,44,7,7,512,3,88,61,250,9,1000,12,33,64,128,255";
     for (int i = 0; i < 2; i++) {
         char model[600], out[16384];
-        snprintf(model, sizeof model, "%.400s/%s", tmp, arch[i]);
-        int rc = t_sh(out, sizeof out, "%s synth --arch %s --preset tiny --seed 7 --out %s", bin(), arch[i], model);
+        int rc = synth_tiny(tmp, arch[i], model, out, sizeof out);
         REQUIRE(rc == 0, "synth %s: %s", arch[i], out);
         const char *dev[3] = {"cuda --spine resident", "cuda --spine stream", "cuda --spine stream --gpu-mem 1M"};
         float *lg[3] = {0};
         size_t nl[3] = {0};
-        for (int d = 0; d < 3; d++) {
-            char path[700];
-            snprintf(path, sizeof path, "%.600s/s%d.bin", model, d);
-            rc = t_sh(out, sizeof out, "%s logits --model %s --tokens %s --out %s --device %s", bin(), model, toks,
-                      path, dev[d]);
-            CHECK(rc == 0, "%s logits %s: %s", arch[i], dev[d], out);
-            lg[d] = read_floats(path, &nl[d]);
-        }
-        if (lg[0] && lg[1] && lg[2] && nl[0] && nl[1] == nl[0] && nl[2] == nl[0]) {
+        if (device_logits(model, toks, model, "s", arch[i], dev, 3, lg, nl, out, sizeof out)) {
             CHECK(!memcmp(lg[0], lg[1], nl[0] * 4), "%s: --spine stream changes the logits", arch[i]);
             CHECK(!memcmp(lg[0], lg[2], nl[0] * 4), "%s: --spine stream --gpu-mem 1M changes the logits", arch[i]);
         } else {
