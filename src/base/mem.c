@@ -7,10 +7,15 @@
  * memory.current at every level of the hierarchy, or v1's limit - usage).
  * Refuses nothing: when nothing can be read it falls back to sysconf.
  *
- * Sections: parsers (pure, tested on strings); probes (files).
+ * Also owns mem_fill, the background population of big buffers (mem.h).
+ *
+ * Sections: parsers (pure, tested on strings); probes (files); filling.
  */
 #include "mem.h"
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -154,4 +159,53 @@ int64_t mem_available(void) {
     }
     int64_t cg = mem_cgroup_room();
     return cg >= 0 && cg < avail ? cg : avail;
+}
+
+/* ---- filling ---- */
+
+struct mem_fill {
+    pthread_t th;
+    char *p;
+    size_t n;
+    atomic_int stop;
+};
+
+static void *fill_main(void *arg) {
+    mem_fill *f = arg;
+    const size_t chunk = (size_t)64 << 20;
+    for (size_t off = 0; off < f->n && !atomic_load(&f->stop); off += chunk) {
+#ifdef MADV_POPULATE_WRITE
+        size_t len = f->n - off < chunk ? f->n - off : chunk;
+        if (madvise(f->p + off, len, MADV_POPULATE_WRITE) != 0) break; /* old kernel: fault on use */
+#else
+        break;
+#endif
+    }
+    return NULL;
+}
+
+mem_fill *mem_fill_start(void *p, size_t n) {
+#ifndef MADV_POPULATE_WRITE
+    (void)p;
+    (void)n;
+    return NULL;
+#else
+    mem_fill *f = calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->p = p;
+    f->n = n;
+    atomic_init(&f->stop, 0);
+    if (pthread_create(&f->th, NULL, fill_main, f) != 0) {
+        free(f);
+        return NULL;
+    }
+    return f;
+#endif
+}
+
+void mem_fill_stop(mem_fill *f) {
+    if (!f) return;
+    atomic_store(&f->stop, 1);
+    pthread_join(f->th, NULL);
+    free(f);
 }

@@ -9,6 +9,7 @@
 #include "../experts/spine.h"
 #include "../experts/store.h"
 #include "../spine8/spine8.h"
+#include "../format/st_cache.h"
 #include "ffn.h"
 #include <fcntl.h>
 #include <stdarg.h>
@@ -122,7 +123,8 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
                      dir, e->cfg.model_type);
         goto fail;
     }
-    st = st_open_dir(dir, e->io, opts->use_mmap, &e->st, err);
+    st = stc_open(dir, e->io, opts->use_mmap, opts->meta_cache_dir, opts->meta_cache_min_bytes, &e->st,
+                  e->meta_note, err);
     if (st != DF_OK) goto fail;
     if ((st = open_spine_dtype(e, dir, opts, err)) != DF_OK) goto fail;
     int nt = opts->n_threads;
@@ -584,6 +586,7 @@ int df_engine_experts_per_token(const df_engine *e) {
 }
 
 const char *df_engine_lossy(const df_engine *e) { return e->lossy; }
+const char *df_engine_meta_note(const df_engine *e) { return e->meta_note; }
 const char *df_engine_spine_dtype(const df_engine *e) { return e->spine_dtype; }
 int df_engine_spine_streamed(const df_engine *e) { return e->spine != NULL; }
 const char *df_engine_spine_why(const df_engine *e) { return e->plan.why; }

@@ -91,6 +91,7 @@ struct df_engine {
     int64_t spine_read0;      /* sp_bytes_read at the last df_engine_reset_stats */
     int int8;                 /* the converted int8 spine is bound (tensors "int8:NAME" in st) */
     char spine_dtype[16];     /* "int8", or the checkpoint's matrices' type */
+    char meta_note[512];      /* what the metadata cache did at open (st_cache.h), "" if nothing to say */
 };
 
 struct df_session {
