@@ -247,6 +247,7 @@ typedef struct {
     uint64_t bytes_read;       /* expert bytes read from storage */
     uint64_t spine_bytes_read; /* non-expert bytes read from storage by a streamed spine */
     double io_wait_s;          /* time compute waited for expert reads */
+    double io_submit_s;        /* time compute spent handing expert reads to the kernel */
     int cache_slots, cache_slots_used;
     int64_t slot_bytes;
     int max_in_flight;         /* most reads outstanding at once */

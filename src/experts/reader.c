@@ -31,6 +31,14 @@
 
 /* One system call reads at most this much (Linux caps a read near 2 GiB). */
 #define XR_MAX_IO ((size_t)1 << 30)
+/* io_uring: bytes of reads handed to the kernel at once. The submitting call
+ * (io_uring_enter, on the caller's thread) issues O_DIRECT reads inline, and
+ * with more than this in flight it sleeps until the device drains: 16 expert
+ * reads of 17.5 MB blocked the token loop ~150 ms per K3-width layer on a
+ * virtio disk, so the shared experts and the next layer's router, meant to
+ * run under the reads, ran after them. 64 MB keeps a disk of a few GB/s busy
+ * (tens of ms of reads queued); the rest wait in the pending FIFO. */
+#define XR_URING_BYTES ((int64_t)64 << 20)
 /* Direct short reads that make no aligned progress this many times in a row
  * are end of file inside the last block. */
 enum { XR_MAX_STALLS = 3 };
@@ -46,6 +54,7 @@ typedef struct {
     uint64_t user;
     size_t got;          /* bytes already in buf */
     int stalls;          /* consecutive direct short reads with no aligned progress */
+    size_t issued;       /* io_uring: bytes of the read now in the ring (counted in active_bytes) */
 } xreq;
 
 typedef struct {
@@ -75,6 +84,7 @@ struct xs_reader {
     int *free_slots;     /* stack of free slot indices */
     int nfree;
     int active;          /* slots with a read queued or in the kernel */
+    int64_t active_bytes; /* bytes those reads ask for (capped by XR_URING_BYTES) */
     int unsubmitted;     /* reads queued in the ring, not yet taken by the kernel */
 };
 
@@ -123,6 +133,14 @@ static int fifo_grow(xfifo *f) {
 static void push_req(xfifo *f, const xreq *q) {
     ASSERT(f->qn < f->cap);
     f->q[(f->qhead + f->qn++) % f->cap] = *q;
+}
+
+/* Ahead of every pending request (still behind those in flight). */
+static void push_req_front(xfifo *f, const xreq *q) {
+    ASSERT(f->qn < f->cap);
+    f->qhead = (f->qhead + f->cap - 1) % f->cap;
+    f->q[f->qhead] = *q;
+    f->qn++;
 }
 
 static xreq pop_req(xfifo *f) {
@@ -256,8 +274,10 @@ static void slot_release(xs_reader *r, int s) {
  * request completes with that error. */
 static void ur_issue(xs_reader *r, int s) {
     xreq *q = &r->slot[s];
-    int rc = r->io->ring_read(r->ring, q->fd, q->buf + q->got, (unsigned)next_len(q),
+    q->issued = next_len(q);
+    int rc = r->io->ring_read(r->ring, q->fd, q->buf + q->got, (unsigned)q->issued,
                               q->off + (int64_t)q->got, (uint64_t)s);
+    if (rc >= 0) r->active_bytes += (int64_t)q->issued;
     if (rc < 0) {
         push_done(&r->f, q->user, -rc);
         slot_release(r, s);
@@ -266,9 +286,12 @@ static void ur_issue(xs_reader *r, int s) {
     r->unsubmitted++;
 }
 
-/* Moves pending requests into free slots. */
+/* Moves pending requests into free slots while the bytes in the kernel stay
+ * under XR_URING_BYTES (one read always goes, however large). */
 static void ur_pump(xs_reader *r) {
     while (r->nfree > 0 && r->f.qn > 0) {
+        const xreq *head = &r->f.q[r->f.qhead];
+        if (r->active > 0 && r->active_bytes + (int64_t)next_len(head) > XR_URING_BYTES) break;
         int s = r->free_slots[--r->nfree];
         r->slot[s] = pop_req(&r->f);
         r->active++;
@@ -293,6 +316,8 @@ static void ur_complete(xs_reader *r, uint64_t tag, int res) {
     ASSERT(tag < (uint64_t)r->depth);
     int s = (int)tag;
     xreq *q = &r->slot[s];
+    r->active_bytes -= (int64_t)q->issued;
+    q->issued = 0;
     int e = account(q, res);
     if (e < 0) {
         ur_issue(r, s);
@@ -444,7 +469,7 @@ df_status xr_open(const df_io *io, xr_kind kind, int depth, int threads, xs_read
     return DF_OK;
 }
 
-int xr_submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user) {
+static int submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user, int first) {
     if (!r || fd < 0 || off < 0 || (len > 0 && !buf)) return EINVAL;
     if (len > (size_t)INT64_MAX - (size_t)off) return EINVAL;
     if (direct && (((uintptr_t)buf | len | (uint64_t)off) & (XR_ALIGN - 1))) return EINVAL;
@@ -455,6 +480,7 @@ int xr_submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t o
     if (e == 0) {
         r->outstanding++;
         if (len == 0) push_done(&r->f, user, 0);
+        else if (first) push_req_front(&r->f, &q);
         else push_req(&r->f, &q);
     }
     if (r->kind == XR_PREAD) {
@@ -467,6 +493,14 @@ int xr_submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t o
         ur_flush(r); /* a hard error resurfaces in xr_wait; the read stays queued */
     }
     return e;
+}
+
+int xr_submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user) {
+    return submit(r, fd, direct, buf, len, off, user, 0);
+}
+
+int xr_submit_first(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user) {
+    return submit(r, fd, direct, buf, len, off, user, 1);
 }
 
 static int reap(xs_reader *r, xr_done *done, int max, int block) {

@@ -25,6 +25,13 @@
 
 /* ---- types ---- */
 
+static double mono_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+
 enum { MAX_PIECES = 2 * XS_MATS, MAX_SPANS = MAX_PIECES, MERGE_GAP = 1 << 20 };
 
 typedef struct {
@@ -350,7 +357,11 @@ static int start_load(xs_store *x, int key, int prefetch) {
         int64_t len = sp->direct ? align_up(sp->start + sp->len) - a : sp->len;
         uint8_t *dst = base + (sp->pos - (sp->start - a));
         int fd = sp->direct ? x->fd_direct[sp->shard] : x->fd_buf[sp->shard];
-        int rc = xr_submit(x->rd, fd, sp->direct, dst, (size_t)len, a, (uint64_t)si);
+        double t0 = mono_s();
+        /* a pass's reads go ahead of queued prefetches (they are waited for now) */
+        int rc = prefetch ? xr_submit(x->rd, fd, sp->direct, dst, (size_t)len, a, (uint64_t)si)
+                          : xr_submit_first(x->rd, fd, sp->direct, dst, (size_t)len, a, (uint64_t)si);
+        x->stats.submit_s += mono_s() - t0;
         if (rc != 0) {
             s->failed = 1;
             if (s->pending == 0) {
@@ -399,7 +410,9 @@ static void complete(xs_store *x, const xr_done *d) {
 
 static void reap(xs_store *x, int block) {
     xr_done d[64];
+    double t0 = block ? 0 : mono_s();
     int n = block ? xr_wait(x->rd, d, 64) : xr_poll(x->rd, d, 64);
+    if (!block) x->stats.submit_s += mono_s() - t0;
     for (int i = 0; i < n; i++) complete(x, &d[i]);
 }
 

@@ -537,6 +537,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->prefetch_wasted = x.prefetch_wasted;
     out->bytes_read = x.bytes_read;
     out->io_wait_s = x.wait_s;
+    out->io_submit_s = x.submit_s;
     out->cache_slots = x.slots;
     out->cache_slots_used = x.slots_used;
     out->slot_bytes = x.slot_bytes;

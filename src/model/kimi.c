@@ -315,6 +315,18 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
     int64_t kstride = kda_state_floats(&m->kda);
     double pt = prof_now(e);
     for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], s->h + (size_t)t * H);
+    /* early lookahead: the first MoE layer's router on the embedding (its
+     * own norm), so its likely experts are read while the layers before it
+     * compute; the usual lookahead refines it a layer ahead */
+    for (int l = 0; l < m->L; l++) {
+        if (!m->layers[l].moe) continue;
+        if (l > 0) {
+            for (int t = 0; t < n; t++)
+                op_rmsnorm(s->xn + (size_t)t * H, s->h + (size_t)t * H, m->layers[l].ffn_norm, H, m->eps);
+            moe_lookahead(e, &m->layers[l].experts, &s->moe, s->xn, n);
+        }
+        break;
+    }
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0; /* anchors so far (same count for every position) */
     for (int l = 0; l < m->L; l++) {
