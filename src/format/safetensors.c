@@ -41,6 +41,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define ST_MAX_HEADER ((int64_t)100 << 20)  /* a larger header is refused */
@@ -870,6 +871,20 @@ const void *st_data(st_set *s, const st_tensor *t, char *err) {
     }
     s->cache[i] = buf;
     return buf;
+}
+
+void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, void *ctx), void *ctx) {
+    if (s->io != df_io_default()) return;
+    const int64_t page = 4096;
+    for (int64_t i = 0; i < s->n_tensors; i++) {
+        const st_tensor *t = &s->tensors[i];
+        if (t->nbytes <= 0 || t->nbytes > max_bytes || (s->small && s->small[i] >= 0)) continue;
+        if (keep && !keep(t, ctx)) continue;
+        const st_shard *sh = &s->shards[t->shard];
+        int64_t a = t->offset / page * page, len = t->offset + t->nbytes - a;
+        if (sh->map) madvise((char *)sh->map + a, (size_t)len, MADV_WILLNEED);
+        else if (sh->fd >= 0) posix_fadvise(sh->fd, a, len, POSIX_FADV_WILLNEED);
+    }
 }
 
 df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err) {

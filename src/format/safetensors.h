@@ -49,6 +49,13 @@ int64_t st_total_bytes(const st_set *s);                        /* sum of tensor
  * bytes are read into memory owned by the set on first use. NULL on I/O
  * error (err filled). */
 const void *st_data(st_set *s, const st_tensor *t, char *err);
+/* Asks the kernel to start reading, all at once, the bytes of every tensor
+ * of at most max_bytes for which keep(t, ctx) is true (NULL: every one), so
+ * the first touches that follow (norm vectors, biases: hundreds of them,
+ * each on its own page somewhere in a shard) do not fault in one by one.
+ * A hint (madvise / posix_fadvise WILLNEED): nothing changes but timing;
+ * does nothing for I/O tables other than POSIX. */
+void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, void *ctx), void *ctx);
 /* Copies the tensor's bytes into buf (nbytes of t). */
 df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err);
 /* The directory the set was opened from (for messages). */

@@ -34,6 +34,11 @@ static int64_t spine_bytes(const df_engine *e);
 
 /* The spine's matrices: a converted int8 spine (DIR/int8-spine) joins the
  * shard set as "int8:" tensors when asked for, or found in auto. */
+static int not_routed_expert(const st_tensor *t, void *ctx) {
+    (void)ctx;
+    return !(strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts"));
+}
+
 static df_status open_spine_dtype(df_engine *e, const char *dir, const df_engine_opts *o, char *err) {
     const char *stored = "bf16";
     for (int64_t i = 0; i < st_count(e->st); i++) { /* the type of the first layer's matrices */
@@ -127,6 +132,9 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
                   e->meta_note, err);
     if (st != DF_OK) goto fail;
     if ((st = open_spine_dtype(e, dir, opts, err)) != DF_OK) goto fail;
+    /* the program copies every small non-expert vector (norms, biases, KDA
+     * parameters) at bind: start reading them all now (a hint) */
+    st_willneed(e->st, (int64_t)1 << 20, not_routed_expert, NULL);
     int nt = opts->n_threads;
     if (nt <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
