@@ -13,6 +13,8 @@
  */
 #include "mem.h"
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -172,7 +174,13 @@ struct mem_fill {
 
 static void *fill_main(void *arg) {
     mem_fill *f = arg;
-    const size_t chunk = (size_t)64 << 20;
+    /* lowest priority: page clearing takes CPU time the open and the first
+     * token do not need. Not SCHED_IDLE, and small chunks: the madvise holds
+     * the process's mmap lock (read) for a chunk, and a malloc that maps
+     * memory (session setup) queues a writer behind it, so a fill thread
+     * starved while holding it stalled a session ~3 s */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+    const size_t chunk = (size_t)2 << 20;
     for (size_t off = 0; off < f->n && !atomic_load(&f->stop); off += chunk) {
 #ifdef MADV_POPULATE_WRITE
         size_t len = f->n - off < chunk ? f->n - off : chunk;

@@ -12,8 +12,9 @@ int64_t mem_available(void);
 int64_t mem_cgroup_room(void);
 
 /* Big buffers populated behind the caller's back: a background thread asks
- * the kernel to fault [p, p + n) in (MADV_POPULATE_WRITE, 64 MB at a time;
- * the bytes are never written, so memory already in use keeps its contents),
+ * the kernel to fault [p, p + n) in (MADV_POPULATE_WRITE, 2 MB at a time;
+ * the bytes are never written, so memory already in use keeps its contents;
+ * at nice 19, so it takes CPU time the caller does not need),
  * so an engine open does not wait seconds for gigabytes of page clearing.
  * The memory is usable at once: a page touched first is faulted by whoever
  * touches it. mem_fill_stop stops the thread (between chunks) and waits;
