@@ -222,3 +222,26 @@ TEST(fmt_stc_cli_inspect) {
     REQUIRE(ra == 0 && rb == 0 && rc == 0, "inspect failed:\n%s\n%s\n%s", a, b, c);
     CHECK(strcmp(a, b) == 0 && strcmp(a, c) == 0, "inspect differs with the cache:\n%s\n---\n%s", a, c);
 }
+
+/* The engine over a cached set: logits byte-identical to a parsed one, also
+ * with the int8 spine overlay added after the cached set (st_add_dir: its
+ * tensors come after those carrying tiny values). */
+TEST(fmt_stc_engine_logits) {
+    const char *d = t_tmpdir("stc_engine");
+    REQUIRE(d, "tmpdir");
+    char dir[512], cache[600], o[8192];
+    snprintf(dir, sizeof dir, "%s/m", d);
+    snprintf(cache, sizeof cache, "%s/cache", d);
+    int rc = t_sh(o, sizeof o, "%s synth --arch kimi_k2 --shard-size 1M --out %s --quiet && %s convert-spine %s",
+                  t_bin(), dir, t_bin(), dir);
+    REQUIRE(rc == 0, "%s", o);
+    const char *dt[2] = {"bf16", "int8"};
+    for (int k = 0; k < 2; k++) {
+        rc = t_sh(o, sizeof o,
+                  "B=%s; M=%s; i=0; for c in off %s %s; do i=$((i+1)); $B logits --model $M --tokens 5,6,7 "
+                  "--spine-dtype %s --meta-cache $c --out %s/lg.$i 2>/dev/null || exit 1; done; "
+                  "cmp %s/lg.1 %s/lg.3 && cmp %s/lg.1 %s/lg.2 && ls %s | grep -q meta- && echo same",
+                  t_bin(), dir, cache, cache, dt[k], d, d, d, d, d, cache);
+        CHECK(rc == 0 && strstr(o, "same"), "%s spine: %s", dt[k], o);
+    }
+}

@@ -83,6 +83,7 @@ struct st_set {
     int32_t *small;
     uint8_t (*small_vals)[ST_SMALL];
     int64_t *small_of;  /* while pushing: the tensor of each value */
+    int64_t n_small_idx; /* entries of small[]: tensors added later (st_add_dir) have none */
     int64_t n_small, cap_small;
     arena_chunk *arena;
     int64_t total_bytes;
@@ -828,6 +829,7 @@ df_status st_end(st_set *s, char *err) {
         if (!(s->small = malloc((size_t)s->n_tensors * sizeof *s->small)))
             return df_fail(err, DF_ERR_NOMEM, "out of memory");
         for (int64_t i = 0; i < s->n_tensors; i++) s->small[i] = -1;
+        s->n_small_idx = s->n_tensors;
         for (int64_t k = 0; k < s->n_small; k++) s->small[s->small_of[k]] = (int32_t)k;
         free(s->small_of);
         s->small_of = NULL;
@@ -842,6 +844,11 @@ df_status st_end(st_set *s, char *err) {
     return DF_OK;
 }
 
+/* The value index of tensor i, or -1. */
+static int64_t small_at(const st_set *s, int64_t i) {
+    return s->small && i < s->n_small_idx ? s->small[i] : -1;
+}
+
 /* ---- 4. data access -------------------------------------------------------- */
 
 static int64_t tensor_index(const st_set *s, const st_tensor *t) {
@@ -853,7 +860,7 @@ static int64_t tensor_index(const st_set *s, const st_tensor *t) {
 const void *st_data(st_set *s, const st_tensor *t, char *err) {
     const st_shard *sh = &s->shards[t->shard];
     int64_t i = tensor_index(s, t);
-    if (s->small && s->small[i] >= 0) return s->small_vals[s->small[i]];
+    if (small_at(s, i) >= 0) return s->small_vals[s->small[i]];
     if (sh->map) return (const char *)sh->map + t->offset;
     if (s->cache[i]) return s->cache[i];
     void *buf = malloc(t->nbytes ? (size_t)t->nbytes : 1);
@@ -878,7 +885,7 @@ void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, v
     const int64_t page = 4096;
     for (int64_t i = 0; i < s->n_tensors; i++) {
         const st_tensor *t = &s->tensors[i];
-        if (t->nbytes <= 0 || t->nbytes > max_bytes || (s->small && s->small[i] >= 0)) continue;
+        if (t->nbytes <= 0 || t->nbytes > max_bytes || small_at(s, i) >= 0) continue;
         if (keep && !keep(t, ctx)) continue;
         const st_shard *sh = &s->shards[t->shard];
         int64_t a = t->offset / page * page, len = t->offset + t->nbytes - a;
@@ -890,7 +897,7 @@ void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, v
 df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err) {
     const st_shard *sh = &s->shards[t->shard];
     int64_t i = tensor_index(s, t);
-    if (s->small && s->small[i] >= 0) {
+    if (small_at(s, i) >= 0) {
         memcpy(buf, s->small_vals[s->small[i]], (size_t)t->nbytes);
         return DF_OK;
     }
