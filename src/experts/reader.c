@@ -31,14 +31,20 @@
 
 /* One system call reads at most this much (Linux caps a read near 2 GiB). */
 #define XR_MAX_IO ((size_t)1 << 30)
-/* io_uring: bytes of reads handed to the kernel at once. The submitting call
- * (io_uring_enter, on the caller's thread) issues O_DIRECT reads inline, and
- * with more than this in flight it sleeps until the device drains: 16 expert
+/* io_uring: bytes of reads handed to the kernel at once, adapted to the
+ * device. The submitting call (io_uring_enter, on the caller's thread) may
+ * issue O_DIRECT reads inline and sleep until the device drains: 16 expert
  * reads of 17.5 MB blocked the token loop ~150 ms per K3-width layer on a
  * virtio disk, so the shared experts and the next layer's router, meant to
- * run under the reads, ran after them. 64 MB keeps a disk of a few GB/s busy
- * (tens of ms of reads queued); the rest wait in the pending FIFO. */
-#define XR_URING_BYTES ((int64_t)64 << 20)
+ * run under the reads, ran after them. Yet a fixed small cap starves fast
+ * storage of parallel reads. So the cap starts at XR_CAP_START, halves
+ * (down to XR_CAP_MIN) whenever one submit call takes over XR_SLOW_SUBMIT,
+ * and grows by a quarter (up to XR_CAP_MAX) after a fast submit that the cap
+ * held back; reads beyond it wait in the pending FIFO. */
+#define XR_CAP_START ((int64_t)128 << 20)
+#define XR_CAP_MIN ((int64_t)32 << 20)
+#define XR_CAP_MAX ((int64_t)1 << 30)
+#define XR_SLOW_SUBMIT 0.004 /* seconds */
 /* Direct short reads that make no aligned progress this many times in a row
  * are end of file inside the last block. */
 enum { XR_MAX_STALLS = 3 };
@@ -84,7 +90,9 @@ struct xs_reader {
     int *free_slots;     /* stack of free slot indices */
     int nfree;
     int active;          /* slots with a read queued or in the kernel */
-    int64_t active_bytes; /* bytes those reads ask for (capped by XR_URING_BYTES) */
+    int64_t active_bytes; /* bytes those reads ask for (at most cap_bytes but one read) */
+    int64_t cap_bytes;   /* adaptive (XR_CAP_*) */
+    int held_back;       /* ur_pump left reads pending because of cap_bytes */
     int unsubmitted;     /* reads queued in the ring, not yet taken by the kernel */
 };
 
@@ -287,11 +295,14 @@ static void ur_issue(xs_reader *r, int s) {
 }
 
 /* Moves pending requests into free slots while the bytes in the kernel stay
- * under XR_URING_BYTES (one read always goes, however large). */
+ * under cap_bytes (one read always goes, however large). */
 static void ur_pump(xs_reader *r) {
     while (r->nfree > 0 && r->f.qn > 0) {
         const xreq *head = &r->f.q[r->f.qhead];
-        if (r->active > 0 && r->active_bytes + (int64_t)next_len(head) > XR_URING_BYTES) break;
+        if (r->active > 0 && r->active_bytes + (int64_t)next_len(head) > r->cap_bytes) {
+            r->held_back = 1;
+            break;
+        }
         int s = r->free_slots[--r->nfree];
         r->slot[s] = pop_req(&r->f);
         r->active++;
@@ -301,9 +312,23 @@ static void ur_pump(xs_reader *r) {
 
 /* Hands queued reads to the kernel. 0, or a negative errno the caller must
  * see (EINTR/EAGAIN/EBUSY are transient: 0, and the reads stay queued). */
+static double ur_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static int ur_flush(xs_reader *r) {
     while (r->unsubmitted > 0) {
+        double t0 = ur_now();
         int rc = r->io->ring_submit(r->ring);
+        double dt = ur_now() - t0;
+        if (dt > XR_SLOW_SUBMIT) {
+            r->cap_bytes = r->cap_bytes / 2 > XR_CAP_MIN ? r->cap_bytes / 2 : XR_CAP_MIN;
+        } else if (r->held_back) {
+            r->cap_bytes = r->cap_bytes + r->cap_bytes / 4 < XR_CAP_MAX ? r->cap_bytes + r->cap_bytes / 4 : XR_CAP_MAX;
+        }
+        r->held_back = 0;
         if (rc < 0) return rc == -EINTR || rc == -EAGAIN || rc == -EBUSY ? 0 : rc;
         if (rc == 0) return 0;
         r->unsubmitted -= rc > r->unsubmitted ? r->unsubmitted : rc;
@@ -379,6 +404,7 @@ static int ur_start(xs_reader *r) {
     if (!r->slot || !r->free_slots) return ENOMEM;
     for (int i = 0; i < r->depth; i++) r->free_slots[i] = r->depth - 1 - i;
     r->nfree = r->depth;
+    r->cap_bytes = XR_CAP_START;
     return 0;
 }
 
