@@ -81,6 +81,12 @@ typedef struct {
     /* Optional accelerator (struct df_accel below): NULL runs every matrix
      * on the CPU. Borrowed: it must outlive the engine. */
     const struct df_accel *accel;
+    /* Parsed-metadata cache (src/format/st_cache.h): a folder for one file per
+     * checkpoint holding its parsed index and shard headers, used while
+     * every shard's size and mtime are unchanged; NULL: parse every time.
+     * Only checkpoints whose index has at least meta_cache_min_bytes. */
+    const char *meta_cache_dir;
+    int64_t meta_cache_min_bytes;
 } df_engine_opts;
 
 /* One Kimi Delta Attention layer as an accelerator's kda hook sees it (the
@@ -339,6 +345,7 @@ typedef struct {
     uint64_t bytes_read;       /* expert bytes read from storage */
     uint64_t spine_bytes_read; /* non-expert bytes read from storage by a streamed spine */
     double io_wait_s;          /* time compute waited for expert reads */
+    double io_submit_s;        /* time compute spent handing expert reads to the kernel */
     int cache_slots, cache_slots_used;
     int64_t slot_bytes;
     int max_in_flight;         /* most reads outstanding at once */
@@ -419,6 +426,9 @@ int df_engine_experts_per_token(const df_engine *e);
 /* "" for exact runs; otherwise a label naming every lossy setting, e.g.
  * "LOSSY top-k 8 of 16". Print it in every stats line. */
 const char *df_engine_lossy(const df_engine *e);
+/* "" or one line about the metadata cache at open (written, stale and
+ * rebuilt, corrupt and ignored, not written and why). */
+const char *df_engine_meta_note(const df_engine *e);
 /* Saves the heat statistics to opts.heat_path now (also done at close). */
 df_status df_engine_save_heat(df_engine *e, char err[DF_ERRMSG]);
 

@@ -2,6 +2,7 @@
  * the cgroup limit. The parsers are separate so tests feed them strings. */
 #ifndef DF_BASE_MEM_H
 #define DF_BASE_MEM_H
+#include <stddef.h>
 #include <stdint.h>
 
 /* Bytes the kernel can give this process now: /proc/meminfo MemAvailable
@@ -9,6 +10,19 @@
 int64_t mem_available(void);
 /* Room under the cgroup limits (v2 at every level, else v1); -1: no limit. */
 int64_t mem_cgroup_room(void);
+
+/* Big buffers populated behind the caller's back: a background thread asks
+ * the kernel to fault [p, p + n) in (MADV_POPULATE_WRITE, 2 MB at a time;
+ * the bytes are never written, so memory already in use keeps its contents;
+ * at nice 19, so it takes CPU time the caller does not need),
+ * so an engine open does not wait seconds for gigabytes of page clearing.
+ * The memory is usable at once: a page touched first is faulted by whoever
+ * touches it. mem_fill_stop stops the thread (between chunks) and waits;
+ * call it before unmapping. NULL (nothing to stop) when no thread could be
+ * started or the kernel lacks MADV_POPULATE_WRITE: pages then fault on use. */
+typedef struct mem_fill mem_fill;
+mem_fill *mem_fill_start(void *p, size_t n);
+void mem_fill_stop(mem_fill *f); /* NULL-safe */
 
 /* "Key:  123 kB" lines -> bytes; -1 if key is absent. */
 int64_t mem_parse_meminfo(const char *text, const char *key);

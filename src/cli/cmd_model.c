@@ -108,8 +108,10 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids;
     int n = cli_parse_tokens(toks, &ids);
     if (n < 0) return cli_usage("run", "--tokens must be a comma-separated list of token ids");
+    double t_start = cli_now();
     df_engine *e = cli_open(&mo);
     if (!e) { free(ids); return CLI_FAIL; }
+    double t_engine = cli_now();
     int V = df_engine_vocab_size(e), rc = CLI_FAIL;
     df_session *s = NULL;
     char *statbuf = NULL;
@@ -117,6 +119,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deltafin: cannot allocate a session\n");
         goto done;
     }
+    double t_session = cli_now();
     int live = !stats && isatty(2);
     size_t statcap = 4096;
     statbuf = calloc(statcap, 1);
@@ -180,6 +183,8 @@ int cmd_run(int argc, char **argv) {
         while (st && fgets(ln, sizeof ln, st))
             if (!strncmp(ln, "VmHWM:", 6)) hwm_kb = atol(ln + 6);
         if (st) fclose(st);
+        fprintf(stderr, "open: %.3f s (engine %.3f s, session %.3f s); first token %.3f s after the start\n",
+                t_session - t_start, t_engine - t_start, t_session - t_engine, t1 - t_start);
         fprintf(stderr, "spine: %s\n", df_engine_spine_why(e));
         if (hwm_kb >= 0)
             fprintf(stderr, "memory: peak RSS %.1f MB, plan %.1f MB\n", hwm_kb / 1024.0,

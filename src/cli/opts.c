@@ -39,6 +39,10 @@ const char cli_model_opts_help[] =
     "  --top-k N          LOSSY: route each token to only N experts (labelled in every stats line)\n"
     "  --cache-limit SIZE stream-mode mirror: disk budget for fetched experts, coldest evicted\n"
     "                     (default: the one set at setup; 0 = none)\n"
+    "  --meta-cache DIR   parsed index and shard headers of checkpoints with an index of 4 MB or\n"
+    "                     more, reused while every shard's size and mtime are unchanged (default:\n"
+    "                     $XDG_CACHE_HOME/deltafin/meta or ~/.cache/deltafin/meta; a DIR given here\n"
+    "                     caches any indexed checkpoint); off: parse the headers every time\n"
 #ifdef DF_WITH_CUDA
     "  --device DEV       auto (default: cuda when a GPU is present), cpu, cuda: matrix products,\n"
     "                     routed experts and KDA / MLA attention (with their session state) on the\n"
@@ -140,6 +144,15 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         (*i)++;
         return 1;
     }
+    if (!strcmp(a, "--meta-cache")) {
+        if (!val || !*val) {
+            fprintf(stderr, "deltafin: --meta-cache needs a folder, or off\n");
+            return -1;
+        }
+        (*i)++;
+        o->meta_cache = val;
+        return 1;
+    }
     if (!strcmp(a, "--cache-limit")) {
         if (!val || (o->cache_limit = cli_parse_size(val)) < 0) {
             fprintf(stderr, "deltafin: --cache-limit needs a size, e.g. 200G (0 = none)\n");
@@ -237,6 +250,15 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     eo->profile = o->profile;
     eo->spine = o->spine;
     eo->evict_heat = o->evict_heat;
+    /* the metadata cache: only big checkpoints by default (small ones parse
+     * in milliseconds), any indexed one under a folder named here */
+    static char meta_dir[4096];
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (o->meta_cache && !strcmp(o->meta_cache, "off")) eo->meta_cache_dir = NULL;
+    else if (o->meta_cache) eo->meta_cache_dir = o->meta_cache;
+    else if (xdg && *xdg == '/') eo->meta_cache_dir = snprintf(meta_dir, sizeof meta_dir, "%s/deltafin/meta", xdg) < (int)sizeof meta_dir ? meta_dir : NULL;
+    else if (home && *home == '/') eo->meta_cache_dir = snprintf(meta_dir, sizeof meta_dir, "%s/.cache/deltafin/meta", home) < (int)sizeof meta_dir ? meta_dir : NULL;
+    eo->meta_cache_min_bytes = o->meta_cache ? 0 : (int64_t)4 << 20;
 #ifdef DF_WITH_CUDA
     /* one accelerator per process, closed at exit by the C runtime's teardown */
     static const df_accel *accel;
@@ -273,6 +295,7 @@ df_engine *cli_open(const cli_model_opts *o) {
         fprintf(stderr, "deltafin: cannot open model: %s\n", err);
         return NULL;
     }
+    if (*df_engine_meta_note(e)) fprintf(stderr, "deltafin: %s\n", df_engine_meta_note(e));
     if (*df_engine_lossy(e)) fprintf(stderr, "deltafin: %s (quality differs from the model)\n", df_engine_lossy(e));
     return e;
 }

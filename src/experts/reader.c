@@ -31,6 +31,20 @@
 
 /* One system call reads at most this much (Linux caps a read near 2 GiB). */
 #define XR_MAX_IO ((size_t)1 << 30)
+/* io_uring: bytes of reads handed to the kernel at once, adapted to the
+ * device. The submitting call (io_uring_enter, on the caller's thread) may
+ * issue O_DIRECT reads inline and sleep until the device drains: 16 expert
+ * reads of 17.5 MB blocked the token loop ~150 ms per K3-width layer on a
+ * virtio disk, so the shared experts and the next layer's router, meant to
+ * run under the reads, ran after them. Yet a fixed small cap starves fast
+ * storage of parallel reads. So the cap starts at XR_CAP_START, halves
+ * (down to XR_CAP_MIN) whenever one submit call takes over XR_SLOW_SUBMIT,
+ * and grows by a quarter (up to XR_CAP_MAX) after a fast submit that the cap
+ * held back; reads beyond it wait in the pending FIFO. */
+#define XR_CAP_START ((int64_t)128 << 20)
+#define XR_CAP_MIN ((int64_t)32 << 20)
+#define XR_CAP_MAX ((int64_t)1 << 30)
+#define XR_SLOW_SUBMIT 0.004 /* seconds */
 /* Direct short reads that make no aligned progress this many times in a row
  * are end of file inside the last block. */
 enum { XR_MAX_STALLS = 3 };
@@ -46,6 +60,7 @@ typedef struct {
     uint64_t user;
     size_t got;          /* bytes already in buf */
     int stalls;          /* consecutive direct short reads with no aligned progress */
+    size_t issued;       /* io_uring: bytes of the read now in the ring (counted in active_bytes) */
 } xreq;
 
 typedef struct {
@@ -75,6 +90,9 @@ struct xs_reader {
     int *free_slots;     /* stack of free slot indices */
     int nfree;
     int active;          /* slots with a read queued or in the kernel */
+    int64_t active_bytes; /* bytes those reads ask for (at most cap_bytes but one read) */
+    int64_t cap_bytes;   /* adaptive (XR_CAP_*) */
+    int held_back;       /* ur_pump left reads pending because of cap_bytes */
     int unsubmitted;     /* reads queued in the ring, not yet taken by the kernel */
 };
 
@@ -123,6 +141,14 @@ static int fifo_grow(xfifo *f) {
 static void push_req(xfifo *f, const xreq *q) {
     ASSERT(f->qn < f->cap);
     f->q[(f->qhead + f->qn++) % f->cap] = *q;
+}
+
+/* Ahead of every pending request (still behind those in flight). */
+static void push_req_front(xfifo *f, const xreq *q) {
+    ASSERT(f->qn < f->cap);
+    f->qhead = (f->qhead + f->cap - 1) % f->cap;
+    f->q[f->qhead] = *q;
+    f->qn++;
 }
 
 static xreq pop_req(xfifo *f) {
@@ -257,8 +283,10 @@ static void slot_release(xs_reader *r, int s) {
  * request completes with that error. */
 static void ur_issue(xs_reader *r, int s) {
     xreq *q = &r->slot[s];
-    int rc = r->io->ring_read(r->ring, q->fd, q->buf + q->got, (unsigned)next_len(q),
+    q->issued = next_len(q);
+    int rc = r->io->ring_read(r->ring, q->fd, q->buf + q->got, (unsigned)q->issued,
                               q->off + (int64_t)q->got, (uint64_t)s);
+    if (rc >= 0) r->active_bytes += (int64_t)q->issued;
     if (rc < 0) {
         push_done(&r->f, q->user, -rc);
         slot_release(r, s);
@@ -267,9 +295,15 @@ static void ur_issue(xs_reader *r, int s) {
     r->unsubmitted++;
 }
 
-/* Moves pending requests into free slots. */
+/* Moves pending requests into free slots while the bytes in the kernel stay
+ * under cap_bytes (one read always goes, however large). */
 static void ur_pump(xs_reader *r) {
     while (r->nfree > 0 && r->f.qn > 0) {
+        const xreq *head = &r->f.q[r->f.qhead];
+        if (r->active > 0 && r->active_bytes + (int64_t)next_len(head) > r->cap_bytes) {
+            r->held_back = 1;
+            break;
+        }
         int s = r->free_slots[--r->nfree];
         r->slot[s] = pop_req(&r->f);
         r->active++;
@@ -279,9 +313,23 @@ static void ur_pump(xs_reader *r) {
 
 /* Hands queued reads to the kernel. 0, or a negative errno the caller must
  * see (EINTR/EAGAIN/EBUSY are transient: 0, and the reads stay queued). */
+static double ur_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static int ur_flush(xs_reader *r) {
     while (r->unsubmitted > 0) {
+        double t0 = ur_now();
         int rc = r->io->ring_submit(r->ring);
+        double dt = ur_now() - t0;
+        if (dt > XR_SLOW_SUBMIT) {
+            r->cap_bytes = r->cap_bytes / 2 > XR_CAP_MIN ? r->cap_bytes / 2 : XR_CAP_MIN;
+        } else if (r->held_back) {
+            r->cap_bytes = r->cap_bytes + r->cap_bytes / 4 < XR_CAP_MAX ? r->cap_bytes + r->cap_bytes / 4 : XR_CAP_MAX;
+        }
+        r->held_back = 0;
         if (rc < 0) return rc == -EINTR || rc == -EAGAIN || rc == -EBUSY ? 0 : rc;
         if (rc == 0) return 0;
         r->unsubmitted -= rc > r->unsubmitted ? r->unsubmitted : rc;
@@ -294,6 +342,8 @@ static void ur_complete(xs_reader *r, uint64_t tag, int res) {
     ASSERT(tag < (uint64_t)r->depth);
     int s = (int)tag;
     xreq *q = &r->slot[s];
+    r->active_bytes -= (int64_t)q->issued;
+    q->issued = 0;
     int e = account(q, res);
     if (e < 0) {
         ur_issue(r, s);
@@ -355,6 +405,7 @@ static int ur_start(xs_reader *r) {
     if (!r->slot || !r->free_slots) return ENOMEM;
     for (int i = 0; i < r->depth; i++) r->free_slots[i] = r->depth - 1 - i;
     r->nfree = r->depth;
+    r->cap_bytes = XR_CAP_START;
     return 0;
 }
 
@@ -445,7 +496,7 @@ df_status xr_open(const df_io *io, xr_kind kind, int depth, int threads, xs_read
     return DF_OK;
 }
 
-int xr_submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user) {
+static int submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user, int first) {
     if (!r || fd < 0 || off < 0 || (len > 0 && !buf)) return EINVAL;
     if (len > (size_t)INT64_MAX - (size_t)off) return EINVAL;
     if (direct && (((uintptr_t)buf | len | (uint64_t)off) & (XR_ALIGN - 1))) return EINVAL;
@@ -456,6 +507,7 @@ int xr_submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t o
     if (e == 0) {
         r->outstanding++;
         if (len == 0) push_done(&r->f, user, 0);
+        else if (first) push_req_front(&r->f, &q);
         else push_req(&r->f, &q);
     }
     if (r->kind == XR_PREAD) {
@@ -468,6 +520,14 @@ int xr_submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t o
         ur_flush(r); /* a hard error resurfaces in xr_wait; the read stays queued */
     }
     return e;
+}
+
+int xr_submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user) {
+    return submit(r, fd, direct, buf, len, off, user, 0);
+}
+
+int xr_submit_first(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user) {
+    return submit(r, fd, direct, buf, len, off, user, 1);
 }
 
 static int reap(xs_reader *r, xr_done *done, int max, int block) {

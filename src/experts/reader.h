@@ -66,6 +66,10 @@ const char *xr_note(const xs_reader *r);
 /* Queues a read of len bytes at off of fd into buf. Returns 0, or an errno
  * (EINVAL for misaligned direct reads). Never blocks on the disk. */
 int xr_submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user);
+/* xr_submit ahead of every request still waiting for a slot (those in
+ * flight go on): reads a computation waits for now jump the speculative
+ * ones queued earlier (the expert store's prefetch). */
+int xr_submit_first(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user);
 /* Waits for at least one completion (up to max), returns how many were
  * written to done (0 only if nothing is in flight). A negative errno means
  * the engine itself failed (io_uring_enter refused the queued reads, which

@@ -10,6 +10,7 @@
 #include "spine.h"
 #include "../base/port.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -42,6 +43,7 @@ struct sp_store {
     int64_t *fsize;
     xs_reader *rd;
     uint8_t *slot[2];
+    struct mem_fill *fill[2]; /* populating each buffer in the background (mem.h) */
     int64_t slot_bytes;
     int held[2];          /* group in each slot, -1 none */
     int loading[2];       /* reads outstanding per slot */
@@ -77,8 +79,10 @@ void sp_free(sp_store *s) {
         if (s->fd_buf[i] >= 0) io_close(s->io, s->fd_buf[i]);
         if (s->fd_direct[i] >= 0) io_close(s->io, s->fd_direct[i]);
     }
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2; k++) {
+        mem_fill_stop(s->fill[k]);
         if (s->slot[k]) munmap(s->slot[k], (size_t)s->slot_bytes);
+    }
     for (int i = 0; i < s->n_groups; i++) { free(s->g[i].views); free(s->g[i].spans); }
     free(s->g); free(s->fd_direct); free(s->fd_buf); free(s->fsize);
     free(s);
@@ -169,11 +173,13 @@ df_status sp_finalize(sp_store *s, char *err) {
     }
     if (s->plan_only) return DF_OK;
     for (int k = 0; k < 2; k++) {
+        /* populated in the background, not at open (mem.h) */
         void *p = mmap(NULL, (size_t)s->slot_bytes, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
             return df_fail(err, DF_ERR_NOMEM, "cannot allocate the spine buffers (2 x %.1f MB)", s->slot_bytes / 1e6);
         s->slot[k] = p;
+        s->fill[k] = mem_fill_start(p, (size_t)s->slot_bytes);
     }
     return xr_open(s->io, XR_AUTO, 32, 8, &s->rd, err);
 }

@@ -1,7 +1,7 @@
 /* store.c — the expert store and its slot cache (see store.h).
  *
- * Owns: the per-expert span table, the slot pool (one allocation, pre-faulted
- * at finalize), the shard file descriptors (direct and buffered), the reader.
+ * Owns: the per-expert span table, the slot pool (one allocation, populated
+ * in the background from finalize on), the shard file descriptors (direct and buffered), the reader.
  * Refuses: experts larger than a slot (cannot happen: slots are sized from
  * the largest registered expert), partial slots (a slot becomes READY only
  * when every span of its expert completed without error).
@@ -12,6 +12,7 @@
 #include "store.h"
 #include "../base/port.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include <jansson.h>
 #include <math.h>
 #include <errno.h>
@@ -24,6 +25,13 @@
 #include <unistd.h>
 
 /* ---- types ---- */
+
+static double mono_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 
 enum { MAX_PIECES = 2 * XS_MATS, MAX_SPANS = MAX_PIECES, MERGE_GAP = 1 << 20 };
 
@@ -70,6 +78,7 @@ struct xs_store {
     struct timespec *mtime; /* [n_shards] at open */
     xs_reader *rd;
     uint8_t *pool;
+    struct mem_fill *fill; /* populating the pool in the background (mem.h) */
     int64_t slot_bytes, pool_bytes;
     int n_slots;
     slot_t *slots;
@@ -205,13 +214,16 @@ df_status xs_finalize(xs_store *x, char *err) {
     if (!x->slots) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     for (int i = 0; i < x->n_slots; i++) x->slots[i].key = -1;
     if (x->o.plan_only) return DF_OK;
-    /* one anonymous mapping, populated now: no page faults on the read path */
+    /* one anonymous mapping, populated by a background thread (MAP_POPULATE
+     * here made opening wait seconds for gigabytes of page clearing): the
+     * first token's reads may still fault pages in, later ones do not */
     void *p = mmap(NULL, (size_t)x->pool_bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return df_fail(err, DF_ERR_NOMEM, "cannot allocate the expert cache (%d slots of %.1f MB)",
                        x->n_slots, slot / 1e6);
     x->pool = p;
+    x->fill = mem_fill_start(p, (size_t)x->pool_bytes);
     int depth = x->o.depth > 0 ? x->o.depth : 32;
     df_status st = xr_open(x->io, x->o.reader, depth, x->o.io_threads > 0 ? x->o.io_threads : 8, &x->rd, err);
     if (st != DF_OK) return st;
@@ -259,6 +271,7 @@ void xs_free(xs_store *x) {
         if (x->fd_direct[i] >= 0) io_close(x->io, x->fd_direct[i]);
     }
     free(x->fd_direct); free(x->fd_buf); free(x->fsize); free(x->mtime);
+    mem_fill_stop(x->fill);
     if (x->pool) munmap(x->pool, (size_t)x->pool_bytes);
     free(x->slots); free(x->ex); free(x->slot_of); free(x->heat); free(x->heat_at);
     free(x->pass_list); free(x->pass_idx); free(x->pass_st); free(x->readyq);
@@ -345,7 +358,11 @@ static int start_load(xs_store *x, int key, int prefetch) {
         int64_t len = sp->direct ? align_up(sp->start + sp->len) - a : sp->len;
         uint8_t *dst = base + (sp->pos - (sp->start - a));
         int fd = sp->direct ? x->fd_direct[sp->shard] : x->fd_buf[sp->shard];
-        int rc = xr_submit(x->rd, fd, sp->direct, dst, (size_t)len, a, (uint64_t)si);
+        double t0 = mono_s();
+        /* a pass's reads go ahead of queued prefetches (they are waited for now) */
+        int rc = prefetch ? xr_submit(x->rd, fd, sp->direct, dst, (size_t)len, a, (uint64_t)si)
+                          : xr_submit_first(x->rd, fd, sp->direct, dst, (size_t)len, a, (uint64_t)si);
+        x->stats.submit_s += mono_s() - t0;
         if (rc != 0) {
             s->failed = 1;
             if (s->pending == 0) {
@@ -394,7 +411,9 @@ static void complete(xs_store *x, const xr_done *d) {
 
 static void reap(xs_store *x, int block) {
     xr_done d[64];
+    double t0 = block ? 0 : mono_s();
     int n = block ? xr_wait(x->rd, d, 64) : xr_poll(x->rd, d, 64);
+    if (!block) x->stats.submit_s += mono_s() - t0;
     for (int i = 0; i < n; i++) complete(x, &d[i]);
 }
 

@@ -65,6 +65,8 @@ typedef struct {
     uint64_t prefetch_wasted;         /* prefetched experts that pass did not use, or evicted unused */
     uint64_t bytes_read;
     double wait_s;                    /* time xs_next spent waiting for reads */
+    double submit_s;                  /* time handing reads to the reader / kernel and reaping
+                                       * without waiting (a kernel that reads inline blocks here) */
     int slots, slots_used;
     int64_t slot_bytes;
     int max_in_flight;

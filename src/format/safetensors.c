@@ -14,13 +14,14 @@
  *
  * Memory, for K3's ~500k tensors: one st_tensor each (~100 B), the names
  * packed in an arena of 1 MB chunks (~35 MB), and an open-addressing table of
- * uint32 slots at load <= 1/2 (4 MB) plus one 32-bit hash per tensor.
+ * uint64 slots (hash and index) at load <= 1/2 (8 MB) plus one 32-bit hash
+ * per tensor.
  *
  *   st_set
  *   ├── shards[]   path, fd, size, map (or NULL)
  *   ├── tensors[]  st_tensor {name -> arena, dtype, shape, shard, offset}
  *   ├── hashes[]   FNV-1a of each name (speeds probing and rehashing)
- *   ├── slots[]    0 = empty, else tensor index + 1
+ *   ├── slots[]    0 = empty, else hash << 32 | (tensor index + 1)
  *   └── cache[]    pread mode only: malloc'd bytes per tensor, NULL until read
  *
  * Thread safety: after st_open_dir returns, st_find/st_at/st_count are safe
@@ -28,7 +29,9 @@
  * from one thread at a time.
  *
  * Sections: 1. set, arena and hash table  2. one shard's header
- *           3. opening a directory (index or glob)  4. data access  5. queries
+ *           3. opening a directory (index or glob)  3b. a set from metadata
+ *           checked before (st_begin..st_end, for st_cache.c)  4. data access
+ *           5. queries
  */
 #include "safetensors.h"
 #include "../base/err.h"
@@ -38,6 +41,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define ST_MAX_HEADER ((int64_t)100 << 20)  /* a larger header is refused */
@@ -57,6 +61,7 @@ typedef struct {
     char *path;      /* dir/file */
     int fd;          /* -1 when closed */
     int64_t size;    /* file size in bytes */
+    int64_t data_start; /* 8 + header length: where tensor offsets may begin */
     void *map;       /* whole file, read-only; NULL without mmap */
 } st_shard;
 
@@ -69,9 +74,17 @@ struct st_set {
     st_tensor *tensors;
     uint32_t *hashes;   /* per tensor */
     int64_t n_tensors, cap_tensors;
-    uint32_t *slots;    /* open addressing; 0 = empty, else index + 1 */
+    uint64_t *slots;    /* open addressing; 0 = empty, else hash << 32 | (index + 1) */
     uint64_t n_slots;   /* power of two */
     void **cache;       /* pread mode: per-tensor buffers */
+    /* values of tiny tensors (<= ST_SMALL bytes, e.g. int4 weight_shape)
+     * that the metadata cache carries, so binding reads no page of the
+     * shard for them: small[i] indexes small_vals, -1 none; NULL: none */
+    int32_t *small;
+    uint8_t (*small_vals)[ST_SMALL];
+    int64_t *small_of;  /* while pushing: the tensor of each value */
+    int64_t n_small_idx; /* entries of small[]: tensors added later (st_add_dir) have none */
+    int64_t n_small, cap_small;
     arena_chunk *arena;
     int64_t total_bytes;
     /* while st_add_dir reads an overlay: the folder its shards are in and
@@ -107,22 +120,31 @@ static const char *arena_strdup(st_set *s, const char *str) {
     return p;
 }
 
+/* The table indexes by FNV-1a's low bits unmixed: names that differ in one
+ * digit ("...experts.17.w1" / "...experts.18.w1") land near each other, so
+ * the lookups of one layer's experts, made in order, walk a few cache lines
+ * of slots instead of one random line each (mixing the bits, e.g. with
+ * murmur3's finaliser, made opening the full-size K3 twice as slow). Each
+ * slot holds the hash beside the index, so a probe reads no tensor but the
+ * one whose hash matches. */
+#define SLOT_OF(h) (h)
 static int64_t lookup(const st_set *s, const char *name, uint32_t h) {
     if (!s->n_slots) return -1;
     uint64_t mask = s->n_slots - 1;
-    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
-        uint32_t v = s->slots[i];
+    for (uint64_t i = SLOT_OF(h) & mask;; i = (i + 1) & mask) {
+        uint64_t v = s->slots[i];
         if (!v) return -1;
-        int64_t t = (int64_t)v - 1;
-        if (s->hashes[t] == h && strcmp(s->tensors[t].name, name) == 0) return t;
+        if ((uint32_t)(v >> 32) != h) continue;
+        int64_t t = (int64_t)(uint32_t)v - 1;
+        if (strcmp(s->tensors[t].name, name) == 0) return t;
     }
 }
 
-static void slot_put(uint32_t *slots, uint64_t n_slots, uint32_t h, int64_t idx) {
+static void slot_put(uint64_t *slots, uint64_t n_slots, uint32_t h, int64_t idx) {
     uint64_t mask = n_slots - 1;
-    uint64_t i = h & mask;
+    uint64_t i = SLOT_OF(h) & mask;
     while (slots[i]) i = (i + 1) & mask;
-    slots[i] = (uint32_t)(idx + 1);
+    slots[i] = (uint64_t)h << 32 | (uint32_t)(idx + 1);
 }
 
 /* Keeps the load factor at or below 1/2 for n tensors. 0 or -1 (no memory). */
@@ -130,7 +152,7 @@ static int table_reserve(st_set *s, int64_t n) {
     if ((uint64_t)n * 2 <= s->n_slots) return 0;
     uint64_t ns = s->n_slots ? s->n_slots : 1024;
     while ((uint64_t)n * 2 > ns) ns *= 2;
-    uint32_t *slots = calloc(ns, sizeof *slots);
+    uint64_t *slots = calloc(ns, sizeof *slots);
     if (!slots) return -1;
     for (int64_t t = 0; t < s->n_tensors; t++) slot_put(slots, ns, s->hashes[t], t);
     free(s->slots);
@@ -158,6 +180,9 @@ void st_close(st_set *s) {
     free(s->tensors);
     free(s->hashes);
     free(s->slots);
+    free(s->small);
+    free(s->small_vals);
+    free(s->small_of);
     while (s->arena) {
         arena_chunk *next = s->arena->next;
         free(s->arena);
@@ -409,6 +434,7 @@ static df_status open_shard(st_set *s, pre_shard *p, char *err) {
     sh->fd = p->fd;
     sh->map = NULL;
     sh->size = p->size;
+    sh->data_start = 8 + p->hlen;
     p->path = NULL;
     p->fd = -1;
     if (!sh->path) return df_fail(err, DF_ERR_NOMEM, "out of memory");
@@ -714,6 +740,115 @@ df_status st_add_dir(st_set *s, const char *subdir, const char *prefix, char *er
     return st;
 }
 
+/* ---- 3b. a set from metadata checked before (st_cache.c) ------------------- */
+
+df_status st_begin(const char *dir, const df_io *io, int use_mmap, int64_t n_hint, st_set **out, char *err) {
+    *out = NULL;
+    st_set *s = calloc(1, sizeof *s);
+    if (!s) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    s->io = io ? io : df_io_default();
+    s->use_mmap = use_mmap;
+    s->dir = strdup(dir);
+    int64_t cap = n_hint > 0 ? n_hint : 1024;
+    s->tensors = s->dir ? malloc((size_t)cap * sizeof *s->tensors) : NULL;
+    s->hashes = s->tensors ? malloc((size_t)cap * sizeof *s->hashes) : NULL;
+    if (!s->hashes || table_reserve(s, cap) != 0) {
+        st_close(s);
+        return df_fail(err, DF_ERR_NOMEM, "out of memory for %lld tensors", (long long)cap);
+    }
+    s->cap_tensors = cap;
+    *out = s;
+    return DF_OK;
+}
+
+df_status st_push_shard(st_set *s, const char *fname, int64_t size, int64_t data_start, char *err) {
+    if (!safe_relpath(fname))
+        return df_fail(err, DF_ERR_FORMAT, "shard name '%s' is outside the model directory", fname);
+    pre_shard p = {.fname = fname, .fd = -1, .st = DF_OK};
+    p.path = join_path(s->dir, fname);
+    if (!p.path) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    if (s->n_shards == s->cap_shards) {
+        int cap = s->cap_shards ? s->cap_shards * 2 : 16;
+        st_shard *ns = realloc(s->shards, (size_t)cap * sizeof *ns);
+        if (!ns) { free(p.path); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
+        s->shards = ns;
+        s->cap_shards = cap;
+    }
+    st_shard *sh = &s->shards[s->n_shards++];
+    *sh = (st_shard){.path = p.path, .fd = -1, .size = size, .data_start = data_start};
+    sh->fd = io_open(s->io, sh->path, O_RDONLY, 0);
+    if (sh->fd < 0) return df_fail(err, DF_ERR_IO, "%s: cannot open: %s", sh->path, strerror(errno));
+    int64_t now;
+    if (io_fsize(s->io, sh->fd, &now) != 0)
+        return df_fail(err, DF_ERR_IO, "%s: cannot stat: %s", sh->path, strerror(errno));
+    if (now != size || data_start < 8 || data_start > size)
+        return df_fail(err, DF_ERR_FORMAT, "%s: %lld bytes, expected %lld (header end %lld)", sh->path,
+                       (long long)now, (long long)size, (long long)data_start);
+    return DF_OK;
+}
+
+df_status st_push_tensor(st_set *s, const char *name, const st_tensor *t, char *err) {
+    if (t->shard < 0 || t->shard >= s->n_shards || !*name)
+        return df_fail(err, DF_ERR_FORMAT, "tensor '%s': shard %d of %d", name, t->shard, s->n_shards);
+    const st_shard *sh = &s->shards[t->shard];
+    int64_t want = dtype_size(t->dtype);
+    if (t->dtype == DT_UNKNOWN || want <= 0 || t->ndim < 0 || t->ndim > ST_MAX_DIMS)
+        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '%s': bad dtype or rank", sh->path, name);
+    for (int i = 0; i < t->ndim; i++) {
+        int64_t x = t->shape[i];
+        if (x < 0 || (x && want > (INT64_C(1) << 60) / x))
+            return df_fail(err, DF_ERR_FORMAT, "%s: tensor '%s': bad shape", sh->path, name);
+        want *= x;
+    }
+    if (t->nbytes != want || t->offset < sh->data_start || t->offset > sh->size - want)
+        return df_fail(err, DF_ERR_FORMAT, "%s: tensor '%s': %lld bytes at %lld are outside the data section",
+                       sh->path, name, (long long)t->nbytes, (long long)t->offset);
+    return add_tensor(s, name, t, err);
+}
+
+df_status st_push_value(st_set *s, const void *bytes, char *err) {
+    if (!s->n_tensors || s->tensors[s->n_tensors - 1].nbytes > ST_SMALL)
+        return df_fail(err, DF_ERR_ARG, "st_push_value: no tiny tensor to give a value to");
+    if (s->n_small == s->cap_small) {
+        int64_t cap = s->cap_small ? s->cap_small * 2 : 4096;
+        uint8_t(*nv)[ST_SMALL] = realloc(s->small_vals, (size_t)cap * ST_SMALL);
+        if (nv) s->small_vals = nv;
+        int64_t *no = nv ? realloc(s->small_of, (size_t)cap * sizeof *no) : NULL;
+        if (!no) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+        s->small_of = no;
+        s->cap_small = cap;
+    }
+    memset(s->small_vals[s->n_small], 0, ST_SMALL);
+    memcpy(s->small_vals[s->n_small], bytes, (size_t)s->tensors[s->n_tensors - 1].nbytes);
+    s->small_of[s->n_small++] = s->n_tensors - 1;
+    return DF_OK;
+}
+
+df_status st_end(st_set *s, char *err) {
+    if (s->n_small) {
+        if (!(s->small = malloc((size_t)s->n_tensors * sizeof *s->small)))
+            return df_fail(err, DF_ERR_NOMEM, "out of memory");
+        for (int64_t i = 0; i < s->n_tensors; i++) s->small[i] = -1;
+        s->n_small_idx = s->n_tensors;
+        for (int64_t k = 0; k < s->n_small; k++) s->small[s->small_of[k]] = (int32_t)k;
+        free(s->small_of);
+        s->small_of = NULL;
+    }
+    for (int i = 0; i < s->n_shards && s->use_mmap; i++) {
+        st_shard *sh = &s->shards[i];
+        sh->map = io_mmap(s->io, (size_t)sh->size, sh->fd);
+        if (!sh->map) return df_fail(err, DF_ERR_IO, "%s: cannot mmap: %s", sh->path, strerror(errno));
+    }
+    if (!s->use_mmap && s->n_tensors && !(s->cache = calloc((size_t)s->n_tensors, sizeof *s->cache)))
+        return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    return DF_OK;
+}
+
+/* The value index of tensor i, or -1. */
+static int64_t small_at(const st_set *s, int64_t i) {
+    return s->small && i < s->n_small_idx ? s->small[i] : -1;
+}
+
 /* ---- 4. data access -------------------------------------------------------- */
 
 static int64_t tensor_index(const st_set *s, const st_tensor *t) {
@@ -724,8 +859,9 @@ static int64_t tensor_index(const st_set *s, const st_tensor *t) {
 
 const void *st_data(st_set *s, const st_tensor *t, char *err) {
     const st_shard *sh = &s->shards[t->shard];
-    if (sh->map) return (const char *)sh->map + t->offset;
     int64_t i = tensor_index(s, t);
+    if (small_at(s, i) >= 0) return s->small_vals[s->small[i]];
+    if (sh->map) return (const char *)sh->map + t->offset;
     if (s->cache[i]) return s->cache[i];
     void *buf = malloc(t->nbytes ? (size_t)t->nbytes : 1);
     if (!buf) {
@@ -744,9 +880,27 @@ const void *st_data(st_set *s, const st_tensor *t, char *err) {
     return buf;
 }
 
+void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, void *ctx), void *ctx) {
+    if (s->io != df_io_default()) return;
+    const int64_t page = 4096;
+    for (int64_t i = 0; i < s->n_tensors; i++) {
+        const st_tensor *t = &s->tensors[i];
+        if (t->nbytes <= 0 || t->nbytes > max_bytes || small_at(s, i) >= 0) continue;
+        if (keep && !keep(t, ctx)) continue;
+        const st_shard *sh = &s->shards[t->shard];
+        int64_t a = t->offset / page * page, len = t->offset + t->nbytes - a;
+        if (sh->map) madvise((char *)sh->map + a, (size_t)len, MADV_WILLNEED);
+        else if (sh->fd >= 0) posix_fadvise(sh->fd, a, len, POSIX_FADV_WILLNEED);
+    }
+}
+
 df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err) {
     const st_shard *sh = &s->shards[t->shard];
     int64_t i = tensor_index(s, t);
+    if (small_at(s, i) >= 0) {
+        memcpy(buf, s->small_vals[s->small[i]], (size_t)t->nbytes);
+        return DF_OK;
+    }
     if (sh->map || (s->cache && s->cache[i])) {
         memcpy(buf, sh->map ? (const char *)sh->map + t->offset : (const char *)s->cache[i],
                (size_t)t->nbytes);
@@ -782,3 +936,11 @@ int st_n_shards(const st_set *s) { return s ? s->n_shards : 0; }
 int64_t st_total_bytes(const st_set *s) { return s ? s->total_bytes : 0; }
 
 const char *st_dir(const st_set *s) { return s ? s->dir : NULL; }
+
+int64_t st_shard_size(const st_set *s, int shard) {
+    return s && shard >= 0 && shard < s->n_shards ? s->shards[shard].size : -1;
+}
+
+int64_t st_shard_data_start(const st_set *s, int shard) {
+    return s && shard >= 0 && shard < s->n_shards ? s->shards[shard].data_start : -1;
+}

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #define ST_MAX_DIMS 8
+#define ST_SMALL 16 /* tensors this small may carry their value in the metadata cache */
 
 typedef struct {
     const char *name;      /* owned by the set */
@@ -48,8 +49,31 @@ int64_t st_total_bytes(const st_set *s);                        /* sum of tensor
  * bytes are read into memory owned by the set on first use. NULL on I/O
  * error (err filled). */
 const void *st_data(st_set *s, const st_tensor *t, char *err);
+/* Asks the kernel to start reading, all at once, the bytes of every tensor
+ * of at most max_bytes for which keep(t, ctx) is true (NULL: every one), so
+ * the first touches that follow (norm vectors, biases: hundreds of them,
+ * each on its own page somewhere in a shard) do not fault in one by one.
+ * A hint (madvise / posix_fadvise WILLNEED): nothing changes but timing;
+ * does nothing for I/O tables other than POSIX. */
+void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, void *ctx), void *ctx);
 /* Copies the tensor's bytes into buf (nbytes of t). */
 df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err);
 /* The directory the set was opened from (for messages). */
 const char *st_dir(const st_set *s);
+int64_t st_shard_size(const st_set *s, int shard);        /* bytes; -1 if no such shard */
+int64_t st_shard_data_start(const st_set *s, int shard);  /* 8 + header length */
+
+/* A set from metadata that was checked when it was first parsed (the
+ * parsed-metadata cache, st_cache.c): st_begin, then every shard in order
+ * (opened; its size must be the one given), then every tensor (each checked
+ * against its shard's bounds, shape x dtype and name uniqueness, but not for
+ * overlaps), then st_end (maps the shards). Any error leaves a set to
+ * st_close. n_hint: the expected tensor count (sizes the tables once). */
+df_status st_begin(const char *dir, const df_io *io, int use_mmap, int64_t n_hint, st_set **out, char *err);
+df_status st_push_shard(st_set *s, const char *fname, int64_t size, int64_t data_start, char *err);
+df_status st_push_tensor(st_set *s, const char *name, const st_tensor *t, char *err);
+/* The bytes of the tensor pushed last (at most ST_SMALL): st_data and st_read
+ * then answer from this copy instead of the shard. */
+df_status st_push_value(st_set *s, const void *bytes, char *err);
+df_status st_end(st_set *s, char *err);
 #endif

@@ -9,6 +9,7 @@
 #include "../experts/spine.h"
 #include "../experts/store.h"
 #include "../spine8/spine8.h"
+#include "../format/st_cache.h"
 #include "ffn.h"
 #include <fcntl.h>
 #include <stdarg.h>
@@ -34,6 +35,11 @@ static void plan_spine_on_device(df_engine *e);
 
 /* The spine's matrices: a converted int8 spine (DIR/int8-spine) joins the
  * shard set as "int8:" tensors when asked for, or found in auto. */
+static int not_routed_expert(const st_tensor *t, void *ctx) {
+    (void)ctx;
+    return !(strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts"));
+}
+
 static df_status open_spine_dtype(df_engine *e, const char *dir, const df_engine_opts *o, char *err) {
     const char *stored = "bf16";
     for (int64_t i = 0; i < st_count(e->st); i++) { /* the type of the first layer's matrices */
@@ -123,9 +129,13 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
                      dir, e->cfg.model_type);
         goto fail;
     }
-    st = st_open_dir(dir, e->io, opts->use_mmap, &e->st, err);
+    st = stc_open(dir, e->io, opts->use_mmap, opts->meta_cache_dir, opts->meta_cache_min_bytes, &e->st,
+                  e->meta_note, err);
     if (st != DF_OK) goto fail;
     if ((st = open_spine_dtype(e, dir, opts, err)) != DF_OK) goto fail;
+    /* the program copies every small non-expert vector (norms, biases, KDA
+     * parameters) at bind: start reading them all now (a hint) */
+    st_willneed(e->st, (int64_t)1 << 20, not_routed_expert, NULL);
     int nt = opts->n_threads;
     if (nt <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -788,6 +798,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->prefetch_wasted = x.prefetch_wasted;
     out->bytes_read = x.bytes_read;
     out->io_wait_s = x.wait_s;
+    out->io_submit_s = x.submit_s;
     out->cache_slots = x.slots;
     out->cache_slots_used = x.slots_used;
     out->slot_bytes = x.slot_bytes;
@@ -852,6 +863,7 @@ int df_engine_experts_per_token(const df_engine *e) {
 }
 
 const char *df_engine_lossy(const df_engine *e) { return e->lossy; }
+const char *df_engine_meta_note(const df_engine *e) { return e->meta_note; }
 const char *df_engine_spine_dtype(const df_engine *e) { return e->spine_dtype; }
 int df_engine_spine_streamed(const df_engine *e) { return e->spine != NULL; }
 const char *df_engine_spine_why(const df_engine *e) { return e->plan.why; }

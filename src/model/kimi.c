@@ -369,6 +369,18 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
     }
     s->moe.rpos = nseg > 1 ? rpos : NULL;
     s->moe.rseg = nseg > 1 ? rseg : NULL;
+    /* early lookahead: the first MoE layer's router on the embedding (its
+     * own norm), so its likely experts are read while the layers before it
+     * compute; the usual lookahead refines it a layer ahead */
+    for (int l = 0; l < m->L; l++) {
+        if (!m->layers[l].moe) continue;
+        if (l > 0) {
+            for (int t = 0; t < n; t++)
+                op_rmsnorm(s->xn + (size_t)t * H, s->h + (size_t)t * H, m->layers[l].ffn_norm, H, m->eps);
+            moe_lookahead(e, &m->layers[l].experts, &s->moe, s->xn, n);
+        }
+        break;
+    }
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0; /* anchors so far (same count for every position) */
     for (int l = 0; l < m->L; l++) {

@@ -121,6 +121,7 @@ struct df_engine {
     char spine_dtype[16];     /* "int8", or the checkpoint's matrices' type */
     float *batch_logits;      /* [DF_CHUNK][vocab] head rows of a batched pass (model_batch_logits) */
     df_batch_stats bstats;    /* batched steps (df_engine_batch_stats) */
+    char meta_note[512];      /* what the metadata cache did at open (st_cache.h), "" if nothing to say */
 };
 /* The engine's scratch for a batched pass's logits rows, allocated on first
  * use (NULL when out of memory). */
