@@ -266,7 +266,7 @@ df_status df_spec_end(df_spec *sp, int32_t *out, df_sample *info, int *n_out) {
     /* the session keeps x and the accepted drafts; y is pending */
     df_status st;
     if (start + 1 + j < s->pos && (st = df_session_rewind(s, start + 1 + j)) != DF_OK) return st;
-    measure(sp, nd + 1, now_s() - sp->t0);
+    measure(sp, nd + 1, sp->p.step_cost ? sp->p.step_cost(sp->p.step_cost_ctx, nd + 1) : now_s() - sp->t0);
     for (int i = 0; i < nd; i++) { /* acceptance of each draft given the ones before it held */
         if (i > j) break;
         double hit = i < j ? 1.0 : 0.0;
