@@ -35,7 +35,7 @@
 #ifndef KN_PF
 #define KN_PF 256 /* bytes ahead; 256-512 measured best on a 16-core Xeon (bench --kernels) */
 #endif
-enum { NR = 4, TR = 4, TV = 4, PF = KN_PF };
+enum { NR = 4, TR = 4, TV = 4, PF = KN_PF, PF_SCALES = 64 /* groups ahead */ };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
 
@@ -303,9 +303,15 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
                         0x00, 0x3c, 0x40, 0x42, 0x44, 0x45, 0x46, 0x47); /* 0 .. 7 */
     const __m128i m0f = _mm_set1_epi8(0x0f), hi8 = _mm_set1_epi16((short)0xff00);
     float sbuf[TR][8];
+    const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
     for (int64_t g = 0; g < ng; g++) {
         const int64_t c = g * 32;
-        if ((g & 7) == 0) UNROLL for (int j = 0; j < nr; j++) _mm256_storeu_ps(sbuf[j], scales8(k, w->scale, si[j] + g, ng - g));
+        if ((g & 7) == 0)
+            UNROLL for (int j = 0; j < nr; j++) {
+                _mm256_storeu_ps(sbuf[j], scales8(k, w->scale, si[j] + g, ng - g));
+                /* the scales are a stream too (one line per 4-16 blocks of them) */
+                _mm_prefetch((const char *)w->scale + (si[j] + g + PF_SCALES) * ssz, _MM_HINT_T0);
+            }
         if ((g & 3) == 0) UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c / 2, 64);
         __m256 x0[TV], x1[TV], x2[TV], x3[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {

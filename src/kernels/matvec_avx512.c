@@ -40,7 +40,7 @@
 #ifndef KN_PF
 #define KN_PF 256 /* bytes ahead; 256-512 measured best on a 16-core Xeon (bench --kernels) */
 #endif
-enum { NR = 4, TR = 4, TV = 4, PF = KN_PF };
+enum { NR = 4, TR = 4, TV = 4, PF = KN_PF, PF_SCALES = 64 /* groups ahead */ };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
 
@@ -282,10 +282,16 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f)
         : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     float sbuf[TR][16];
+    const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
     for (int64_t g = 0; g < ng; g++) {
         const int64_t c = g * 32;
-        if ((g & 15) == 0)
-            UNROLL for (int j = 0; j < nr; j++) _mm512_storeu_ps(sbuf[j], scales16(k, w->scale, si[j] + g, ng - g));
+        if ((g & 15) == 0) {
+            UNROLL for (int j = 0; j < nr; j++) {
+                _mm512_storeu_ps(sbuf[j], scales16(k, w->scale, si[j] + g, ng - g));
+                /* the scales are a stream too (one line per 4-16 blocks of them) */
+                _mm_prefetch((const char *)w->scale + (si[j] + g + PF_SCALES) * ssz, _MM_HINT_T0);
+            }
+        }
         UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c / 2, 64);
         __m512 xe[TV], xo[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {
