@@ -192,7 +192,7 @@ void st_close(st_set *s) {
     free(s);
 }
 
-static char *join_path(const char *dir, const char *name) {
+char *st_join_path(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name);
     char *p = malloc(a + b + 2);
     if (!p) return NULL;
@@ -539,7 +539,7 @@ static df_status open_shards(st_set *s, const char *const *names, size_t n, size
     if (!pre) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         pre[i].fname = names[i];
-        pre[i].path = join_path(s->shard_dir ? s->shard_dir : s->dir, names[i]);
+        pre[i].path = st_join_path(s->shard_dir ? s->shard_dir : s->dir, names[i]);
         pre[i].fd = -1;
         pre[i].st = pre[i].path ? DF_OK : df_fail(pre[i].err, DF_ERR_NOMEM, "out of memory");
     }
@@ -692,7 +692,7 @@ df_status st_open_dir(const char *dir, const df_io *io, int use_mmap, st_set **o
         free(s);
         return df_fail(err, DF_ERR_NOMEM, "out of memory");
     }
-    char *ipath = join_path(dir, INDEX_NAME);
+    char *ipath = st_join_path(dir, INDEX_NAME);
     if (!ipath) {
         st_close(s);
         return df_fail(err, DF_ERR_NOMEM, "out of memory");
@@ -722,7 +722,7 @@ df_status st_open_dir(const char *dir, const df_io *io, int use_mmap, st_set **o
 }
 
 df_status st_add_dir(st_set *s, const char *subdir, const char *prefix, char *err) {
-    char *ipath = join_path(subdir, INDEX_NAME);
+    char *ipath = st_join_path(subdir, INDEX_NAME);
     if (!ipath) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     int64_t before = s->n_tensors;
     s->shard_dir = subdir;
@@ -765,7 +765,7 @@ df_status st_push_shard(st_set *s, const char *fname, int64_t size, int64_t data
     if (!safe_relpath(fname))
         return df_fail(err, DF_ERR_FORMAT, "shard name '%s' is outside the model directory", fname);
     pre_shard p = {.fname = fname, .fd = -1, .st = DF_OK};
-    p.path = join_path(s->dir, fname);
+    p.path = st_join_path(s->dir, fname);
     if (!p.path) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     if (s->n_shards == s->cap_shards) {
         int cap = s->cap_shards ? s->cap_shards * 2 : 16;

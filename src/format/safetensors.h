@@ -60,6 +60,8 @@ void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, v
 df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err);
 /* The directory the set was opened from (for messages). */
 const char *st_dir(const st_set *s);
+/* dir + "/" + name (no doubled slash), malloc'd; NULL when out of memory. */
+char *st_join_path(const char *dir, const char *name);
 int64_t st_shard_size(const st_set *s, int shard);        /* bytes; -1 if no such shard */
 int64_t st_shard_data_start(const st_set *s, int shard);  /* 8 + header length */
 

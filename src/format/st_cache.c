@@ -92,23 +92,13 @@ static uint64_t hash64(const uint8_t *p, size_t n) {
     return h ^ (h >> 32);
 }
 
-static char *join(const char *a, const char *b) {
-    size_t na = strlen(a), nb = strlen(b);
-    char *p = malloc(na + nb + 2);
-    if (!p) return NULL;
-    memcpy(p, a, na);
-    p[na] = '/';
-    memcpy(p + na + 1, b, nb + 1);
-    return p;
-}
-
 char *stc_path(const char *dir, const char *cache_dir) {
     char real[PATH_MAX];
     if (!cache_dir || !realpath(dir, real)) return NULL;
     char name[64];
     snprintf(name, sizeof name, "meta-%016llx.bin",
              (unsigned long long)hash64((const uint8_t *)real, strlen(real)));
-    return join(cache_dir, name);
+    return st_join_path(cache_dir, name);
 }
 
 /* ---- 2. decoding (check and build) ----------------------------------------- */
@@ -174,7 +164,7 @@ static df_status decode(const uint8_t *buf, size_t n, const target *t, st_set **
         static const char *const names[2] = {"config.json", INDEX_NAME};
         const stamp *want[2] = {&cfg, &idx};
         for (int i = 0; i < 2; i++) {
-            char *p = join(t->dir, names[i]);
+            char *p = st_join_path(t->dir, names[i]);
             stamp now = {-1, 0, 0, 0}; /* an absent config.json is recorded as size -1 */
             int ok = p && (stamp_of(p, &now) == 0 || errno == ENOENT) && stamp_eq(&now, want[i]);
             free(p);
@@ -201,7 +191,7 @@ static df_status decode(const uint8_t *buf, size_t n, const target *t, st_set **
         if (take_stamp(&c, &s) || take(&c, &ds, 8) || ds < 8 || ds > s.size)
             return df_fail(err, DF_ERR_FORMAT, "bad stamp of shard %u", i);
         if (t && t->dir) {
-            char *p = join(t->dir, name);
+            char *p = st_join_path(t->dir, name);
             stamp now;
             int ok = p && stamp_of(p, &now) == 0 && stamp_eq(&now, &s);
             free(p);
@@ -470,7 +460,7 @@ df_status stc_open(const char *dir, const df_io *io, int use_mmap, const char *c
     const df_io *posix = df_io_default();
     if (!io) io = posix;
     char real[PATH_MAX];
-    char *ipath = join(dir, INDEX_NAME), *cpath = join(dir, "config.json");
+    char *ipath = st_join_path(dir, INDEX_NAME), *cpath = st_join_path(dir, "config.json");
     stamp idx = {0}, cfg = {0};
     int want = cache_dir && io == posix && ipath && cpath && realpath(dir, real) &&
                stamp_of(ipath, &idx) == 0 && idx.size >= min_index_bytes;
@@ -504,7 +494,7 @@ df_status stc_open(const char *dir, const df_io *io, int use_mmap, const char *c
     }
     /* the stamps were taken before the parse: if the index or config changed
      * since, the file would describe a checkpoint that never existed */
-    char *ip2 = join(dir, INDEX_NAME), *cp2 = join(dir, "config.json");
+    char *ip2 = st_join_path(dir, INDEX_NAME), *cp2 = st_join_path(dir, "config.json");
     stamp idx2, cfg2 = {-1, 0, 0, 0};
     int same = ip2 && cp2 && stamp_of(ip2, &idx2) == 0 && stamp_eq(&idx, &idx2) &&
                (stamp_of(cp2, &cfg2) == 0 || cfg2.size == -1) && stamp_eq(&cfg, &cfg2);

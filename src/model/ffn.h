@@ -101,7 +101,6 @@ void ffn_act_apply(const ffn_act *act, float *g, const float *u, int64_t n);
  * output in s->ys; moe_batch_clear empties it. */
 df_status moe_batch_new(moe_batch *b, int E, int dl, int inter);
 void moe_batch_free(moe_batch *b);
-int moe_batch_rows_of(const moe_layer *m, const moe_scratch *s, int n, int x);
 int moe_batch_add(const moe_layer *m, moe_scratch *s, const float *xin, int n, int x, const ffn_weights *w);
 void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s);
 void moe_batch_clear(moe_batch *b);

@@ -51,7 +51,8 @@ void moe_batch_free(moe_batch *b) {
     memset(b, 0, sizeof *b);
 }
 
-int moe_batch_rows_of(const moe_layer *m, const moe_scratch *s, int n, int x) {
+/* Rows of the chunk that chose expert x. */
+static int rows_of(const moe_layer *m, const moe_scratch *s, int n, int x) {
     int cnt = 0;
     for (int i = 0; i < n * m->K; i++) cnt += s->sel[i] == x;
     return cnt;
@@ -61,7 +62,7 @@ int moe_batch_add(const moe_layer *m, moe_scratch *s, const float *xin, int n, i
                   const ffn_weights *w) {
     moe_batch *b = &s->batch;
     const int K = m->K, dl = b->dl;
-    const int cnt = moe_batch_rows_of(m, s, n, x);
+    const int cnt = rows_of(m, s, n, x);
     if (!b->cap || b->rows + cnt > b->cap) return 0;
     /* one shape per batch, the one the buffers were sized for */
     if (w->gate.cols != dl || w->down.rows != dl || w->gate.rows > b->inter_cap || w->up.rows != w->gate.rows ||
