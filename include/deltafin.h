@@ -419,6 +419,9 @@ const char *df_engine_spine_why(const df_engine *e);
  * routed experts per MoE layer; attention scores excluded): prefill's
  * compute floor is 2 x this x tokens at the CPU's FMA rate. */
 int64_t df_engine_macs_per_token(const df_engine *e);
+/* Of those, the output head's (vocabulary x hidden): a prompt computes
+ * logits for its last position only, so its floor counts the head once. */
+int64_t df_engine_head_macs(const df_engine *e);
 /* Layers with routed experts. */
 int df_engine_moe_layers(const df_engine *e);
 /* Routed experts per token (after a --top-k override). */

@@ -141,6 +141,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     if (df_session_new(e, nprompt + ntok + 1, &s) != DF_OK) goto done;
     df_stats a, b, steady0; /* steady0: counters once the first decode token is done */
     df_engine_reset_stats(e);
+    double pre0[DF_PROF_N], pre1[DF_PROF_N];
+    df_engine_profile(e, pre0);
     double t0 = cli_now();
     if (df_session_eval(s, prompt, nprompt, NULL) != DF_OK) {
         fprintf(stderr, "deltafin: %s\n", df_session_error(s));
@@ -151,6 +153,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     uint64_t prefill_bytes = b.bytes_read + b.spine_bytes_read;
     double prof0[DF_PROF_N], prof1[DF_PROF_N];
     df_engine_profile(e, prof0);
+    for (int i = 0; i < DF_PROF_N; i++) pre1[i] = prof0[i] - pre0[i];
     uint64_t hits = 0, all = 0;
     df_stats dec0 = b; /* counters at the start of decode */
     steady0 = b;
@@ -228,8 +231,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
      * larger of its reads at the disk rate and one pass over the weights */
     double prefill_floor = (double)prefill_bytes / (disk * 1e9);
     if (mem_floor > prefill_floor) prefill_floor = mem_floor;
-    /* and its compute floor: every product's FMAs at the measured rate */
-    double prefill_flops = 2.0 * (double)df_engine_macs_per_token(e) * nprompt;
+    /* and its compute floor: every product's FMAs at the measured rate (the
+     * head only for the last position: the prompt's other logits are not made) */
+    double head_macs = (double)df_engine_head_macs(e);
+    double prefill_flops = 2.0 * (((double)df_engine_macs_per_token(e) - head_macs) * nprompt + head_macs);
     double prefill_compute = fma > 0 ? prefill_flops / (fma * 1e9) : 0;
     double prefill_best = prefill_compute > prefill_floor ? prefill_compute : prefill_floor;
     /* experts run from device copies (the GPU tier) count as hits: they were
@@ -296,6 +301,9 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         for (int i = 0; i < DF_PROF_N; i++)
             json_object_set_new(prof, df_prof_name(i), json_real((prof1[i] - prof0[i]) / ntok));
         json_object_set_new(o, "profile_s_per_token", prof);
+        json_t *pprof = json_object();
+        for (int i = 0; i < DF_PROF_N; i++) json_object_set_new(pprof, df_prof_name(i), json_real(pre1[i]));
+        json_object_set_new(o, "prefill_profile_s", pprof);
         char *txt = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8));
         if (txt) printf("%s\n", txt);
         free(txt);
@@ -359,6 +367,12 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                 printf("attention on the device     %.1f KDA + %.1f MLA layer steps per token (states there)\n",
                        (double)(ac.kda_calls - ac0.kda_calls) / ntok, (double)(ac.mla_calls - ac0.mla_calls) / ntok);
         }
+        double psum = 0;
+        for (int i = 0; i < DF_PROF_N; i++) psum += pre1[i];
+        printf("prefill by part (%d tokens, s; the parts' own time, the rest is chunking and logits):\n", nprompt);
+        for (int i = 0; i < DF_PROF_N; i++)
+            if (pre1[i] > 0)
+                printf("  %-22s %8.3f s   %5.1f%%\n", df_prof_name(i), pre1[i], psum > 0 ? 100 * pre1[i] / psum : 0);
         printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads):\n", ntok);
         double sum = 0;
         for (int i = 0; i < DF_PROF_N; i++) sum += prof1[i] - prof0[i];

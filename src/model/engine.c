@@ -904,6 +904,8 @@ int64_t df_engine_macs_per_token(const df_engine *e) {
     return total;
 }
 
+int64_t df_engine_head_macs(const df_engine *e) { return (int64_t)e->cfg.vocab_size * e->cfg.hidden_size; }
+
 df_status df_engine_save_heat(df_engine *e, char err[DF_ERRMSG]) {
     if (!e->store || !e->opts.heat_path) return DF_OK;
     return xs_heat_save(e->store, e->opts.heat_path, err);
