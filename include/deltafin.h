@@ -358,6 +358,14 @@ enum { DF_PROF_EMBED = 0, DF_PROF_KDA, DF_PROF_MLA, DF_PROF_NORMS, DF_PROF_ROUTE
        DF_PROF_ROUTED, DF_PROF_DENSE, DF_PROF_HEAD, DF_PROF_SPINE_WAIT, DF_PROF_N };
 const char *df_prof_name(int i);
 void df_engine_profile(const df_engine *e, double out[DF_PROF_N]);
+/* The weight bytes one token's step reads in each part (each part's DRAM
+ * floor is this over the memory bandwidth): attention tensors by their
+ * layer's kind, the router with a latent layer's down-projection (they run
+ * together), routed = K experts per MoE layer plus the latent
+ * up-projection and norm, the head, one embedding row; layer norms and
+ * attention-residual vectors under norms. Approximate where a part reads
+ * more than its own tensors (router lookahead reads the next router too). */
+void df_engine_part_bytes(const df_engine *e, double out[DF_PROF_N]);
 
 void df_engine_stats(const df_engine *e, df_stats *out);
 

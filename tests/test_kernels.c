@@ -243,7 +243,7 @@ static void check_matrix(const tmat *m, uint64_t seed) {
 }
 
 static const int64_t ROWS[] = {1, 2, 3, 4, 5, 7, 9, 67};
-static const int64_t COLS_DENSE[] = {1, 7, 8, 15, 16, 17, 33, 70, 160, 200, 1000};
+static const int64_t COLS_DENSE[] = {1, 7, 8, 15, 16, 17, 33, 70, 160, 200, 1000, 1056};
 static const int64_t COLS_NIB[] = {32, 64, 96, 160, 224, 1024};
 #define N(a) (int)(sizeof(a) / sizeof(a)[0])
 

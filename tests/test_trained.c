@@ -92,3 +92,29 @@ TEST(trained_writes_python) {
     CHECK(rc == 0 && (strstr(out, "return") || strstr(out, "self") || strstr(out, "\"\"\"") || strstr(out, "    ")),
           "the model writes something like Python: %s", out);
 }
+
+/* bench's per-part floors: every weight byte of a step lands in exactly one
+ * part, and the experts count in mmap mode too (no cache slots there). */
+TEST(trained_part_bytes_cover_the_step) {
+    for (int io = 0; io < 2; io++) {
+        df_engine *e = NULL;
+        char err[DF_ERRMSG];
+        df_engine_opts o;
+        df_engine_opts_default(&o);
+        o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
+        o.expert_io = io ? DF_EXPERTS_MMAP : DF_EXPERTS_DIRECT;
+        REQUIRE(df_engine_open(MODEL, &o, &e, err) == DF_OK, "%s", err);
+        double part[DF_PROF_N], sum = 0;
+        df_engine_part_bytes(e, part);
+        for (int i = 0; i < DF_PROF_N; i++) sum += part[i];
+        int64_t ex = df_engine_expert_bytes(e);
+        double step = (double)df_engine_spine_bytes_per_token(e) +
+                      (double)ex * df_engine_experts_per_token(e) * df_engine_moe_layers(e);
+        CHECK(ex > 0, "io %d: expert bytes %lld", io, (long long)ex);
+        CHECK(fabs(sum - step) <= 1e-9 * step + 1, "io %d: parts sum to %.0f, the step reads %.0f", io, sum, step);
+        CHECK(part[DF_PROF_KDA] > 0 && part[DF_PROF_MLA] > 0 && part[DF_PROF_DENSE] > 0 && part[DF_PROF_SHARED] > 0 &&
+                  part[DF_PROF_ROUTER] > 0 && part[DF_PROF_ROUTED] > 0 && part[DF_PROF_HEAD] > 0,
+              "io %d: a part has no bytes", io);
+        df_engine_close(e);
+    }
+}

@@ -226,6 +226,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     int64_t spine = df_engine_spine_bytes_per_token(e);
     double touched = (double)spine + (double)df_engine_expert_bytes(e) * df_engine_experts_per_token(e) * nmoe_layers(e);
     double mem_floor = dram > 0 ? touched / (dram * 1e9) : 0;
+    /* each part's own floor: its weight bytes per token from RAM */
+    double part_floor[DF_PROF_N];
+    df_engine_part_bytes(e, part_floor);
+    for (int i = 0; i < DF_PROF_N; i++) part_floor[i] = dram > 0 ? part_floor[i] / (dram * 1e9) : 0;
     double best_floor = mem_floor > floor_s ? mem_floor : floor_s;
     /* prefill reads each needed expert once per chunk: its own floor is the
      * larger of its reads at the disk rate and one pass over the weights */
@@ -298,9 +302,13 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "device_waits_per_token", json_real((double)(ac.sync_calls - ac0.sync_calls) / ntok));
         json_object_set_new(o, "device_wait_s_per_token", json_real((ac.sync_s - ac0.sync_s) / ntok));
         json_object_set_new(o, "expert_cache_pinned", json_boolean(ac.pinned_bytes != 0));
-        for (int i = 0; i < DF_PROF_N; i++)
+        json_t *pfl = json_object();
+        for (int i = 0; i < DF_PROF_N; i++) {
             json_object_set_new(prof, df_prof_name(i), json_real((prof1[i] - prof0[i]) / ntok));
+            if (i != DF_PROF_SPINE_WAIT) json_object_set_new(pfl, df_prof_name(i), json_real(part_floor[i]));
+        }
         json_object_set_new(o, "profile_s_per_token", prof);
+        json_object_set_new(o, "part_floor_s_per_token", pfl);
         json_t *pprof = json_object();
         for (int i = 0; i < DF_PROF_N; i++) json_object_set_new(pprof, df_prof_name(i), json_real(pre1[i]));
         json_object_set_new(o, "prefill_profile_s", pprof);
@@ -373,12 +381,17 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         for (int i = 0; i < DF_PROF_N; i++)
             if (pre1[i] > 0)
                 printf("  %-22s %8.3f s   %5.1f%%\n", df_prof_name(i), pre1[i], psum > 0 ? 100 * pre1[i] / psum : 0);
-        printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads):\n", ntok);
+        printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads;\n"
+               "floor: the part's weight bytes per token at the DRAM probe's rate):\n", ntok);
         double sum = 0;
         for (int i = 0; i < DF_PROF_N; i++) sum += prof1[i] - prof0[i];
-        for (int i = 0; i < DF_PROF_N; i++)
-            printf("  %-22s %8.1f ms  %5.1f%%\n", df_prof_name(i), (prof1[i] - prof0[i]) / ntok * 1e3,
-                   sum > 0 ? 100 * (prof1[i] - prof0[i]) / sum : 0);
+        for (int i = 0; i < DF_PROF_N; i++) {
+            double ms = (prof1[i] - prof0[i]) / ntok * 1e3;
+            printf("  %-22s %8.1f ms  %5.1f%%", df_prof_name(i), ms, sum > 0 ? 100 * (prof1[i] - prof0[i]) / sum : 0);
+            if (part_floor[i] * 1e3 >= 0.05)
+                printf("   floor %7.1f ms  ratio %5.2f", part_floor[i] * 1e3, ms / (part_floor[i] * 1e3));
+            printf("\n");
+        }
     }
     if (so && so->on) {
         /* what a verify step costs per row in this regime, and a rewind in

@@ -854,7 +854,21 @@ int64_t df_engine_recurrent_bytes(const df_engine *e) {
 }
 
 int64_t df_engine_expert_bytes(const df_engine *e) {
-    return e->store ? xs_expert_bytes(e->store) : 0;
+    int64_t b = e->store ? xs_expert_bytes(e->store) : 0;
+    if (b > 0) return b;
+    /* no cache slots (experts as page-cache views, --io mmap): expert 0 of
+     * the first MoE layer, its tensors as stored */
+    int l = 0;
+    while (l < e->cfg.num_hidden_layers && !cfg_is_moe_layer(&e->cfg, l)) l++;
+    if (l == e->cfg.num_hidden_layers) return 0;
+    char lay[32];
+    snprintf(lay, sizeof lay, "layers.%d.", l);
+    for (int64_t i = 0; i < st_count(e->st); i++) {
+        const st_tensor *t = st_at(e->st, i);
+        const char *p = strstr(t->name, lay);
+        if (p && strstr(p, ".experts.0.") && !strstr(p, "shared_experts")) b += t->nbytes;
+    }
+    return b;
 }
 
 int df_engine_experts_per_token(const df_engine *e) {
@@ -902,6 +916,35 @@ int64_t df_engine_macs_per_token(const df_engine *e) {
     int64_t dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : c->hidden_size;
     total += (int64_t)df_engine_experts_per_token(e) * df_engine_moe_layers(e) * 3 * dl * c->moe_intermediate_size;
     return total;
+}
+
+void df_engine_part_bytes(const df_engine *e, double out[DF_PROF_N]) {
+    const df_config *c = &e->cfg;
+    for (int i = 0; i < DF_PROF_N; i++) out[i] = 0;
+    for (int64_t i = 0; i < st_count(e->st); i++) {
+        const st_tensor *t = st_at(e->st, i);
+        const char *n = t->name, *ly = strstr(n, "layers.");
+        if ((strstr(n, ".experts.") && !strstr(n, "shared_experts")) || !model_spine_live(e, t)) continue;
+        int part = DF_PROF_NORMS;
+        double b = (double)t->nbytes;
+        if (strstr(n, "embed_tokens.weight")) { /* tied: the head reads all of it */
+            part = c->tie_word_embeddings ? DF_PROF_HEAD : DF_PROF_EMBED;
+            if (!c->tie_word_embeddings && t->ndim == 2 && t->shape[0] > 0) b /= (double)t->shape[0];
+        } else if (strstr(n, "lm_head")) {
+            part = DF_PROF_HEAD;
+        } else if (ly) {
+            int l = atoi(ly + 7);
+            if (strstr(n, ".self_attn.")) part = l >= 0 && l < DF_MAX_LAYERS && c->is_kda[l] ? DF_PROF_KDA : DF_PROF_MLA;
+            else if (strstr(n, "shared_experts.")) part = DF_PROF_SHARED;
+            else if (strstr(n, "mlp.gate.") || strstr(n, "moe.gate.") || strstr(n, "routed_expert_down_proj"))
+                part = DF_PROF_ROUTER;
+            else if (strstr(n, "routed_expert_up_proj") || strstr(n, "routed_expert_norm")) part = DF_PROF_ROUTED;
+            else if (strstr(n, ".mlp.") || strstr(n, "_moe.")) part = DF_PROF_DENSE;
+        }
+        out[part] += b;
+    }
+    out[DF_PROF_ROUTED] +=
+        (double)df_engine_expert_bytes(e) * df_engine_experts_per_token(e) * df_engine_moe_layers(e);
 }
 
 int64_t df_engine_head_macs(const df_engine *e) { return (int64_t)e->cfg.vocab_size * e->cfg.hidden_size; }
