@@ -40,7 +40,7 @@ TEST(mla_kernels_rowsum_bit_identical) {
     static const int Rs[] = {512, 37, 16, 3, 100, 64, 129};
     rng_state = 11;
     int bad = 0, runs = 0;
-    for (int lv = KN_SCALAR; lv <= KN_AVX512; lv++) {
+    for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
         if (!kn_level_available((kn_level)lv)) continue;
         for (size_t ri = 0; ri < sizeof Rs / sizeof Rs[0]; ri++)
             for (int m = 1; m <= 33; m += (m < 6 ? 1 : 5))
@@ -89,7 +89,7 @@ TEST(mla_kernels_attend_bit_identical) {
     static const int poss[] = {0, 5, 130};
     rng_state = 12;
     int bad = 0, runs = 0;
-    for (int lv = KN_SCALAR; lv <= KN_AVX512; lv++) {
+    for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
         if (!kn_level_available((kn_level)lv)) continue;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
             for (size_t pi = 0; pi < sizeof poss / sizeof poss[0]; pi++)
@@ -150,7 +150,7 @@ TEST(mla_kernels_head_bit_identical) {
         float *qlr = malloc((size_t)n * sh.R * sizeof(float)), *olr = malloc((size_t)n * sh.R * sizeof(float));
         float *attn = malloc((size_t)n * sh.nh * sh.dv * sizeof(float));
         float *scratch = malloc((size_t)mla_head_scratch_floats(&sh, pos + n) * sizeof(float));
-        for (int lv = KN_SCALAR; lv <= KN_AVX512; lv++) {
+        for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
             if (!kn_level_available((kn_level)lv)) continue;
             for (int h = 0; h < sh.nh; h++) {
                 mla_head(&sh, (kn_level)lv, &kv_b, cache, q, pos, n, h, ql, ol, attn, scratch);

@@ -5,7 +5,7 @@
  * one head) and kn_mla_attend_floats (its scratch). The scalar level is the
  * plain C of mla_core.c's mla_attend_one and of mla.c's former absorb loop
  * (op_dot, op_softmax, op_axpy), so every level is bit-identical to it.
- * Refuses: ISA-specific code (attn_mla_avx2.c / attn_mla_avx512.c have it;
+ * Refuses: ISA-specific code (attn_mla_avx2.c / attn_mla_avx512.c / attn_mla_neon.c have it;
  * this file is compiled without -m flags), allocation, threads.
  *
  * Why SIMD can be exact here: op_dot keeps four partial sums s0..s3 (i mod
@@ -19,6 +19,9 @@
  * A query's scores past its own position are computed for the block and
  * never read. Softmax stays scalar (expf, a double sum).
  *
+ * NEON has four lanes, which op_dot's partial sums fill already: its scores
+ * run one query at a time, eight cache rows side by side.
+ *
  * Sections: scalar level; scratch and dispatch.
  */
 #include "kernels.h"
@@ -27,6 +30,8 @@
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #define KN_X86 1
+#elif defined(__aarch64__)
+#define KN_ARM64 1
 #endif
 
 enum { QB_MAX = 16 }; /* queries per block (scores rows kept in scratch) */
@@ -74,19 +79,58 @@ void kn_mla_rowsum(kn_level lv, const float *A, int64_t lda, const float *B, int
 #if KN_X86
     if (lv == KN_AVX512) { kn_mla_rowsum_avx512(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
     if (lv == KN_AVX2) { kn_mla_rowsum_avx2(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
+#elif KN_ARM64
+    if (lv == KN_NEON) { kn_mla_rowsum_neon(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
 #endif
     rowsum_scalar(A, lda, B, ldb, m, k0, inc, R, Y, ldy);
 }
 
-#if KN_X86
+#if KN_X86 || KN_ARM64
 /* qT[i][j] = query j's element i (ql then qp), lanes past m zero. */
-static void transpose_block(const float *ql, const float *qp, int64_t ldqp, int R, int dr, int m, int lanes,
-                            float *qT) {
+static inline void transpose_block(const float *ql, const float *qp, int64_t ldqp, int R, int dr, int m, int lanes,
+                                   float *qT) {
     memset(qT, 0, ((size_t)R + dr) * lanes * sizeof(float));
     for (int j = 0; j < m; j++) {
         const float *a = ql + (int64_t)j * R, *b = qp + (int64_t)j * ldqp;
         for (int i = 0; i < R; i++) qT[(int64_t)i * lanes + j] = a[i];
         for (int i = 0; i < dr; i++) qT[((int64_t)R + i) * lanes + j] = b[i];
+    }
+}
+
+/* One level's kernels: scores of a block of queries in the lanes (NULL:
+ * none, every query takes scores1), one query's scores, the row sums. */
+typedef struct {
+    int lanes;
+    void (*scores)(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend, float *sc,
+                   int64_t ldsc);
+    void (*scores1)(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
+                    float *sc);
+    void (*rowsum)(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R, float *Y,
+                   int64_t ldy);
+} level_kernels;
+
+/* Blocks of up to qb queries: scores (queries in the lanes when at least 4
+ * fill them, else one query at a time), softmax per query, value sums. */
+static void attend_simd(const level_kernels *kk, const float *cache, int R, int dr, float scale, const float *ql,
+                        const float *qp, int64_t ldqp, int pos, int n, float *O, float *scratch, int64_t nscratch) {
+    const int64_t ld = score_ld(pos + n), stride = (int64_t)R + dr;
+    float *qT = scratch, *sc = scratch + ((int64_t)R + dr) * QB_MAX;
+    int64_t qb = (nscratch - ((int64_t)R + dr) * QB_MAX) / ld;
+    if (qb > QB_MAX) qb = QB_MAX;
+    for (int t0 = 0; t0 < n; t0 += (int)qb) {
+        int m = n - t0 < qb ? n - t0 : (int)qb;
+        for (int s0 = 0; s0 < m;) {
+            int t = t0 + s0, ms = kk->lanes && m - s0 >= 4 ? (m - s0 < kk->lanes ? m - s0 : kk->lanes) : 1;
+            if (ms >= 4) {
+                transpose_block(ql + (int64_t)t * R, qp + (int64_t)t * ldqp, ldqp, R, dr, ms, kk->lanes, qT);
+                kk->scores(cache, R, dr, scale, qT, ms, pos + t + ms, sc + s0 * ld, ld);
+            } else {
+                kk->scores1(cache, R, dr, scale, ql + (int64_t)t * R, qp + (int64_t)t * ldqp, pos + t + 1, sc + s0 * ld);
+            }
+            s0 += ms;
+        }
+        for (int j = 0; j < m; j++) op_softmax(sc + j * ld, pos + t0 + j + 1);
+        kk->rowsum(sc, ld, cache, stride, m, pos + t0 + 1, 1, R, O + (int64_t)t0 * R, R);
     }
 }
 #endif
@@ -95,32 +139,18 @@ void kn_mla_attend(kn_level lv, const float *cache, int R, int dr, float scale, 
                    int64_t ldqp, int pos, int n, float *O, float *scratch, int64_t nscratch) {
     if (n <= 0) return;
     ASSERT(R > 0 && dr >= 0 && pos >= 0 && nscratch >= kn_mla_attend_floats(R, dr, 1, pos + n));
-    if (!kn_level_available(lv)) lv = kn_detect();
+    if (!kn_level_available(lv)) lv = kn_detect(); /* never run instructions the CPU lacks */
 #if KN_X86
+    static const level_kernels k512 = {16, kn_mla_scores_avx512, kn_mla_scores1_avx2, kn_mla_rowsum_avx512},
+                               k2 = {8, kn_mla_scores_avx2, kn_mla_scores1_avx2, kn_mla_rowsum_avx2};
     if (lv == KN_AVX512 || lv == KN_AVX2) {
-        const int lanes = lv == KN_AVX512 ? 16 : 8;
-        const int64_t ld = score_ld(pos + n), stride = (int64_t)R + dr;
-        float *qT = scratch, *sc = scratch + ((int64_t)R + dr) * QB_MAX;
-        int64_t qb = (nscratch - ((int64_t)R + dr) * QB_MAX) / ld;
-        if (qb > QB_MAX) qb = QB_MAX;
-        for (int t0 = 0; t0 < n; t0 += (int)qb) {
-            int m = n - t0 < qb ? n - t0 : (int)qb;
-            for (int s0 = 0; s0 < m; s0 += lanes) {
-                int ms = m - s0 < lanes ? m - s0 : lanes, t = t0 + s0;
-                if (ms >= 4) { /* queries in the lanes */
-                    transpose_block(ql + (int64_t)t * R, qp + (int64_t)t * ldqp, ldqp, R, dr, ms, lanes, qT);
-                    if (lanes == 16) kn_mla_scores_avx512(cache, R, dr, scale, qT, ms, pos + t + ms, sc + s0 * ld, ld);
-                    else kn_mla_scores_avx2(cache, R, dr, scale, qT, ms, pos + t + ms, sc + s0 * ld, ld);
-                } else { /* too few queries to fill lanes: rows side by side, one query at a time */
-                    for (int j = 0; j < ms; j++)
-                        kn_mla_scores1_avx2(cache, R, dr, scale, ql + (int64_t)(t + j) * R,
-                                            qp + (int64_t)(t + j) * ldqp, pos + t + j + 1, sc + (s0 + j) * ld);
-                }
-            }
-            for (int j = 0; j < m; j++) op_softmax(sc + j * ld, pos + t0 + j + 1);
-            if (lanes == 16) kn_mla_rowsum_avx512(sc, ld, cache, stride, m, pos + t0 + 1, 1, R, O + (int64_t)t0 * R, R);
-            else kn_mla_rowsum_avx2(sc, ld, cache, stride, m, pos + t0 + 1, 1, R, O + (int64_t)t0 * R, R);
-        }
+        attend_simd(lv == KN_AVX512 ? &k512 : &k2, cache, R, dr, scale, ql, qp, ldqp, pos, n, O, scratch, nscratch);
+        return;
+    }
+#elif KN_ARM64
+    static const level_kernels kneon = {0, NULL, kn_mla_scores1_neon, kn_mla_rowsum_neon};
+    if (lv == KN_NEON) {
+        attend_simd(&kneon, cache, R, dr, scale, ql, qp, ldqp, pos, n, O, scratch, nscratch);
         return;
     }
 #endif

@@ -85,7 +85,8 @@ int64_t kn_mla_attend_floats(int R, int dr, int qb, int ctx);
  * kn_mla_attend_floats(R, dr, 1, pos + n) floats (more: larger blocks). */
 void kn_mla_attend(kn_level lv, const float *cache, int R, int dr, float scale, const float *ql, const float *qp,
                    int64_t ldqp, int pos, int n, float *O, float *scratch, int64_t nscratch);
-/* Level variants behind those two; the caller guarantees the CPU's level.
+/* Level variants behind those two (x86: attn_mla_avx2.c, attn_mla_avx512.c);
+ * the caller guarantees the CPU's level.
  * rowsum: as kn_mla_rowsum. scores: sc[j*ldsc + k] for j < m, k < kend from
  * qT [R + dr][lanes] (query j in lane j; lanes 8 for AVX2, 16 for AVX-512),
  * entries past a query's own position are left undefined. scores1: one
@@ -99,5 +100,10 @@ void kn_mla_scores_avx2(const float *cache, int R, int dr, float scale, const fl
 void kn_mla_scores_avx512(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend,
                           float *sc, int64_t ldsc);
 void kn_mla_scores1_avx2(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
+                         float *sc);
+/* AArch64 (attn_mla_neon.c, only compiled there): same contracts. */
+void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R,
+                        float *Y, int64_t ldy);
+void kn_mla_scores1_neon(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
                          float *sc);
 #endif
