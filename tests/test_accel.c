@@ -297,7 +297,7 @@ static df_status fake_mla(void *ctx, const df_accel_mla *l, void *kv_b, void *st
                       cache + (size_t)(pos + t) * (l->R + l->dr), qc + (size_t)t * l->nh * dq);
     size_t lat = (size_t)l->nh * n * l->R;
     float *qlat = malloc(lat * sizeof(float)), *olat = malloc(lat * sizeof(float));
-    float *scratch = malloc((size_t)(pos + n + l->R) * sizeof(float));
+    float *scratch = malloc((size_t)mla_head_scratch_floats(&sh, pos + n) * sizeof(float));
     for (int h = 0; h < l->nh; h++)
         mla_head(&sh, *(kn_level *)ctx, &kb->w, cache, qc, pos, n, h, qlat, olat, attn, scratch);
     free(qc);

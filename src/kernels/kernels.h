@@ -59,4 +59,51 @@ int kn_matmul_neon(const df_weight *w, const float *X, int n, float *Y, int64_t 
 struct df_pool;
 int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_bench_row *rows,
              double *probe_gbps, double *fma_gflops);
+
+/* ---- MLA attention (attn_mla.c, attn_mla_avx2.c, attn_mla_avx512.c) ----
+ * The absorbed MLA attention of one head over the compact latent cache
+ * (rows | c_kv (R) | k_pe (dr) |, stride R + dr), for a block of queries.
+ * Bit-identical at EVERY level to the plain C of mla_core.c's
+ * mla_attend_one and of the absorb loop it replaces (op_dot's four partial
+ * sums, op_softmax, op_axpy's multiply-then-add in ascending order): the
+ * SIMD variants vectorise across queries or rows, never along a sum. */
+
+/* Weighted row sums in ascending order (MLA's absorb and its value sum):
+ * for j < m, r < R, with cnt_j = k0 + j * inc (inc 0 or 1, k0 >= 0),
+ *   Y[j*ldy + r] = sum_{k < cnt_j} A[j*lda + k] * B[k*ldb + r],
+ * summed from +0 in ascending k, each term a multiply then an add (what
+ * memset + op_axpy per k gives). */
+void kn_mla_rowsum(kn_level lv, const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc,
+                   int R, float *Y, int64_t ldy);
+/* Scratch floats kn_mla_attend needs to run blocks of qb (1..16) queries
+ * whose last position is ctx - 1. */
+int64_t kn_mla_attend_floats(int R, int dr, int qb, int ctx);
+/* For t < n, query t at position p = pos + t over cache rows 0..p:
+ *   s_k = (op_dot(ql_t, c_k, R) + op_dot(qp_t, c_k + R, dr)) * scale,
+ *   O[t*R ..] = sum_k softmax(s)_k c_k[0..R)      (= mla_attend_one)
+ * ql [n][R], qp rows at stride ldqp, scratch of nscratch >=
+ * kn_mla_attend_floats(R, dr, 1, pos + n) floats (more: larger blocks). */
+void kn_mla_attend(kn_level lv, const float *cache, int R, int dr, float scale, const float *ql, const float *qp,
+                   int64_t ldqp, int pos, int n, float *O, float *scratch, int64_t nscratch);
+/* Level variants behind those two (x86: attn_mla_avx2.c, attn_mla_avx512.c);
+ * the caller guarantees the CPU's level.
+ * rowsum: as kn_mla_rowsum. scores: sc[j*ldsc + k] for j < m, k < kend from
+ * qT [R + dr][lanes] (query j in lane j; lanes 8 for AVX2, 16 for AVX-512),
+ * entries past a query's own position are left undefined. scores1: one
+ * query, sc[k] for k < kend. */
+void kn_mla_rowsum_avx2(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R,
+                        float *Y, int64_t ldy);
+void kn_mla_rowsum_avx512(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R,
+                          float *Y, int64_t ldy);
+void kn_mla_scores_avx2(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend, float *sc,
+                        int64_t ldsc);
+void kn_mla_scores_avx512(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend,
+                          float *sc, int64_t ldsc);
+void kn_mla_scores1_avx2(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
+                         float *sc);
+/* AArch64 (attn_mla_neon.c, only compiled there): same contracts. */
+void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R,
+                        float *Y, int64_t ldy);
+void kn_mla_scores1_neon(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
+                         float *sc);
 #endif

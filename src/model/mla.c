@@ -56,7 +56,7 @@ void mla_free(mla_layer *a) {
 df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, mla_scratch *s) {
     const size_t C = DF_CHUNK, F = sizeof(float);
     memset(s, 0, sizeof *s);
-    s->tstride = max_ctx > sh->R ? max_ctx : sh->R;
+    s->tstride = mla_head_scratch_floats(sh, max_ctx);
     s->qa = malloc(C * (sh->qlr ? sh->qlr : 1) * F);
     s->q = malloc(C * sh->nh * sh->dq * F);
     s->kva = malloc(C * (sh->R + sh->dr) * F);
@@ -81,19 +81,26 @@ void mla_scratch_free(mla_scratch *s) {
 
 /* ---- parallel stages ---- */
 
+int64_t mla_head_scratch_floats(const mla_shape *sh, int ctx) {
+    /* W_UK[h] decoded for the absorb, then the attention's blocks: 16
+     * queries' score rows up to 8192 positions, fewer per block beyond */
+    int64_t f = (int64_t)sh->dn * sh->R, a = kn_mla_attend_floats(sh->R, sh->dr, 16, ctx < 8192 ? ctx : 8192),
+            b = kn_mla_attend_floats(sh->R, sh->dr, 1, ctx);
+    if (a > f) f = a;
+    if (b > f) f = b;
+    return f > sh->R ? f : sh->R;
+}
+
 void mla_head(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
               int n, int h, float *qlat, float *olat, float *attn, float *scratch) {
-    /* q_lat[h][t] = W_UK[h]^T q_nope[t][h] */
+    /* q_lat[h][t] = W_UK[h]^T q_nope[t][h]: sum over d ascending of q_nope[d] * W_UK[h][d] */
+    const int64_t ldq = (int64_t)sh->nh * sh->dq;
     float *ql = qlat + (size_t)h * n * sh->R;
-    memset(ql, 0, (size_t)n * sh->R * sizeof(float));
-    for (int d = 0; d < sh->dn; d++) {
-        kn_dequant_row(kv_b, h * (sh->dn + sh->dv) + d, scratch);
-        for (int t = 0; t < n; t++) op_axpy(ql + (size_t)t * sh->R, q[((size_t)t * sh->nh + h) * sh->dq + d], scratch, sh->R);
-    }
-    /* softmax attention over the cached latents */
-    for (int t = 0; t < n; t++)
-        mla_attend_one(sh, cache, ql + (size_t)t * sh->R, q + ((size_t)t * sh->nh + h) * sh->dq + sh->dn, pos + t,
-                       scratch, olat + ((size_t)h * n + t) * sh->R);
+    for (int d = 0; d < sh->dn; d++) kn_dequant_row(kv_b, h * (sh->dn + sh->dv) + d, scratch + (size_t)d * sh->R);
+    kn_mla_rowsum(lv, q + (size_t)h * sh->dq, ldq, scratch, sh->R, n, sh->dn, 0, sh->R, ql, sh->R);
+    /* softmax attention over the cached latents (mla_attend_one per token, bit for bit) */
+    kn_mla_attend(lv, cache, sh->R, sh->dr, sh->softmax_scale, ql, q + (size_t)h * sh->dq + sh->dn, ldq, pos, n,
+                  olat + (size_t)h * n * sh->R, scratch, mla_head_scratch_floats(sh, pos + n));
     /* attn[t][h*dv..] = W_UV[h] o_lat[h][t] */
     int64_t r0 = (int64_t)h * (sh->dn + sh->dv) + sh->dn;
     kn_matmul(lv, kv_b, olat + (size_t)h * n * sh->R, n, attn + (size_t)h * sh->dv, (int64_t)sh->nh * sh->dv, r0,

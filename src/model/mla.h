@@ -35,8 +35,12 @@ typedef struct {
 /* The absorbed attention of head h for n tokens at pos.. (the cache rows
  * written, q_pe rotated): q_lat[h] = W_UK[h]^T q_nope, softmax over the
  * cache, attn[t][h*dv..] = W_UV[h] o_lat[h][t]. q [n][nh][dq], qlat and
- * olat [nh][n][R], attn [n][nh*dv]; scratch max(R, pos + n) floats. Heads
- * are independent (the pool runs them in any order, the result is the same). */
+ * olat [nh][n][R], attn [n][nh*dv]; scratch mla_head_scratch_floats(sh,
+ * pos + n) floats. Heads are independent (the pool runs them in any order,
+ * the result is the same); every kernel level gives the same bits (the
+ * kn_mla_* kernels reproduce mla_attend_one and the scalar absorb exactly). */
+/* Per-thread scratch floats of mla_head for contexts up to ctx positions. */
+int64_t mla_head_scratch_floats(const mla_shape *sh, int ctx);
 void mla_head(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
               int n, int h, float *qlat, float *olat, float *attn, float *scratch);
 

@@ -1,0 +1,131 @@
+/* attn_mla_neon.c — AArch64 NEON MLA attention kernels (see attn_mla.c).
+ *
+ * Owns: kn_mla_rowsum_neon and kn_mla_scores1_neon. Compiled only for
+ * AArch64 (the Makefile picks *_neon.c by target). Refuses anything that
+ * changes a bit against the scalar level: vmulq then vaddq, never fused
+ * (the build has -ffp-contract=off there, so the plain C tails stay unfused
+ * too), no reassociation.
+ *
+ * rowsum: a tile of J rows of A (queries) x V vectors of 4 columns stays in
+ * registers while k runs over a block of KB rows of B (kept in L2).
+ * scores1: one query; op_dot's four partial sums ARE one 4-lane vector, so
+ * G cache rows run side by side. (Queries in the lanes would fill only the
+ * same four lanes, so NEON has no block-of-queries score kernel.)
+ *
+ * Sections: rowsum; scores1.
+ */
+#include "kernels.h"
+#include <arm_neon.h>
+
+#define AI static inline __attribute__((always_inline))
+enum { KB = 128 }; /* B rows per block: 128 x (512 + 64) floats = 288 KiB */
+
+/* ---- rowsum ---- */
+
+/* Y rows 0..J-1 (at stride ldy), columns [0, 4V), terms k in [kb, ke);
+ * query jj takes k < cnt0 + jj * inc. */
+AI void rs_tile(const float *A, int64_t lda, const float *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
+                int cnt0, int inc, const int J, const int V) {
+    float32x4_t acc[4][4];
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; jj++)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) acc[jj][v] = vld1q_f32(Y + jj * ldy + 4 * v);
+    int kfull = cnt0 < ke ? cnt0 : ke, kmax = cnt0 + (J - 1) * inc;
+    if (kmax > ke) kmax = ke;
+    int k = kb;
+    for (; k < kfull; k++) { /* every query of the tile takes row k */
+        float32x4_t bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) bv[v] = vld1q_f32(B + k * ldb + 4 * v);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < J; jj++) {
+            float32x4_t a = vdupq_n_f32(A[jj * lda + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < V; v++) acc[jj][v] = vaddq_f32(acc[jj][v], vmulq_f32(a, bv[v]));
+        }
+    }
+    for (; k < kmax; k++) { /* the causal edge: query jj stops at cnt0 + jj */
+        float32x4_t bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) bv[v] = vld1q_f32(B + k * ldb + 4 * v);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < J; jj++) {
+            if (k >= cnt0 + jj * inc) continue;
+            float32x4_t a = vdupq_n_f32(A[jj * lda + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < V; v++) acc[jj][v] = vaddq_f32(acc[jj][v], vmulq_f32(a, bv[v]));
+        }
+    }
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; jj++)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) vst1q_f32(Y + jj * ldy + 4 * v, acc[jj][v]);
+}
+
+AI void rs_rows(const float *A, int64_t lda, const float *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
+                int cnt0, int inc, int R, const int J) {
+    int r = 0;
+    for (; r + 16 <= R; r += 16) rs_tile(A, lda, B + r, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 4);
+    for (; r + 4 <= R; r += 4) rs_tile(A, lda, B + r, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1);
+    for (; r < R; r++) /* the ragged end of R: op_axpy's scalar step */
+        for (int jj = 0; jj < J; jj++)
+            for (int k = kb; k < ke && k < cnt0 + jj * inc; k++) Y[jj * ldy + r] += A[jj * lda + k] * B[k * ldb + r];
+}
+
+void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R,
+                        float *Y, int64_t ldy) {
+    for (int j = 0; j < m; j++)
+        for (int r = 0; r < R; r++) Y[(int64_t)j * ldy + r] = 0.0f;
+    int kend = k0 + (m - 1) * inc;
+    for (int kb = 0; kb < kend; kb += KB) {
+        int ke = kb + KB < kend ? kb + KB : kend;
+        int j = 0;
+        for (; j + 4 <= m; j += 4)
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 4);
+        for (; j < m; j++)
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 1);
+    }
+}
+
+/* ---- scores1 ---- */
+
+/* op_dot(q, c_g + off, n) for G rows: lane p of the 4-lane sum is s_p; the
+ * tail goes to s0 after the vector loop, as in op_dot. */
+AI void dot1_g(const float *q, const float *const *c, int off, int n, const int G, float *out) {
+    float32x4_t s[8];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) s[g] = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t qv = vld1q_f32(q + i);
+#pragma GCC unroll 8
+        for (int g = 0; g < G; g++) s[g] = vaddq_f32(s[g], vmulq_f32(qv, vld1q_f32(c[g] + off + i)));
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) {
+        float s0 = vgetq_lane_f32(s[g], 0);
+        for (int t = i; t < n; t++) s0 += q[t] * c[g][off + t];
+        out[g] = (s0 + vgetq_lane_f32(s[g], 1)) + (vgetq_lane_f32(s[g], 2) + vgetq_lane_f32(s[g], 3));
+    }
+}
+
+AI void scores1_g(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int k, float *sc,
+                  const int G) {
+    const float *c[8];
+    int64_t stride = (int64_t)R + dr;
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) c[g] = cache + (int64_t)(k + g) * stride;
+    float nope[8], rope[8];
+    dot1_g(ql, c, 0, R, G, nope);
+    dot1_g(qp, c, R, dr, G, rope);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) sc[k + g] = (nope[g] + rope[g]) * scale;
+}
+
+void kn_mla_scores1_neon(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
+                         float *sc) {
+    int k = 0;
+    for (; k + 8 <= kend; k += 8) scores1_g(cache, R, dr, scale, ql, qp, k, sc, 8);
+    for (; k < kend; k++) scores1_g(cache, R, dr, scale, ql, qp, k, sc, 1);
+}

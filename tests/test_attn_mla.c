@@ -1,0 +1,167 @@
+/* test_attn_mla.c — the MLA attention kernels (kn_mla_*, attn_mla*.c) equal
+ * the scalar reference BIT FOR BIT at every level this CPU runs: the value
+ * sums and the absorb against memset + op_axpy in ascending order, the
+ * attention against mla_core.h's mla_attend_one query by query, and mla_head
+ * against the absorb loop + mla_attend_one it replaced. Shapes include the
+ * awkward ones: R not a multiple of 16 (or 4), dr 0 / odd / 64, n 1..33,
+ * pos > 0, small scratch (blocks of fewer queries). */
+#include "test.h"
+#include "../src/kernels/kernels.h"
+#include "../src/kernels/ops.h"
+#include "../src/model/mla.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state;
+static float frand(void) { /* values of mixed magnitude and sign, so roundings differ */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t u = (uint32_t)(rng_state >> 32);
+    float v = (float)(u & 0xffffff) / (float)0x1000000 - 0.5f;
+    return (u >> 24) % 5 == 0 ? v * 37.0f : v;
+}
+static float *rand_vec(size_t n) {
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = frand();
+    return p;
+}
+
+/* ---- rowsum: absorb (inc 0) and value sums (inc 1) ---- */
+
+static void rowsum_ref(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R,
+                       float *Y, int64_t ldy) {
+    for (int j = 0; j < m; j++) {
+        memset(Y + j * ldy, 0, (size_t)R * sizeof(float));
+        for (int k = 0; k < k0 + j * inc; k++) op_axpy(Y + j * ldy, A[j * lda + k], B + k * ldb, R);
+    }
+}
+
+TEST(mla_kernels_rowsum_bit_identical) {
+    static const int Rs[] = {512, 37, 16, 3, 100, 64, 129};
+    rng_state = 11;
+    int bad = 0, runs = 0;
+    for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
+        if (!kn_level_available((kn_level)lv)) continue;
+        for (size_t ri = 0; ri < sizeof Rs / sizeof Rs[0]; ri++)
+            for (int m = 1; m <= 33; m += (m < 6 ? 1 : 5))
+                for (int inc = 0; inc <= 1; inc++) {
+                    int R = Rs[ri], k0 = inc ? 1 + (m * 7 + R) % 300 : 1 + (m + R) % 140;
+                    int kmax = k0 + (m - 1) * inc;
+                    int64_t lda = kmax + 3, ldb = R + 5, ldy = R + 2;
+                    float *A = rand_vec((size_t)m * lda), *B = rand_vec((size_t)kmax * ldb);
+                    float *Y = rand_vec((size_t)m * ldy), *Yr = malloc((size_t)m * ldy * sizeof(float));
+                    memcpy(Yr, Y, (size_t)m * ldy * sizeof(float)); /* the gaps between rows must stay */
+                    rowsum_ref(A, lda, B, ldb, m, k0, inc, R, Yr, ldy);
+                    kn_mla_rowsum((kn_level)lv, A, lda, B, ldb, m, k0, inc, R, Y, ldy);
+                    if (memcmp(Y, Yr, (size_t)m * ldy * sizeof(float)) && bad++ < 3)
+                        CHECK(0, "%s R=%d m=%d k0=%d inc=%d differs", kn_level_name((kn_level)lv), R, m, k0, inc);
+                    runs++;
+                    free(A); free(B); free(Y); free(Yr);
+                }
+    }
+    CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);
+}
+
+/* ---- attention against mla_attend_one ---- */
+
+static int attend_case(kn_level lv, int R, int dr, int pos, int n, int qb) {
+    mla_shape sh = {0};
+    sh.R = R;
+    sh.dr = dr;
+    sh.softmax_scale = 0.0625f + 0.001f * (float)(R % 7);
+    int64_t stride = (int64_t)R + dr, ldqp = dr + 3;
+    float *cache = rand_vec((size_t)(pos + n) * stride), *ql = rand_vec((size_t)n * R),
+          *qp = rand_vec((size_t)n * ldqp + 1);
+    float *O = malloc((size_t)n * R * sizeof(float)), *Or = malloc((size_t)n * R * sizeof(float));
+    float *sc = malloc((size_t)(pos + n) * sizeof(float));
+    for (int t = 0; t < n; t++)
+        mla_attend_one(&sh, cache, ql + (size_t)t * R, qp + (size_t)t * ldqp, pos + t, sc, Or + (size_t)t * R);
+    int64_t ns = kn_mla_attend_floats(R, dr, qb, pos + n);
+    float *scratch = malloc((size_t)ns * sizeof(float));
+    kn_mla_attend(lv, cache, R, dr, sh.softmax_scale, ql, qp, ldqp, pos, n, O, scratch, ns);
+    int same = !memcmp(O, Or, (size_t)n * R * sizeof(float));
+    free(cache); free(ql); free(qp); free(O); free(Or); free(sc); free(scratch);
+    return same;
+}
+
+TEST(mla_kernels_attend_bit_identical) {
+    static const int shapes[][2] = {{512, 64}, {37, 7}, {16, 0}, {3, 2}, {100, 64}, {48, 5}, {21, 1}};
+    static const int poss[] = {0, 5, 130};
+    rng_state = 12;
+    int bad = 0, runs = 0;
+    for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
+        if (!kn_level_available((kn_level)lv)) continue;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (size_t pi = 0; pi < sizeof poss / sizeof poss[0]; pi++)
+                for (int n = 1; n <= 33; n += (n < 5 ? 1 : 4)) {
+                    int R = shapes[si][0], dr = shapes[si][1], pos = poss[pi];
+                    if (R == 512 && n > 1 && n != 17 && n != 33) continue; /* keep the suite fast */
+                    int qb = (n + (int)si) % 3 == 0 ? 1 + n % 5 : 16; /* small scratch: short blocks too */
+                    if (!attend_case((kn_level)lv, R, dr, pos, n, qb) && bad++ < 3)
+                        CHECK(0, "%s R=%d dr=%d pos=%d n=%d qb=%d differs", kn_level_name((kn_level)lv), R, dr, pos,
+                              n, qb);
+                    runs++;
+                }
+    }
+    CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);
+}
+
+/* ---- mla_head against the loops it replaced ---- */
+
+static void head_ref(const mla_shape *sh, const df_weight *kv_b, const float *cache, const float *q, int pos, int n,
+                     int h, float *ql, float *ol) {
+    float *row = malloc((size_t)sh->R * sizeof(float)), *sc = malloc((size_t)(pos + n) * sizeof(float));
+    memset(ql, 0, (size_t)n * sh->R * sizeof(float));
+    for (int d = 0; d < sh->dn; d++) {
+        kn_dequant_row(kv_b, h * (sh->dn + sh->dv) + d, row);
+        for (int t = 0; t < n; t++) op_axpy(ql + (size_t)t * sh->R, q[((size_t)t * sh->nh + h) * sh->dq + d], row, sh->R);
+    }
+    for (int t = 0; t < n; t++)
+        mla_attend_one(sh, cache, ql + (size_t)t * sh->R, q + ((size_t)t * sh->nh + h) * sh->dq + sh->dn, pos + t,
+                       sc, ol + (size_t)t * sh->R);
+    free(row);
+    free(sc);
+}
+
+TEST(mla_kernels_head_bit_identical) {
+    static const int shapes[][4] = {{3, 128, 64, 512}, {2, 16, 8, 37}, {4, 12, 0, 40}}; /* nh, dn, dr, R */
+    rng_state = 13;
+    int bad = 0, runs = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        mla_shape sh = {0};
+        sh.nh = shapes[si][0];
+        sh.dn = shapes[si][1];
+        sh.dr = shapes[si][2];
+        sh.R = shapes[si][3];
+        sh.dv = 24;
+        sh.dq = sh.dn + sh.dr;
+        sh.softmax_scale = 0.09f;
+        int pos = si == 1 ? 0 : 70, n = si == 0 ? 17 : 33;
+        float *wdata = rand_vec((size_t)sh.nh * (sh.dn + sh.dv) * sh.R);
+        df_weight kv_b = {0};
+        kv_b.type = WT_F32;
+        kv_b.rows = (int64_t)sh.nh * (sh.dn + sh.dv);
+        kv_b.cols = sh.R;
+        kv_b.data = wdata;
+        int64_t stride = (int64_t)sh.R + sh.dr;
+        float *cache = rand_vec((size_t)(pos + n) * stride), *q = rand_vec((size_t)n * sh.nh * sh.dq);
+        size_t lat = (size_t)sh.nh * n * sh.R;
+        float *ql = malloc(lat * sizeof(float)), *ol = malloc(lat * sizeof(float));
+        float *qlr = malloc((size_t)n * sh.R * sizeof(float)), *olr = malloc((size_t)n * sh.R * sizeof(float));
+        float *attn = malloc((size_t)n * sh.nh * sh.dv * sizeof(float));
+        float *scratch = malloc((size_t)mla_head_scratch_floats(&sh, pos + n) * sizeof(float));
+        for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
+            if (!kn_level_available((kn_level)lv)) continue;
+            for (int h = 0; h < sh.nh; h++) {
+                mla_head(&sh, (kn_level)lv, &kv_b, cache, q, pos, n, h, ql, ol, attn, scratch);
+                head_ref(&sh, &kv_b, cache, q, pos, n, h, qlr, olr);
+                size_t off = (size_t)h * n * sh.R, bytes = (size_t)n * sh.R * sizeof(float);
+                if ((memcmp(ql + off, qlr, bytes) || memcmp(ol + off, olr, bytes)) && bad++ < 3)
+                    CHECK(0, "%s shape %zu head %d differs", kn_level_name((kn_level)lv), si, h);
+                runs++;
+            }
+        }
+        free(wdata); free(cache); free(q); free(ql); free(ol); free(qlr); free(olr); free(attn); free(scratch);
+    }
+    CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);
+}
