@@ -277,12 +277,15 @@ AI __m256 scales8(int k, const void *scale, int64_t idx, int64_t left) {
 }
 
 /* A 32-column group is 16 bytes. Every code value (int4 q - 8 in -8..7, e2m1)
- * is an f16 whose low byte is 0, so vpshufb maps nibbles straight to f16 high
- * bytes: tl = codes of columns 2k (low nibbles), th = columns 2k+1. Read as
- * 16-bit words, tl << 8 holds columns 4m, tl & 0xff00 columns 4m+2 (and th
- * likewise 4m+1, 4m+3), ready for vcvtph2ps without any byte shuffling. x
- * arrives pre-permuted to match (nib_prep). Per group, row and vector:
- * partials p0 (columns 4m, 4m+2) and p1 (4m+1, 4m+3), then a += p * scale. */
+ * is a bf16, so two vpshufb tables give its high and low bytes. The 16 bytes
+ * go to both 128-bit lanes; lane 0 keeps the low nibbles (columns 2i), lane
+ * 1 the high ones (2i+1, a per-lane dword shift by 4). Bytes then words
+ * unpacked against zero are the fp32 values themselves (bf16 << 16): four
+ * vectors holding columns {0,2,4,6 | 1,3,5,7}, {8..14 | 9..15}, {16..22 |
+ * 17..23}, {24..30 | 25..31} of the group, ten uops where an f16 table and
+ * vcvtph2ps took about seventeen. x arrives permuted to match (nib_prep).
+ * Per group, row and vector: partials p0 (the first two vectors) and p1
+ * (the last two), then a += p * scale. */
 AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
     const int64_t cols = w->cols, ng = cols / 32;
@@ -294,14 +297,27 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         si[j] = (r + j) * ng;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
-    const __m128i tab = k == N_MX
-        ? _mm_setr_epi8(0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44, 0x46, /* 0 .5 1 1.5 2 3 4 6 */
-                        (char)0x80, (char)0xb8, (char)0xbc, (char)0xbe, (char)0xc0, (char)0xc2,
-                        (char)0xc4, (char)0xc6)
-        : _mm_setr_epi8((char)0xc8, (char)0xc7, (char)0xc6, (char)0xc5, (char)0xc4, (char)0xc2,
-                        (char)0xc0, (char)0xbc, /* -8 .. -1 */
-                        0x00, 0x3c, 0x40, 0x42, 0x44, 0x45, 0x46, 0x47); /* 0 .. 7 */
-    const __m128i m0f = _mm_set1_epi8(0x0f), hi8 = _mm_set1_epi16((short)0xff00);
+    /* bf16 of the 16 code values: high bytes, low bytes */
+    const __m256i thi = k == N_MX
+        ? _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, /* 0 .5 1 1.5 2 3 4 6 */
+                           (char)0x80, (char)0xbf, (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0,
+                           (char)0xc0, 0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf,
+                           (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0)
+        : _mm256_setr_epi8((char)0xc1, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0,
+                           (char)0xbf, 0x00, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, /* -8 .. 7 */
+                           (char)0xc1, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0,
+                           (char)0xbf, 0x00, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40);
+    const __m256i tlo = k == N_MX
+        ? _mm256_setr_epi8(0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00,
+                           (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00, (char)0x80,
+                           (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00, (char)0x80, (char)0xc0,
+                           0x00, 0x40, (char)0x80, (char)0xc0)
+        : _mm256_setr_epi8(0x00, (char)0xe0, (char)0xc0, (char)0xa0, (char)0x80, 0x40, 0x00, (char)0x80, 0x00,
+                           (char)0x80, 0x00, 0x40, (char)0x80, (char)0xa0, (char)0xc0, (char)0xe0, 0x00,
+                           (char)0xe0, (char)0xc0, (char)0xa0, (char)0x80, 0x40, 0x00, (char)0x80, 0x00,
+                           (char)0x80, 0x00, 0x40, (char)0x80, (char)0xa0, (char)0xc0, (char)0xe0);
+    const __m256i m0f = _mm256_set1_epi8(0x0f), lane_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    const __m256i zero = _mm256_setzero_si256();
     float sbuf[TR][8];
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
     for (int64_t g = 0; g < ng; g++) {
@@ -320,17 +336,18 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
             x2[v] = _mm256_loadu_ps(x + 16), x3[v] = _mm256_loadu_ps(x + 24);
         }
         UNROLL for (int j = 0; j < nr; j++) {
-            __m128i b = _mm_loadu_si128((const __m128i *)(q[j] + c / 2));
-            __m128i tl = _mm_shuffle_epi8(tab, _mm_and_si128(b, m0f));
-            __m128i th = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(b, 4), m0f));
-            __m256 w0 = _mm256_cvtph_ps(_mm_slli_epi16(tl, 8));    /* cols 4m */
-            __m256 w1 = _mm256_cvtph_ps(_mm_slli_epi16(th, 8));    /* 4m+1 */
-            __m256 w2 = _mm256_cvtph_ps(_mm_and_si128(tl, hi8));   /* 4m+2 */
-            __m256 w3 = _mm256_cvtph_ps(_mm_and_si128(th, hi8));   /* 4m+3 */
+            __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q[j] + c / 2)));
+            __m256i cd = _mm256_and_si256(_mm256_srlv_epi32(b, lane_shift), m0f);
+            __m256i h = _mm256_shuffle_epi8(thi, cd), l = _mm256_shuffle_epi8(tlo, cd);
+            __m256i wl = _mm256_unpacklo_epi8(l, h), wh = _mm256_unpackhi_epi8(l, h);
+            __m256 w0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, wl));
+            __m256 w1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, wl));
+            __m256 w2 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, wh));
+            __m256 w3 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, wh));
             __m256 s = _mm256_broadcast_ss(&sbuf[j][g & 7]);
             UNROLL for (int v = 0; v < nv; v++) {
-                __m256 p0 = _mm256_fmadd_ps(w2, x2[v], _mm256_mul_ps(w0, x0[v]));
-                __m256 p1 = _mm256_fmadd_ps(w3, x3[v], _mm256_mul_ps(w1, x1[v]));
+                __m256 p0 = _mm256_fmadd_ps(w1, x1[v], _mm256_mul_ps(w0, x0[v]));
+                __m256 p1 = _mm256_fmadd_ps(w3, x3[v], _mm256_mul_ps(w2, x2[v]));
                 a0[j][v] = _mm256_fmadd_ps(p0, s, a0[j][v]);
                 a1[j][v] = _mm256_fmadd_ps(p1, s, a1[j][v]);
             }
@@ -340,11 +357,14 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         Y[v * ldy + j] = hsum8(_mm256_add_ps(a0[j][v], a1[j][v]));
 }
 
-/* xp[32g + 8p + m] = x[32g + 4m + p]: the column order nib_tile's vectors use. */
+/* Per 8-column block of a group: its 4 even columns, then its 4 odd ones
+ * (the lanes nib_tile's vectors hold). */
 static void nib_prep(const float *x, int64_t cols, float *xp) {
-    for (int64_t g = 0; g < cols; g += 32)
-        for (int p = 0; p < 4; p++)
-            for (int m = 0; m < 8; m++) xp[g + 8 * p + m] = x[g + 4 * m + p];
+    for (int64_t b = 0; b < cols; b += 8)
+        for (int m = 0; m < 4; m++) {
+            xp[b + m] = x[b + 2 * m];
+            xp[b + 4 + m] = x[b + 2 * m + 1];
+        }
 }
 
 /* ---- 5. tiles per type ----------------------------------------------------- */
