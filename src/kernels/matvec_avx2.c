@@ -371,7 +371,7 @@ static void nib_prep(const float *x, int64_t cols, float *xp) {
 
 /* rows x vectors for prefill, within the 16 registers: accumulators (2 per
  * output) plus the decoded weights of the tile's rows */
-enum { D_MR = 2, D_MV = 2, F_MR = 1, F_MV = 2, N_MR = 1, N_MV = 3 };
+enum { D_MR = 2, D_MV = 2, F_MR = 1, F_MV = 2, N_MR = 1, N_MV = 4 };
 KN_LEVEL(kn_matmul_avx2, nib_prep)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
