@@ -59,4 +59,34 @@ int kn_matmul_neon(const df_weight *w, const float *X, int n, float *Y, int64_t 
 struct df_pool;
 int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_bench_row *rows,
              double *probe_gbps, double *fma_gflops);
+
+/* ---- KDA: the delta-rule recurrence of one head (attn_kda.c dispatches;
+ * attn_kda_avx2.c, attn_kda_avx512.c, attn_kda_neon.c are its SIMD forms) ----
+ *
+ * For t < n, with S [D][D] (S[k][v], row-major, updated in place):
+ *   S = diag(decay_t) S;  u = v_t - S^T k_t;  S += beta_t k_t u^T;  o_t = S^T q_t
+ * Per element that is exactly kda_recur_head's sequence (kda_core.c): row d
+ * of S times decay_t[d]; u[e] = v[e], then u[e] += (-k[d]) * S[d][e] for d in
+ * order; S[d][e] += (beta_t * k[d]) * u[e]; o[e] = 0, then o[e] += q[d] *
+ * S[d][e] for d in order. Every product is rounded before its add (never
+ * fused) and no sum is reordered, so EVERY LEVEL GIVES THE SAME BITS; the
+ * SIMD forms only run columns e side by side. */
+typedef struct {
+    int D, n;                   /* head dim, tokens */
+    float *S;                   /* [D][D] state, in place */
+    const float *q, *k, *v;     /* token t at + t * ld, D floats each (q, k already normalised) */
+    const float *decay;         /* token t at + t * ld: D per-row factors */
+    int64_t ld;                 /* token stride of q, k, v, decay and o */
+    const float *beta;          /* [n] */
+    float *o;                   /* out: token t at + t * ld, D floats */
+    float *trail;               /* NULL, or S after token t is copied to trail + t * trail_ld */
+    int64_t trail_ld;
+} kn_kda_head;
+
+void kn_kda_recur(kn_level lv, const kn_kda_head *a);
+/* The level forms behind kn_kda_recur (call it instead; the caller
+ * guarantees the CPU has the level). */
+void kn_kda_recur_avx2(const kn_kda_head *a);
+void kn_kda_recur_avx512(const kn_kda_head *a);
+void kn_kda_recur_neon(const kn_kda_head *a);
 #endif

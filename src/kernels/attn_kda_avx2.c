@@ -1,0 +1,85 @@
+/* attn_kda_avx2.c — kn_kda_recur on 8 columns per vector (AVX2).
+ *
+ * Owns: kn_kda_recur_avx2. Compiled with the Makefile's AVX2_FLAGS and
+ * reached only through kn_kda_recur when the CPU has them. Refuses FMA and
+ * any float arithmetic but the scalar form's own: each lane computes exactly
+ * its product, then its add, in its order over d (see kernels.h), and the
+ * broadcast factors -k[d] and beta * k[d] are the same scalar operations, so
+ * the bits equal KN_SCALAR's.
+ *
+ * Why blocks of columns: the columns of S are independent (u[e] and o[e] read
+ * column e only), so a block of up to 32 columns runs all n tokens before the
+ * next block starts; its 128 x 32 floats (16 KiB at D = 128) stay in L1 for
+ * the whole chunk, and u and o live in registers (4 + 4 of the 16). The last
+ * block of a D that is not a multiple of 8 loads and stores its last vector
+ * under a mask (the lanes past D are zero and never written back).
+ */
+#include "kernels.h"
+#include <immintrin.h>
+
+#define AI static inline __attribute__((always_inline))
+#define NV_MAX 4 /* vectors per block: 32 columns */
+
+AI __m256 ld(const float *p, int last, __m256i m) { return last ? _mm256_maskload_ps(p, m) : _mm256_loadu_ps(p); }
+AI void st(float *p, __m256 x, int last, __m256i m) {
+    if (last) _mm256_maskstore_ps(p, m, x);
+    else _mm256_storeu_ps(p, x);
+}
+
+/* Columns [c0, c0 + 8 nv) of S (the last vector masked by m when masked)
+ * through all n tokens. */
+AI void block(const kn_kda_head *a, int c0, const int nv, const int masked, __m256i m) {
+    const int D = a->D;
+    float *S = a->S + c0;
+    for (int t = 0; t < a->n; t++) {
+        const int64_t off = (int64_t)t * a->ld;
+        const float *q = a->q + off, *k = a->k + off, *v = a->v + off + c0, *dec = a->decay + off;
+        __m256 u[NV_MAX], o[NV_MAX];
+        for (int j = 0; j < nv; j++) u[j] = ld(v + 8 * j, masked && j == nv - 1, m);
+        /* pass 1: row *= decay[d]; u += (-k[d]) * row */
+        for (int d = 0; d < D; d++) {
+            float *row = S + (size_t)d * D;
+            const __m256 dc = _mm256_set1_ps(dec[d]), nk = _mm256_set1_ps(-k[d]);
+            for (int j = 0; j < nv; j++) {
+                const int last = masked && j == nv - 1;
+                __m256 r = _mm256_mul_ps(ld(row + 8 * j, last, m), dc);
+                st(row + 8 * j, r, last, m);
+                u[j] = _mm256_add_ps(u[j], _mm256_mul_ps(nk, r));
+            }
+        }
+        /* pass 2: row += (beta k[d]) * u; o += q[d] * row */
+        const float beta = a->beta[t];
+        float *tr = a->trail ? a->trail + (int64_t)t * a->trail_ld + c0 : NULL;
+        for (int j = 0; j < nv; j++) o[j] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d++) {
+            float *row = S + (size_t)d * D;
+            const __m256 bk = _mm256_set1_ps(beta * k[d]), qd = _mm256_set1_ps(q[d]);
+            for (int j = 0; j < nv; j++) {
+                const int last = masked && j == nv - 1;
+                __m256 r = _mm256_add_ps(ld(row + 8 * j, last, m), _mm256_mul_ps(bk, u[j]));
+                st(row + 8 * j, r, last, m);
+                if (tr) st(tr + (size_t)d * D + 8 * j, r, last, m);
+                o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(qd, r));
+            }
+        }
+        float *out = a->o + off + c0;
+        for (int j = 0; j < nv; j++) st(out + 8 * j, o[j], masked && j == nv - 1, m);
+    }
+}
+
+void kn_kda_recur_avx2(const kn_kda_head *a) {
+    const int D = a->D;
+    int c0 = 0;
+    for (; c0 + 8 * NV_MAX <= D; c0 += 8 * NV_MAX) block(a, c0, NV_MAX, 0, _mm256_setzero_si256());
+    const int rest = D - c0;
+    if (!rest) return;
+    const int nv = (rest + 7) / 8, tail = rest % 8;
+    /* lane i takes part when i < tail (maskload/maskstore read the sign bit) */
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail ? tail : 8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    switch (nv) { /* compile-time vector counts; masked only where the tail is partial */
+    case 1: tail ? block(a, c0, 1, 1, m) : block(a, c0, 1, 0, m); break;
+    case 2: tail ? block(a, c0, 2, 1, m) : block(a, c0, 2, 0, m); break;
+    case 3: tail ? block(a, c0, 3, 1, m) : block(a, c0, 3, 0, m); break;
+    default: tail ? block(a, c0, 4, 1, m) : block(a, c0, 4, 0, m); break;
+    }
+}
