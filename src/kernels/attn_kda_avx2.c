@@ -35,11 +35,13 @@ AI void block(const kn_kda_head *a, int c0, const int nv, const int masked, __m2
         const int64_t off = (int64_t)t * a->ld;
         const float *q = a->q + off, *k = a->k + off, *v = a->v + off + c0, *dec = a->decay + off;
         __m256 u[NV_MAX], o[NV_MAX];
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < nv; j++) u[j] = ld(v + 8 * j, masked && j == nv - 1, m);
         /* pass 1: row *= decay[d]; u += (-k[d]) * row */
         for (int d = 0; d < D; d++) {
             float *row = S + (size_t)d * D;
             const __m256 dc = _mm256_set1_ps(dec[d]), nk = _mm256_set1_ps(-k[d]);
+            _Pragma("GCC unroll 4")
             for (int j = 0; j < nv; j++) {
                 const int last = masked && j == nv - 1;
                 __m256 r = _mm256_mul_ps(ld(row + 8 * j, last, m), dc);
@@ -50,10 +52,12 @@ AI void block(const kn_kda_head *a, int c0, const int nv, const int masked, __m2
         /* pass 2: row += (beta k[d]) * u; o += q[d] * row */
         const float beta = a->beta[t];
         float *tr = a->trail ? a->trail + (int64_t)t * a->trail_ld + c0 : NULL;
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < nv; j++) o[j] = _mm256_setzero_ps();
         for (int d = 0; d < D; d++) {
             float *row = S + (size_t)d * D;
             const __m256 bk = _mm256_set1_ps(beta * k[d]), qd = _mm256_set1_ps(q[d]);
+            _Pragma("GCC unroll 4")
             for (int j = 0; j < nv; j++) {
                 const int last = masked && j == nv - 1;
                 __m256 r = _mm256_add_ps(ld(row + 8 * j, last, m), _mm256_mul_ps(bk, u[j]));
@@ -63,6 +67,7 @@ AI void block(const kn_kda_head *a, int c0, const int nv, const int masked, __m2
             }
         }
         float *out = a->o + off + c0;
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < nv; j++) st(out + 8 * j, o[j], masked && j == nv - 1, m);
     }
 }

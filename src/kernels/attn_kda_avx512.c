@@ -35,11 +35,13 @@ AI void block(const kn_kda_head *a, int c0, const int nv, const int masked, __mm
         const int64_t off = (int64_t)t * a->ld;
         const float *q = a->q + off, *k = a->k + off, *v = a->v + off + c0, *dec = a->decay + off;
         __m512 u[NV_MAX], o[NV_MAX];
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < nv; j++) u[j] = ld(v + 16 * j, masked && j == nv - 1, m);
         /* pass 1: row *= decay[d]; u += (-k[d]) * row */
         for (int d = 0; d < D; d++) {
             float *row = S + (size_t)d * D;
             const __m512 dc = _mm512_set1_ps(dec[d]), nk = _mm512_set1_ps(-k[d]);
+            _Pragma("GCC unroll 4")
             for (int j = 0; j < nv; j++) {
                 const int last = masked && j == nv - 1;
                 __m512 r = _mm512_mul_ps(ld(row + 16 * j, last, m), dc);
@@ -50,10 +52,12 @@ AI void block(const kn_kda_head *a, int c0, const int nv, const int masked, __mm
         /* pass 2: row += (beta k[d]) * u; o += q[d] * row */
         const float beta = a->beta[t];
         float *tr = a->trail ? a->trail + (int64_t)t * a->trail_ld + c0 : NULL;
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < nv; j++) o[j] = _mm512_setzero_ps();
         for (int d = 0; d < D; d++) {
             float *row = S + (size_t)d * D;
             const __m512 bk = _mm512_set1_ps(beta * k[d]), qd = _mm512_set1_ps(q[d]);
+            _Pragma("GCC unroll 4")
             for (int j = 0; j < nv; j++) {
                 const int last = masked && j == nv - 1;
                 __m512 r = _mm512_add_ps(ld(row + 16 * j, last, m), _mm512_mul_ps(bk, u[j]));
@@ -63,6 +67,7 @@ AI void block(const kn_kda_head *a, int c0, const int nv, const int masked, __mm
             }
         }
         float *out = a->o + off + c0;
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < nv; j++) st(out + 16 * j, o[j], masked && j == nv - 1, m);
     }
 }

@@ -25,10 +25,12 @@ AI void block(const kn_kda_head *a, int c0, const int nv) {
         const int64_t off = (int64_t)t * a->ld;
         const float *q = a->q + off, *k = a->k + off, *v = a->v + off + c0, *dec = a->decay + off;
         float32x4_t u[NV_MAX], o[NV_MAX];
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < nv; j++) u[j] = vld1q_f32(v + 4 * j);
         for (int d = 0; d < D; d++) {
             float *row = S + (size_t)d * D;
             const float32x4_t dc = vdupq_n_f32(dec[d]), nk = vdupq_n_f32(-k[d]);
+            _Pragma("GCC unroll 4")
             for (int j = 0; j < nv; j++) {
                 float32x4_t r = vmulq_f32(vld1q_f32(row + 4 * j), dc);
                 vst1q_f32(row + 4 * j, r);
@@ -37,10 +39,12 @@ AI void block(const kn_kda_head *a, int c0, const int nv) {
         }
         const float beta = a->beta[t];
         float *tr = a->trail ? a->trail + (int64_t)t * a->trail_ld + c0 : NULL;
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < nv; j++) o[j] = vdupq_n_f32(0.0f);
         for (int d = 0; d < D; d++) {
             float *row = S + (size_t)d * D;
             const float32x4_t bk = vdupq_n_f32(beta * k[d]), qd = vdupq_n_f32(q[d]);
+            _Pragma("GCC unroll 4")
             for (int j = 0; j < nv; j++) {
                 float32x4_t r = vaddq_f32(vld1q_f32(row + 4 * j), vmulq_f32(bk, u[j]));
                 vst1q_f32(row + 4 * j, r);
@@ -48,6 +52,7 @@ AI void block(const kn_kda_head *a, int c0, const int nv) {
                 o[j] = vaddq_f32(o[j], vmulq_f32(qd, r));
             }
         }
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < nv; j++) vst1q_f32(a->o + off + c0 + 4 * j, o[j]);
     }
 }
