@@ -39,7 +39,7 @@ static int cmpd(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-enum { CONV, REF, FAST, KERNEL };
+enum { CONV, CONV_FAST, REF, FAST, KERNEL };
 
 int main(int argc, char **argv) {
     int H = argc > 1 ? atoi(argv[1]) : 96, D = argc > 2 ? atoi(argv[2]) : 128;
@@ -56,7 +56,10 @@ int main(int argc, char **argv) {
     kda_io io = {q, k, v, f, braw, gate, o, NULL};
     printf("H %d D %d n %d, one thread, median of %d (ms per call; us per token)\n", H, D, n, reps);
     struct { const char *name; int what; int lv; } rows[] = {
-        {"conv (kda_conv_channel x 3P)", CONV, 0},
+        {"conv, reference (kda_conv_channel x 3P)", CONV, 0},
+        {"conv, fast scalar (kda_conv_fast)", CONV_FAST, KN_SCALAR},
+        {"conv, fast avx2", CONV_FAST, KN_AVX2},
+        {"conv, fast avx512", CONV_FAST, KN_AVX512},
         {"recurrence, reference (kda_recur_head)", REF, 0},
         {"recurrence, fast scalar", FAST, KN_SCALAR},
         {"recurrence, fast avx2", FAST, KN_AVX2},
@@ -77,6 +80,9 @@ int main(int argc, char **argv) {
             case CONV:
                 for (int w = 0; w < 3; w++)
                     for (int c = 0; c < (int)P; c++) kda_conv_channel(&sh, &p, state, w, c, n, &io);
+                break;
+            case CONV_FAST:
+                for (int w = 0; w < 3; w++) kda_conv_fast((kn_level)rows[r].lv, &sh, &p, state, w, 0, (int)P, n, &io);
                 break;
             case REF:
                 for (int h = 0; h < H; h++) kda_recur_head(&sh, &p, state, h, n, &io);

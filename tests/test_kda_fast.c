@@ -174,3 +174,53 @@ TEST(kda_fast_kernel_edges) {
     CHECK(same(o, o1, (size_t)D), "a level of the other architecture gave other bits");
     free(S), free(S0);
 }
+
+/* The short convolution: kda_conv_fast over channel ranges (whole, and split
+ * at an odd point) against kda_conv_channel per channel, for every
+ * projection, kernel widths with and without a SIMD form (2-4; 1 and 5), odd
+ * channel counts (vector tails) and with and without a trail. */
+TEST(kda_fast_conv_bit_identical) {
+    static const int Ds[] = {5, 8, 17, 40, 128};
+    static const int Ws[] = {1, 2, 3, 4, 5};
+    static const int ns[] = {1, 2, 7, 33};
+    uint64_t s = 0x51ed2701ull;
+    for (size_t di = 0; di < sizeof Ds / sizeof *Ds; di++)
+        for (size_t wi = 0; wi < sizeof Ws / sizeof *Ws; wi++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+                for (int trail = 0; trail <= 1; trail++) {
+                    const int H = 3, D = Ds[di], W = Ws[wi], n = ns[ni];
+                    kda_shape sh = {0, H, D, W, 1, 1, -5.0f, 1e-5f};
+                    const size_t P = (size_t)H * D, NP = (size_t)n * P, SF = (size_t)kda_state_floats(&sh);
+                    float *w[3] = {rvec(&s, P * W, -1, 1), rvec(&s, P * W, -1, 1), rvec(&s, P * W, -1, 1)};
+                    kda_params p = {{w[0], w[1], w[2]}, NULL, NULL, NULL};
+                    float *x[3] = {rvec(&s, NP, -3, 3), rvec(&s, NP, -3, 3), rvec(&s, NP, -3, 3)};
+                    float *state = rvec(&s, SF, -2, 2);
+                    /* the reference */
+                    float *rx[3] = {dup(x[0], NP), dup(x[1], NP), dup(x[2], NP)}, *rst = dup(state, SF);
+                    float *rtr = trail ? calloc((size_t)n * SF, sizeof(float)) : NULL;
+                    kda_io rio = {rx[0], rx[1], rx[2], NULL, NULL, NULL, NULL, rtr};
+                    for (int which = 0; which < 3; which++)
+                        for (int c = 0; c < (int)P; c++) kda_conv_channel(&sh, &p, rst, which, c, n, &rio);
+                    for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
+                        if (!kn_level_available((kn_level)lv)) continue;
+                        for (int split = 0; split <= 1; split++) {
+                            float *gx[3] = {dup(x[0], NP), dup(x[1], NP), dup(x[2], NP)}, *gst = dup(state, SF);
+                            float *gtr = trail ? calloc((size_t)n * SF, sizeof(float)) : NULL;
+                            kda_io gio = {gx[0], gx[1], gx[2], NULL, NULL, NULL, NULL, gtr};
+                            const int cut = split ? (int)P / 2 + 1 : (int)P;
+                            for (int which = 0; which < 3; which++) {
+                                kda_conv_fast((kn_level)lv, &sh, &p, gst, which, 0, cut, n, &gio);
+                                if (cut < (int)P) kda_conv_fast((kn_level)lv, &sh, &p, gst, which, cut, (int)P, n, &gio);
+                            }
+                            int ok = same(gst, rst, SF) && (!trail || same(gtr, rtr, (size_t)n * SF));
+                            for (int which = 0; which < 3; which++) ok = ok && same(gx[which], rx[which], NP);
+                            CHECK(ok, "conv D %d W %d n %d trail %d split %d %s: differs", D, W, n, trail, split,
+                                  kn_level_name((kn_level)lv));
+                            for (int which = 0; which < 3; which++) free(gx[which]);
+                            free(gst), free(gtr);
+                        }
+                    }
+                    for (int which = 0; which < 3; which++) free(w[which]), free(x[which]), free(rx[which]);
+                    free(state), free(rst), free(rtr);
+                }
+}

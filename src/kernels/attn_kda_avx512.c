@@ -1,6 +1,7 @@
 /* attn_kda_avx512.c — kn_kda_recur on 16 columns per vector (AVX-512F).
  *
- * Owns: kn_kda_recur_avx512. Compiled with the Makefile's AVX512_FLAGS and
+ * Owns: kn_kda_recur_avx512, kn_kda_conv_avx512 (its short convolution,
+ * 16 channels side by side, at the end). Compiled with the Makefile's AVX512_FLAGS and
  * reached only through kn_kda_recur when the CPU has them. Refuses FMA and
  * any float arithmetic but the scalar form's own: each lane computes exactly
  * its product, then its add, in its order over d (see kernels.h), and the
@@ -16,6 +17,7 @@
  */
 #include "kernels.h"
 #include <immintrin.h>
+#include <math.h>
 
 #define AI static inline __attribute__((always_inline))
 #define NV_MAX 4 /* vectors per block: 64 columns */
@@ -86,4 +88,57 @@ void kn_kda_recur_avx512(const kn_kda_head *a) {
     case 3: tail ? block(a, c0, 3, 1, m) : block(a, c0, 3, 0, m); break;
     default: tail ? block(a, c0, 4, 1, m) : block(a, c0, 4, 0, m); break;
     }
+}
+
+/* ---- the short convolution ---- */
+
+/* dst[(c + l) * (W - 1) + q] = lane l of win[q]: the [channel][W-1] layout
+ * of the state and the trail. */
+AI void put_window(float *dst, int c, const __m512 *win, const int W) {
+    float tmp[3][16] __attribute__((aligned(64)));
+    for (int q = 0; q < W - 1; q++) _mm512_store_ps(tmp[q], win[q]);
+    for (int l = 0; l < 16; l++)
+        for (int q = 0; q < W - 1; q++) dst[(size_t)(c + l) * (W - 1) + q] = tmp[q][l];
+}
+
+/* Channels [c, c + 16) for a compile-time W <= 4: kn_kda_conv's operations,
+ * lane l being channel c + l (expf called per lane, as op_silu does). */
+AI void conv_block(const kn_kda_conv_args *a, int c, const int W) {
+    __m512 wv[4], win[3];
+    float tmp[4][16] __attribute__((aligned(64)));
+    for (int q = 0; q < W; q++) {
+        for (int l = 0; l < 16; l++) tmp[q][l] = a->w[(size_t)(c + l) * W + q];
+        wv[q] = _mm512_load_ps(tmp[q]);
+    }
+    for (int q = 0; q < W - 1; q++) {
+        for (int l = 0; l < 16; l++) tmp[q][l] = a->st[(size_t)(c + l) * (W - 1) + q];
+        win[q] = _mm512_load_ps(tmp[q]);
+    }
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int t = 0; t < a->n; t++) {
+        float *xp = a->x + (int64_t)t * a->ld + c;
+        const __m512 xv = _mm512_loadu_ps(xp);
+        __m512 acc = _mm512_setzero_ps();
+        for (int q = 0; q < W - 1; q++) acc = _mm512_add_ps(acc, _mm512_mul_ps(wv[q], win[q]));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(wv[W - 1], xv));
+        float e[16] __attribute__((aligned(64)));
+        _mm512_store_ps(e, acc);
+        for (int l = 0; l < 16; l++) e[l] = expf(-e[l]);
+        _mm512_storeu_ps(xp, _mm512_div_ps(acc, _mm512_add_ps(one, _mm512_load_ps(e))));
+        for (int q = 0; q + 1 < W - 1; q++) win[q] = win[q + 1];
+        win[W - 2] = xv;
+        if (a->trail) put_window(a->trail + (int64_t)t * a->trail_ld, c, win, W);
+    }
+    put_window(a->st, c, win, W);
+}
+
+int kn_kda_conv_avx512(const kn_kda_conv_args *a) {
+    const int full = a->nc / 16 * 16;
+    for (int c = 0; c < full; c += 16) switch (a->W) {
+        case 2: conv_block(a, c, 2); break;
+        case 3: conv_block(a, c, 3); break;
+        case 4: conv_block(a, c, 4); break;
+        default: return 0; /* other widths: the plain C form */
+        }
+    return full;
 }

@@ -89,4 +89,28 @@ void kn_kda_recur(kn_level lv, const kn_kda_head *a);
 void kn_kda_recur_avx2(const kn_kda_head *a);
 void kn_kda_recur_avx512(const kn_kda_head *a);
 void kn_kda_recur_neon(const kn_kda_head *a);
+
+/* The KDA short convolution + SiLU of nc channels over n tokens, channel c
+ * exactly kda_conv_channel's (kda_core.c) per-channel math: for t < n in
+ * order, with win = [the W-1 inputs in st | x_t], acc = 0, then acc +=
+ * w[q] * win[q] for q < W in order, x_t = acc / (1 + expf(-acc)) (op_silu);
+ * st then holds the last W-1 raw inputs. The SIMD forms run channels side by
+ * side (expf stays libm's, one call per value), so every level gives the
+ * same bits. */
+typedef struct {
+    int W, nc, n;               /* kernel width (1..16), channels, tokens */
+    float *x;                   /* token t, channel c at x[t * ld + c]: raw in, SiLU(conv) out */
+    int64_t ld;
+    const float *w;             /* [nc][W] */
+    float *st;                  /* [nc][W-1], oldest first: read, then updated */
+    float *trail;               /* NULL, or st after token t is written to trail + t * trail_ld */
+    int64_t trail_ld;
+} kn_kda_conv_args;
+
+void kn_kda_conv(kn_level lv, const kn_kda_conv_args *a);
+/* The level forms: each does the first channels it can (a multiple of its
+ * vector width; 0 for a W it has no form for) and returns how many; the
+ * dispatcher runs the rest in plain C. */
+int kn_kda_conv_avx2(const kn_kda_conv_args *a);
+int kn_kda_conv_avx512(const kn_kda_conv_args *a);
 #endif

@@ -148,13 +148,18 @@ typedef struct {
     float *decay;               /* [n][P] scratch of kda_recur_head_fast */
 } job;
 
-/* One channel (of q, k or v) per index. */
+/* One channel (of q, k or v) per index; a range runs as one call per
+ * projection (kda_conv_channel's bits, several channels side by side). */
 static void conv_channels(void *ctx, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     job *j = ctx;
-    int P = j->sh->H * j->sh->D;
-    for (int64_t i = i0; i < i1; i++)
-        kda_conv_channel(j->sh, j->p, j->state, (int)(i / P), (int)(i % P), j->n, j->io);
+    int64_t P = (int64_t)j->sh->H * j->sh->D;
+    for (int64_t i = i0; i < i1;) {
+        int64_t which = i / P, end = (which + 1) * P < i1 ? (which + 1) * P : i1;
+        kda_conv_fast(j->lv, j->sh, j->p, j->state, (int)which, (int)(i - which * P), (int)(end - which * P), j->n,
+                      j->io);
+        i = end;
+    }
 }
 
 /* One head per index: runs its n tokens in order through S (kda_recur_head's

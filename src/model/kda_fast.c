@@ -1,14 +1,15 @@
-/* kda_fast.c — kda_recur_head (kda_core.c) for the CPU engine, fast and
- * bit-identical (see kda_fast.h).
+/* kda_fast.c — kda_recur_head and kda_conv_channel (kda_core.c) for the CPU
+ * engine, fast and bit-identical (see kda_fast.h).
  *
- * Owns: kda_recur_head_fast. Refuses: allocation (the caller hands in the
+ * Owns: kda_recur_head_fast, kda_conv_fast. Refuses: allocation (the caller hands in the
  * decay scratch), threads, and any change of a value's operations: the
  * norms keep kda_core.c's double sums in index order (several tokens run
  * side by side, each in its own sum), the gates call the same libm functions
  * on the same fp32 values, and the state recurrence is kn_kda_recur, whose
- * every level equals kda_core.c's loops bit for bit.
+ * every level equals kda_core.c's loops bit for bit, as kn_kda_conv's
+ * equal kda_conv_channel's.
  *
- * Sections: norms of several tokens; gates; the head.
+ * Sections: norms of several tokens; gates; the short convolution; the head.
  */
 #include "kda_fast.h"
 #include "../kernels/ops.h"
@@ -72,6 +73,18 @@ static void decay_token(const kda_shape *sh, const float *a, const float *dt_bia
         float g = sh->has_lower_bound ? sh->lower_bound * op_sigmoid(av * z) : -av * softplus(z);
         dec[d] = expf(g);
     }
+}
+
+/* ---- the short convolution ---- */
+
+void kda_conv_fast(kn_level lv, const kda_shape *sh, const kda_params *p, float *state, int which, int c0, int c1,
+                   int n, const kda_io *io) {
+    const int W = sh->W, P = sh->H * sh->D;
+    float *x = which == 0 ? io->q : which == 1 ? io->k : io->v;
+    const size_t st = ((size_t)which * P + c0) * (W - 1); /* this range's conv state, from the layer's start */
+    kn_kda_conv_args a = {W, c1 - c0, n, x + c0, P, p->conv[which] + (size_t)c0 * W, state + st,
+                          io->trail ? io->trail + st : NULL, kda_state_floats(sh)};
+    kn_kda_conv(lv, &a);
 }
 
 /* ---- the head ---- */

@@ -1,5 +1,6 @@
-/* kda_fast.h — the CPU engine's KDA recurrence of one head (prefix kda_):
- * kda_recur_head's results bit for bit, on the kernel level's vectors.
+/* kda_fast.h — the CPU engine's KDA recurrence of one head and short
+ * convolution (prefix kda_): kda_recur_head's and kda_conv_channel's results
+ * bit for bit, on the kernel level's vectors.
  *
  * kda_core.c stays the oracle (and the CUDA backend's); this is the same
  * contract, reorganised for speed: the per-token preparation (l2norm of q
@@ -19,4 +20,8 @@
  * columns only, so all heads of a call can share one buffer). */
 void kda_recur_head_fast(kn_level lv, const kda_shape *sh, const kda_params *p, float *state, int h, int n,
                          const kda_io *io, float *decay);
+/* kda_conv_channel(sh, p, state, which, c, n, io) for every c in [c0, c1),
+ * at kernel level lv (several channels side by side). */
+void kda_conv_fast(kn_level lv, const kda_shape *sh, const kda_params *p, float *state, int which, int c0, int c1,
+                   int n, const kda_io *io);
 #endif
