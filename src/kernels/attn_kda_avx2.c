@@ -20,7 +20,7 @@
 #include <math.h>
 
 #define AI static inline __attribute__((always_inline))
-#define NV_MAX 4 /* vectors per block: 32 columns */
+#define NV_MAX 3 /* vectors per block: 24 columns (3 x 3 accumulators + 4 broadcasts of the 16 registers) */
 
 AI __m256 ld(const float *p, int last, __m256i m) { return last ? _mm256_maskload_ps(p, m) : _mm256_loadu_ps(p); }
 AI void st(float *p, __m256 x, int last, __m256i m) {
@@ -28,48 +28,72 @@ AI void st(float *p, __m256 x, int last, __m256i m) {
     else _mm256_storeu_ps(p, x);
 }
 
+/* Rows of S, columns [c0, c0 + 8 nv), for token t's second half (row +=
+ * (beta k[d]) * u; o += q[d] * row) and, when fuse, token t+1's first half
+ * in the same visit of the row (row *= decay'[d]; un += (-k'[d]) * row):
+ * each element still sees the same operations in the same order. */
+AI void rows(const kn_kda_head *a, float *S, int64_t t, const int nv, const int masked, __m256i m,
+             const __m256 *u, __m256 *o, __m256 *un, const int fuse) {
+    const int D = a->D;
+    const int64_t off = t * a->ld, off1 = off + a->ld;
+    const float *q = a->q + off, *k = a->k + off, beta = a->beta[t];
+    const float *k1 = fuse ? a->k + off1 : NULL, *dec1 = fuse ? a->decay + off1 : NULL;
+    float *tr = a->trail ? a->trail + t * a->trail_ld + (S - a->S) : NULL;
+    for (int d = 0; d < D; d++) {
+        float *row = S + (size_t)d * D;
+        const __m256 bk = _mm256_set1_ps(beta * k[d]), qd = _mm256_set1_ps(q[d]);
+        __m256 dc = _mm256_setzero_ps(), nk = _mm256_setzero_ps();
+        if (fuse) dc = _mm256_set1_ps(dec1[d]), nk = _mm256_set1_ps(-k1[d]);
+        _Pragma("GCC unroll 3")
+        for (int j = 0; j < nv; j++) {
+            const int last = masked && j == nv - 1;
+            __m256 r = _mm256_add_ps(ld(row + 8 * j, last, m), _mm256_mul_ps(bk, u[j]));
+            if (tr) st(tr + (size_t)d * D + 8 * j, r, last, m);
+            o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(qd, r));
+            if (fuse) {
+                r = _mm256_mul_ps(r, dc);
+                un[j] = _mm256_add_ps(un[j], _mm256_mul_ps(nk, r));
+            }
+            st(row + 8 * j, r, last, m);
+        }
+    }
+}
+
 /* Columns [c0, c0 + 8 nv) of S (the last vector masked by m when masked)
- * through all n tokens. */
+ * through all n tokens: token 0's first half (decay, u) alone, then for each
+ * token its second half fused with the next token's first half. */
 AI void block(const kn_kda_head *a, int c0, const int nv, const int masked, __m256i m) {
     const int D = a->D;
     float *S = a->S + c0;
-    for (int t = 0; t < a->n; t++) {
-        const int64_t off = (int64_t)t * a->ld;
-        const float *q = a->q + off, *k = a->k + off, *v = a->v + off + c0, *dec = a->decay + off;
-        __m256 u[NV_MAX], o[NV_MAX];
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < nv; j++) u[j] = ld(v + 8 * j, masked && j == nv - 1, m);
-        /* pass 1: row *= decay[d]; u += (-k[d]) * row */
-        for (int d = 0; d < D; d++) {
-            float *row = S + (size_t)d * D;
-            const __m256 dc = _mm256_set1_ps(dec[d]), nk = _mm256_set1_ps(-k[d]);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < nv; j++) {
-                const int last = masked && j == nv - 1;
-                __m256 r = _mm256_mul_ps(ld(row + 8 * j, last, m), dc);
-                st(row + 8 * j, r, last, m);
-                u[j] = _mm256_add_ps(u[j], _mm256_mul_ps(nk, r));
-            }
+    __m256 u[NV_MAX], un[NV_MAX], o[NV_MAX];
+    _Pragma("GCC unroll 3")
+    for (int j = 0; j < nv; j++) u[j] = ld(a->v + c0 + 8 * j, masked && j == nv - 1, m);
+    for (int d = 0; d < D; d++) { /* token 0: row *= decay[d]; u += (-k[d]) * row */
+        float *row = S + (size_t)d * D;
+        const __m256 dc = _mm256_set1_ps(a->decay[d]), nk = _mm256_set1_ps(-a->k[d]);
+        _Pragma("GCC unroll 3")
+        for (int j = 0; j < nv; j++) {
+            const int last = masked && j == nv - 1;
+            __m256 r = _mm256_mul_ps(ld(row + 8 * j, last, m), dc);
+            st(row + 8 * j, r, last, m);
+            u[j] = _mm256_add_ps(u[j], _mm256_mul_ps(nk, r));
         }
-        /* pass 2: row += (beta k[d]) * u; o += q[d] * row */
-        const float beta = a->beta[t];
-        float *tr = a->trail ? a->trail + (int64_t)t * a->trail_ld + c0 : NULL;
-        _Pragma("GCC unroll 4")
+    }
+    for (int64_t t = 0; t < a->n; t++) {
+        _Pragma("GCC unroll 3")
         for (int j = 0; j < nv; j++) o[j] = _mm256_setzero_ps();
-        for (int d = 0; d < D; d++) {
-            float *row = S + (size_t)d * D;
-            const __m256 bk = _mm256_set1_ps(beta * k[d]), qd = _mm256_set1_ps(q[d]);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < nv; j++) {
-                const int last = masked && j == nv - 1;
-                __m256 r = _mm256_add_ps(ld(row + 8 * j, last, m), _mm256_mul_ps(bk, u[j]));
-                st(row + 8 * j, r, last, m);
-                if (tr) st(tr + (size_t)d * D + 8 * j, r, last, m);
-                o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(qd, r));
-            }
+        if (t + 1 < a->n) {
+            const float *v1 = a->v + (t + 1) * a->ld + c0;
+            _Pragma("GCC unroll 3")
+            for (int j = 0; j < nv; j++) un[j] = ld(v1 + 8 * j, masked && j == nv - 1, m);
+            rows(a, S, t, nv, masked, m, u, o, un, 1);
+            _Pragma("GCC unroll 3")
+            for (int j = 0; j < nv; j++) u[j] = un[j];
+        } else {
+            rows(a, S, t, nv, masked, m, u, o, un, 0);
         }
-        float *out = a->o + off + c0;
-        _Pragma("GCC unroll 4")
+        float *out = a->o + t * a->ld + c0;
+        _Pragma("GCC unroll 3")
         for (int j = 0; j < nv; j++) st(out + 8 * j, o[j], masked && j == nv - 1, m);
     }
 }
@@ -86,8 +110,7 @@ void kn_kda_recur_avx2(const kn_kda_head *a) {
     switch (nv) { /* compile-time vector counts; masked only where the tail is partial */
     case 1: tail ? block(a, c0, 1, 1, m) : block(a, c0, 1, 0, m); break;
     case 2: tail ? block(a, c0, 2, 1, m) : block(a, c0, 2, 0, m); break;
-    case 3: tail ? block(a, c0, 3, 1, m) : block(a, c0, 3, 0, m); break;
-    default: tail ? block(a, c0, 4, 1, m) : block(a, c0, 4, 0, m); break;
+    default: tail ? block(a, c0, 3, 1, m) : block(a, c0, 3, 0, m); break;
     }
 }
 
