@@ -1,25 +1,33 @@
-/* attn_kda_avx2.c — kn_kda_recur on 8 columns per vector (AVX2).
+/* attn_kda_avx2.c — the KDA kernels on 8 lanes (AVX2): kn_kda_recur
+ * with 8 columns of S per vector, kn_kda_conv with 8 channels.
  *
- * Owns: kn_kda_recur_avx2, kn_kda_conv_avx2 (its short convolution, 8
- * channels side by side, at the end). Compiled with the Makefile's AVX2_FLAGS and
- * reached only through kn_kda_recur when the CPU has them. Refuses FMA and
- * any float arithmetic but the scalar form's own: each lane computes exactly
- * its product, then its add, in its order over d (see kernels.h), and the
- * broadcast factors -k[d] and beta * k[d] are the same scalar operations, so
- * the bits equal KN_SCALAR's.
+ * Owns: kn_kda_recur_avx2, kn_kda_conv_avx2 (sections: recurrence; the
+ * short convolution). Compiled with the Makefile's AVX2_FLAGS and
+ * reached only through kernels.h's dispatchers when the CPU has them.
+ * Refuses FMA and any float arithmetic but the scalar forms' own: each lane
+ * computes exactly their product, then their add, in their order (see
+ * kernels.h); the broadcast factors -k[d] and beta * k[d] are the same scalar
+ * operations, and the SiLU calls libm's expf per lane; so the bits equal
+ * KN_SCALAR's.
  *
- * Why blocks of columns: the columns of S are independent (u[e] and o[e] read
- * column e only), so a block of up to 32 columns runs all n tokens before the
- * next block starts; its 128 x 32 floats (16 KiB at D = 128) stay in L1 for
- * the whole chunk, and u and o live in registers (4 + 4 of the 16). The last
- * block of a D that is not a multiple of 8 loads and stores its last vector
- * under a mask (the lanes past D are zero and never written back).
+ * Recurrence, why blocks of columns: the columns of S are independent (u[e]
+ * and o[e] read column e only), so a block of up to 24 columns runs all n
+ * tokens before the next block starts; its D x 24 floats (12 KiB at D = 128)
+ * stay in L1 for the whole chunk, and u, the next token's u and o live in
+ * registers (9 of the 16). Each token visits the block's rows once: its
+ * update of S and its output are fused with the next token's decay and u (per
+ * element the same sequence as two passes per token). The last block of a D
+ * that is not a multiple of 8 loads and stores its last vector under a mask
+ * (the lanes past D are zero and never written back).
  */
 #include "kernels.h"
 #include <immintrin.h>
 #include <math.h>
 
 #define AI static inline __attribute__((always_inline))
+
+/* ---- recurrence ---- */
+
 #define NV_MAX 3 /* vectors per block: 24 columns (3 x 3 accumulators + 4 broadcasts of the 16 registers) */
 
 AI __m256 ld(const float *p, int last, __m256i m) { return last ? _mm256_maskload_ps(p, m) : _mm256_loadu_ps(p); }

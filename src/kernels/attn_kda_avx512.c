@@ -1,25 +1,33 @@
-/* attn_kda_avx512.c — kn_kda_recur on 16 columns per vector (AVX-512F).
+/* attn_kda_avx512.c — the KDA kernels on 16 lanes (AVX-512F): kn_kda_recur
+ * with 16 columns of S per vector, kn_kda_conv with 16 channels.
  *
- * Owns: kn_kda_recur_avx512, kn_kda_conv_avx512 (its short convolution,
- * 16 channels side by side, at the end). Compiled with the Makefile's AVX512_FLAGS and
- * reached only through kn_kda_recur when the CPU has them. Refuses FMA and
- * any float arithmetic but the scalar form's own: each lane computes exactly
- * its product, then its add, in its order over d (see kernels.h), and the
- * broadcast factors -k[d] and beta * k[d] are the same scalar operations, so
- * the bits equal KN_SCALAR's.
+ * Owns: kn_kda_recur_avx512, kn_kda_conv_avx512 (sections: recurrence; the
+ * short convolution). Compiled with the Makefile's AVX512_FLAGS and
+ * reached only through kernels.h's dispatchers when the CPU has them.
+ * Refuses FMA and any float arithmetic but the scalar forms' own: each lane
+ * computes exactly their product, then their add, in their order (see
+ * kernels.h); the broadcast factors -k[d] and beta * k[d] are the same scalar
+ * operations, and the SiLU calls libm's expf per lane; so the bits equal
+ * KN_SCALAR's.
  *
- * Why blocks of columns: the columns of S are independent (u[e] and o[e] read
- * column e only), so a block of up to 64 columns runs all n tokens before the
- * next block starts; its 128 x 64 floats (32 KiB at D = 128) stay in L1 for
- * the whole chunk, and u and o live in registers. The last block of a D that
- * is not a multiple of 16 loads and stores its last vector under a mask (the
- * lanes past D are zero and never written back).
+ * Recurrence, why blocks of columns: the columns of S are independent (u[e]
+ * and o[e] read column e only), so a block of up to 64 columns runs all n
+ * tokens before the next block starts; its D x 64 floats (32 KiB at D = 128)
+ * stay in L1 for the whole chunk, and u, the next token's u and o live in
+ * registers (12 of the 32). Each token visits the block's rows once: its
+ * update of S and its output are fused with the next token's decay and u (per
+ * element the same sequence as two passes per token). The last block of a D
+ * that is not a multiple of 16 loads and stores its last vector under a mask
+ * (the lanes past D are zero and never written back).
  */
 #include "kernels.h"
 #include <immintrin.h>
 #include <math.h>
 
 #define AI static inline __attribute__((always_inline))
+
+/* ---- recurrence ---- */
+
 #define NV_MAX 4 /* vectors per block: 64 columns */
 
 AI __m512 ld(const float *p, int last, __mmask16 m) { return last ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p); }
