@@ -19,24 +19,45 @@
 
 enum { TB = 4 }; /* tokens whose sums run side by side (independent chains) */
 
-/* x_t *= (float)(1 / sqrt(sum_i x_t[i]^2 + 1e-6)) * then scale (when scale
+/* ss[b] = sum_i (double)x_b[i]^2 in index order, x_b = x + b * ld, for b <
+ * nb <= TB: four tokens in four scalar accumulators (not an array, which
+ * gcc keeps in memory), fewer one at a time. */
+static void sumsq_tokens(const float *x, int64_t ld, int nb, int D, double *ss) {
+    if (nb == TB) {
+        const float *x0 = x, *x1 = x + ld, *x2 = x + 2 * ld, *x3 = x + 3 * ld;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int i = 0; i < D; i++) {
+            s0 += (double)x0[i] * x0[i];
+            s1 += (double)x1[i] * x1[i];
+            s2 += (double)x2[i] * x2[i];
+            s3 += (double)x3[i] * x3[i];
+        }
+        ss[0] = s0, ss[1] = s1, ss[2] = s2, ss[3] = s3;
+        return;
+    }
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + b * ld;
+        double s0 = 0;
+        for (int i = 0; i < D; i++) s0 += (double)xb[i] * xb[i];
+        ss[b] = s0;
+    }
+}
+
+/* x_t *= (float)(1 / sqrt(sum_i x_t[i]^2 + 1e-6)), then *= scale (when scale
  * != 1) for t < n, x_t = x + t * ld: kda_core.c's l2norm (and the q scaling
  * as a second rounding, as there). */
 static void l2norm_tokens(float *x, int64_t ld, int n, int D, float scale) {
     for (int t0 = 0; t0 < n; t0 += TB) {
         const int nb = n - t0 < TB ? n - t0 : TB;
-        double ss[TB] = {0, 0, 0, 0};
-        for (int i = 0; i < D; i++)
-            for (int b = 0; b < nb; b++) {
-                const float v = x[(t0 + b) * ld + i];
-                ss[b] += (double)v * v;
-            }
+        double ss[TB];
+        sumsq_tokens(x + t0 * ld, ld, nb, D, ss);
         for (int b = 0; b < nb; b++) {
             float *v = x + (t0 + b) * ld;
             const float inv = (float)(1.0 / sqrt(ss[b] + 1e-6));
-            for (int i = 0; i < D; i++) v[i] *= inv;
-            if (scale != 1.0f)
-                for (int i = 0; i < D; i++) v[i] *= scale;
+            if (scale != 1.0f) /* two roundings, as kda_core.c's two passes */
+                for (int i = 0; i < D; i++) v[i] = v[i] * inv * scale;
+            else
+                for (int i = 0; i < D; i++) v[i] *= inv;
         }
     }
 }
@@ -46,12 +67,8 @@ static void l2norm_tokens(float *x, int64_t ld, int n, int D, float scale) {
 static void out_norm_tokens(float *o, const float *gate, int64_t ld, int n, int D, const float *w, float eps) {
     for (int t0 = 0; t0 < n; t0 += TB) {
         const int nb = n - t0 < TB ? n - t0 : TB;
-        double ss[TB] = {0, 0, 0, 0};
-        for (int i = 0; i < D; i++)
-            for (int b = 0; b < nb; b++) {
-                const float v = o[(t0 + b) * ld + i];
-                ss[b] += (double)v * (double)v;
-            }
+        double ss[TB];
+        sumsq_tokens(o + t0 * ld, ld, nb, D, ss);
         for (int b = 0; b < nb; b++) {
             float *v = o + (t0 + b) * ld;
             const float *g = gate + (t0 + b) * ld;
