@@ -1,8 +1,9 @@
 /* kda.c — Kimi Delta Attention (see kda.h for the math and the state).
  *
  * Sections: binding (A_log: one value per head, the release's padding checked); scratch; pool jobs (the
- * short convolution per channel and the recurrence per head, whose math is
- * kda_core.c's); forward.
+ * short convolution per channel range and the recurrence per head, whose math
+ * is kda_core.c's, run by kda_fast.c at the engine's kernel level with the
+ * same bits); forward.
  */
 #include "kda.h"
 #include "kda_fast.h"
