@@ -106,4 +106,58 @@ void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb
                         float *Y, int64_t ldy);
 void kn_mla_scores1_neon(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
                          float *sc);
+
+/* ---- KDA: the delta-rule recurrence of one head (attn_kda.c dispatches;
+ * attn_kda_avx2.c, attn_kda_avx512.c, attn_kda_neon.c are its SIMD forms) ----
+ *
+ * For t < n, with S [D][D] (S[k][v], row-major, updated in place):
+ *   S = diag(decay_t) S;  u = v_t - S^T k_t;  S += beta_t k_t u^T;  o_t = S^T q_t
+ * Per element that is exactly kda_recur_head's sequence (kda_core.c): row d
+ * of S times decay_t[d]; u[e] = v[e], then u[e] += (-k[d]) * S[d][e] for d in
+ * order; S[d][e] += (beta_t * k[d]) * u[e]; o[e] = 0, then o[e] += q[d] *
+ * S[d][e] for d in order. Every product is rounded before its add (never
+ * fused) and no sum is reordered, so EVERY LEVEL GIVES THE SAME BITS; the
+ * SIMD forms only run columns e side by side. */
+typedef struct {
+    int D, n;                   /* head dim, tokens */
+    float *S;                   /* [D][D] state, in place */
+    const float *q, *k, *v;     /* token t at + t * ld, D floats each (q, k already normalised) */
+    const float *decay;         /* token t at + t * ld: D per-row factors */
+    int64_t ld;                 /* token stride of q, k, v, decay and o */
+    const float *beta;          /* [n] */
+    float *o;                   /* out: token t at + t * ld, D floats */
+    float *trail;               /* NULL, or S after token t is copied to trail + t * trail_ld */
+    int64_t trail_ld;
+} kn_kda_head;
+
+void kn_kda_recur(kn_level lv, const kn_kda_head *a);
+/* The level forms behind kn_kda_recur (call it instead; the caller
+ * guarantees the CPU has the level). */
+void kn_kda_recur_avx2(const kn_kda_head *a);
+void kn_kda_recur_avx512(const kn_kda_head *a);
+void kn_kda_recur_neon(const kn_kda_head *a);
+
+/* The KDA short convolution + SiLU of nc channels over n tokens, channel c
+ * exactly kda_conv_channel's (kda_core.c) per-channel math: for t < n in
+ * order, with win = [the W-1 inputs in st | x_t], acc = 0, then acc +=
+ * w[q] * win[q] for q < W in order, x_t = acc / (1 + expf(-acc)) (op_silu);
+ * st then holds the last W-1 raw inputs. The SIMD forms run channels side by
+ * side (expf stays libm's, one call per value), so every level gives the
+ * same bits. */
+typedef struct {
+    int W, nc, n;               /* kernel width (1..16), channels, tokens */
+    float *x;                   /* token t, channel c at x[t * ld + c]: raw in, SiLU(conv) out */
+    int64_t ld;
+    const float *w;             /* [nc][W] */
+    float *st;                  /* [nc][W-1], oldest first: read, then updated */
+    float *trail;               /* NULL, or st after token t is written to trail + t * trail_ld */
+    int64_t trail_ld;
+} kn_kda_conv_args;
+
+void kn_kda_conv(kn_level lv, const kn_kda_conv_args *a);
+/* The level forms: each does the first channels it can (a multiple of its
+ * vector width; 0 for a W it has no form for) and returns how many; the
+ * dispatcher runs the rest in plain C. */
+int kn_kda_conv_avx2(const kn_kda_conv_args *a);
+int kn_kda_conv_avx512(const kn_kda_conv_args *a);
 #endif

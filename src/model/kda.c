@@ -1,10 +1,12 @@
 /* kda.c — Kimi Delta Attention (see kda.h for the math and the state).
  *
  * Sections: binding (A_log: one value per head, the release's padding checked); scratch; pool jobs (the
- * short convolution per channel and the recurrence per head, whose math is
- * kda_core.c's); forward.
+ * short convolution per channel range and the recurrence per head, whose math
+ * is kda_core.c's, run by kda_fast.c at the engine's kernel level with the
+ * same bits); forward.
  */
 #include "kda.h"
+#include "kda_fast.h"
 #include "../base/err.h"
 #include <math.h>
 #include <stdlib.h>
@@ -120,7 +122,8 @@ df_status kda_scratch_new(const kda_shape *sh, kda_scratch *s) {
     s->gl = malloc(C * sh->D * F);
     s->braw = malloc(C * sh->H * F);
     s->o = malloc(C * P * F);
-    if (!s->qr || !s->kr || !s->vr || !s->f || !s->fa || !s->gate || !s->gl || !s->braw || !s->o) {
+    s->decay = malloc(C * P * F);
+    if (!s->qr || !s->kr || !s->vr || !s->f || !s->fa || !s->gate || !s->gl || !s->braw || !s->o || !s->decay) {
         kda_scratch_free(s);
         return DF_ERR_NOMEM;
     }
@@ -130,7 +133,7 @@ df_status kda_scratch_new(const kda_shape *sh, kda_scratch *s) {
 void kda_scratch_free(kda_scratch *s) {
     if (!s) return;
     free(s->qr); free(s->kr); free(s->vr); free(s->f); free(s->fa); free(s->gate);
-    free(s->gl); free(s->braw); free(s->o);
+    free(s->gl); free(s->braw); free(s->o); free(s->decay);
     memset(s, 0, sizeof *s);
 }
 
@@ -142,22 +145,31 @@ typedef struct {
     float *state;
     const kda_io *io;
     int n;
+    kn_level lv;                /* the engine's kernel level (the recurrence's bits do not depend on it) */
+    float *decay;               /* [n][P] scratch of kda_recur_head_fast */
 } job;
 
-/* One channel (of q, k or v) per index. */
+/* One channel (of q, k or v) per index; a range runs as one call per
+ * projection (kda_conv_channel's bits, several channels side by side). */
 static void conv_channels(void *ctx, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     job *j = ctx;
-    int P = j->sh->H * j->sh->D;
-    for (int64_t i = i0; i < i1; i++)
-        kda_conv_channel(j->sh, j->p, j->state, (int)(i / P), (int)(i % P), j->n, j->io);
+    int64_t P = (int64_t)j->sh->H * j->sh->D;
+    for (int64_t i = i0; i < i1;) {
+        int64_t which = i / P, end = (which + 1) * P < i1 ? (which + 1) * P : i1;
+        kda_conv_fast(j->lv, j->sh, j->p, j->state, (int)which, (int)(i - which * P), (int)(end - which * P), j->n,
+                      j->io);
+        i = end;
+    }
 }
 
-/* One head per index: runs its n tokens in order through S. */
+/* One head per index: runs its n tokens in order through S (kda_recur_head's
+ * bits, on the kernel level's vectors). */
 static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
     (void)tid;
     job *j = ctx;
-    for (int64_t h = h0; h < h1; h++) kda_recur_head(j->sh, j->p, j->state, (int)h, j->n, j->io);
+    for (int64_t h = h0; h < h1; h++)
+        kda_recur_head_fast(j->lv, j->sh, j->p, j->state, (int)h, j->n, j->io, j->decay);
 }
 
 /* ---- forward ---- */
@@ -196,7 +208,7 @@ df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *
             kda_params p = {{k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};
             kda_io io = {s->qr + o, s->kr + o, s->vr + o, s->f + o, s->braw + (size_t)off * sh->H, s->gate + o,
                          s->o + o, seg[i].trail};
-            job j = {sh, &p, seg[i].state, &io, seg[i].n};
+            job j = {sh, &p, seg[i].state, &io, seg[i].n, e->level, s->decay + o};
             pool_for(e->pool, 3 * P, 64, conv_channels, &j);
             pool_for(e->pool, sh->H, 1, recur_heads, &j);
         }

@@ -44,6 +44,7 @@ typedef struct {
 
 typedef struct {
     float *qr, *kr, *vr, *f, *fa, *gate, *gl, *braw, *o; /* per-chunk scratch */
+    float *decay;               /* [DF_CHUNK][P]: the recurrence's decay factors (kda_fast.h) */
 } kda_scratch;
 
 df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_layer *k, char *err);
