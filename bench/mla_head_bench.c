@@ -6,7 +6,7 @@
  *       -lmicrohttpd -lpcre2-8 -ljansson -luring -lcurl -lnettle -lm -lpthread -o build/mla_head_bench
  *   build/mla_head_bench [heads=16] [prompt=512] [n=32] [level: 0 scalar, 1 avx2, 2 avx512; all] [path]
  *
- * n > 1: a prompt of `prompt` tokens in chunks of n (prefill); n < 4: 100
+ * n >= 4: a prompt of `prompt` tokens in chunks of n (prefill); n < 4: 100
  * steps of n tokens at position prompt - n (decode, n = 1). Prints seconds,
  * and scaled to 96 heads (one K3 MLA layer). path: "head" runs mla_head head
  * by head (queries in the lanes; before the heads-in-lanes path), "heads"

@@ -48,7 +48,7 @@ void mla_head(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const flo
  * MLA_HEADS_IN_LANES_BELOW tokens (decode) the heads' attention runs with
  * HEADS in the SIMD lanes (kn_mla_attend_heads: each cache row loaded once
  * per block of heads), else head by head with the queries in the lanes. */
-enum { MLA_HEADS_IN_LANES_BELOW = 4 };
+enum { MLA_HEADS_IN_LANES_BELOW = 8 };
 void mla_heads(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
                int n, int h0, int h1, float *qlat, float *olat, float *attn, float *scratch);
 
