@@ -22,8 +22,10 @@
  * block of heads instead of once per head. A query's scores past its own
  * position are computed for the block and never read. Softmax stays scalar (expf, a double sum).
  *
- * NEON has four lanes, which op_dot's partial sums fill already: its scores
- * run one query at a time, eight cache rows side by side.
+ * NEON has four lanes, which op_dot's partial sums fill already: its
+ * queries' scores run one query at a time, eight cache rows side by side;
+ * its heads' scores put 4 heads in the lanes (one cache row load per 4
+ * heads, the same multiply-adds).
  *
  * Sections: scalar level; scratch and dispatch.
  */
@@ -101,10 +103,11 @@ static inline void transpose_block(const float *ql, int64_t ldql, const float *q
     }
 }
 
-/* One level's kernels: scores of a block of queries in the lanes (NULL:
- * none, every query takes scores1), one query's scores, the row sums. */
+/* One level's kernels: scores of a block of queries or heads in the lanes
+ * (qlanes 0: queries take scores1 one at a time; hlanes: heads per call),
+ * one query's scores, the row sums. */
 typedef struct {
-    int lanes;
+    int qlanes, hlanes;
     void (*scores)(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend, float *sc,
                    int64_t ldsc);
     void (*scores1)(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
@@ -114,10 +117,10 @@ typedef struct {
 } level_kernels;
 
 #if KN_X86
-static const level_kernels k512 = {16, kn_mla_scores_avx512, kn_mla_scores1_avx2, kn_mla_rowsum_avx512},
-                           k2 = {8, kn_mla_scores_avx2, kn_mla_scores1_avx2, kn_mla_rowsum_avx2};
+static const level_kernels k512 = {16, 16, kn_mla_scores_avx512, kn_mla_scores1_avx2, kn_mla_rowsum_avx512},
+                           k2 = {8, 8, kn_mla_scores_avx2, kn_mla_scores1_avx2, kn_mla_rowsum_avx2};
 #else
-static const level_kernels kneon = {0, NULL, kn_mla_scores1_neon, kn_mla_rowsum_neon};
+static const level_kernels kneon = {0, 4, kn_mla_scores_neon, kn_mla_scores1_neon, kn_mla_rowsum_neon};
 #endif
 
 /* Blocks of up to qb queries: scores (queries in the lanes when at least 4
@@ -131,9 +134,9 @@ static void attend_simd(const level_kernels *kk, const float *cache, int R, int 
     for (int t0 = 0; t0 < n; t0 += (int)qb) {
         int m = n - t0 < qb ? n - t0 : (int)qb;
         for (int s0 = 0; s0 < m;) {
-            int t = t0 + s0, ms = kk->lanes && m - s0 >= 4 ? (m - s0 < kk->lanes ? m - s0 : kk->lanes) : 1;
+            int t = t0 + s0, ms = kk->qlanes && m - s0 >= 4 ? (m - s0 < kk->qlanes ? m - s0 : kk->qlanes) : 1;
             if (ms >= 4) {
-                transpose_block(ql + (int64_t)t * R, R, qp + (int64_t)t * ldqp, ldqp, R, dr, ms, kk->lanes, qT);
+                transpose_block(ql + (int64_t)t * R, R, qp + (int64_t)t * ldqp, ldqp, R, dr, ms, kk->qlanes, qT);
                 kk->scores(cache, R, dr, scale, qT, ms, pos + t + ms, sc + s0 * ld, ld);
             } else {
                 kk->scores1(cache, R, dr, scale, ql + (int64_t)t * R, qp + (int64_t)t * ldqp, pos + t + 1, sc + s0 * ld);
@@ -158,9 +161,9 @@ static void heads_simd(const level_kernels *kk, const float *cache, int R, int d
     for (int j0 = 0; j0 < m; j0 += (int)qb) {
         int mb = m - j0 < qb ? m - j0 : (int)qb;
         for (int s0 = 0; s0 < mb;) {
-            int j = j0 + s0, ms = kk->lanes && mb - s0 >= 4 ? (mb - s0 < kk->lanes ? mb - s0 : kk->lanes) : 1;
+            int j = j0 + s0, ms = mb - s0 >= 4 ? (mb - s0 < kk->hlanes ? mb - s0 : kk->hlanes) : 1;
             if (ms >= 4) {
-                transpose_block(ql + (int64_t)j * ldql, ldql, qp + (int64_t)j * ldqp, ldqp, R, dr, ms, kk->lanes, qT);
+                transpose_block(ql + (int64_t)j * ldql, ldql, qp + (int64_t)j * ldqp, ldqp, R, dr, ms, kk->hlanes, qT);
                 kk->scores(cache, R, dr, scale, qT, ms, p + 1, sc + s0 * ld, ld);
             } else {
                 kk->scores1(cache, R, dr, scale, ql + (int64_t)j * ldql, qp + (int64_t)j * ldqp, p + 1, sc + s0 * ld);

@@ -115,4 +115,7 @@ void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb
                         float *Y, int64_t ldy);
 void kn_mla_scores1_neon(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
                          float *sc);
+/* qT [R + dr][4]: 4 lanes. */
+void kn_mla_scores_neon(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend, float *sc,
+                        int64_t ldsc);
 #endif
