@@ -4,7 +4,8 @@
  * attention against mla_core.h's mla_attend_one query by query, and mla_head
  * against the absorb loop + mla_attend_one it replaced. Shapes include the
  * awkward ones: R not a multiple of 16 (or 4), dr 0 / odd / 64, n 1..33,
- * pos > 0, small scratch (blocks of fewer queries). */
+ * pos > 0, small scratch (blocks of fewer queries); and the heads-in-lanes
+ * decode path (kn_mla_attend_heads, mla_heads) with 1..40 heads, pos 0..300. */
 #include "test.h"
 #include "../src/kernels/kernels.h"
 #include "../src/kernels/ops.h"
@@ -162,6 +163,109 @@ TEST(mla_kernels_head_bit_identical) {
             }
         }
         free(wdata); free(cache); free(q); free(ql); free(ol); free(qlr); free(olr); free(attn); free(scratch);
+    }
+    CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);
+}
+
+/* ---- heads in the lanes (decode) against mla_attend_one per head ---- */
+
+static int heads_case(kn_level lv, int R, int dr, int p, int m, int qb) {
+    mla_shape sh = {0};
+    sh.R = R;
+    sh.dr = dr;
+    sh.softmax_scale = 0.0625f + 0.001f * (float)(R % 7);
+    int64_t stride = (int64_t)R + dr, ldql = R + 2, ldqp = dr + 5, ldo = R + 1;
+    float *cache = rand_vec((size_t)(p + 1) * stride), *ql = rand_vec((size_t)m * ldql),
+          *qp = rand_vec((size_t)m * ldqp + 1);
+    float *O = rand_vec((size_t)m * ldo), *Or = malloc((size_t)m * ldo * sizeof(float));
+    float *sc = malloc((size_t)(p + 1) * sizeof(float));
+    memcpy(Or, O, (size_t)m * ldo * sizeof(float)); /* the gaps between rows must stay */
+    for (int j = 0; j < m; j++)
+        mla_attend_one(&sh, cache, ql + (size_t)j * ldql, qp + (size_t)j * ldqp, p, sc, Or + (size_t)j * ldo);
+    int64_t ns = kn_mla_attend_floats(R, dr, qb, p + 1);
+    float *scratch = malloc((size_t)ns * sizeof(float));
+    kn_mla_attend_heads(lv, cache, R, dr, sh.softmax_scale, ql, ldql, qp, ldqp, p, m, O, ldo, scratch, ns);
+    int same = !memcmp(O, Or, (size_t)m * ldo * sizeof(float));
+    free(cache); free(ql); free(qp); free(O); free(Or); free(sc); free(scratch);
+    return same;
+}
+
+TEST(mla_kernels_attend_heads_bit_identical) {
+    static const int shapes[][2] = {{512, 64}, {37, 7}, {16, 0}, {3, 2}, {100, 64}, {48, 5}, {21, 1}};
+    static const int poss[] = {0, 1, 6, 131, 300};
+    rng_state = 14;
+    int bad = 0, runs = 0;
+    for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
+        if (!kn_level_available((kn_level)lv)) continue;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (size_t pi = 0; pi < sizeof poss / sizeof poss[0]; pi++)
+                for (int m = 1; m <= 40; m += (m < 9 ? 1 : 6)) {
+                    int R = shapes[si][0], dr = shapes[si][1], p = poss[pi];
+                    if (R == 512 && m != 1 && m != 16 && m != 21 && m != 39) continue; /* keep the suite fast */
+                    int qb = (m + (int)si + (int)pi) % 3 == 0 ? 1 + m % 7 : 16; /* small scratch: short blocks */
+                    if (!heads_case((kn_level)lv, R, dr, p, m, qb) && bad++ < 3)
+                        CHECK(0, "%s R=%d dr=%d p=%d m=%d qb=%d differs", kn_level_name((kn_level)lv), R, dr, p, m,
+                              qb);
+                    runs++;
+                }
+    }
+    CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);
+}
+
+/* mla_heads (any split of the heads, n below and above the heads-in-lanes
+ * threshold) against mla_head head by head, and the absorb + mla_attend_one
+ * reference: q_lat, o_lat and the lifted attn all bit for bit. */
+TEST(mla_kernels_heads_bit_identical) {
+    static const int shapes[][4] = {{19, 128, 64, 512}, {2, 16, 8, 37}, {33, 12, 0, 40}, {9, 8, 3, 21}};
+    rng_state = 15;
+    int bad = 0, runs = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        mla_shape sh = {0};
+        sh.nh = shapes[si][0];
+        sh.dn = shapes[si][1];
+        sh.dr = shapes[si][2];
+        sh.R = shapes[si][3];
+        sh.dv = 24;
+        sh.dq = sh.dn + sh.dr;
+        sh.softmax_scale = 0.09f;
+        int pos = (int)si * 97 % 301, nmax = MLA_HEADS_IN_LANES_BELOW + 1;
+        float *wdata = rand_vec((size_t)sh.nh * (sh.dn + sh.dv) * sh.R);
+        df_weight kv_b = {0};
+        kv_b.type = WT_F32;
+        kv_b.rows = (int64_t)sh.nh * (sh.dn + sh.dv);
+        kv_b.cols = sh.R;
+        kv_b.data = wdata;
+        int64_t stride = (int64_t)sh.R + sh.dr;
+        float *cache = rand_vec((size_t)(pos + nmax) * stride), *q = rand_vec((size_t)nmax * sh.nh * sh.dq);
+        size_t lat = (size_t)sh.nh * nmax * sh.R, na = (size_t)nmax * sh.nh * sh.dv;
+        float *ql = malloc(lat * sizeof(float)), *ol = malloc(lat * sizeof(float)), *attn = malloc(na * sizeof(float));
+        float *ql1 = malloc(lat * sizeof(float)), *ol1 = malloc(lat * sizeof(float)), *attn1 = malloc(na * sizeof(float));
+        float *qlr = malloc(lat * sizeof(float)), *olr = malloc(lat * sizeof(float));
+        float *scratch = malloc((size_t)mla_head_scratch_floats(&sh, pos + nmax) * sizeof(float));
+        for (int n = 1; n <= nmax; n++) {
+            size_t per = (size_t)n * sh.R, bytes = (size_t)sh.nh * per * sizeof(float);
+            for (int h = 0; h < sh.nh; h++) head_ref(&sh, &kv_b, cache, q, pos, n, h, qlr + h * per, olr + h * per);
+            for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
+                if (!kn_level_available((kn_level)lv)) continue;
+                for (int h = 0; h < sh.nh; h++) mla_head(&sh, (kn_level)lv, &kv_b, cache, q, pos, n, h, ql1, ol1, attn1, scratch);
+                for (int split = 1; split <= 3; split++) { /* whole, halves, uneven thirds */
+                    memset(attn, 0xff, na * sizeof(float));
+                    for (int s = 0, h0 = 0; s < split; s++) {
+                        int h1 = s == split - 1 ? sh.nh : h0 + (sh.nh * (s + 1) + s) / (split + 1);
+                        if (h1 > sh.nh) h1 = sh.nh;
+                        mla_heads(&sh, (kn_level)lv, &kv_b, cache, q, pos, n, h0, h1, ql, ol, attn, scratch);
+                        h0 = h1;
+                    }
+                    if ((memcmp(ql, qlr, bytes) || memcmp(ol, olr, bytes) || memcmp(ol1, olr, bytes) ||
+                         memcmp(attn, attn1, (size_t)n * sh.nh * sh.dv * sizeof(float))) &&
+                        bad++ < 3)
+                        CHECK(0, "%s shape %zu n=%d split %d differs", kn_level_name((kn_level)lv), si, n, split);
+                    runs++;
+                }
+            }
+        }
+        free(wdata); free(cache); free(q); free(ql); free(ol); free(attn); free(ql1); free(ol1); free(attn1);
+        free(qlr); free(olr); free(scratch);
     }
     CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);
 }

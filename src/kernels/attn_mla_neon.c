@@ -1,6 +1,6 @@
 /* attn_mla_neon.c — AArch64 NEON MLA attention kernels (see attn_mla.c).
  *
- * Owns: kn_mla_rowsum_neon and kn_mla_scores1_neon. Compiled only for
+ * Owns: kn_mla_rowsum_neon, kn_mla_scores_neon and kn_mla_scores1_neon. Compiled only for
  * AArch64 (the Makefile picks *_neon.c by target). Refuses anything that
  * changes a bit against the scalar level: vmulq then vaddq, never fused
  * (the build has -ffp-contract=off there, so the plain C tails stay unfused
@@ -8,11 +8,15 @@
  *
  * rowsum: a tile of J rows of A (queries) x V vectors of 4 columns stays in
  * registers while k runs over a block of KB rows of B (kept in L2).
+ * scores: 4 heads of one position in the lanes (qT), G cache rows at a time,
+ * four partial sums each, the cache element taken by lane from a vector
+ * load: the same multiply-adds as scores1 per head, but each cache row is
+ * loaded once per 4 heads (decode; attn_mla.c uses it for heads only, the
+ * prefill's queries take scores1, as before: untimed here).
  * scores1: one query; op_dot's four partial sums ARE one 4-lane vector, so
- * G cache rows run side by side. (Queries in the lanes would fill only the
- * same four lanes, so NEON has no block-of-queries score kernel.)
+ * G cache rows run side by side.
  *
- * Sections: rowsum; scores1.
+ * Sections: rowsum; scores; scores1.
  */
 #include "kernels.h"
 #include <arm_neon.h>
@@ -86,6 +90,66 @@ void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb
         for (; j < m; j++)
             rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 1);
     }
+}
+
+/* ---- scores ---- */
+
+/* op_dot(q_j, c_g + off, n) for the 4 heads j of qT (row stride 4) and G
+ * rows c_g: four partial sums over i mod 4, the tail into s0,
+ * (s0+s1)+(s2+s3). */
+AI void dot_g(const float *qT, const float *const *c, int off, int n, const int G, float32x4_t *out) {
+    float32x4_t s[4][4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) s[g][p] = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t cv[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) cv[g] = vld1q_f32(c[g] + off + i);
+        float32x4_t q0 = vld1q_f32(qT + (int64_t)i * 4), q1 = vld1q_f32(qT + (int64_t)(i + 1) * 4),
+                    q2 = vld1q_f32(qT + (int64_t)(i + 2) * 4), q3 = vld1q_f32(qT + (int64_t)(i + 3) * 4);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            s[g][0] = vaddq_f32(s[g][0], vmulq_laneq_f32(q0, cv[g], 0));
+            s[g][1] = vaddq_f32(s[g][1], vmulq_laneq_f32(q1, cv[g], 1));
+            s[g][2] = vaddq_f32(s[g][2], vmulq_laneq_f32(q2, cv[g], 2));
+            s[g][3] = vaddq_f32(s[g][3], vmulq_laneq_f32(q3, cv[g], 3));
+        }
+    }
+    for (; i < n; i++) {
+        float32x4_t q = vld1q_f32(qT + (int64_t)i * 4);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) s[g][0] = vaddq_f32(s[g][0], vmulq_n_f32(q, c[g][off + i]));
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) out[g] = vaddq_f32(vaddq_f32(s[g][0], s[g][1]), vaddq_f32(s[g][2], s[g][3]));
+}
+
+AI void scores_g(const float *cache, int R, int dr, float32x4_t scale, const float *qT, int m, int k, float *sc,
+                 int64_t ldsc, const int G) {
+    const float *c[4];
+    int64_t stride = (int64_t)R + dr;
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) c[g] = cache + (int64_t)(k + g) * stride;
+    float32x4_t nope[4], rope[4];
+    dot_g(qT, c, 0, R, G, nope);
+    dot_g(qT + (int64_t)R * 4, c, R, dr, G, rope);
+    float tmp[4][4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) vst1q_f32(tmp[g], vmulq_f32(vaddq_f32(nope[g], rope[g]), scale));
+    for (int j = 0; j < m; j++)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) sc[j * ldsc + k + g] = tmp[g][j];
+}
+
+void kn_mla_scores_neon(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend, float *sc,
+                        int64_t ldsc) {
+    float32x4_t vs = vdupq_n_f32(scale);
+    int k = 0;
+    for (; k + 4 <= kend; k += 4) scores_g(cache, R, dr, vs, qT, m, k, sc, ldsc, 4);
+    for (; k < kend; k++) scores_g(cache, R, dr, vs, qT, m, k, sc, ldsc, 1);
 }
 
 /* ---- scores1 ---- */

@@ -76,7 +76,7 @@ int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_be
 void kn_mla_rowsum(kn_level lv, const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc,
                    int R, float *Y, int64_t ldy);
 /* Scratch floats kn_mla_attend needs to run blocks of qb (1..16) queries
- * whose last position is ctx - 1. */
+ * whose last position is ctx - 1 (kn_mla_attend_heads: qb heads). */
 int64_t kn_mla_attend_floats(int R, int dr, int qb, int ctx);
 /* For t < n, query t at position p = pos + t over cache rows 0..p:
  *   s_k = (op_dot(ql_t, c_k, R) + op_dot(qp_t, c_k + R, dr)) * scale,
@@ -85,6 +85,15 @@ int64_t kn_mla_attend_floats(int R, int dr, int qb, int ctx);
  * kn_mla_attend_floats(R, dr, 1, pos + n) floats (more: larger blocks). */
 void kn_mla_attend(kn_level lv, const float *cache, int R, int dr, float scale, const float *ql, const float *qp,
                    int64_t ldqp, int pos, int n, float *O, float *scratch, int64_t nscratch);
+/* The same for m heads at ONE position p (decode), heads in the lanes: for
+ * j < m, head j's query (ql rows at stride ldql, qp rows at stride ldqp)
+ * over cache rows 0..p into O[j*ldo ..] (= mla_attend_one per head), each
+ * cache row loaded once per block of heads. Scratch of nscratch >=
+ * kn_mla_attend_floats(R, dr, 1, p + 1) floats (blocks of qb heads need
+ * kn_mla_attend_floats(R, dr, qb, p + 1)); any block size, same bits. */
+void kn_mla_attend_heads(kn_level lv, const float *cache, int R, int dr, float scale, const float *ql, int64_t ldql,
+                         const float *qp, int64_t ldqp, int p, int m, float *O, int64_t ldo, float *scratch,
+                         int64_t nscratch);
 /* Level variants behind those two (x86: attn_mla_avx2.c, attn_mla_avx512.c);
  * the caller guarantees the CPU's level.
  * rowsum: as kn_mla_rowsum. scores: sc[j*ldsc + k] for j < m, k < kend from
@@ -106,6 +115,10 @@ void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb
                         float *Y, int64_t ldy);
 void kn_mla_scores1_neon(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
                          float *sc);
+/* qT [R + dr][4]: 4 lanes. */
+void kn_mla_scores_neon(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend, float *sc,
+                        int64_t ldsc);
+
 
 /* ---- KDA: the delta-rule recurrence of one head (attn_kda.c dispatches;
  * attn_kda_avx2.c, attn_kda_avx512.c, attn_kda_neon.c are its SIMD forms) ----

@@ -91,20 +91,49 @@ int64_t mla_head_scratch_floats(const mla_shape *sh, int ctx) {
     return f > sh->R ? f : sh->R;
 }
 
-void mla_head(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
-              int n, int h, float *qlat, float *olat, float *attn, float *scratch) {
-    /* q_lat[h][t] = W_UK[h]^T q_nope[t][h]: sum over d ascending of q_nope[d] * W_UK[h][d] */
+/* q_lat[h][t] = W_UK[h]^T q_nope[t][h]: sum over d ascending of q_nope[d] * W_UK[h][d] */
+static void absorb(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *q, int n, int h,
+                   float *qlat, float *scratch) {
     const int64_t ldq = (int64_t)sh->nh * sh->dq;
-    float *ql = qlat + (size_t)h * n * sh->R;
     for (int d = 0; d < sh->dn; d++) kn_dequant_row(kv_b, h * (sh->dn + sh->dv) + d, scratch + (size_t)d * sh->R);
-    kn_mla_rowsum(lv, q + (size_t)h * sh->dq, ldq, scratch, sh->R, n, sh->dn, 0, sh->R, ql, sh->R);
-    /* softmax attention over the cached latents (mla_attend_one per token, bit for bit) */
-    kn_mla_attend(lv, cache, sh->R, sh->dr, sh->softmax_scale, ql, q + (size_t)h * sh->dq + sh->dn, ldq, pos, n,
-                  olat + (size_t)h * n * sh->R, scratch, mla_head_scratch_floats(sh, pos + n));
-    /* attn[t][h*dv..] = W_UV[h] o_lat[h][t] */
+    kn_mla_rowsum(lv, q + (size_t)h * sh->dq, ldq, scratch, sh->R, n, sh->dn, 0, sh->R, qlat + (size_t)h * n * sh->R,
+                  sh->R);
+}
+
+/* attn[t][h*dv..] = W_UV[h] o_lat[h][t] */
+static void lift(const mla_shape *sh, kn_level lv, const df_weight *kv_b, int n, int h, const float *olat,
+                 float *attn) {
     int64_t r0 = (int64_t)h * (sh->dn + sh->dv) + sh->dn;
     kn_matmul(lv, kv_b, olat + (size_t)h * n * sh->R, n, attn + (size_t)h * sh->dv, (int64_t)sh->nh * sh->dv, r0,
               r0 + sh->dv);
+}
+
+void mla_head(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
+              int n, int h, float *qlat, float *olat, float *attn, float *scratch) {
+    const int64_t ldq = (int64_t)sh->nh * sh->dq;
+    absorb(sh, lv, kv_b, q, n, h, qlat, scratch);
+    /* softmax attention over the cached latents (mla_attend_one per token, bit for bit) */
+    kn_mla_attend(lv, cache, sh->R, sh->dr, sh->softmax_scale, qlat + (size_t)h * n * sh->R,
+                  q + (size_t)h * sh->dq + sh->dn, ldq, pos, n, olat + (size_t)h * n * sh->R, scratch,
+                  mla_head_scratch_floats(sh, pos + n));
+    lift(sh, lv, kv_b, n, h, olat, attn);
+}
+
+void mla_heads(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
+               int n, int h0, int h1, float *qlat, float *olat, float *attn, float *scratch) {
+    if (n >= MLA_HEADS_IN_LANES_BELOW) { /* queries in the lanes, head by head */
+        for (int h = h0; h < h1; h++) mla_head(sh, lv, kv_b, cache, q, pos, n, h, qlat, olat, attn, scratch);
+        return;
+    }
+    const int64_t ldq = (int64_t)sh->nh * sh->dq, ldl = (int64_t)n * sh->R;
+    for (int h = h0; h < h1; h++) absorb(sh, lv, kv_b, q, n, h, qlat, scratch);
+    /* per token, the heads h0..h1-1 in the lanes (mla_attend_one per (head, token), bit for bit) */
+    for (int t = 0; t < n; t++)
+        kn_mla_attend_heads(lv, cache, sh->R, sh->dr, sh->softmax_scale, qlat + (size_t)h0 * ldl + (size_t)t * sh->R,
+                            ldl, q + (size_t)t * ldq + (size_t)h0 * sh->dq + sh->dn, sh->dq, pos + t, h1 - h0,
+                            olat + (size_t)h0 * ldl + (size_t)t * sh->R, ldl, scratch,
+                            mla_head_scratch_floats(sh, pos + n));
+    for (int h = h0; h < h1; h++) lift(sh, lv, kv_b, n, h, olat, attn);
 }
 
 typedef struct {
@@ -122,10 +151,8 @@ typedef struct {
 
 static void heads(void *ctx, int64_t h0, int64_t h1, int tid) {
     job *j = ctx;
-    mla_scratch *s = j->s;
-    for (int64_t h = h0; h < h1; h++)
-        mla_head(j->sh, j->e->level, &j->a->kv_b, j->cache, j->q, j->pos, j->n, (int)h, s->qlat, s->olat, j->attn,
-                 j->tscratch + (size_t)tid * j->tstride);
+    mla_heads(j->sh, j->e->level, &j->a->kv_b, j->cache, j->q, j->pos, j->n, (int)h0, (int)h1, j->s->qlat,
+              j->s->olat, j->attn, j->tscratch + (size_t)tid * j->tstride);
 }
 
 /* ---- forward ---- */
@@ -167,7 +194,10 @@ df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *
                               g->cache + (size_t)(g->pos + t) * stride, q + (size_t)t * sh->nh * sh->dq);
             const mla_scratch *ts = g->scratch ? g->scratch : s;
             job j = {e, sh, a, g->cache, s, g->pos, g->n, q, attn, ts->tscratch, ts->tstride};
-            pool_for(e->pool, sh->nh, 1, heads, &j);
+            /* decode: blocks of up to 16 heads (the lanes) per item, a share per thread */
+            int grain = (sh->nh + pool_size(e->pool) - 1) / pool_size(e->pool);
+            if (g->n >= MLA_HEADS_IN_LANES_BELOW) grain = 1;
+            pool_for(e->pool, sh->nh, grain < 16 ? grain : 16, heads, &j);
         }
     }
     if (a->has_gate) {

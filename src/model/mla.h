@@ -44,6 +44,14 @@ int64_t mla_head_scratch_floats(const mla_shape *sh, int ctx);
 void mla_head(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
               int n, int h, float *qlat, float *olat, float *attn, float *scratch);
 
+/* mla_head for heads h0..h1-1 (same results). Below
+ * MLA_HEADS_IN_LANES_BELOW tokens (decode) the heads' attention runs with
+ * HEADS in the SIMD lanes (kn_mla_attend_heads: each cache row loaded once
+ * per block of heads), else head by head with the queries in the lanes. */
+enum { MLA_HEADS_IN_LANES_BELOW = 8 };
+void mla_heads(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *cache, const float *q, int pos,
+               int n, int h0, int h1, float *qlat, float *olat, float *attn, float *scratch);
+
 /* Binds `<base>q_a_proj` ... `<base>o_proj` (+ `<base>g_proj` if gate). */
 df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate, mla_layer *a,
                    char *err);
