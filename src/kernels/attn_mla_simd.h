@@ -1,0 +1,157 @@
+/* attn_mla_simd.h — the MLA attention kernels' rowsum and scores, written
+ * once for the x86 levels.
+ *
+ * Owns: nothing by itself; attn_mla_avx2.c and attn_mla_avx512.c define the
+ * vector type and operations below, then include this file, which defines
+ * MLA_ROWSUM (kn_mla_rowsum's level form) and MLA_SCORES (kn_mla_scores's).
+ *   MV, MMASK     vector of ML floats, a lane mask for the ragged end of R
+ *   M_RS_V        vectors per rowsum tile (4 queries x M_RS_V vectors)
+ *   M_SC_G        cache rows scored side by side
+ *   M_ZERO M_SET1 M_ADD M_MUL M_LOADU M_STOREU M_MASKLOAD M_MASKSTORE
+ *   M_MASK_ALL M_MASK_TAIL(n)
+ * Refuses anything that changes a bit against the scalar level: no FMA (a
+ * multiply, then an add), no reassociation; each lane runs one scalar
+ * sequence of op_dot / op_axpy.
+ *
+ * rowsum: a tile of J rows of A (queries) x V vectors of ML columns stays in
+ * registers while k runs over a block of KB rows of B (kept in L2), so a B
+ * row is loaded once per J queries and Y is read back once per block.
+ * scores: ML queries in the lanes (qT), G cache rows at a time, four partial
+ * sums each; the cache element is broadcast.
+ *
+ * Sections: rowsum; scores.
+ */
+enum { KB = 128 }; /* B rows per block: 128 x (512 + 64) floats = 288 KiB, in L2 */
+
+/* ---- rowsum ---- */
+
+/* Y rows 0..J-1 (at stride ldy), columns [0, ML V), terms
+ * k in [kb, ke); query jj takes k < cnt0 + jj * inc. The last vector is
+ * masked by `tail` when `masked` (the ragged end of R). */
+AI void rs_tile(const float *A, int64_t lda, const float *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
+                int cnt0, int inc, const int J, const int V, const int masked, MMASK tail) {
+#define LD(p) (masked && v == V - 1 ? M_MASKLOAD((p), tail) : M_LOADU(p))
+    MV acc[4][4];
+    const float *b = B;
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; jj++)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++)
+            acc[jj][v] = LD(Y + jj * ldy + ML * v);
+    int kfull = cnt0 < ke ? cnt0 : ke, kmax = cnt0 + (J - 1) * inc;
+    if (kmax > ke) kmax = ke;
+    int k = kb;
+    for (; k < kfull; k++) { /* every query of the tile takes row k */
+        MV bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++)
+            bv[v] = LD(b + k * ldb + ML * v);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < J; jj++) {
+            MV a = M_SET1(A[jj * lda + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < V; v++) acc[jj][v] = M_ADD(acc[jj][v], M_MUL(a, bv[v]));
+        }
+    }
+    for (; k < kmax; k++) { /* the causal edge: query jj stops at cnt0 + jj */
+        MV bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++)
+            bv[v] = LD(b + k * ldb + ML * v);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < J; jj++) {
+            if (k >= cnt0 + jj * inc) continue;
+            MV a = M_SET1(A[jj * lda + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < V; v++) acc[jj][v] = M_ADD(acc[jj][v], M_MUL(a, bv[v]));
+        }
+    }
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; jj++)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) {
+            if (masked && v == V - 1) M_MASKSTORE(Y + jj * ldy + ML * v, tail, acc[jj][v]);
+            else M_STOREU(Y + jj * ldy + ML * v, acc[jj][v]);
+        }
+#undef LD
+}
+
+/* One tile of J queries over all columns, k in [kb, ke). */
+AI void rs_rows(const float *A, int64_t lda, const float *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
+                int cnt0, int inc, int R, const int J) {
+    int r = 0;
+    for (; r + ML * M_RS_V <= R; r += ML * M_RS_V)
+        rs_tile(A, lda, B + r, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, M_RS_V, 0, M_MASK_ALL);
+    for (; r + ML <= R; r += ML) rs_tile(A, lda, B + r, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 0, M_MASK_ALL);
+    if (r < R) rs_tile(A, lda, B + r, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 1, M_MASK_TAIL(R - r));
+}
+
+void MLA_ROWSUM(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R, float *Y,
+                int64_t ldy) {
+    for (int j = 0; j < m; j++)
+        for (int r = 0; r < R; r++) Y[(int64_t)j * ldy + r] = 0.0f;
+    int kend = k0 + (m - 1) * inc;
+    for (int kb = 0; kb < kend; kb += KB) {
+        int ke = kb + KB < kend ? kb + KB : kend;
+        int j = 0;
+        for (; j + 4 <= m; j += 4)
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 4);
+        for (; j < m; j++)
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 1);
+    }
+}
+
+/* ---- scores ---- */
+
+/* op_dot(q_j, c_g, n) for the ML queries j of qT (row stride ML) and G rows
+ * c_g: four partial sums over i mod 4, the tail into s0, (s0+s1)+(s2+s3). */
+AI void dot_g(const float *qT, const float *const *c, int off, int n, const int G, MV *out) {
+    MV s[4][4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) s[g][p] = M_ZERO();
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            MV q = M_LOADU(qT + (int64_t)(i + p) * ML);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                s[g][p] = M_ADD(s[g][p], M_MUL(q, M_SET1(c[g][off + i + p])));
+        }
+    }
+    for (; i < n; i++) {
+        MV q = M_LOADU(qT + (int64_t)i * ML);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) s[g][0] = M_ADD(s[g][0], M_MUL(q, M_SET1(c[g][off + i])));
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+        out[g] = M_ADD(M_ADD(s[g][0], s[g][1]), M_ADD(s[g][2], s[g][3]));
+}
+
+AI void scores_g(const float *cache, int R, int dr, MV scale, const float *qT, int m, int k, float *sc,
+                 int64_t ldsc, const int G) {
+    const float *c[4];
+    int64_t stride = (int64_t)R + dr;
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) c[g] = cache + (int64_t)(k + g) * stride;
+    MV nope[4], rope[4];
+    dot_g(qT, c, 0, R, G, nope);
+    dot_g(qT + (int64_t)R * ML, c, R, dr, G, rope);
+    float tmp[4][ML];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) M_STOREU(tmp[g], M_MUL(M_ADD(nope[g], rope[g]), scale));
+    for (int j = 0; j < m; j++)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) sc[j * ldsc + k + g] = tmp[g][j];
+}
+
+void MLA_SCORES(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend, float *sc,
+                int64_t ldsc) {
+    MV vs = M_SET1(scale);
+    int k = 0;
+    for (; k + M_SC_G <= kend; k += M_SC_G) scores_g(cache, R, dr, vs, qT, m, k, sc, ldsc, M_SC_G);
+    for (; k < kend; k++) scores_g(cache, R, dr, vs, qT, m, k, sc, ldsc, 1);
+}
