@@ -124,19 +124,25 @@ static void head_ref(const mla_shape *sh, const df_weight *kv_b, const float *ca
     free(sc);
 }
 
+/* A head-test shape from {nh, dn, dr, R}: dv 24, dq = dn + dr, scale 0.09. */
+static mla_shape head_shape(const int s[4]) {
+    mla_shape sh = {0};
+    sh.nh = s[0];
+    sh.dn = s[1];
+    sh.dr = s[2];
+    sh.R = s[3];
+    sh.dv = 24;
+    sh.dq = sh.dn + sh.dr;
+    sh.softmax_scale = 0.09f;
+    return sh;
+}
+
 TEST(mla_kernels_head_bit_identical) {
     static const int shapes[][4] = {{3, 128, 64, 512}, {2, 16, 8, 37}, {4, 12, 0, 40}}; /* nh, dn, dr, R */
     rng_state = 13;
     int bad = 0, runs = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        mla_shape sh = {0};
-        sh.nh = shapes[si][0];
-        sh.dn = shapes[si][1];
-        sh.dr = shapes[si][2];
-        sh.R = shapes[si][3];
-        sh.dv = 24;
-        sh.dq = sh.dn + sh.dr;
-        sh.softmax_scale = 0.09f;
+        mla_shape sh = head_shape(shapes[si]);
         int pos = si == 1 ? 0 : 70, n = si == 0 ? 17 : 33;
         float *wdata = rand_vec((size_t)sh.nh * (sh.dn + sh.dv) * sh.R);
         df_weight kv_b = {0};
@@ -220,14 +226,7 @@ TEST(mla_kernels_heads_bit_identical) {
     rng_state = 15;
     int bad = 0, runs = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        mla_shape sh = {0};
-        sh.nh = shapes[si][0];
-        sh.dn = shapes[si][1];
-        sh.dr = shapes[si][2];
-        sh.R = shapes[si][3];
-        sh.dv = 24;
-        sh.dq = sh.dn + sh.dr;
-        sh.softmax_scale = 0.09f;
+        mla_shape sh = head_shape(shapes[si]);
         int pos = (int)si * 97 % 301, nmax = MLA_HEADS_IN_LANES_BELOW + 1;
         float *wdata = rand_vec((size_t)sh.nh * (sh.dn + sh.dv) * sh.R);
         df_weight kv_b = {0};

@@ -19,12 +19,6 @@
 
 /* ---- recurrence, scalar form ---- */
 
-/* y += a * x: a product, then an add (the compiler must not fuse them; the
- * x86 baseline has no FMA and AArch64 builds with -ffp-contract=off). */
-static void axpy(float *y, float a, const float *x, int n) {
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
-}
-
 static void recur_scalar(const kn_kda_head *a) {
     const int D = a->D;
     float u[D];
@@ -37,14 +31,14 @@ static void recur_scalar(const kn_kda_head *a) {
         for (int d = 0; d < D; d++) {
             float *row = a->S + (size_t)d * D;
             for (int e = 0; e < D; e++) row[e] *= dec[d];
-            axpy(u, -k[d], row, D);
+            op_axpy(u, -k[d], row, D);
         }
         /* pass 2: S += beta k u^T, and o = S^T q */
         memset(o, 0, (size_t)D * sizeof(float));
         for (int d = 0; d < D; d++) {
             float *row = a->S + (size_t)d * D;
-            axpy(row, a->beta[t] * k[d], u, D);
-            axpy(o, q[d], row, D);
+            op_axpy(row, a->beta[t] * k[d], u, D);
+            op_axpy(o, q[d], row, D);
         }
         if (a->trail) memcpy(a->trail + (int64_t)t * a->trail_ld, a->S, (size_t)D * D * sizeof(float));
     }

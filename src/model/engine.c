@@ -854,21 +854,11 @@ int64_t df_engine_recurrent_bytes(const df_engine *e) {
 }
 
 int64_t df_engine_expert_bytes(const df_engine *e) {
-    int64_t b = e->store ? xs_expert_bytes(e->store) : 0;
-    if (b > 0) return b;
-    /* no cache slots (experts as page-cache views, --io mmap): expert 0 of
-     * the first MoE layer, its tensors as stored */
-    int l = 0;
-    while (l < e->cfg.num_hidden_layers && !cfg_is_moe_layer(&e->cfg, l)) l++;
-    if (l == e->cfg.num_hidden_layers) return 0;
-    char lay[32];
-    snprintf(lay, sizeof lay, "layers.%d.", l);
-    for (int64_t i = 0; i < st_count(e->st); i++) {
-        const st_tensor *t = st_at(e->st, i);
-        const char *p = strstr(t->name, lay);
-        if (p && strstr(p, ".experts.0.") && !strstr(p, "shared_experts")) b += t->nbytes;
-    }
-    return b;
+    if (e->store) return xs_expert_bytes(e->store);
+    /* no cache slots (experts as page-cache views, --io mmap): the mean
+     * expert's stored bytes, as the memory plan counts them */
+    int64_t n = (int64_t)df_engine_moe_layers(e) * e->cfg.n_routed_experts;
+    return n > 0 ? e->plan.routed / n : 0;
 }
 
 int df_engine_experts_per_token(const df_engine *e) {
@@ -888,16 +878,18 @@ int df_engine_moe_layers(const df_engine *e) {
     return n;
 }
 
+/* The bytes of tensor t one token's step reads: 0 for a routed expert's or
+ * one not in use, one row of an untied embedding, else all of it. */
+static int64_t token_bytes(const df_engine *e, const st_tensor *t) {
+    if (model_is_routed_expert(t->name) || !model_spine_live(e, t)) return 0;
+    if (!e->cfg.tie_word_embeddings && strstr(t->name, "embed_tokens.weight") && t->ndim == 2 && t->shape[0] > 0)
+        return t->nbytes / t->shape[0];
+    return t->nbytes;
+}
+
 int64_t df_engine_spine_bytes_per_token(const df_engine *e) {
-    /* every tensor that is not a routed expert, minus all but one row of an untied embedding */
     int64_t total = 0;
-    for (int64_t i = 0; i < st_count(e->st); i++) {
-        const st_tensor *t = st_at(e->st, i);
-        if ((strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) || !model_spine_live(e, t)) continue;
-        total += t->nbytes;
-        if (!e->cfg.tie_word_embeddings && strstr(t->name, "embed_tokens.weight") && t->ndim == 2 && t->shape[0] > 0)
-            total -= t->nbytes - t->nbytes / t->shape[0];
-    }
+    for (int64_t i = 0; i < st_count(e->st); i++) total += token_bytes(e, st_at(e->st, i));
     return total;
 }
 
@@ -907,7 +899,7 @@ int64_t df_engine_macs_per_token(const df_engine *e) {
     int64_t total = 0;
     for (int64_t i = 0; i < st_count(e->st); i++) {
         const st_tensor *t = st_at(e->st, i);
-        if ((strstr(t->name, ".experts.") && !strstr(t->name, "shared_experts")) || !model_spine_live(e, t)) continue;
+        if (model_is_routed_expert(t->name) || !model_spine_live(e, t)) continue;
         if (t->ndim != 2 || strstr(t->name, "scale")) continue;
         if (!e->cfg.tie_word_embeddings && strstr(t->name, "embed_tokens.weight")) continue;
         total += t->shape[0] * t->shape[1];
@@ -923,25 +915,21 @@ void df_engine_part_bytes(const df_engine *e, double out[DF_PROF_N]) {
     for (int i = 0; i < DF_PROF_N; i++) out[i] = 0;
     for (int64_t i = 0; i < st_count(e->st); i++) {
         const st_tensor *t = st_at(e->st, i);
-        const char *n = t->name, *ly = strstr(n, "layers.");
-        if ((strstr(n, ".experts.") && !strstr(n, "shared_experts")) || !model_spine_live(e, t)) continue;
+        const char *n = t->name;
+        const int64_t b = token_bytes(e, t);
+        const int l = model_layer_of(n);
+        if (!b) continue;
         int part = DF_PROF_NORMS;
-        double b = (double)t->nbytes;
-        if (strstr(n, "embed_tokens.weight")) { /* tied: the head reads all of it */
-            part = c->tie_word_embeddings ? DF_PROF_HEAD : DF_PROF_EMBED;
-            if (!c->tie_word_embeddings && t->ndim == 2 && t->shape[0] > 0) b /= (double)t->shape[0];
-        } else if (strstr(n, "lm_head")) {
-            part = DF_PROF_HEAD;
-        } else if (ly) {
-            int l = atoi(ly + 7);
-            if (strstr(n, ".self_attn.")) part = l >= 0 && l < DF_MAX_LAYERS && c->is_kda[l] ? DF_PROF_KDA : DF_PROF_MLA;
-            else if (strstr(n, "shared_experts.")) part = DF_PROF_SHARED;
-            else if (strstr(n, "mlp.gate.") || strstr(n, "moe.gate.") || strstr(n, "routed_expert_down_proj"))
-                part = DF_PROF_ROUTER;
-            else if (strstr(n, "routed_expert_up_proj") || strstr(n, "routed_expert_norm")) part = DF_PROF_ROUTED;
-            else if (strstr(n, ".mlp.") || strstr(n, "_moe.")) part = DF_PROF_DENSE;
-        }
-        out[part] += b;
+        if (strstr(n, "embed_tokens.weight")) part = c->tie_word_embeddings ? DF_PROF_HEAD : DF_PROF_EMBED;
+        else if (strstr(n, "lm_head")) part = DF_PROF_HEAD;
+        else if (l < 0) part = DF_PROF_NORMS;
+        else if (strstr(n, ".self_attn.")) part = l < DF_MAX_LAYERS && c->is_kda[l] ? DF_PROF_KDA : DF_PROF_MLA;
+        else if (strstr(n, "shared_experts.")) part = DF_PROF_SHARED;
+        else if (strstr(n, "mlp.gate.") || strstr(n, "moe.gate.") || strstr(n, "routed_expert_down_proj"))
+            part = DF_PROF_ROUTER;
+        else if (strstr(n, "routed_expert_up_proj") || strstr(n, "routed_expert_norm")) part = DF_PROF_ROUTED;
+        else if (strstr(n, ".mlp.") || strstr(n, "_moe.")) part = DF_PROF_DENSE;
+        out[part] += (double)b;
     }
     out[DF_PROF_ROUTED] +=
         (double)df_engine_expert_bytes(e) * df_engine_experts_per_token(e) * df_engine_moe_layers(e);

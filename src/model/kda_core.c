@@ -48,6 +48,11 @@ void kda_conv_channel(const kda_shape *sh, const kda_params *p, float *state, in
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+float kda_decay(const kda_shape *sh, float a, float z) {
+    float g = sh->has_lower_bound ? sh->lower_bound * op_sigmoid(a * z) : -a * softplus(z);
+    return expf(g);
+}
+
 static void l2norm(float *x, int n) {
     double ss = 0;
     for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -73,9 +78,7 @@ void kda_recur_head(const kda_shape *sh, const kda_params *p, float *state, int 
          * o = S^T q (the same operations in the same order as four passes) */
         for (int e2 = 0; e2 < D; e2++) u[e2] = v[e2];
         for (int d = 0; d < D; d++) {
-            float a = p->a[h * D + d], z = f[d] + p->dt_bias[h * D + d];
-            float g = sh->has_lower_bound ? sh->lower_bound * op_sigmoid(a * z) : -a * softplus(z);
-            float decay = expf(g);
+            float decay = kda_decay(sh, p->a[h * D + d], f[d] + p->dt_bias[h * D + d]);
             float *row = S + (size_t)d * D;
             for (int e2 = 0; e2 < D; e2++) row[e2] *= decay;
             op_axpy(u, -kk[d], row, D);

@@ -59,4 +59,8 @@ void kda_conv_channel(const kda_shape *sh, const kda_params *p, float *state, in
  * o = S^T q; o = RMSNorm(o, o_norm) * sigmoid(gate). S is this layer's
  * state (the [H][D][D] part is read and written at head h only). */
 void kda_recur_head(const kda_shape *sh, const kda_params *p, float *state, int h, int n, const kda_io *io);
+/* One channel's per-token decay factor exp(g): g = lower_bound * sigmoid(a z)
+ * with a gate lower bound, else -a softplus(z); z = f + dt_bias (the one
+ * formula kda_recur_head and kda_fast.c both use). */
+float kda_decay(const kda_shape *sh, float a, float z);
 #endif

@@ -81,15 +81,9 @@ static void out_norm_tokens(float *o, const float *gate, int64_t ld, int n, int 
 
 /* ---- gates ---- */
 
-static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-/* dec[d] = exp(g[d]) of one token (kda_core.c's expressions). */
+/* dec[d] = kda_decay of one token's channels. */
 static void decay_token(const kda_shape *sh, const float *a, const float *dt_bias, const float *f, float *dec) {
-    for (int d = 0; d < sh->D; d++) {
-        float av = a[d], z = f[d] + dt_bias[d];
-        float g = sh->has_lower_bound ? sh->lower_bound * op_sigmoid(av * z) : -av * softplus(z);
-        dec[d] = expf(g);
-    }
+    for (int d = 0; d < sh->D; d++) dec[d] = kda_decay(sh, a[d], f[d] + dt_bias[d]);
 }
 
 /* ---- the short convolution ---- */

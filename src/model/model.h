@@ -178,6 +178,10 @@ df_status model_bind_ends(df_engine *e, df_weight *embed, df_weight *head, float
  * spine, a converted matrix's original (and its fp8 scales) is not, its
  * "int8:" twin is; without it, no "int8:" tensor is. */
 int model_spine_live(const df_engine *e, const st_tensor *t);
+/* Tensor names (plan.c): a routed expert's tensor (".experts." but not the
+ * shared experts); the layer of ".layers.N.", -1 for none. */
+int model_is_routed_expert(const char *name);
+int model_layer_of(const char *name);
 /* Settles cfg.prefix / cfg.lm_head on the names the tensors really use. */
 df_status model_find_prefix(df_engine *e, char *err);
 

@@ -37,14 +37,13 @@
 
 /* ---- estimates from the tensor list ---- */
 
-static int is_routed_expert(const char *name) {
+int model_is_routed_expert(const char *name) {
     return strstr(name, ".experts.") && !strstr(name, "shared_experts");
 }
 
 static int is_embedding(const char *name) { return strstr(name, "embed_tokens.") != NULL; }
 
-/* Layer of a tensor name (".layers.N."), -1 for none. */
-static int layer_of(const char *name) {
+int model_layer_of(const char *name) {
     const char *p = strstr(name, ".layers.");
     if (!p) return -1;
     return atoi(p + 8);
@@ -54,7 +53,7 @@ static int layer_of(const char *name) {
  * not the embedding (read a row at a time), not 1-row probes. */
 static int is_streamed_matrix(const st_tensor *t) {
     if (t->ndim != 2 || t->shape[0] <= 1 || t->shape[1] <= 1) return 0;
-    if (is_embedding(t->name) || is_routed_expert(t->name)) return 0;
+    if (is_embedding(t->name) || model_is_routed_expert(t->name)) return 0;
     size_t n = strlen(t->name);
     if (n >= 12 && strcmp(t->name + n - 12, ".gate.weight") == 0) return 0; /* MoE router */
     return 1;
@@ -83,13 +82,13 @@ static tensor_sums sums_of(const df_engine *e) {
     int64_t *g = calloc((size_t)L + 1, sizeof(int64_t));
     for (int64_t i = 0; i < st_count(e->st); i++) {
         const st_tensor *t = st_at(e->st, i);
-        if (is_routed_expert(t->name)) { s.routed += t->nbytes; continue; }
+        if (model_is_routed_expert(t->name)) { s.routed += t->nbytes; continue; }
         if (!model_spine_live(e, t)) continue;
         s.spine += t->nbytes;
         if (is_embedding(t->name)) s.embed += t->nbytes;
         if (!is_streamed_matrix(t)) continue;
         s.streamed += t->nbytes;
-        int l = layer_of(t->name);
+        int l = model_layer_of(t->name);
         if (g) g[l >= 0 && l < L ? l : L] += t->nbytes;
     }
     for (int l = 0; g && l <= L; l++)
