@@ -31,4 +31,4 @@ for t in $TH; do
         grep -E "decode median|memory floor|^  [a-zA-Z]" | sed "s/^/t=$t  /"
 done
 echo "== prefill 512 tokens, experts in RAM, all CPUs"
-"$BIN" bench --decode --model "$M" --io mmap --tokens 2 --prompt-tokens 512 2>/dev/null | grep -E "^prefill|^  +every|^  +[0-9.]+ GFLOP"
+"$BIN" bench --decode --model "$M" --io mmap --tokens 2 --prompt-tokens 512 2>/dev/null | sed -n '/^prefill/,/^time per decode/p' | grep -v "^time per decode"

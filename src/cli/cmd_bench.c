@@ -226,10 +226,14 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     int64_t spine = df_engine_spine_bytes_per_token(e);
     double touched = (double)spine + (double)df_engine_expert_bytes(e) * df_engine_experts_per_token(e) * nmoe_layers(e);
     double mem_floor = dram > 0 ? touched / (dram * 1e9) : 0;
-    /* each part's own floor: its weight bytes per token from RAM */
+    /* each part's own floor: its weight bytes per token at the rate of the
+     * memory they are read from: the device's read probe when every decode
+     * product ran there, else the DRAM probe */
+    const int parts_on_device = hbm > 0 && ac.calls > ac0.calls && ac.cpu_calls == ac0.cpu_calls;
+    const double part_rate = parts_on_device ? hbm : dram;
     double part_floor[DF_PROF_N];
     df_engine_part_bytes(e, part_floor);
-    for (int i = 0; i < DF_PROF_N; i++) part_floor[i] = dram > 0 ? part_floor[i] / (dram * 1e9) : 0;
+    for (int i = 0; i < DF_PROF_N; i++) part_floor[i] = part_rate > 0 ? part_floor[i] / (part_rate * 1e9) : 0;
     double best_floor = mem_floor > floor_s ? mem_floor : floor_s;
     /* prefill reads each needed expert once per chunk: its own floor is the
      * larger of its reads at the disk rate and one pass over the weights */
@@ -309,6 +313,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         }
         json_object_set_new(o, "profile_s_per_token", prof);
         json_object_set_new(o, "part_floor_s_per_token", pfl);
+        json_object_set_new(o, "part_floor_basis", json_string(parts_on_device ? "device" : "dram"));
         json_t *pprof = json_object();
         for (int i = 0; i < DF_PROF_N; i++) json_object_set_new(pprof, df_prof_name(i), json_real(pre1[i]));
         json_object_set_new(o, "prefill_profile_s", pprof);
@@ -382,7 +387,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
             if (pre1[i] > 0)
                 printf("  %-22s %8.3f s   %5.1f%%\n", df_prof_name(i), pre1[i], psum > 0 ? 100 * pre1[i] / psum : 0);
         printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads;\n"
-               "floor: the part's weight bytes per token at the DRAM probe's rate):\n", ntok);
+               "floor: the part's weight bytes per token at the %s rate):\n", ntok,
+               parts_on_device ? "device read probe's" : "DRAM probe's");
         double sum = 0;
         for (int i = 0; i < DF_PROF_N; i++) sum += prof1[i] - prof0[i];
         for (int i = 0; i < DF_PROF_N; i++) {
