@@ -447,15 +447,15 @@ template <int V> static __device__ __forceinline__ float dotx(const float *w, co
 }
 
 /* One warp: R rows (row[r] of matrix wp[r], all with the same cols) times
- * vectors v0 .. v0+NB-1 of X (clamped to n-1). Every lane ends with the
- * full sums in acc. */
+ * vectors v0 .. v0+NB-1 of X (clamped to n-1), over the row's chunks
+ * [c0, c1): lane l takes chunks c0 + l, c0 + l + 32, ... in order, then the
+ * lanes' sums are added in a fixed tree. Every lane ends with the sums in acc. */
 template <int T, int R, int NB>
 static __device__ __forceinline__ void rows_dot(const kw *const *wp, const int64_t *row,
                                                 const float *X, int64_t cols, int n, int v0,
-                                                float (&acc)[R][NB]) {
+                                                float (&acc)[R][NB], int64_t c0, int64_t c1) {
     constexpr int V = vals<T>();
     const int lane = threadIdx.x & 31;
-    const int64_t nch = wp[0]->nchunk;
     const uint4 *base[R];
     int64_t srow[R];
 #pragma unroll
@@ -469,7 +469,7 @@ static __device__ __forceinline__ void rows_dot(const kw *const *wp, const int64
 #pragma unroll
     for (int v = 0; v < NB; v++) xv[v] = X + (int64_t)min(v0 + v, n - 1) * cols;
 #pragma unroll 2
-    for (int64_t ch = lane; ch < nch; ch += 32) {
+    for (int64_t ch = c0 + lane; ch < c1; ch += 32) {
         uint4 q[R];
         float s[R];
 #pragma unroll
@@ -517,7 +517,7 @@ k_matmul(const __grid_constant__ kw w, int64_t cols, const float *__restrict__ X
         row[r] = min(rb + r, row1 - 1);
     }
     float acc[R][NB];
-    rows_dot<T, R, NB>(wp, row, X, cols, n, v0, acc);
+    rows_dot<T, R, NB>(wp, row, X, cols, n, v0, acc, 0, w.nchunk);
     if ((threadIdx.x & 31) == 0)
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -527,6 +527,79 @@ k_matmul(const __grid_constant__ kw w, int64_t cols, const float *__restrict__ X
 }
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Matrices with few rows (a router, a low-rank projection, q_a, kv_a, a
+ * latent down-projection): at R rows per warp they make a handful of
+ * blocks whose lanes walk each row's chunks one after another, so the
+ * product waits on memory latency (~23 us under ncu for a 32 x 7168 bf16
+ * router on the H200; bench/cuda_NOTES.md). A split matrix gives each row a block
+ * whose WARPS warps take contiguous slices of the row's chunks (rows_dot
+ * over the slice) and adds the warps' sums in warp order. Which order a
+ * matrix gets depends on its shape alone (split_rows), never on n, the
+ * row range or the kernel (matmul or gate/up), so every product of it
+ * gives the same bits. */
+enum { SPLIT_MAX_ROWS = 4096, SPLIT_MIN_CHUNKS = 128 };
+
+static bool split_rows(int64_t rows, int64_t nchunk) { return rows < SPLIT_MAX_ROWS && nchunk >= SPLIT_MIN_CHUNKS; }
+
+/* Row r of the P matrices wp (same shape) times vectors v0 .. v0+NB-1,
+ * summed over the whole block as above; every thread ends with the sums.
+ * part: shared memory of the block. */
+template <int T, int P, int NB>
+static __device__ __forceinline__ void split_sums(const kw *const *wp, int64_t r, const float *X, int64_t cols, int n,
+                                                  int v0, float (*part)[P][NB], float (&sum)[P][NB]) {
+    const int wi = threadIdx.x >> 5;
+    const int64_t nch = wp[0]->nchunk, per = (nch + WARPS - 1) / WARPS;
+    const int64_t c0 = min((int64_t)wi * per, nch), c1 = min(c0 + per, nch);
+    int64_t row[P];
+#pragma unroll
+    for (int p = 0; p < P; p++) row[p] = r;
+    float acc[P][NB];
+    rows_dot<T, P, NB>(wp, row, X, cols, n, v0, acc, c0, c1);
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+        for (int p = 0; p < P; p++)
+#pragma unroll
+            for (int v = 0; v < NB; v++) part[wi][p][v] = acc[p][v];
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int v = 0; v < NB; v++) {
+            float a = part[0][p][v];
+#pragma unroll
+            for (int k = 1; k < WARPS; k++) a = __fadd_rn(a, part[k][p][v]);
+            sum[p][v] = a;
+        }
+}
+
+/* Block b: vector tile b % ntile, row row0 + b / ntile. */
+template <int T, int NB>
+__global__ void __launch_bounds__(WARPS * 32)
+k_matmul_split(const __grid_constant__ kw w, int64_t cols, const float *__restrict__ X, int n,
+               float *__restrict__ Y, int64_t ldy, int64_t row0, int ntile) {
+    __shared__ float part[WARPS][1][NB];
+    const int64_t b = blockIdx.x;
+    const int v0 = (int)(b % ntile) * NB;
+    const int64_t r = row0 + b / ntile;
+    const kw *wp[1] = {&w};
+    float sum[1][NB];
+    split_sums<T, 1, NB>(wp, r, X, cols, n, v0, part, sum);
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int v = 0; v < NB; v++)
+            if (v0 + v < n) Y[(int64_t)(v0 + v) * ldy + (r - row0)] = sum[0][v];
+}
+
+template <int T, int NB>
+static df_status launch_split(const kw &k, int64_t cols, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+                              int64_t row1, cudaStream_t s) {
+    int ntile = (int)cdiv(n, NB);
+    int64_t blocks = (row1 - row0) * ntile;
+    if (blocks > 0x7fffffff) return DF_ERR_UNSUPPORTED;
+    k_matmul_split<T, NB><<<(unsigned)blocks, WARPS * 32, 0, s>>>(k, cols, X, n, Y, ldy, row0, ntile);
+    return launched("k_matmul_split");
+}
 
 template <int T, int R, int NB>
 static df_status launch_matmul(const kw &k, int64_t cols, const float *X, int n, float *Y,
@@ -539,8 +612,13 @@ static df_status launch_matmul(const kw &k, int64_t cols, const float *X, int n,
 }
 
 template <int T>
-static df_status matmul_t(const kw &k, int64_t cols, const float *X, int n, float *Y,
+static df_status matmul_t(const kw &k, int64_t rows, int64_t cols, const float *X, int n, float *Y,
                           int64_t ldy, int64_t row0, int64_t row1, cudaStream_t s) {
+    if (split_rows(rows, k.nchunk)) {
+        if (n == 1) return launch_split<T, 1>(k, cols, X, n, Y, ldy, row0, row1, s);
+        if (n <= 4) return launch_split<T, 4>(k, cols, X, n, Y, ldy, row0, row1, s);
+        return launch_split<T, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
+    }
     if (n == 1) return launch_matmul<T, GPU_R1, 1>(k, cols, X, n, Y, ldy, row0, row1, s);
     if (n <= 4) return launch_matmul<T, 1, 4>(k, cols, X, n, Y, ldy, row0, row1, s);
     return launch_matmul<T, 1, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
@@ -554,11 +632,11 @@ extern "C" df_status gpu_matmul(const gpu_weight *w, const float *X, int n, floa
     kw k = make_kw(w);
     cudaStream_t s = (cudaStream_t)stream;
     switch (w->type) {
-    case WT_BF16: return matmul_t<K_BF16>(k, w->cols, X, n, Y, ldy, row0, row1, s);
-    case WT_FP8_BLOCK: return matmul_t<K_FP8>(k, w->cols, X, n, Y, ldy, row0, row1, s);
-    case WT_INT4_G32: return matmul_t<K_INT4>(k, w->cols, X, n, Y, ldy, row0, row1, s);
-    case WT_MXFP4: return matmul_t<K_MXFP4>(k, w->cols, X, n, Y, ldy, row0, row1, s);
-    case WT_I8_ROW: return matmul_t<K_I8>(k, w->cols, X, n, Y, ldy, row0, row1, s);
+    case WT_BF16: return matmul_t<K_BF16>(k, w->rows, w->cols, X, n, Y, ldy, row0, row1, s);
+    case WT_FP8_BLOCK: return matmul_t<K_FP8>(k, w->rows, w->cols, X, n, Y, ldy, row0, row1, s);
+    case WT_INT4_G32: return matmul_t<K_INT4>(k, w->rows, w->cols, X, n, Y, ldy, row0, row1, s);
+    case WT_MXFP4: return matmul_t<K_MXFP4>(k, w->rows, w->cols, X, n, Y, ldy, row0, row1, s);
+    case WT_I8_ROW: return matmul_t<K_I8>(k, w->rows, w->cols, X, n, Y, ldy, row0, row1, s);
     default: return DF_ERR_UNSUPPORTED;
     }
 }
@@ -590,7 +668,7 @@ k_gateup(const __grid_constant__ kw g, const __grid_constant__ kw u, const gpu_a
         row[2 * i] = row[2 * i + 1] = min(rb + i, inter - 1);
     }
     float acc[2 * RR][NB];
-    rows_dot<T, 2 * RR, NB>(wp, row, X, cols, n, v0, acc);
+    rows_dot<T, 2 * RR, NB>(wp, row, X, cols, n, v0, acc, 0, g.nchunk);
     if ((threadIdx.x & 31) == 0)
 #pragma unroll
         for (int i = 0; i < RR; i++)
@@ -598,6 +676,35 @@ k_gateup(const __grid_constant__ kw g, const __grid_constant__ kw u, const gpu_a
             for (int v = 0; v < NB; v++)
                 if (rb + i < inter && v0 + v < n)
                     H[(int64_t)(v0 + v) * inter + rb + i] = gpu_act1(act, acc[2 * i][v], acc[2 * i + 1][v]);
+}
+
+/* k_gateup for a split gate and up (split_rows): block b is row b / ntile. */
+template <int T, int NB>
+__global__ void __launch_bounds__(WARPS * 32)
+k_gateup_split(const __grid_constant__ kw g, const __grid_constant__ kw u, const gpu_act act, int64_t cols,
+               const float *__restrict__ X, int n, float *__restrict__ H, int64_t inter, int ntile) {
+    __shared__ float part[WARPS][2][NB];
+    const int64_t b = blockIdx.x;
+    const int v0 = (int)(b % ntile) * NB;
+    const int64_t r = b / ntile;
+    const kw *wp[2] = {&g, &u};
+    float sum[2][NB];
+    split_sums<T, 2, NB>(wp, r, X, cols, n, v0, part, sum);
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int v = 0; v < NB; v++)
+            if (v0 + v < n) H[(int64_t)(v0 + v) * inter + r] = gpu_act1(act, sum[0][v], sum[1][v]);
+}
+
+template <int T, int NB>
+static df_status launch_gateup_split(const gpu_weight *gate, const gpu_weight *up, const gpu_act *act,
+                                     const float *X, int n, float *H, cudaStream_t s) {
+    int ntile = (int)cdiv(n, NB);
+    int64_t blocks = gate->rows * ntile;
+    if (blocks > 0x7fffffff) return DF_ERR_UNSUPPORTED;
+    k_gateup_split<T, NB><<<(unsigned)blocks, WARPS * 32, 0, s>>>(make_kw(gate), make_kw(up), *act, gate->cols, X, n,
+                                                                  H, gate->rows, ntile);
+    return launched("k_gateup_split");
 }
 
 template <int T, int RR, int NB>
@@ -614,6 +721,11 @@ static df_status launch_gateup(const gpu_weight *gate, const gpu_weight *up, con
 template <int T>
 static df_status gateup_t(const gpu_weight *gate, const gpu_weight *up, const gpu_act *act,
                           const float *X, int n, float *H, cudaStream_t s) {
+    if (split_rows(gate->rows, make_kw(gate).nchunk)) {
+        if (n == 1) return launch_gateup_split<T, 1>(gate, up, act, X, n, H, s);
+        if (n <= 4) return launch_gateup_split<T, 4>(gate, up, act, X, n, H, s);
+        return launch_gateup_split<T, 8>(gate, up, act, X, n, H, s);
+    }
     if (n == 1) return launch_gateup<T, 2, 1>(gate, up, act, X, n, H, s);
     if (n <= 4) return launch_gateup<T, 1, 4>(gate, up, act, X, n, H, s);
     return launch_gateup<T, 1, 8>(gate, up, act, X, n, H, s);

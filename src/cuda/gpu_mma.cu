@@ -61,7 +61,10 @@ namespace {
 enum { TC_VEC = 4 }; /* vectors per pass: 8 mma columns = 4 x (hi, lo) */
 /* From this many rows on, 4 warps per row tile (enough tiles to fill the
  * device); below, 8 warps share a tile (an expert's 1536 rows make only 96). */
-enum { TC_WIDE_ROWS = 16 * 132 * 4 };
+#ifndef GPU_TC_WIDE_ROWS
+#define GPU_TC_WIDE_ROWS (16 * 132 * 4)
+#endif
+enum { TC_WIDE_ROWS = GPU_TC_WIDE_ROWS };
 
 /* ws layout: xb [nblk][8 columns][4 lanes] uint4, then inv [TC_VEC] floats. */
 size_t ws_bytes(int64_t cols) { return (size_t)(cols / 32) * 8 * 4 * 16 + TC_VEC * sizeof(float); }

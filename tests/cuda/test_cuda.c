@@ -260,6 +260,11 @@ TEST(cuda_matvec_i8_wide) { check_type(WT_I8_ROW, DT_UNKNOWN, 67, 7168, "i8-row-
 TEST(cuda_matvec_tall_i8) { check_type(WT_I8_ROW, DT_UNKNOWN, 16411, 64, "i8-row-tall"); }
 TEST(cuda_matvec_mxfp4_wide) { check_type(WT_MXFP4, DT_UNKNOWN, 67, 7168, "mxfp4-7168"); }
 /* row counts that are not a multiple of the rows-per-warp of the n = 1 path */
+/* few rows, long rows: the split products (gpu.cu split_rows) */
+TEST(cuda_matvec_split_bf16) { check_type(WT_BF16, DT_UNKNOWN, 97, 4096, "bf16-split"); }
+TEST(cuda_matvec_split_fp8) { check_type(WT_FP8_BLOCK, DT_UNKNOWN, 130, 4096, "fp8-split"); }
+TEST(cuda_matvec_split_int4) { check_type(WT_INT4_G32, DT_BF16, 40, 8192, "int4-split"); }
+TEST(cuda_matvec_split_mxfp4) { check_type(WT_MXFP4, DT_UNKNOWN, 33, 8224, "mxfp4-split"); }
 TEST(cuda_matvec_tall_bf16) { check_type(WT_BF16, DT_UNKNOWN, 16411, 64, "bf16-tall"); }
 TEST(cuda_matvec_tall_fp8) { check_type(WT_FP8_BLOCK, DT_UNKNOWN, 16395, 160, "fp8-tall"); }
 TEST(cuda_matvec_tall_int4) { check_type(WT_INT4_G32, DT_BF16, 16397, 96, "int4-tall"); }
