@@ -8,6 +8,8 @@
 #define DF_KERNELS_OPS_H
 #include <stdint.h>
 
+/* sum of x[i]^2 in double (each square exact), in a fixed order */
+double op_sumsq(const float *x, int n);
 /* out = w * x / sqrt(mean(x^2) + eps); w may be NULL (no weight). out may alias x. */
 void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 float op_dot(const float *a, const float *b, int n);

@@ -54,8 +54,7 @@ float kda_decay(const kda_shape *sh, float a, float z) {
 }
 
 static void l2norm(float *x, int n) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double ss = op_sumsq(x, n);
     float inv = (float)(1.0 / sqrt(ss + 1e-6));
     for (int i = 0; i < n; i++) x[i] *= inv;
 }

@@ -17,30 +17,12 @@
 
 /* ---- norms of several tokens ---- */
 
-enum { TB = 4 }; /* tokens whose sums run side by side (independent chains) */
+enum { TB = 4 }; /* tokens per group of sums */
 
-/* ss[b] = sum_i (double)x_b[i]^2 in index order, x_b = x + b * ld, for b <
- * nb <= TB: four tokens in four scalar accumulators (not an array, which
- * gcc keeps in memory), fewer one at a time. */
+/* ss[b] = op_sumsq(x_b, D), x_b = x + b * ld, for b < nb <= TB (kda_core.c's
+ * l2norm and ops.c's rmsnorm take their sums from op_sumsq too). */
 static void sumsq_tokens(const float *x, int64_t ld, int nb, int D, double *ss) {
-    if (nb == TB) {
-        const float *x0 = x, *x1 = x + ld, *x2 = x + 2 * ld, *x3 = x + 3 * ld;
-        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (int i = 0; i < D; i++) {
-            s0 += (double)x0[i] * x0[i];
-            s1 += (double)x1[i] * x1[i];
-            s2 += (double)x2[i] * x2[i];
-            s3 += (double)x3[i] * x3[i];
-        }
-        ss[0] = s0, ss[1] = s1, ss[2] = s2, ss[3] = s3;
-        return;
-    }
-    for (int b = 0; b < nb; b++) {
-        const float *xb = x + b * ld;
-        double s0 = 0;
-        for (int i = 0; i < D; i++) s0 += (double)xb[i] * xb[i];
-        ss[b] = s0;
-    }
+    for (int b = 0; b < nb; b++) ss[b] = op_sumsq(x + b * ld, D);
 }
 
 /* x_t *= (float)(1 / sqrt(sum_i x_t[i]^2 + 1e-6)), then *= scale (when scale
@@ -63,7 +45,7 @@ static void l2norm_tokens(float *x, int64_t ld, int n, int D, float scale) {
 }
 
 /* o_t = op_rmsnorm(o_t, w, eps) * sigmoid(gate_t) for t < n (ops.c's
- * formula, its double sum in index order). */
+ * formula, its double sum from op_sumsq). */
 static void out_norm_tokens(float *o, const float *gate, int64_t ld, int n, int D, const float *w, float eps) {
     for (int t0 = 0; t0 < n; t0 += TB) {
         const int nb = n - t0 < TB ? n - t0 : TB;
