@@ -523,6 +523,35 @@ int df_session_pos(const df_session *s) { return s->pos; }
 const char *df_session_error(const df_session *s) { return s->err; }
 const float *df_session_logits(const df_session *s) { return s->logits; }
 
+/* Whether a prompt may run layer by layer (forward_prompt): on the CPU path,
+ * and with mapped experts or a store whose passes already take any union
+ * of a layer's experts (E <= K * DF_CHUNK, as chunked passes can ask). */
+static int layer_major_prompt(const df_engine *e) {
+    if (!e->ops->forward_prompt || e->acc) return 0;
+    return !e->store || e->cfg.n_routed_experts <= e->cfg.num_experts_per_tok * DF_CHUNK;
+}
+
+/* A forward's status as df_session_eval returns it: a failed spine read
+ * (model_host) is an error; on an error the session, whose recurrent state
+ * is half-updated, starts over, and err says so. */
+static df_status eval_status(df_session *s, df_status st, int pos) {
+    df_engine *e = s->e;
+    if (e->spine_fault) { /* a spine read after a device failure failed (model_host) */
+        if (st == DF_OK) st = df_fail(s->err, e->spine_fault, "%s", e->spine_fault_msg);
+        e->spine_fault = 0;
+    }
+    if (st != DF_OK) {
+        if (!s->err[0]) df_fail(s->err, st, "forward pass failed at position %d", pos);
+        if (e->ops->state_reset) {
+            e->ops->state_reset(e, s->state);
+            s->pos = 0;
+            size_t n2 = strlen(s->err);
+            snprintf(s->err + n2, sizeof s->err - n2, " (the session was reset: evaluate the prompt again)");
+        }
+    }
+    return st;
+}
+
 df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits) {
     df_engine *e = s->e;
     int V = e->cfg.vocab_size;
@@ -540,31 +569,27 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
         if (cst != DF_OK) return cst;
     }
     int pos = s->pos;
-    for (int i = 0; i < n; i += DF_CHUNK) {
-        int m = n - i < DF_CHUNK ? n - i : DF_CHUNK;
-        int last_chunk = i + m == n;
-        float *out = logits ? logits + (size_t)i * V : s->logits;
-        if (!logits && !last_chunk) out = NULL;
-        df_status st = e->ops->forward(e, s->state, pos + i, tokens + i, m, out, logits != NULL, s->err);
-        if (e->spine_fault) { /* a spine read after a device failure failed (model_host) */
-            if (st == DF_OK) st = df_fail(s->err, e->spine_fault, "%s", e->spine_fault_msg);
-            e->spine_fault = 0;
-        }
-        if (st != DF_OK) {
-            if (!s->err[0]) df_fail(s->err, st, "forward pass failed at position %d", pos + i);
-            if (s->e->ops->state_reset) { /* recurrent state is half-updated: start over */
-                s->e->ops->state_reset(s->e, s->state);
-                s->pos = 0;
-                size_t n2 = strlen(s->err);
-                snprintf(s->err + n2, sizeof s->err - n2, " (the session was reset: evaluate the prompt again)");
-            }
-            return st;
+    uint64_t passes = (uint64_t)((n + DF_CHUNK - 1) / DF_CHUNK);
+    if (!logits && n > DF_CHUNK && layer_major_prompt(e)) {
+        df_status st = eval_status(s, e->ops->forward_prompt(e, s->state, pos, tokens, n, s->logits, s->err), pos);
+        if (st != DF_OK) return st;
+        passes = (uint64_t)((n + DF_PROMPT_BLOCK - 1) / DF_PROMPT_BLOCK);
+        e->bstats.prompt_blocks += passes;
+    } else {
+        for (int i = 0; i < n; i += DF_CHUNK) {
+            int m = n - i < DF_CHUNK ? n - i : DF_CHUNK;
+            int last_chunk = i + m == n;
+            float *out = logits ? logits + (size_t)i * V : s->logits;
+            if (!logits && !last_chunk) out = NULL;
+            df_status st = eval_status(
+                s, e->ops->forward(e, s->state, pos + i, tokens + i, m, out, logits != NULL, s->err), pos + i);
+            if (st != DF_OK) return st;
         }
     }
     if (logits) memcpy(s->logits, logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
     s->pos = pos + n;
     s->rw_n = 0;
-    e->bstats.passes += (uint64_t)((n + DF_CHUNK - 1) / DF_CHUNK);
+    e->bstats.passes += passes;
     e->bstats.rows += (uint64_t)n;
     if (s->rw_depth && n <= s->rw_depth) { /* the program kept what a rewind inside it needs */
         memmove(s->rw_tokens, tokens, (size_t)n * sizeof *tokens);

@@ -334,6 +334,71 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
 
 /* ---- forward ---- */
 
+/* Early lookahead: the first MoE layer's router on the embedding h (its own
+ * norm, into xn), so its likely experts are read while the layers before it
+ * compute; the usual lookahead refines it a layer ahead. */
+static void early_lookahead(df_engine *e, const km_model *m, moe_scratch *ms, const float *h, float *xn, int n) {
+    int H = m->H;
+    for (int l = 0; l < m->L; l++) {
+        if (!m->layers[l].moe) continue;
+        if (l > 0) {
+            for (int t = 0; t < n; t++)
+                op_rmsnorm(xn + (size_t)t * H, h + (size_t)t * H, m->layers[l].ffn_norm, H, m->eps);
+            moe_lookahead(e, &m->layers[l].experts, ms, xn, n);
+        }
+        break;
+    }
+}
+
+/* A layer's input for rows [0, n) of h: K3's attention residual over the
+ * anchors so far (or h itself) into xin, an anchor saved at each block's
+ * first layer, then the attention norm into xn. Returns 1 when layer l
+ * starts a block (the attention output then replaces h). */
+static int layer_in(const km_model *m, const km_layer *y, int l, int n, const float *h, float *anchors, int *na,
+                    float *xin, float *xn) {
+    int H = m->H, A = m->max_anchors, restart = 0;
+    if (m->block > 0) {
+        for (int t = 0; t < n; t++) {
+            const float *ht = h + (size_t)t * H;
+            float *anc = anchors + (size_t)t * A * H;
+            if (*na > 0) op_attn_res(anc, *na, ht, y->res_attn, H, m->eps, xin + (size_t)t * H);
+            else memcpy(xin + (size_t)t * H, ht, (size_t)H * sizeof(float));
+            if (l % m->block == 0) memcpy(anc + (size_t)*na * H, ht, (size_t)H * sizeof(float));
+        }
+        if (l % m->block == 0) { (*na)++; restart = 1; }
+    } else {
+        memcpy(xin, h, (size_t)n * H * sizeof(float));
+    }
+    for (int t = 0; t < n; t++) op_rmsnorm(xn + (size_t)t * H, xin + (size_t)t * H, y->attn_norm, H, m->eps);
+    return restart;
+}
+
+/* After the attention output yv: h = yv (restart) or h + yv, then the MLP
+ * residual's input into xin and its norm into xn. */
+static void layer_mid(const km_model *m, const km_layer *y, int n, float *h, const float *yv, const float *anchors,
+                      int na, int restart, float *xin, float *xn) {
+    int H = m->H, A = m->max_anchors;
+    size_t nh = (size_t)n * H;
+    if (restart) memcpy(h, yv, nh * sizeof(float));
+    else for (size_t i = 0; i < nh; i++) h[i] += yv[i];
+    if (m->block > 0) {
+        for (int t = 0; t < n; t++)
+            op_attn_res(anchors + (size_t)t * A * H, na, h + (size_t)t * H, y->res_mlp, H, m->eps, xin + (size_t)t * H);
+    } else {
+        memcpy(xin, h, nh * sizeof(float));
+    }
+    for (int t = 0; t < n; t++) op_rmsnorm(xn + (size_t)t * H, xin + (size_t)t * H, y->ffn_norm, H, m->eps);
+}
+
+/* The head's input for one row: the output attention residual (or x), then
+ * the final norm into xn. */
+static void head_in(const km_model *m, const float *x, const float *anchors, int na, float *xo, float *xn) {
+    int H = m->H;
+    if (m->block > 0) op_attn_res(anchors, na, x, m->res_out, H, m->eps, xo);
+    else memcpy(xo, x, (size_t)H * sizeof(float));
+    op_rmsnorm(xn, xo, m->final_norm, H, m->eps);
+}
+
 /* Rows of several sessions in one pass (seg[0]'s scratch holds them all):
  * per-row work (embedding, AttnRes, norms, the MoE block, the head) and the
  * projections see every row at once; attention runs per segment on its own
@@ -369,39 +434,15 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
     }
     s->moe.rpos = nseg > 1 ? rpos : NULL;
     s->moe.rseg = nseg > 1 ? rseg : NULL;
-    /* early lookahead: the first MoE layer's router on the embedding (its
-     * own norm), so its likely experts are read while the layers before it
-     * compute; the usual lookahead refines it a layer ahead */
-    for (int l = 0; l < m->L; l++) {
-        if (!m->layers[l].moe) continue;
-        if (l > 0) {
-            for (int t = 0; t < n; t++)
-                op_rmsnorm(s->xn + (size_t)t * H, s->h + (size_t)t * H, m->layers[l].ffn_norm, H, m->eps);
-            moe_lookahead(e, &m->layers[l].experts, &s->moe, s->xn, n);
-        }
-        break;
-    }
+    early_lookahead(e, m, &s->moe, s->h, s->xn, n);
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0; /* anchors so far (same count for every position) */
     for (int l = 0; l < m->L; l++) {
         km_layer *y = &m->layers[l];
-        int restart = 0;
         df_status est = model_enter(e, l, err);
         if (est != DF_OK) return est;
         pt = prof_now(e);
-        if (m->block > 0) {
-            for (int t = 0; t < n; t++) {
-                float *h = s->h + (size_t)t * H, *anc = s->anchors + (size_t)t * A * H;
-                if (na > 0) op_attn_res(anc, na, h, y->res_attn, H, m->eps, s->xin + (size_t)t * H);
-                else memcpy(s->xin + (size_t)t * H, h, (size_t)H * sizeof(float));
-                if (l % m->block == 0) memcpy(anc + (size_t)na * H, h, (size_t)H * sizeof(float));
-            }
-            if (l % m->block == 0) { na++; restart = 1; }
-        } else {
-            memcpy(s->xin, s->h, nh * sizeof(float));
-        }
-        for (int t = 0; t < n; t++)
-            op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->attn_norm, H, m->eps);
+        int restart = layer_in(m, y, l, n, s->h, s->anchors, &na, s->xin, s->xn);
         prof_add(e, DF_PROF_NORMS, &pt);
         if (y->kda) {
             for (int i = 0; i < nseg; i++) {
@@ -422,17 +463,7 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
             if (ast != DF_OK) return ast;
         }
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
-        if (restart) memcpy(s->h, s->y, nh * sizeof(float));
-        else for (size_t i = 0; i < nh; i++) s->h[i] += s->y[i];
-        if (m->block > 0) {
-            for (int t = 0; t < n; t++)
-                op_attn_res(s->anchors + (size_t)t * A * H, na, s->h + (size_t)t * H, y->res_mlp, H, m->eps,
-                            s->xin + (size_t)t * H);
-        } else {
-            memcpy(s->xin, s->h, nh * sizeof(float));
-        }
-        for (int t = 0; t < n; t++)
-            op_rmsnorm(s->xn + (size_t)t * H, s->xin + (size_t)t * H, y->ffn_norm, H, m->eps);
+        layer_mid(m, y, n, s->h, s->y, s->anchors, na, restart, s->xin, s->xn);
         prof_add(e, DF_PROF_NORMS, &pt);
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
         df_status st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, s->xn, n, seg[0].pos,
@@ -447,12 +478,9 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
     int rows = 0;
     for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
         if (!seg[i].out) continue;
-        for (int t = seg[i].all_rows ? 0 : seg[i].n - 1; t < seg[i].n; t++, rows++) {
-            float *x = s->h + (size_t)(off + t) * H, *xo = s->xin + (size_t)rows * H;
-            if (m->block > 0) op_attn_res(s->anchors + (size_t)(off + t) * A * H, na, x, m->res_out, H, m->eps, xo);
-            else memcpy(xo, x, (size_t)H * sizeof(float));
-            op_rmsnorm(s->xn + (size_t)rows * H, xo, m->final_norm, H, m->eps);
-        }
+        for (int t = seg[i].all_rows ? 0 : seg[i].n - 1; t < seg[i].n; t++, rows++)
+            head_in(m, s->h + (size_t)(off + t) * H, s->anchors + (size_t)(off + t) * A * H, na,
+                    s->xin + (size_t)rows * H, s->xn + (size_t)rows * H);
     }
     return model_batch_head(e, m->L, &m->head, s->xn, rows, seg, nseg, err);
 }
@@ -463,6 +491,85 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
     if (n > DF_CHUNK || pos + n > s->max_ctx) return DF_ERR_ARG;
     df_fwd_seg seg = {state, pos, tokens, n, out, all_rows};
     return km_forward_batch(e, &seg, 1, err);
+}
+
+/* ---- a long prompt, layer by layer ---- */
+
+/* Rows of one block of a prompt: every layer runs over all of them before
+ * the next layer starts (attention in DF_CHUNK-row pieces that carry the
+ * state, exactly as chunked passes cut it; the feed-forward block over
+ * every row at once), so each routed expert the block uses is read and
+ * decoded once per layer instead of once per DF_CHUNK rows, in GEMM tiles
+ * of several rows. Every row's values are those of the chunked passes
+ * (per-row operations; products whose rows do not depend on their
+ * neighbours). Logits of the block's last row into out when out is set. */
+static df_status prompt_block(df_engine *e, km_model *m, km_state *s, moe_scratch *ms, int pos, const int32_t *tokens,
+                              int n, float *out, float *h, float *xin, float *xn, float *yv, float *anc, char *err) {
+    const int H = m->H;
+    const int64_t kstride = kda_state_floats(&m->kda);
+    const int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
+    double pt = prof_now(e);
+    for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], h + (size_t)t * H);
+    early_lookahead(e, m, ms, h, xn, n);
+    prof_add(e, DF_PROF_EMBED, &pt);
+    int na = 0;
+    for (int l = 0; l < m->L; l++) {
+        km_layer *y = &m->layers[l];
+        df_status st = model_enter(e, l, err);
+        if (st != DF_OK) return st;
+        pt = prof_now(e);
+        int restart = layer_in(m, y, l, n, h, anc, &na, xin, xn);
+        prof_add(e, DF_PROF_NORMS, &pt);
+        for (int c0 = 0; c0 < n; c0 += DF_CHUNK) {
+            int cn = n - c0 < DF_CHUNK ? n - c0 : DF_CHUNK;
+            const float *xc = xn + (size_t)c0 * H;
+            float *yc = yv + (size_t)c0 * H;
+            st = y->kda ? kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, NULL, NULL, &s->kda, cn, xc,
+                                      yc, err)
+                        : mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, NULL, &s->mla, pos + c0, cn,
+                                      xc, yc, err);
+            if (st != DF_OK) return st;
+        }
+        prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
+        layer_mid(m, y, n, h, yv, anc, na, restart, xin, xn);
+        prof_add(e, DF_PROF_NORMS, &pt);
+        const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
+        st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, ms, xn, n, pos, yv, &pt, err);
+        if (st != DF_OK) return st;
+        for (size_t i = 0; i < (size_t)n * H; i++) h[i] += yv[i];
+        prof_add(e, DF_PROF_NORMS, &pt);
+    }
+    if (!out) return DF_OK;
+    head_in(m, h + (size_t)(n - 1) * H, anc + (size_t)(n - 1) * m->max_anchors * H, na, xin, xn);
+    df_fwd_seg seg = {s, pos + n - 1, tokens + n - 1, 1, out, 0};
+    return model_batch_head(e, m->L, &m->head, xn, 1, &seg, 1, err);
+}
+
+static df_status km_forward_prompt(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
+                                   char *err) {
+    km_model *m = e->prog;
+    km_state *s = state;
+    const df_config *c = &e->cfg;
+    if (n < 1 || pos + n > s->max_ctx) return DF_ERR_ARG;
+    const int H = m->H, B = n < DF_PROMPT_BLOCK ? n : DF_PROMPT_BLOCK;
+    const int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : H;
+    const size_t rows = (size_t)B * H * sizeof(float);
+    float *h = malloc(rows), *xin = malloc(rows), *xn = malloc(rows), *yv = malloc(rows);
+    float *anc = malloc(rows * (size_t)(m->max_anchors ? m->max_anchors : 1));
+    moe_scratch ms;
+    memset(&ms, 0, sizeof ms);
+    df_status st = DF_OK;
+    if (!h || !xin || !xn || !yv || !anc ||
+        moe_scratch_new(B, H, m->inter, c->n_routed_experts, c->num_experts_per_tok, dl, &ms) != DF_OK)
+        st = df_fail(err, DF_ERR_NOMEM, "out of memory for a prompt block of %d rows", B);
+    for (int b0 = 0; st == DF_OK && b0 < n; b0 += B) {
+        int nb = n - b0 < B ? n - b0 : B;
+        st = prompt_block(e, m, s, &ms, pos + b0, tokens + b0, nb, b0 + nb == n ? out : NULL, h, xin, xn, yv, anc,
+                          err);
+    }
+    moe_scratch_free(&ms);
+    free(h); free(xin); free(xn); free(yv); free(anc);
+    return st;
 }
 
 /* ---- describe ---- */
@@ -508,6 +615,7 @@ const df_program_ops kimi_program = {
     .state_reset = km_state_reset,
     .forward = km_forward,
     .forward_batch = km_forward_batch,
+    .forward_prompt = km_forward_prompt,
     .describe = km_describe,
     .rewind_setup = km_rewind_setup,
     .rewind_to = km_rewind_to,

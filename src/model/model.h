@@ -16,6 +16,7 @@
 #include "../kernels/kernels.h"
 
 enum { DF_CHUNK = 32 }; /* positions per forward pass during prefill */
+enum { DF_PROMPT_BLOCK = 128 }; /* positions per block of a layer-major prompt (forward_prompt) */
 
 typedef struct df_program df_program;
 
@@ -54,6 +55,14 @@ typedef struct {
      * engine runs them one by one). Each session's results are
      * bit-identical to its forward alone. seg[0]'s state lends the scratch. */
     df_status (*forward_batch)(df_engine *e, const df_fwd_seg *seg, int nseg, char *err);
+    /* Optional: a prompt of n > DF_CHUNK tokens, logits of its last
+     * position only (into out[0]), run layer by layer over blocks of
+     * DF_PROMPT_BLOCK positions, so a block reads each routed expert it
+     * uses once per layer; bit-identical to chunked forwards. The engine
+     * calls it only on the CPU path (no accelerator) and when any union of
+     * a block's experts fits one store pass (E <= K * DF_CHUNK, or mmap). */
+    df_status (*forward_prompt)(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
+                                char *err);
     /* Appends program-specific lines to the describe text. */
     void (*describe)(df_engine *e, char *buf, size_t cap);
     /* Rewinding (NULL when positions alone define the timeline: caches are
