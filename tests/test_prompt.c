@@ -9,11 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static df_engine *open_model(const char *dir, int io, int threads) {
+static df_engine *open_model(const char *dir, int io, int threads, int64_t cache) {
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = threads;
     o.expert_io = io;
+    o.expert_cache_bytes = cache;
     o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
     df_engine *e = NULL;
     char err[DF_ERRMSG];
@@ -23,8 +24,8 @@ static df_engine *open_model(const char *dir, int io, int threads) {
 
 enum { STEPS = 3 };
 
-static void prompt_case(const char *dir, int io, int threads, int n) {
-    df_engine *e = open_model(dir, io, threads);
+static void prompt_case(const char *dir, int io, int threads, int n, int64_t cache) {
+    df_engine *e = open_model(dir, io, threads, cache);
     if (!e) { CHECK(0, "%s", dir); return; }
     const int V = df_engine_vocab_size(e);
     int32_t *tok = malloc((size_t)(n + STEPS) * sizeof *tok);
@@ -57,7 +58,18 @@ static void prompt_case(const char *dir, int io, int threads, int n) {
     free(tok); free(rows); free(la);
 }
 
-TEST(prompt_layer_major_k3_store) { prompt_case("tests/fixtures/kimi_k3_a", DF_EXPERTS_DIRECT, 2, 300); }
-TEST(prompt_layer_major_k3_mxfp4_mapped) { prompt_case("tests/fixtures/kimi_k3_mxfp4", DF_EXPERTS_MMAP, 1, 129); }
-TEST(prompt_layer_major_kimi_linear) { prompt_case("tests/fixtures/kimi_linear_b", DF_EXPERTS_MMAP, 2, 200); }
-TEST(prompt_layer_major_trained) { prompt_case("models/kimi-k3-tiny", DF_EXPERTS_DIRECT, 2, 260); }
+TEST(prompt_layer_major_k3_store) { prompt_case("tests/fixtures/kimi_k3_a", DF_EXPERTS_DIRECT, 2, 300, 0); }
+TEST(prompt_layer_major_k3_mxfp4_mapped) { prompt_case("tests/fixtures/kimi_k3_mxfp4", DF_EXPERTS_MMAP, 1, 129, 0); }
+TEST(prompt_layer_major_kimi_linear) { prompt_case("tests/fixtures/kimi_linear_b", DF_EXPERTS_MMAP, 2, 200, 0); }
+TEST(prompt_layer_major_trained) { prompt_case("models/kimi-k3-tiny", DF_EXPERTS_DIRECT, 2, 260, 0); }
+
+/* 300 experts, top-4: a 128-row block's union (~250) is far more than the
+ * ~12 slots of a 128 KB cache, so every pass reads while it runs */
+TEST(prompt_layer_major_store_smaller_than_a_pass) {
+    const char *dir = t_tmpdir("prompt_wide");
+    char out[4096];
+    int rc = t_sh(out, sizeof out, "%s synth --arch kimi_k3 --experts 300 --out %s --force --quiet", t_bin(), dir);
+    REQUIRE(rc == 0, "synth: %s", out);
+    prompt_case(dir, DF_EXPERTS_DIRECT, 2, 200, 128 * 1024);
+    prompt_case(dir, DF_EXPERTS_PREAD, 1, 140, 128 * 1024);
+}

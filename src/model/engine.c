@@ -523,13 +523,12 @@ int df_session_pos(const df_session *s) { return s->pos; }
 const char *df_session_error(const df_session *s) { return s->err; }
 const float *df_session_logits(const df_session *s) { return s->logits; }
 
-/* Whether a prompt may run layer by layer (forward_prompt): on the CPU path,
- * and with mapped experts or a store whose passes already take any union
- * of a layer's experts (E <= K * DF_CHUNK, as chunked passes can ask). */
-static int layer_major_prompt(const df_engine *e) {
-    if (!e->ops->forward_prompt || e->acc) return 0;
-    return !e->store || e->cfg.n_routed_experts <= e->cfg.num_experts_per_tok * DF_CHUNK;
-}
+/* Whether a prompt may run layer by layer (forward_prompt): on the CPU path
+ * (the device paths take DF_CHUNK rows). A store pass may then ask for more
+ * experts than the cache has slots: it reads the rest as the experts it
+ * handed out are done (xs_begin), as chunked passes already do when K x
+ * DF_CHUNK exceeds the slots. */
+static int layer_major_prompt(const df_engine *e) { return e->ops->forward_prompt && !e->acc; }
 
 /* A forward's status as df_session_eval returns it: a failed spine read
  * (model_host) is an error; on an error the session, whose recurrent state

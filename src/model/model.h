@@ -59,8 +59,7 @@ typedef struct {
      * position only (into out[0]), run layer by layer over blocks of
      * DF_PROMPT_BLOCK positions, so a block reads each routed expert it
      * uses once per layer; bit-identical to chunked forwards. The engine
-     * calls it only on the CPU path (no accelerator) and when any union of
-     * a block's experts fits one store pass (E <= K * DF_CHUNK, or mmap). */
+     * calls it only on the CPU path (no accelerator). */
     df_status (*forward_prompt)(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
                                 char *err);
     /* Appends program-specific lines to the describe text. */
