@@ -304,7 +304,7 @@ df_status df_session_eval_batch(df_batch_item *items, int count);
 typedef struct {
     uint64_t passes, rows;        /* forward passes of df_session_eval(_batch), rows they computed */
     uint64_t multi_passes;        /* passes with rows of more than one session */
-    uint64_t prompt_blocks;       /* passes that were layer-major blocks of a long prompt (up to 128 rows) */
+    uint64_t prompt_blocks;       /* passes that were layer-major blocks of a long prompt (up to 256 rows) */
     uint64_t union_experts;       /* routed experts the passes used, summed over MoE layers */
     uint64_t solo_experts;        /* what the sessions would have used running alone (>= union) */
 } df_batch_stats;

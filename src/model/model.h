@@ -16,7 +16,7 @@
 #include "../kernels/kernels.h"
 
 enum { DF_CHUNK = 32 }; /* positions per forward pass during prefill */
-enum { DF_PROMPT_BLOCK = 128 }; /* positions per block of a layer-major prompt (forward_prompt) */
+enum { DF_PROMPT_BLOCK = 256 }; /* positions per block of a layer-major prompt (forward_prompt) */
 
 typedef struct df_program df_program;
 
