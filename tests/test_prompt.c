@@ -1,8 +1,9 @@
 /* test_prompt.c — a long prompt run layer by layer (forward_prompt, suite
  * prompt_): the last position's logits, and every step after it, bit-
  * identical to the same prompt in chunked passes (asked for every row's
- * logits), with experts from the store and mapped, across the blocks'
- * boundaries, at 1 and 2 threads; the batch stats count the blocks.
+ * logits), Kimi and DeepSeek-V3 programs, with experts from the store and
+ * mapped, across the blocks' boundaries, at 1 and 2 threads; the batch
+ * stats count the blocks.
  */
 #include "test.h"
 #include "deltafin.h"
@@ -62,6 +63,10 @@ TEST(prompt_layer_major_k3_store) { prompt_case("tests/fixtures/kimi_k3_a", DF_E
 TEST(prompt_layer_major_k3_mxfp4_mapped) { prompt_case("tests/fixtures/kimi_k3_mxfp4", DF_EXPERTS_MMAP, 1, 129, 0); }
 TEST(prompt_layer_major_kimi_linear) { prompt_case("tests/fixtures/kimi_linear_b", DF_EXPERTS_MMAP, 2, 200, 0); }
 TEST(prompt_layer_major_trained) { prompt_case("models/kimi-k3-tiny", DF_EXPERTS_DIRECT, 2, 260, 0); }
+
+TEST(prompt_layer_major_dsv3) { prompt_case("tests/fixtures/dsv3_qlora", DF_EXPERTS_DIRECT, 2, 300, 0); }
+TEST(prompt_layer_major_dsv3_fp8_mapped) { prompt_case("tests/fixtures/dsv3_fp8_yarn", DF_EXPERTS_MMAP, 1, 140, 0); }
+TEST(prompt_layer_major_kimi_k2_int4) { prompt_case("tests/fixtures/kimi_k2_int4", DF_EXPERTS_DIRECT, 2, 270, 0); }
 
 /* 300 experts, top-4: a block's union (~280 of 300) is far more than the
  * 16 slots of a 128 KB cache, so every pass reads while it runs */

@@ -24,6 +24,7 @@
  */
 #include "ffn.h"
 #include "mla.h"
+#include "prompt.h"
 #include "../base/err.h"
 #include "../kernels/ops.h"
 #include <math.h>
@@ -308,6 +309,57 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
     return ds_forward_batch(e, &seg, 1, err);
 }
 
+/* ---- a long prompt, layer by layer ---- */
+
+/* One block of a prompt (prompt.h; the same contract as kimi.c's): every
+ * layer over all of its rows, MLA in DF_CHUNK-row pieces, the MoE block over
+ * every row at once. */
+static df_status ds_prompt_block(df_engine *e, void *state, prompt_buf *b, int pos, const int32_t *tokens, int n,
+                                 float *out, char *err) {
+    ds_model *m = e->prog;
+    ds_state *s = state;
+    const int H = m->H;
+    const int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
+    const size_t nh = (size_t)n * H;
+    float *x = b->h, *xn = b->xn, *yv = b->y;
+    double pt = prof_now(e);
+    for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], x + (size_t)t * H);
+    prof_add(e, DF_PROF_EMBED, &pt);
+    for (int l = 0; l < m->L; l++) {
+        ds_layer *y = &m->layers[l];
+        df_status st = model_enter(e, l, err);
+        if (st != DF_OK) return st;
+        for (int t = 0; t < n; t++) op_rmsnorm(xn + (size_t)t * H, x + (size_t)t * H, y->attn_norm, H, m->eps);
+        prof_add(e, DF_PROF_NORMS, &pt);
+        for (int c0 = 0; c0 < n; c0 += DF_CHUNK) {
+            int cn = n - c0 < DF_CHUNK ? n - c0 : DF_CHUNK;
+            st = mla_forward(e, &m->mla, &y->attn, s->cache + l * cstride, NULL, &s->mla, pos + c0, cn,
+                             xn + (size_t)c0 * H, yv + (size_t)c0 * H, err);
+            if (st != DF_OK) return st;
+        }
+        prof_add(e, DF_PROF_MLA, &pt);
+        for (size_t i = 0; i < nh; i++) x[i] += yv[i];
+        for (int t = 0; t < n; t++) op_rmsnorm(xn + (size_t)t * H, x + (size_t)t * H, y->ffn_norm, H, m->eps);
+        prof_add(e, DF_PROF_NORMS, &pt);
+        const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
+        st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &b->moe, xn, n, pos, yv, &pt, err);
+        if (st != DF_OK) return st;
+        for (size_t i = 0; i < nh; i++) x[i] += yv[i];
+    }
+    if (!out) return DF_OK;
+    op_rmsnorm(xn, x + (size_t)(n - 1) * H, m->final_norm, H, m->eps);
+    df_fwd_seg seg = {s, pos + n - 1, tokens + n - 1, 1, out, 0};
+    return model_batch_head(e, m->L, &m->head, xn, 1, &seg, 1, err);
+}
+
+static df_status ds_forward_prompt(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
+                                   char *err) {
+    ds_model *m = e->prog;
+    const ds_state *s = state;
+    if (n < 1 || pos + n > s->max_ctx) return DF_ERR_ARG;
+    return prompt_run(e, m->H, 0, m->inter, m->H, pos, tokens, n, out, ds_prompt_block, state, err);
+}
+
 /* ---- describe ---- */
 
 static void ds_describe(df_engine *e, char *b, size_t cap) {
@@ -349,5 +401,6 @@ const df_program_ops dsv3_program = {
     .state_free = ds_state_free,
     .forward = ds_forward,
     .forward_batch = ds_forward_batch,
+    .forward_prompt = ds_forward_prompt,
     .describe = ds_describe,
 };

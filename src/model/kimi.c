@@ -26,6 +26,7 @@
 #include "ffn.h"
 #include "kda.h"
 #include "mla.h"
+#include "prompt.h"
 #include "../base/err.h"
 #include "../kernels/ops.h"
 #include <math.h>
@@ -495,22 +496,24 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
 
 /* ---- a long prompt, layer by layer ---- */
 
-/* Rows of one block of a prompt: every layer runs over all of them before
- * the next layer starts (attention in DF_CHUNK-row pieces that carry the
- * state, exactly as chunked passes cut it; the feed-forward block over
- * every row at once), so each routed expert the block uses is read and
- * decoded once per layer instead of once per DF_CHUNK rows, in GEMM tiles
- * of several rows. Every row's values are those of the chunked passes
- * (per-row operations; products whose rows do not depend on their
- * neighbours). Logits of the block's last row into out when out is set. */
-static df_status prompt_block(df_engine *e, km_model *m, km_state *s, moe_scratch *ms, int pos, const int32_t *tokens,
-                              int n, float *out, float *h, float *xin, float *xn, float *yv, float *anc, char *err) {
+/* One block of a prompt (prompt.h): every layer over all of its rows before
+ * the next layer starts, the attention in DF_CHUNK-row pieces exactly as
+ * chunked passes cut it, the feed-forward block over every row at once, so
+ * each routed expert the block uses is read and decoded once per layer, in
+ * GEMM tiles of several rows. Every row's values are those of the chunked
+ * passes (per-row operations; products whose rows do not depend on their
+ * neighbours). */
+static df_status km_prompt_block(df_engine *e, void *state, prompt_buf *b, int pos, const int32_t *tokens, int n,
+                                 float *out, char *err) {
+    km_model *m = e->prog;
+    km_state *s = state;
     const int H = m->H;
     const int64_t kstride = kda_state_floats(&m->kda);
     const int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
+    float *h = b->h, *xin = b->xin, *xn = b->xn, *yv = b->y, *anc = b->anchors;
     double pt = prof_now(e);
     for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], h + (size_t)t * H);
-    early_lookahead(e, m, ms, h, xn, n);
+    early_lookahead(e, m, &b->moe, h, xn, n);
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0;
     for (int l = 0; l < m->L; l++) {
@@ -534,7 +537,7 @@ static df_status prompt_block(df_engine *e, km_model *m, km_state *s, moe_scratc
         layer_mid(m, y, n, h, yv, anc, na, restart, xin, xn);
         prof_add(e, DF_PROF_NORMS, &pt);
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
-        st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, ms, xn, n, pos, yv, &pt, err);
+        st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &b->moe, xn, n, pos, yv, &pt, err);
         if (st != DF_OK) return st;
         for (size_t i = 0; i < (size_t)n * H; i++) h[i] += yv[i];
         prof_add(e, DF_PROF_NORMS, &pt);
@@ -548,28 +551,11 @@ static df_status prompt_block(df_engine *e, km_model *m, km_state *s, moe_scratc
 static df_status km_forward_prompt(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
                                    char *err) {
     km_model *m = e->prog;
-    km_state *s = state;
+    const km_state *s = state;
     const df_config *c = &e->cfg;
     if (n < 1 || pos + n > s->max_ctx) return DF_ERR_ARG;
-    const int H = m->H, B = n < DF_PROMPT_BLOCK ? n : DF_PROMPT_BLOCK;
-    const int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : H;
-    const size_t rows = (size_t)B * H * sizeof(float);
-    float *h = malloc(rows), *xin = malloc(rows), *xn = malloc(rows), *yv = malloc(rows);
-    float *anc = malloc(rows * (size_t)(m->max_anchors ? m->max_anchors : 1));
-    moe_scratch ms;
-    memset(&ms, 0, sizeof ms);
-    df_status st = DF_OK;
-    if (!h || !xin || !xn || !yv || !anc ||
-        moe_scratch_new(B, H, m->inter, c->n_routed_experts, c->num_experts_per_tok, dl, &ms) != DF_OK)
-        st = df_fail(err, DF_ERR_NOMEM, "out of memory for a prompt block of %d rows", B);
-    for (int b0 = 0; st == DF_OK && b0 < n; b0 += B) {
-        int nb = n - b0 < B ? n - b0 : B;
-        st = prompt_block(e, m, s, &ms, pos + b0, tokens + b0, nb, b0 + nb == n ? out : NULL, h, xin, xn, yv, anc,
-                          err);
-    }
-    moe_scratch_free(&ms);
-    free(h); free(xin); free(xn); free(yv); free(anc);
-    return st;
+    int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
+    return prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, km_prompt_block, state, err);
 }
 
 /* ---- describe ---- */
