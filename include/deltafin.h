@@ -62,6 +62,8 @@ typedef struct {
     int64_t expert_cache_bytes; /* the expert cache alone; 0: what ram_bytes leaves */
     int plan_ctx;    /* context positions the plan reserves session state for (0: 4096) */
     int prefetch;    /* 1: router lookahead prefetch (default); never changes the output */
+    int prompt_chunks; /* 1: prompts in 32-position passes through every layer; 0 (default): prompts
+                        * longer than that layer by layer in blocks (CPU path); never changes the output */
     int io_depth;    /* expert reads in flight (default 32) */
     int top_k;       /* LOSSY when > 0 and below the model's: route to only this many experts */
     const char *heat_path; /* expert heat statistics: loaded at open if present, saved at close */

@@ -1,21 +1,22 @@
 /* test_prompt.c — a long prompt run layer by layer (forward_prompt, suite
- * prompt_): the last position's logits, and every step after it, bit-
- * identical to the same prompt in chunked passes (asked for every row's
- * logits), Kimi and DeepSeek-V3 programs, with experts from the store and
- * mapped, across the blocks' boundaries, at 1 and 2 threads; the batch
- * stats count the blocks.
+ * prompt_): the last position's logits, every row's logits, and every step
+ * after the prompt, bit-identical to the same prompt in 32-position passes
+ * (df_engine_opts.prompt_chunks), Kimi and DeepSeek-V3 programs, experts
+ * from the store and mapped, across the blocks' boundaries, at 1 and 2
+ * threads; the batch stats count the blocks.
  */
 #include "test.h"
 #include "deltafin.h"
 #include <stdlib.h>
 #include <string.h>
 
-static df_engine *open_model(const char *dir, int io, int threads, int64_t cache) {
+static df_engine *open_model(const char *dir, int io, int threads, int64_t cache, int chunks) {
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = threads;
     o.expert_io = io;
     o.expert_cache_bytes = cache;
+    o.prompt_chunks = chunks;
     o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
     df_engine *e = NULL;
     char err[DF_ERRMSG];
@@ -25,38 +26,49 @@ static df_engine *open_model(const char *dir, int io, int threads, int64_t cache
 
 enum { STEPS = 3 };
 
+/* The prompt (n tokens) on engine e (layer by layer) and on c (chunks):
+ * the last logits alone, then every row's, then STEPS single steps. */
 static void prompt_case(const char *dir, int io, int threads, int n, int64_t cache) {
-    df_engine *e = open_model(dir, io, threads, cache);
-    if (!e) { CHECK(0, "%s", dir); return; }
+    df_engine *e = open_model(dir, io, threads, cache, 0), *c = open_model(dir, io, threads, cache, 1);
+    if (!e || !c) { CHECK(0, "%s", dir); df_engine_close(e); df_engine_close(c); return; }
     const int V = df_engine_vocab_size(e);
+    const size_t row = (size_t)V * sizeof(float);
     int32_t *tok = malloc((size_t)(n + STEPS) * sizeof *tok);
-    float *rows = malloc((size_t)n * V * sizeof(float)), *la = malloc((size_t)V * sizeof(float));
+    float *ra = malloc((size_t)n * row), *rb = malloc((size_t)n * row), *la = malloc(row);
     df_session *a = NULL, *b = NULL;
-    REQUIRE(tok && rows && la);
-    REQUIRE(df_session_new(e, n + STEPS + 1, &a) == DF_OK && df_session_new(e, n + STEPS + 1, &b) == DF_OK);
+    REQUIRE(tok && ra && rb && la);
+    REQUIRE(df_session_new(e, n + STEPS + 1, &a) == DF_OK && df_session_new(c, n + STEPS + 1, &b) == DF_OK);
     uint32_t r = 2024u + (uint32_t)n;
     for (int t = 0; t < n + STEPS; t++) { r = r * 1664525u + 1013904223u; tok[t] = (int32_t)((r >> 8) % (uint32_t)V); }
+    /* the last row alone */
     df_engine_reset_stats(e);
     CHECK(df_session_eval(a, tok, n, NULL) == DF_OK, "%s: %s", dir, df_session_error(a));
     df_batch_stats bs;
     df_engine_batch_stats(e, &bs);
     CHECK(bs.prompt_blocks == (uint64_t)((n + 255) / 256), "%s: %llu layer-major blocks for %d tokens", dir,
           (unsigned long long)bs.prompt_blocks, n);
-    memcpy(la, df_session_logits(a), (size_t)V * sizeof(float));
-    CHECK(df_session_eval(b, tok, n, rows) == DF_OK, "%s: %s", dir, df_session_error(b));
-    CHECK(!memcmp(la, rows + (size_t)(n - 1) * V, (size_t)V * sizeof(float)),
+    memcpy(la, df_session_logits(a), row);
+    CHECK(df_session_eval(b, tok, n, rb) == DF_OK, "%s: %s", dir, df_session_error(b));
+    df_engine_batch_stats(c, &bs);
+    CHECK(bs.prompt_blocks == 0, "%s: --prefill chunks ran %llu blocks", dir, (unsigned long long)bs.prompt_blocks);
+    CHECK(!memcmp(la, rb + (size_t)(n - 1) * V, row),
           "%s io %d threads %d: the layer-major prompt's last logits differ from the chunked passes'", dir, io,
           threads);
+    /* every row, from a fresh session */
+    df_session_reset(a);
+    CHECK(df_session_eval(a, tok, n, ra) == DF_OK, "%s: %s", dir, df_session_error(a));
+    CHECK(!memcmp(ra, rb, (size_t)n * row), "%s: the layer-major prompt's rows differ from the chunked passes'", dir);
     for (int i = 0; i < STEPS; i++) {
         CHECK(df_session_eval(a, tok + n + i, 1, NULL) == DF_OK && df_session_eval(b, tok + n + i, 1, NULL) == DF_OK,
               "%s step %d", dir, i);
-        CHECK(!memcmp(df_session_logits(a), df_session_logits(b), (size_t)V * sizeof(float)),
+        CHECK(!memcmp(df_session_logits(a), df_session_logits(b), row),
               "%s: step %d after the prompt differs (state carried from the layer-major prompt)", dir, i);
     }
     df_session_free(a);
     df_session_free(b);
     df_engine_close(e);
-    free(tok); free(rows); free(la);
+    df_engine_close(c);
+    free(tok); free(ra); free(rb); free(la);
 }
 
 TEST(prompt_layer_major_k3_store) { prompt_case("tests/fixtures/kimi_k3_a", DF_EXPERTS_DIRECT, 2, 300, 0); }
@@ -77,4 +89,19 @@ TEST(prompt_layer_major_store_smaller_than_a_pass) {
     REQUIRE(rc == 0, "synth: %s", out);
     prompt_case(dir, DF_EXPERTS_DIRECT, 2, 200, 128 * 1024);
     prompt_case(dir, DF_EXPERTS_PREAD, 1, 140, 128 * 1024);
+}
+
+/* the CLI flag: the same ids both ways; a bad value is a usage error */
+TEST(prompt_cli_prefill_flag) {
+    char a[4096], b[4096], c[4096];
+    const char *toks = "5,17,300,2,901,44,7,7,512,3,88,61,250,9,1000,12,33,64,128,255,1,2,3,4,5,6,7,8,9,10,11,12,13,"
+                       "14,15,16,17,18,19,20";
+    int ra = t_sh(a, sizeof a, "%s run --model models/kimi-k3-tiny --tokens %s --max-new 4 --ids --prefill layers",
+                  t_bin(), toks);
+    int rb = t_sh(b, sizeof b, "%s run --model models/kimi-k3-tiny --tokens %s --max-new 4 --ids --prefill chunks",
+                  t_bin(), toks);
+    CHECK(ra == 0 && rb == 0, "%s | %s", a, b);
+    CHECK(!strcmp(a, b), "--prefill layers '%s' vs chunks '%s'", a, b);
+    int rc = t_sh(c, sizeof c, "%s run --model models/kimi-k3-tiny --tokens 1,2 --prefill sideways", t_bin());
+    CHECK(rc != 0 && strstr(c, "--prefill must be layers or chunks"), "rc %d: %s", rc, c);
 }

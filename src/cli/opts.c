@@ -32,6 +32,9 @@ const char cli_model_opts_help[] =
     "  --spine-dtype T    auto (default: the int8 spine when `deltafin convert-spine` made one), bf16\n"
     "                     (the checkpoint's own matrices) or int8 (LOSSY: labelled in every stats line)\n"
     "  --no-prefetch      turn off router-lookahead prefetch (the output never changes)\n"
+    "  --prefill MODE     layers (default: a prompt over 32 tokens runs layer by layer in blocks of\n"
+    "                     256, each routed expert read once per layer per block) or chunks (32\n"
+    "                     positions through every layer at a time); the output never changes\n"
     "  --evict POLICY     expert cache eviction: lru (default) or heat (lowest decayed use count)\n"
     "  --heat FILE        expert heat statistics: loaded at start if present, saved at exit\n"
     "  --pin SIZE         keep the hottest experts (by --heat) resident, up to SIZE\n"
@@ -95,6 +98,15 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(a, "--no-mmap")) { o->no_mmap = 1; return 1; }
     if (!strcmp(a, "--no-prefetch")) { o->no_prefetch = 1; return 1; }
+    if (!strcmp(a, "--prefill")) {
+        if (!val || (strcmp(val, "layers") && strcmp(val, "chunks"))) {
+            fprintf(stderr, "deltafin: --prefill must be layers or chunks\n");
+            return -1;
+        }
+        (*i)++;
+        o->prefill_chunks = !strcmp(val, "chunks");
+        return 1;
+    }
     if (!strcmp(a, "--trace") || !strcmp(a, "--heat") || !strcmp(a, "--pin") || !strcmp(a, "--top-k")) {
         if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
         (*i)++;
@@ -242,6 +254,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     eo->spine_dtype = o->spine_dtype;
     eo->plan_ctx = o->ctx;
     eo->prefetch = !o->no_prefetch;
+    eo->prompt_chunks = o->prefill_chunks;
     if (o->io_depth > 0) eo->io_depth = o->io_depth;
     eo->top_k = o->top_k;
     eo->heat_path = o->heat_path;

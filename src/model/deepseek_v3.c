@@ -315,7 +315,7 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
  * layer over all of its rows, MLA in DF_CHUNK-row pieces, the MoE block over
  * every row at once. */
 static df_status ds_prompt_block(df_engine *e, void *state, prompt_buf *b, int pos, const int32_t *tokens, int n,
-                                 float *out, char *err) {
+                                 float *out, int all_rows, char *err) {
     ds_model *m = e->prog;
     ds_state *s = state;
     const int H = m->H;
@@ -347,17 +347,19 @@ static df_status ds_prompt_block(df_engine *e, void *state, prompt_buf *b, int p
         for (size_t i = 0; i < nh; i++) x[i] += yv[i];
     }
     if (!out) return DF_OK;
-    op_rmsnorm(xn, x + (size_t)(n - 1) * H, m->final_norm, H, m->eps);
-    df_fwd_seg seg = {s, pos + n - 1, tokens + n - 1, 1, out, 0};
-    return model_batch_head(e, m->L, &m->head, xn, 1, &seg, 1, err);
+    const int t0 = all_rows ? 0 : n - 1;
+    for (int t = t0; t < n; t++)
+        op_rmsnorm(xn + (size_t)(t - t0) * H, x + (size_t)t * H, m->final_norm, H, m->eps);
+    df_fwd_seg seg = {s, pos + t0, tokens + t0, n - t0, out, all_rows};
+    return model_batch_head(e, m->L, &m->head, xn, n - t0, &seg, 1, err);
 }
 
 static df_status ds_forward_prompt(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
-                                   char *err) {
+                                   int all_rows, char *err) {
     ds_model *m = e->prog;
     const ds_state *s = state;
     if (n < 1 || pos + n > s->max_ctx) return DF_ERR_ARG;
-    return prompt_run(e, m->H, 0, m->inter, m->H, pos, tokens, n, out, ds_prompt_block, state, err);
+    return prompt_run(e, m->H, 0, m->inter, m->H, pos, tokens, n, out, all_rows, ds_prompt_block, state, err);
 }
 
 /* ---- describe ---- */

@@ -528,7 +528,9 @@ const float *df_session_logits(const df_session *s) { return s->logits; }
  * experts than the cache has slots: it reads the rest as the experts it
  * handed out are done (xs_begin), as chunked passes already do when K x
  * DF_CHUNK exceeds the slots. */
-static int layer_major_prompt(const df_engine *e) { return e->ops->forward_prompt && !e->acc; }
+static int layer_major_prompt(const df_engine *e) {
+    return e->ops->forward_prompt && !e->acc && !e->opts.prompt_chunks;
+}
 
 /* A forward's status as df_session_eval returns it: a failed spine read
  * (model_host) is an error; on an error the session, whose recurrent state
@@ -569,8 +571,10 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
     }
     int pos = s->pos;
     uint64_t passes = (uint64_t)((n + DF_CHUNK - 1) / DF_CHUNK);
-    if (!logits && n > DF_CHUNK && layer_major_prompt(e)) {
-        df_status st = eval_status(s, e->ops->forward_prompt(e, s->state, pos, tokens, n, s->logits, s->err), pos);
+    if (n > DF_CHUNK && layer_major_prompt(e)) {
+        df_status st = eval_status(
+            s, e->ops->forward_prompt(e, s->state, pos, tokens, n, logits ? logits : s->logits, logits != NULL, s->err),
+            pos);
         if (st != DF_OK) return st;
         passes = (uint64_t)((n + DF_PROMPT_BLOCK - 1) / DF_PROMPT_BLOCK);
         e->bstats.prompt_blocks += passes;

@@ -504,7 +504,7 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
  * passes (per-row operations; products whose rows do not depend on their
  * neighbours). */
 static df_status km_prompt_block(df_engine *e, void *state, prompt_buf *b, int pos, const int32_t *tokens, int n,
-                                 float *out, char *err) {
+                                 float *out, int all_rows, char *err) {
     km_model *m = e->prog;
     km_state *s = state;
     const int H = m->H;
@@ -543,19 +543,23 @@ static df_status km_prompt_block(df_engine *e, void *state, prompt_buf *b, int p
         prof_add(e, DF_PROF_NORMS, &pt);
     }
     if (!out) return DF_OK;
-    head_in(m, h + (size_t)(n - 1) * H, anc + (size_t)(n - 1) * m->max_anchors * H, na, xin, xn);
-    df_fwd_seg seg = {s, pos + n - 1, tokens + n - 1, 1, out, 0};
-    return model_batch_head(e, m->L, &m->head, xn, 1, &seg, 1, err);
+    const int t0 = all_rows ? 0 : n - 1;
+    for (int t = t0; t < n; t++)
+        head_in(m, h + (size_t)t * H, anc + (size_t)t * m->max_anchors * H, na, xin + (size_t)(t - t0) * H,
+                xn + (size_t)(t - t0) * H);
+    df_fwd_seg seg = {s, pos + t0, tokens + t0, n - t0, out, all_rows};
+    return model_batch_head(e, m->L, &m->head, xn, n - t0, &seg, 1, err);
 }
 
 static df_status km_forward_prompt(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
-                                   char *err) {
+                                   int all_rows, char *err) {
     km_model *m = e->prog;
     const km_state *s = state;
     const df_config *c = &e->cfg;
     if (n < 1 || pos + n > s->max_ctx) return DF_ERR_ARG;
     int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
-    return prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, km_prompt_block, state, err);
+    return prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, all_rows, km_prompt_block, state,
+                      err);
 }
 
 /* ---- describe ---- */

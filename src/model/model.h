@@ -55,13 +55,14 @@ typedef struct {
      * engine runs them one by one). Each session's results are
      * bit-identical to its forward alone. seg[0]'s state lends the scratch. */
     df_status (*forward_batch)(df_engine *e, const df_fwd_seg *seg, int nseg, char *err);
-    /* Optional: a prompt of n > DF_CHUNK tokens, logits of its last
-     * position only (into out[0]), run layer by layer over blocks of
-     * DF_PROMPT_BLOCK positions, so a block reads each routed expert it
-     * uses once per layer; bit-identical to chunked forwards. The engine
-     * calls it only on the CPU path (no accelerator). */
+    /* Optional: a prompt of n > DF_CHUNK tokens run layer by layer over
+     * blocks of DF_PROMPT_BLOCK positions, so a block reads each routed
+     * expert it uses once per layer; logits rows for every token if
+     * all_rows, else only for the last into out[0]; bit-identical to
+     * chunked forwards. The engine calls it only on the CPU path (no
+     * accelerator) unless df_engine_opts.prompt_chunks. */
     df_status (*forward_prompt)(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
-                                char *err);
+                                int all_rows, char *err);
     /* Appends program-specific lines to the describe text. */
     void (*describe)(df_engine *e, char *buf, size_t cap);
     /* Rewinding (NULL when positions alone define the timeline: caches are

@@ -10,7 +10,7 @@ static void buf_free(prompt_buf *b) {
 }
 
 df_status prompt_run(df_engine *e, int hidden, int anchors, int inter, int dl, int pos, const int32_t *tokens, int n,
-                     float *out, prompt_block_fn fn, void *ctx, char *err) {
+                     float *out, int all_rows, prompt_block_fn fn, void *ctx, char *err) {
     const df_config *c = &e->cfg;
     prompt_buf b;
     memset(&b, 0, sizeof b);
@@ -27,7 +27,8 @@ df_status prompt_run(df_engine *e, int hidden, int anchors, int inter, int dl, i
         st = df_fail(err, DF_ERR_NOMEM, "out of memory for a prompt block of %d positions", b.rows);
     for (int b0 = 0; st == DF_OK && b0 < n; b0 += b.rows) {
         int nb = n - b0 < b.rows ? n - b0 : b.rows;
-        st = fn(e, ctx, &b, pos + b0, tokens + b0, nb, b0 + nb == n ? out : NULL, err);
+        float *o = all_rows ? out + (size_t)b0 * c->vocab_size : b0 + nb == n ? out : NULL;
+        st = fn(e, ctx, &b, pos + b0, tokens + b0, nb, o, all_rows, err);
     }
     buf_free(&b);
     return st;

@@ -18,14 +18,16 @@ typedef struct {
     moe_scratch moe;           /* sized for rows */
 } prompt_buf;
 
-/* fn runs n <= b->rows positions from pos (tokens), writing the last row's
- * logits into out when out is set. */
+/* fn runs n <= b->rows positions from pos (tokens), writing logits into
+ * out when out is set: every row's (all_rows) or the last row's. */
 typedef df_status (*prompt_block_fn)(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
-                                     float *out, char *err);
+                                     float *out, int all_rows, char *err);
 
 /* Runs tokens [0, n) in blocks of DF_PROMPT_BLOCK through fn (buffers for
- * hidden, anchors per row, and the MoE widths inter / dl), the last
- * block with out. DF_ERR_NOMEM (with err) when the buffers do not fit. */
+ * hidden, anchors per row, and the MoE widths inter / dl): with all_rows
+ * every block writes its rows' logits at their place in out (vocab floats
+ * each), else the last block writes the last row's into out.
+ * DF_ERR_NOMEM (with err) when the buffers do not fit. */
 df_status prompt_run(df_engine *e, int hidden, int anchors, int inter, int dl, int pos, const int32_t *tokens, int n,
-                     float *out, prompt_block_fn fn, void *ctx, char *err);
+                     float *out, int all_rows, prompt_block_fn fn, void *ctx, char *err);
 #endif
