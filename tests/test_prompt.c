@@ -3,7 +3,8 @@
  * after the prompt, bit-identical to the same prompt in 32-position passes
  * (df_engine_opts.prompt_chunks), Kimi and DeepSeek-V3 programs, experts
  * from the store and mapped, across the blocks' boundaries, at 1 and 2
- * threads; the batch stats count the blocks.
+ * threads, and from a position other than 0 (a second turn); the batch
+ * stats count the blocks.
  */
 #include "test.h"
 #include "deltafin.h"
@@ -69,6 +70,51 @@ static void prompt_case(const char *dir, int io, int threads, int n, int64_t cac
     df_engine_close(e);
     df_engine_close(c);
     free(tok); free(ra); free(rb); free(la);
+}
+
+/* A prompt that continues a session (a second turn): `first` tokens in one
+ * evaluation, then n more from that position, layer by layer (e) and in
+ * chunks (c); every row of the second evaluation and STEPS steps after it. */
+static void continued_case(const char *dir, int io, int first, int n) {
+    df_engine *e = open_model(dir, io, 2, 0, 0), *c = open_model(dir, io, 2, 0, 1);
+    if (!e || !c) { CHECK(0, "%s", dir); df_engine_close(e); df_engine_close(c); return; }
+    const int V = df_engine_vocab_size(e), total = first + n + STEPS;
+    const size_t row = (size_t)V * sizeof(float);
+    int32_t *tok = malloc((size_t)total * sizeof *tok);
+    float *ra = malloc((size_t)n * row), *rb = malloc((size_t)n * row);
+    df_session *a = NULL, *b = NULL;
+    REQUIRE(tok && ra && rb);
+    REQUIRE(df_session_new(e, total + 1, &a) == DF_OK && df_session_new(c, total + 1, &b) == DF_OK);
+    uint32_t r = 77u + (uint32_t)n;
+    for (int t = 0; t < total; t++) { r = r * 1664525u + 1013904223u; tok[t] = (int32_t)((r >> 8) % (uint32_t)V); }
+    CHECK(df_session_eval(a, tok, first, NULL) == DF_OK && df_session_eval(b, tok, first, NULL) == DF_OK, "%s", dir);
+    df_engine_reset_stats(e);
+    CHECK(df_session_eval(a, tok + first, n, ra) == DF_OK, "%s: %s", dir, df_session_error(a));
+    CHECK(df_session_eval(b, tok + first, n, rb) == DF_OK, "%s: %s", dir, df_session_error(b));
+    df_batch_stats bs;
+    df_engine_batch_stats(e, &bs);
+    CHECK(bs.prompt_blocks == (uint64_t)((n + 255) / 256), "%s: %llu blocks for %d tokens at position %d", dir,
+          (unsigned long long)bs.prompt_blocks, n, first);
+    CHECK(!memcmp(ra, rb, (size_t)n * row), "%s: a prompt from position %d, layer by layer, differs from chunks",
+          dir, first);
+    for (int i = 0; i < STEPS; i++) {
+        const int32_t *t = tok + first + n + i;
+        CHECK(df_session_eval(a, t, 1, NULL) == DF_OK && df_session_eval(b, t, 1, NULL) == DF_OK, "%s", dir);
+        CHECK(!memcmp(df_session_logits(a), df_session_logits(b), row), "%s: step %d after the second turn", dir, i);
+    }
+    df_session_free(a);
+    df_session_free(b);
+    df_engine_close(e);
+    df_engine_close(c);
+    free(tok); free(ra); free(rb);
+}
+
+TEST(prompt_layer_major_second_turn) {
+    continued_case("tests/fixtures/kimi_k3_a", DF_EXPERTS_DIRECT, 45, 33);  /* just past one pass */
+    continued_case("tests/fixtures/kimi_k3_a", DF_EXPERTS_DIRECT, 7, 257);  /* one row past a block */
+    continued_case("models/kimi-k3-tiny", DF_EXPERTS_DIRECT, 100, 150);
+    continued_case("tests/fixtures/kimi_linear_b", DF_EXPERTS_MMAP, 40, 70);
+    continued_case("tests/fixtures/dsv3_qlora", DF_EXPERTS_DIRECT, 33, 64);
 }
 
 TEST(prompt_layer_major_k3_store) { prompt_case("tests/fixtures/kimi_k3_a", DF_EXPERTS_DIRECT, 2, 300, 0); }
