@@ -524,9 +524,13 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
         if (m->store && e->acc && expert_on_device(e, m, s->uni[i])) dev[ndev++] = s->uni[i];
         else s->uni[nread++] = s->uni[i];
     }
+    prof_add(e, DF_PROF_ROUTER, &pt);
+    /* handing the reads (this layer's and the lookahead's) to the kernel,
+     * which may block on a full queue, counts with the routed experts, as
+     * the waiting for them does */
     if (m->store && (st = xs_begin(m->store, m->layer, s->uni, nread, err))) return st;
     if (ahead) lookahead_from(e, m->next, s, n);
-    prof_add(e, DF_PROF_ROUTER, &pt);
+    prof_add(e, DF_PROF_ROUTED, &pt);
     /* work that overlaps the reads */
     const float *xin = xn;
     /* the shared experts queued like a routed one: s->sh is written when
