@@ -7,7 +7,8 @@
  *  - each SIMD level against the scalar level;
  *  - decode exactness: with x = a one-hot vector the result must equal the
  *    dequantised weight exactly, at every level, for every column;
- *  - kn_matmul row i bit-equal to kn_matvec on vector i (any row range, ldy);
+ *  - kn_matmul row i bit-equal to kn_matvec on vector i (any row range, ldy,
+ *    and in blocks of vectors over wide rows);
  *  - row-range independence: any split of [0, rows) gives bit-equal outputs.
  * Plus known encodings through kn_dequant_row and NaN propagation for fp8.
  *
@@ -382,6 +383,41 @@ TEST(kn_fp8_nan_propagates) {
         kn_matvec((kn_level)lv, &w, x, y, 0, 2);
         CHECK(isnan(y[0]) && y[1] == 40.0f, "%s: %g %g", kn_level_name((kn_level)lv), y[0], y[1]);
     }
+}
+
+/* Many vectors over wide rows: kn_matmul runs them in blocks of vectors
+ * (the driver's x budget, 4 MB: 40 x 32768 floats is two blocks); every
+ * output stays bit-equal to kn_matvec, at every level this CPU runs. */
+TEST(kn_matmul_vector_blocks) {
+    const wt_type types[] = {WT_BF16, WT_MXFP4};
+    const int64_t rows = 9, cols = 32768;
+    const int n = 40;
+    float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * rows * sizeof *Y);
+    float yv[9];
+    REQUIRE(X && Y);
+    for (int i = 0; i < n; i++) {
+        float *xi = rand_vec(cols, 900 + (uint64_t)i);
+        memcpy(X + (size_t)i * cols, xi, (size_t)cols * sizeof *xi);
+        free(xi);
+    }
+    for (int k = 0; k < 2; k++) {
+        tmat m;
+        tmat_make(&m, types[k], rows, cols, DT_UNKNOWN, 0, 0, 11 + (uint64_t)k);
+        for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
+            if (!kn_level_available((kn_level)lv)) continue;
+            kn_matmul((kn_level)lv, &m.w, X, n, Y, rows, 0, rows);
+            int diff = 0;
+            for (int i = 0; i < n; i++) {
+                kn_matvec((kn_level)lv, &m.w, X + (size_t)i * cols, yv, 0, rows);
+                for (int64_t r = 0; r < rows; r++) diff += !same_bits(Y[(size_t)i * rows + r], yv[r]);
+            }
+            CHECK(diff == 0, "%s %s: %d of %d outputs of a %d-vector matmul differ from matvec",
+                  wt_type_name(types[k]), kn_level_name((kn_level)lv), diff, (int)(n * rows), n);
+        }
+        tmat_free(&m);
+    }
+    free(X);
+    free(Y);
 }
 
 TEST(kn_level_capped_to_cpu) {

@@ -12,8 +12,10 @@
  * instructions in the same order, so the value does not depend on which
  * tile, row block or vector block produced it (kernels.h's contract).
  *
- * Walk: rows in blocks of about 256 KB of weights, so a block stays in L2
- * while the vectors pass over it; inside a block, vectors in groups of mv
+ * Walk: vectors in blocks whose x takes at most 4 MB (KN_X_BLOCK_BYTES;
+ * one block unless n x cols is large), each block over all rows; rows in
+ * blocks of about 256 KB of weights, so a block stays in L2 while the
+ * block's vectors pass over it; inside a row block, vectors in groups of mv
  * through the mr-row "many" tile (weights decoded once per group of
  * vectors: prefill), the vectors left over one at a time through the nr-row
  * "one" tile (decode). Leftover rows take the 1-row variants.
