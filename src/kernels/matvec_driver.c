@@ -21,29 +21,6 @@ static const float *prep_vectors(const kn_tiles *t, const float *X, int64_t cols
 #endif
 
 static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
-                        int64_t row0, int64_t row1);
-
-/* Vectors in blocks whose x takes at most KN_X_BLOCK_BYTES (a multiple of
- * the many tile's vectors), each over all the rows: every row block streams
- * a block's x, not all of X (measured: a 7168 x 18432 bf16 matmul of 256
- * vectors ran at 56% of the FMA probe as one block, 79% in blocks of 32). */
-void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
-              int64_t row0, int64_t row1) {
-    const int mv = t->many ? t->mv : 1;
-    int64_t cap = (int64_t)KN_X_BLOCK_BYTES / (w->cols * (int64_t)sizeof(float));
-    cap = cap < mv ? mv : cap / mv * mv;
-    if (cap >= n) { drive_block(t, w, X, n, Y, ldy, row0, row1); return; }
-    /* blocks of equal size (a multiple of mv), not cap and a small rest */
-    const int64_t blocks = (n + cap - 1) / cap;
-    int64_t nb = (n + blocks - 1) / blocks;
-    nb = (nb + mv - 1) / mv * mv;
-    for (int i = 0; i < n; i += (int)nb) {
-        int m = n - i < nb ? n - i : (int)nb;
-        drive_block(t, w, X + (int64_t)i * w->cols, m, Y + (int64_t)i * ldy, ldy, row0, row1);
-    }
-}
-
-static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
                         int64_t row0, int64_t row1) {
     const int64_t cols = w->cols;
     const int mv = t->many ? t->mv : 1;
@@ -77,6 +54,26 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
         }
     }
     if (xbuf != xstack) free(xbuf);
+}
+
+/* Vectors in equal blocks (a multiple of the many tile's vectors) whose x
+ * takes at most KN_X_BLOCK_BYTES, each over all the rows: every row block
+ * streams a block's x, not all of X (measured: a 7168 x 18432 bf16 matmul
+ * of 256 vectors ran at 55-64% of the FMA probe as one block, 76-84% in
+ * blocks of 4 MB). */
+void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+              int64_t row0, int64_t row1) {
+    if (n <= 0) return;
+    const int mv = t->many ? t->mv : 1;
+    int64_t cap = w->cols > 0 ? (int64_t)KN_X_BLOCK_BYTES / (w->cols * (int64_t)sizeof(float)) : n;
+    cap = cap < mv ? mv : cap / mv * mv;
+    const int64_t blocks = (n + cap - 1) / cap;
+    int64_t nb = (n + blocks - 1) / blocks;
+    nb = (nb + mv - 1) / mv * mv;
+    for (int i = 0; i < n; i += (int)nb) {
+        int m = n - i < nb ? n - i : (int)nb;
+        drive_block(t, w, X + (int64_t)i * w->cols, m, Y + (int64_t)i * ldy, ldy, row0, row1);
+    }
 }
 
 static int kind_of(const df_weight *w) {
