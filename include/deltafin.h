@@ -128,8 +128,11 @@ typedef struct df_accel_mla {
  * uploaded for the call and released after it. Matrices the accelerator
  * refuses (a type or shape it has no kernel for) stay on the CPU. With the
  * state hooks, KDA recurrences and MLA attention (with their states) move
- * to the device too; norms, routing and residual mixing stay on the CPU. The results differ from the CPU kernels only by
- * summation order (tests bound the logits and require the same greedy ids).
+ * to the device too; with the dev_ hooks a decode step keeps its
+ * activations, norms and residual mixing there as well (the host routes
+ * each MoE layer from its router logits). The results differ from the CPU
+ * kernels only by summation order (tests bound the logits and require the
+ * same greedy ids).
  * Calls come from one thread at a time. */
 typedef struct df_accel {
     const char *name;  /* one line for inspect, e.g. "cuda: NVIDIA H200 (sm_90, 132 SMs)" */
@@ -230,6 +233,34 @@ typedef struct df_accel {
     df_status (*moe_tail)(void *ctx, int n, int K, const float *selw, const float *routed, int64_t dl,
                           const float *lat_norm, float eps, void *lat_up, const float *shared, float *out,
                           char *err);
+    /* Optional, all or none: activations that stay on the device between
+     * calls (a decode step without a host round trip per layer). dev_alloc
+     * returns `floats` floats of device memory (64-byte aligned), NULL with
+     * err; dev_free gives it back (NULL-safe). The host never reads such
+     * memory. Wherever matmul_many (X, Y), expert_queue (X, out), moe_tail
+     * (out), kda_layer and mla_layer (xn, out) take activations, a pointer
+     * into a dev_alloc block may stand for host memory: it is read or
+     * written there, and a call whose outputs all stay on the device does
+     * not wait for them (work is queued in order on one stream; the host
+     * bytes the weights were uploaded from may still be reused once it
+     * returns). The dev_ hooks below take device pointers, queue their work
+     * and do not wait, except dev_get.
+     *   dev_put:  dst <- src (host, copied before it returns)
+     *   dev_get:  dst (host) <- src, after the work queued before it
+     *   dev_rmsnorm: out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, t < n rows of dim
+     *   dev_attn_res: out[t] = AttnRes of anchors[t * astride + j * dim], j < na,
+     *     and cur[t] with the probe w (op_attn_res), t < n
+     *   dev_add:  y[i] += x[i] (fp32), i < floats; dev_copy: dst <- src */
+    float *(*dev_alloc)(void *ctx, int64_t floats, char *err);
+    void (*dev_free)(void *ctx, float *p);
+    df_status (*dev_put)(void *ctx, float *dst, const float *src, int64_t floats, char *err);
+    df_status (*dev_get)(void *ctx, float *dst, const float *src, int64_t floats, char *err);
+    df_status (*dev_rmsnorm)(void *ctx, float *out, const float *x, const float *w, int n, int dim, float eps,
+                             char *err);
+    df_status (*dev_attn_res)(void *ctx, float *out, const float *anchors, int64_t astride, int na, const float *cur,
+                              const float *w, int n, int dim, float eps, char *err);
+    df_status (*dev_add)(void *ctx, float *y, const float *x, int64_t floats, char *err);
+    df_status (*dev_copy)(void *ctx, float *dst, const float *src, int64_t floats, char *err);
 } df_accel;
 
 /* df_accel.mla_layer (optional, with the state hooks): a whole MLA layer step with one host

@@ -417,7 +417,8 @@ TEST(model_accel_bit_identical_any_budget) {
                           b >= 3 ? fake_queue : NULL, b >= 3 ? fake_finish : NULL, NULL,
                           b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
                           b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL,
-                          b >= 4 ? fake_mla_layer : NULL, b >= 4 ? fake_moe_tail : NULL};
+                          b >= 4 ? fake_mla_layer : NULL, b >= 4 ? fake_moe_tail : NULL,
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
             df_accel_stats st;
             fake_expert_calls = 0;
             fake_many_calls = 0;
@@ -606,7 +607,8 @@ TEST(model_accel_kda_failure_resets) {
     if (!n) SKIP("fixtures missing");
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
-                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL, NULL};
+                  fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL, NULL,
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;
@@ -632,6 +634,124 @@ TEST(model_accel_kda_failure_resets) {
     CHECK(fake_states == 0 && fake_live == 0, "leaks: %d states, %d handles", fake_states, fake_live);
     free(lg);
     free(ref);
+}
+
+/* Activations "on the device" for the stand-in: malloc'ed blocks, the
+ * host's own ops on them (op_rmsnorm, op_attn_res, fp32 adds), so a decode
+ * step through km_step_device stays bit-identical to the CPU's. */
+static int fake_dev_live, fake_dev_ops;
+static float *fake_dev_alloc(void *ctx, int64_t floats, char *err) {
+    (void)ctx;
+    (void)err;
+    fake_dev_live++;
+    float *p = malloc((size_t)floats * sizeof(float));
+    for (int64_t i = 0; p && i < floats; i++) p[i] = NAN; /* unwritten rows would show */
+    return p;
+}
+static void fake_dev_free(void *ctx, float *p) {
+    (void)ctx;
+    if (p) fake_dev_live--;
+    free(p);
+}
+static df_status fake_dev_put(void *ctx, float *dst, const float *src, int64_t floats, char *err) {
+    (void)ctx;
+    (void)err;
+    memcpy(dst, src, (size_t)floats * sizeof(float));
+    return DF_OK;
+}
+static df_status fake_dev_rmsnorm(void *ctx, float *out, const float *x, const float *w, int n, int dim, float eps,
+                                  char *err) {
+    (void)ctx;
+    (void)err;
+    fake_dev_ops++;
+    for (int t = 0; t < n; t++) op_rmsnorm(out + (size_t)t * dim, x + (size_t)t * dim, w, dim, eps);
+    return DF_OK;
+}
+static df_status fake_dev_attn_res(void *ctx, float *out, const float *anchors, int64_t astride, int na,
+                                   const float *cur, const float *w, int n, int dim, float eps, char *err) {
+    (void)ctx;
+    (void)err;
+    fake_dev_ops++;
+    for (int t = 0; t < n; t++)
+        op_attn_res(anchors + (size_t)t * astride, na, cur + (size_t)t * dim, w, dim, eps, out + (size_t)t * dim);
+    return DF_OK;
+}
+static df_status fake_dev_add(void *ctx, float *y, const float *x, int64_t floats, char *err) {
+    (void)ctx;
+    (void)err;
+    for (int64_t i = 0; i < floats; i++) y[i] += x[i];
+    return DF_OK;
+}
+static df_status fake_dev_copy(void *ctx, float *dst, const float *src, int64_t floats, char *err) {
+    (void)ctx;
+    (void)err;
+    memmove(dst, src, (size_t)floats * sizeof(float));
+    return DF_OK;
+}
+
+/* The decode step with its activations on the "device" (km_step_device,
+ * ffn_block_dev): on the Kimi fixtures, with every budget (resident, LRU
+ * evictions, transient; the spine's f32 matrices are refused and run on the
+ * host over rows brought back), the logits are bit-identical to the CPU's;
+ * the device ops ran, the host waited fewer times than the host-centred
+ * step, and no device block leaked. DeepSeek-V3 keeps the host-centred step. */
+TEST(model_accel_device_step) {
+    static const char *fx[] = {"tests/fixtures/kimi_k3_mxfp4", "tests/fixtures/kimi_linear_a",
+                               "tests/fixtures/dsv3_fp8_yarn"};
+    kn_level lv = kn_detect();
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        int32_t tok[64];
+        int n = read_tokens(fx[i], tok, 64);
+        if (n <= 0) SKIP("fixtures missing");
+        float *ref = logits_with(fx[i], NULL, 1, NULL, NULL);
+        REQUIRE(ref != NULL, "%s cpu", fx[i]);
+        const int kimi = strstr(fx[i], "kimi") != NULL;
+        uint64_t waits_host = 0;
+        const int64_t budgets[] = {(int64_t)1 << 40, (int64_t)1 << 40, 24 << 10, 1};
+        for (int b = 0; b < 4; b++) {
+            const int dev = b > 0; /* the first: the host-centred step, for the wait count */
+            df_accel a = {.name = "fake", .ctx = &lv, .budget = budgets[b], .upload = fake_upload,
+                          .release = fake_release, .matmul = fake_matmul, .expert_queue = fake_queue,
+                          .expert_finish = fake_finish, .state_new = fake_state_new, .state_free = fake_state_free,
+                          .state_zero = fake_state_zero, .kda = fake_kda, .mla = fake_mla,
+                          .matmul_many = fake_matmul_many, .kda_layer = fake_kda_layer, .mla_layer = fake_mla_layer,
+                          .moe_tail = fake_moe_tail};
+            if (dev) {
+                a.dev_alloc = fake_dev_alloc;
+                a.dev_free = fake_dev_free;
+                a.dev_put = fake_dev_put;
+                a.dev_get = fake_dev_put; /* memcpy either way */
+                a.dev_rmsnorm = fake_dev_rmsnorm;
+                a.dev_attn_res = fake_dev_attn_res;
+                a.dev_add = fake_dev_add;
+                a.dev_copy = fake_dev_copy;
+            }
+            df_accel_stats st;
+            fake_dev_ops = 0;
+            float *lg = logits_with(fx[i], &a, 1, &st, NULL);
+            REQUIRE(lg != NULL, "%s budget %d", fx[i], b);
+            df_engine_opts o;
+            df_engine_opts_default(&o);
+            size_t bytes = (size_t)n * 4;
+            df_engine *e = NULL;
+            char err[DF_ERRMSG];
+            if (df_engine_open(fx[i], &o, &e, err) == DF_OK) {
+                bytes *= (size_t)df_engine_vocab_size(e);
+                df_engine_close(e);
+            }
+            CHECK(memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %d", fx[i], b);
+            CHECK((fake_dev_ops > 0) == (dev && kimi), "%s budget %d: %d device ops", fx[i], b, fake_dev_ops);
+            if (!dev) waits_host = st.sync_calls;
+            if (b == 1 && kimi)
+                CHECK(st.sync_calls < waits_host, "%s: %llu host waits on the device step, %llu without", fx[i],
+                      (unsigned long long)st.sync_calls, (unsigned long long)waits_host);
+            CHECK(fake_dev_live == 0 && fake_live == 0 && fake_states == 0 && fake_nq == 0,
+                  "%s budget %d: leaks: %d device blocks, %d handles, %d states, %d queued", fx[i], b, fake_dev_live,
+                  fake_live, fake_states, fake_nq);
+            free(lg);
+        }
+        free(ref);
+    }
 }
 
 /* A spine that does not fit the device budget is page-locked (its mapped
@@ -788,7 +908,8 @@ TEST(model_accel_stream_spine_not_reread) {
                           NULL, NULL, fake_queue, fake_finish, NULL, fake_state_new, fake_state_free,
                           fake_state_zero, fake_kda, fake_mla, NULL, fake_matmul_many,
                           b == 1 ? fake_kda_layer : NULL, b == 1 ? fake_mla_layer : NULL,
-                          b == 1 ? fake_moe_tail : NULL};
+                          b == 1 ? fake_moe_tail : NULL,
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, 0, &st, &later);
@@ -840,7 +961,8 @@ TEST(model_accel_stream_spine_device_failure) {
             df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, flaky_matmul, NULL, NULL, NULL,
                           fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda,
                           fake_mla, NULL, flaky_matmul_many, b ? fake_kda_layer : NULL, b ? fake_mla_layer : NULL,
-                          b ? fake_moe_tail : NULL};
+                          b ? fake_moe_tail : NULL,
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, b ? 1 : 2, &st, &later);

@@ -794,6 +794,20 @@ __global__ void __launch_bounds__(256) k_sigmoid_mul(float *x, const float *__re
         x[i] = __fmul_rn(x[i], __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g[i]))));
 }
 
+__global__ void __launch_bounds__(256) k_add(float *y, const float *__restrict__ x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)gridDim.x * 256)
+        y[i] = __fadd_rn(y[i], x[i]);
+}
+
+extern "C" df_status gpu_add(float *y, const float *x, int64_t n, void *stream) {
+    if (!y || !x || n < 0) return DF_ERR_ARG;
+    if (!n) return DF_OK;
+    int64_t blocks = (n + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    k_add<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(y, x, n);
+    return launched("k_add");
+}
+
 extern "C" df_status gpu_sigmoid_mul(float *x, const float *g, int64_t n, void *stream) {
     if (!x || !g || n < 0) return DF_ERR_ARG;
     if (!n) return DF_OK;

@@ -180,6 +180,8 @@ df_status gpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim
 /* x[i] *= 1 / (1 + exp(-g[i])) for i < n (ops.h's op_sigmoid, CUDA's
  * expf: within 8 ulp of the CPU's per element, tests/cuda). */
 df_status gpu_sigmoid_mul(float *x, const float *g, int64_t n, void *stream);
+/* y[i] += x[i] (fp32, rounded once, as the host's) for i < n. */
+df_status gpu_add(float *y, const float *x, int64_t n, void *stream);
 
 /* ---- router ---- */
 

@@ -25,7 +25,8 @@ struct handle {
     gpu_weight g;
     cudaEvent_t ready, freed;
     int was_freed;
-    int qref; /* queued experts not yet launched that read it */
+    int qref;    /* queued experts not yet launched that read it */
+    int settled; /* its upload has completed (ready queried): products need not wait for it */
 };
 
 /* A queued expert: its copies and activation, its inputs (n rows of hid
@@ -37,6 +38,8 @@ struct pending {
     float *out;
     int64_t stride, dim, hid, x_off, y_off;
     int n, rows_off; /* rows in acc::qrows */
+    const float *xdev; /* the input in device memory (dev_alloc), else NULL: staged at x_off */
+    int out_dev;       /* out is device memory: rows copied there on the device */
 };
 
 struct acc {
@@ -78,7 +81,33 @@ struct acc {
     float *mh, *md; /* MLA staging (pinned) and device inputs + scratch + attn */
     size_t cap_m;
     gpu_ws mla_ws;  /* gpu_mla_attend's split workspace */
+    /* activations kept on the device (dev_alloc): its blocks, so the other
+     * hooks know a device pointer from a host one */
+    float *dblk[8];
+    size_t dlen[8];
+    float *ph;         /* dev_put / dev_get staging (pinned) */
+    size_t cap_ph;
+    cudaEvent_t ph_ev, th_ev; /* ph / th still read by queued work once recorded */
+    cudaEvent_t mm_ev;        /* matmul_many's outputs copied (queued experts run behind) */
+    int ph_busy, th_busy;
 };
+
+/* 1 if p points into a dev_alloc block. */
+int is_dev(const acc *a, const void *p) {
+    const float *f = (const float *)p;
+    for (int i = 0; f && i < 8; i++)
+        if (a->dblk[i] && f >= a->dblk[i] && f < a->dblk[i] + a->dlen[i]) return 1;
+    return 0;
+}
+
+/* Pinned staging that queued work may still read (*busy): the host waits
+ * for the event recorded after that work before writing it again. */
+void staging_wait(cudaEvent_t ev, int *busy) {
+    if (*busy) cudaEventSynchronize(ev);
+    *busy = 0;
+}
+
+df_status staging_mark(acc *a, cudaEvent_t *ev, int *busy, char *err);
 
 /* One layer's session state on the device, with device copies of the
  * layer's per-channel parameters taken when it was made (so nothing is
@@ -134,13 +163,23 @@ df_status handle_fill(acc *a, handle *h, const df_weight *w, char *err) {
     }
     df_status st = gpu_weight_refill_async(w, &h->g, a->copy, err);
     if (st) return st;
+    h->settled = 0;
     cudaError_t e = cudaEventRecord(h->ready, a->copy);
     return e == cudaSuccess ? DF_OK : cerr(err, e, "upload event");
 }
 
-/* The products on a->stream wait (on the device) for h's upload. */
+/* The products on a->stream wait (on the device) for h's upload; once the
+ * upload is seen complete, never again (a resident copy costs no stream
+ * wait per product: host time between a sync and the next launch). */
 df_status handle_wait(acc *a, const handle *h, char *err) {
-    cudaError_t e = cudaStreamWaitEvent(a->stream, h->ready, 0);
+    if (h->settled) return DF_OK;
+    cudaError_t e = cudaEventQuery(h->ready);
+    if (e == cudaSuccess) {
+        ((handle *)h)->settled = 1;
+        return DF_OK;
+    }
+    if (e != cudaErrorNotReady) return cerr(err, e, "an upload");
+    e = cudaStreamWaitEvent(a->stream, h->ready, 0);
     return e == cudaSuccess ? DF_OK : cerr(err, e, "waiting for an upload");
 }
 
@@ -277,41 +316,64 @@ df_status acc_matmul_many(void *ctx, int count, void *const *hp, const float *co
     enum { MANY_MAX = 16 };
     if (count < 1 || count > MANY_MAX) return DF_ERR_ARG;
     size_t xoff[MANY_MAX], yoff[MANY_MAX], nx = 0, ny = 0;
+    int xd[MANY_MAX], yd[MANY_MAX];
     for (int i = 0; i < count; i++) {
         const handle *h = (const handle *)hp[i];
         if (handle_wait(a, h, err) != DF_OK) return DF_ERR_IO;
+        xd[i] = is_dev(a, X[i]); /* device inputs are read and outputs written where they are */
+        yd[i] = is_dev(a, Y[i]);
         int same = -1;
-        for (int j = 0; j < i && same < 0; j++)
-            if (X[j] == X[i] && n[j] == n[i] && ((const handle *)hp[j])->g.cols == h->g.cols) same = j;
-        if (same >= 0) xoff[i] = xoff[same];
+        for (int j = 0; j < i && same < 0 && !xd[i]; j++)
+            if (!xd[j] && X[j] == X[i] && n[j] == n[i] && ((const handle *)hp[j])->g.cols == h->g.cols) same = j;
+        if (xd[i]) xoff[i] = 0;
+        else if (same >= 0) xoff[i] = xoff[same];
         else {
             xoff[i] = nx;
             nx += al16((size_t)n[i] * h->g.cols);
         }
         yoff[i] = ny;
-        ny += al16((size_t)n[i] * h->g.rows);
+        if (!yd[i]) ny += al16((size_t)n[i] * h->g.rows);
     }
     if (!grow(&a->hx, &a->dx, &a->cap_x, nx, err)) return DF_ERR_NOMEM;
     if (!grow(&a->hy, &a->dy, &a->cap_y, ny, err)) return DF_ERR_NOMEM;
     for (int i = 0; i < count; i++) {
+        if (xd[i]) continue;
         const int64_t cols = ((const handle *)hp[i])->g.cols;
         int first = 1;
-        for (int j = 0; j < i && first; j++) first = xoff[j] != xoff[i];
+        for (int j = 0; j < i && first; j++) first = xd[j] || xoff[j] != xoff[i];
         if (first) memcpy(a->hx + xoff[i], X[i], (size_t)n[i] * cols * sizeof(float));
     }
-    if (act_copy(a, a->dx, a->hx, nx, err) != DF_OK) return DF_ERR_IO;
+    if (nx && act_copy(a, a->dx, a->hx, nx, err) != DF_OK) return DF_ERR_IO;
     for (int i = 0; i < count; i++) {
         const gpu_weight *g = &((const handle *)hp[i])->g;
-        df_status st = gpu_matmul_tc(g, a->dx + xoff[i], n[i], a->dy + yoff[i], g->rows, 0, g->rows, &a->ws, a->stream);
+        const float *x = xd[i] ? X[i] : a->dx + xoff[i];
+        df_status st = yd[i] ? gpu_matmul_tc(g, x, n[i], Y[i], ldy[i], 0, g->rows, &a->ws, a->stream)
+                             : gpu_matmul_tc(g, x, n[i], a->dy + yoff[i], g->rows, 0, g->rows, &a->ws, a->stream);
         if (st != DF_OK) {
             if (err) snprintf(err, DF_ERRMSG, "cuda: matmul: %s", gpu_last_error());
             return st;
         }
     }
-    if (act_copy(a, a->hy, a->dy, ny, err) != DF_OK) return DF_ERR_IO;
-    cudaError_t e = cudaStreamSynchronize(a->stream);
+    /* everything on the device, nothing staged: queued, no wait */
+    if (!nx && !ny) return DF_OK;
+    if (ny && act_copy(a, a->hy, a->dy, ny, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e;
+    if (a->nlaunched < a->npend) {
+        /* experts queued before these products (a layer's shared experts)
+         * run while the host works on the outputs: wait for the outputs
+         * alone, then launch them behind */
+        if (!a->mm_ev && (e = cudaEventCreateWithFlags(&a->mm_ev, cudaEventDisableTiming)) != cudaSuccess)
+            return cerr(err, e, "matmul event");
+        if ((e = cudaEventRecord(a->mm_ev, a->stream)) != cudaSuccess) return cerr(err, e, "matmul event");
+        df_status qs = queue_launch(a, a->flush_err);
+        if (qs != DF_OK && a->flush_st == DF_OK) a->flush_st = qs; /* reported at finish */
+        e = cudaEventSynchronize(a->mm_ev);
+    } else {
+        e = cudaStreamSynchronize(a->stream);
+    }
     if (e != cudaSuccess) return cerr(err, e, "matmul");
     for (int i = 0; i < count; i++) {
+        if (yd[i]) continue;
         const int64_t rows = ((const handle *)hp[i])->g.rows;
         for (int v = 0; v < n[i]; v++)
             memcpy(Y[i] + (size_t)v * ldy[i], a->hy + yoff[i] + (size_t)v * rows, (size_t)rows * sizeof(float));
@@ -367,11 +429,14 @@ df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ
     const gpu_weight *g = &hg->g, *d = &hd->g;
     const int64_t hid = g->cols, inter = g->rows, dim = d->rows;
     if (n <= 0) return DF_OK;
-    df_status st = queue_room(a, (size_t)n * hid, (size_t)n * dim, (size_t)n * inter, n, err);
+    const int xd = is_dev(a, X);
+    df_status st = queue_room(a, xd ? 0 : (size_t)n * hid, (size_t)n * dim, (size_t)n * inter, n, err);
     if (st != DF_OK) return st;
     if (handle_wait(a, hg, err) || handle_wait(a, hu, err) || handle_wait(a, hd, err)) return DF_ERR_IO;
-    memcpy(a->qhx + a->qx_used, X, (size_t)n * hid * sizeof(float));
+    if (!xd) memcpy(a->qhx + a->qx_used, X, (size_t)n * hid * sizeof(float));
     pending *p = &a->pend[a->npend++];
+    p->xdev = xd ? X : NULL;
+    p->out_dev = is_dev(a, out);
     p->h[0] = hg;
     p->h[1] = hu;
     p->h[2] = hd;
@@ -387,22 +452,29 @@ df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ
     for (int i = 0; i < 3; i++) p->h[i]->qref++;
     memcpy(a->qrows + a->nrows, rows, (size_t)n * sizeof(int));
     a->nrows += n;
-    a->qx_used += (size_t)n * hid;
+    if (!xd) a->qx_used += (size_t)n * hid;
     a->qy_used += (size_t)n * dim;
     return DF_OK;
 }
 
-/* Launches the queued experts not launched yet: their inputs up in one
- * copy, gpu_experts over runs of one activation (a layer's experts: two
- * tensor-core batches), their outputs back in one copy. No host wait. */
+/* Launches the queued experts not launched yet: their staged inputs up in
+ * one copy, gpu_experts over runs of one activation (a layer's experts: two
+ * tensor-core batches), outputs for device memory copied there (those for
+ * host memory come back at finish, in one copy). No host wait. */
 df_status queue_launch(acc *a, char *err) {
     const int first = a->nlaunched;
     if (first == a->npend) return DF_OK;
-    const pending *p0 = &a->pend[first];
-    df_status st = act_copy(a, a->qdx + p0->x_off, a->qhx + p0->x_off, a->qx_used - (size_t)p0->x_off, err);
+    int staged = first; /* the first staged input */
+    while (staged < a->npend && a->pend[staged].xdev) staged++;
+    df_status st = DF_OK;
+    if (staged < a->npend) {
+        const int64_t x0 = a->pend[staged].x_off;
+        st = act_copy(a, a->qdx + x0, a->qhx + x0, a->qx_used - (size_t)x0, err);
+    }
     for (int i = first; i < a->npend; i++) {
         const pending *p = &a->pend[i];
-        a->jobs[i] = {&p->h[0]->g, &p->h[1]->g, &p->h[2]->g, a->qdx + p->x_off, p->n, a->qdy + p->y_off};
+        const float *x = p->xdev ? p->xdev : a->qdx + p->x_off;
+        a->jobs[i] = {&p->h[0]->g, &p->h[1]->g, &p->h[2]->g, x, p->n, a->qdy + p->y_off};
     }
     for (int r0 = first; st == DF_OK && r0 < a->npend;) {
         int r1 = r0 + 1;
@@ -414,17 +486,35 @@ df_status queue_launch(acc *a, char *err) {
         if (st != DF_OK && err) snprintf(err, DF_ERRMSG, "cuda: experts: %s", gpu_last_error());
         r0 = r1;
     }
-    if (st == DF_OK) st = act_copy(a, a->qhy + p0->y_off, a->qdy + p0->y_off, a->qy_used - (size_t)p0->y_off, err);
+    /* outputs for host memory come back at finish (queue_outputs_back) */
+    for (int i = first; st == DF_OK && i < a->npend; i++) { /* outputs for device memory: copied there */
+        const pending *p = &a->pend[i];
+        for (int r = 0; p->out_dev && st == DF_OK && r < p->n; r++)
+            st = act_copy(a, p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qdy + p->y_off + (size_t)r * p->dim,
+                          (size_t)p->dim, err);
+    }
     for (int i = first; i < a->npend; i++)
         for (int k = 0; k < 3; k++) a->pend[i].h[k]->qref--;
     a->nlaunched = a->npend;
     return st;
 }
 
+/* The queue's outputs to pinned staging (qhy) when one of them is for host
+ * memory (moe_tail: other than its routed and shared rows, which it takes
+ * on the device): one copy behind every launch, before the finishing wait. */
+df_status queue_outputs_back(acc *a, int skip_tail, const float *routed, const float *shared, char *err) {
+    for (int i = 0; i < a->npend; i++) {
+        const pending *p = &a->pend[i];
+        if (p->out_dev || (skip_tail && (p->out == routed || (shared && p->out == shared)))) continue;
+        return act_copy(a, a->qhy, a->qdy, a->qy_used, err);
+    }
+    return DF_OK;
+}
+
 /* A queued expert's output (host staging qhy, after the stream's sync) to
  * its rows of p->out. */
 static void pending_out(const acc *a, const pending *p) {
-    for (int r = 0; r < p->n; r++)
+    for (int r = 0; !p->out_dev && r < p->n; r++)
         memcpy(p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qhy + p->y_off + (size_t)r * p->dim,
                (size_t)p->dim * sizeof(float));
 }
@@ -438,9 +528,31 @@ static void queue_clear(acc *a) {
     a->qx_used = a->qy_used = 0;
 }
 
+/* Whether the host must wait for the queue's work before it is cleared: an
+ * input staged in pinned memory (reused by the next queue) or an output
+ * for host memory. Without either, the uploads the queued experts read are
+ * waited for instead (their host bytes may be reused once finish returns). */
+int queue_needs_wait(const acc *a, int skip_routed, const float *routed, const float *shared) {
+    for (int i = 0; i < a->npend; i++) {
+        const pending *p = &a->pend[i];
+        const int tail_row = skip_routed && (p->out == routed || (shared && p->out == shared));
+        if (!p->xdev || (!p->out_dev && !tail_row)) return 1;
+    }
+    return 0;
+}
+
+cudaError_t queue_uploads_wait(const acc *a) {
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < a->npend && e == cudaSuccess; i++)
+        for (int k = 0; k < 3 && e == cudaSuccess; k++)
+            if (!a->pend[i].h[k]->settled) e = cudaEventSynchronize(a->pend[i].h[k]->ready);
+    return e;
+}
+
 /* Launches what is queued, waits for the product stream (not for uploads
  * started since: prefetches keep running), then writes every queued output
- * to its rows. */
+ * to its rows (outputs for device memory are copied there by the stream,
+ * and then the host waits only for the uploads, see queue_needs_wait). */
 df_status acc_expert_finish(void *ctx, char *err) {
     acc *a = (acc *)ctx;
     if (!a->npend) return DF_OK;
@@ -449,7 +561,8 @@ df_status acc_expert_finish(void *ctx, char *err) {
         st = a->flush_st;
         if (err) snprintf(err, DF_ERRMSG, "%s", a->flush_err);
     }
-    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (st == DF_OK) st = queue_outputs_back(a, 0, NULL, NULL, err);
+    cudaError_t e = queue_needs_wait(a, 0, NULL, NULL) ? cudaStreamSynchronize(a->stream) : queue_uploads_wait(a);
     if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "queued experts");
     for (int i = 0; st == DF_OK && i < a->npend; i++) pending_out(a, &a->pend[i]);
     queue_clear(a);
@@ -467,6 +580,8 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
     const handle *hu = (const handle *)lat_up;
     const gpu_weight *up = &hu->g;
     const int64_t H = up->rows, R = (int64_t)n * K;
+    const int out_dev = is_dev(a, out);
+    staging_wait(a->th_ev, &a->th_busy); /* the last tail's staging was read by the device */
     df_status st = queue_launch(a, err);
     if (st == DF_OK && a->flush_st != DF_OK) {
         st = a->flush_st;
@@ -527,18 +642,22 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
         for (int t = 0; t < n; t++) ptr[R + n + t] = dy + (size_t)t * H;
         const float *const *dptr = (const float *const *)(void *)(a->td + o_ptr);
         st = act_copy(a, a->td, a->th, o_sum, err);
+        if (st == DF_OK) st = staging_mark(a, &a->th_ev, &a->th_busy, err);
         if (st == DF_OK) st = gpu_moe_combine(dptr, a->td, n, K, dl, NULL, dsum, a->stream);
         if (st == DF_OK && lat_norm) st = gpu_rmsnorm(dsum, dsum, a->td + o_norm, n, (int)dl, eps, a->stream);
         if (st == DF_OK && (st = handle_wait(a, hu, err)) == DF_OK)
             st = gpu_matmul_tc(up, dsum, n, dy, H, 0, H, &a->ws, a->stream);
         if (st == DF_OK && shared) /* y + shared: y as a combine of one row with weight 1 (exact), in place */
             st = gpu_moe_combine(dptr + R + n, a->td + o_one, n, 1, H, dptr + R, dy, a->stream);
-        if (st == DF_OK) st = act_copy(a, a->th + o_y, dy, (size_t)n * H, err);
+        if (st == DF_OK) st = act_copy(a, out_dev ? out : a->th + o_y, dy, (size_t)n * H, err);
         if (st != DF_OK && err && !*err) snprintf(err, DF_ERRMSG, "cuda: moe tail: %s", gpu_last_error());
     }
-    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (st == DF_OK) st = queue_outputs_back(a, 1, routed, shared, err);
+    /* out on the device and nothing else for the host: no wait for the work */
+    const int wait = st != DF_OK || !out_dev || queue_needs_wait(a, 1, routed, shared);
+    cudaError_t e = wait ? cudaStreamSynchronize(a->stream) : queue_uploads_wait(a);
     if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "moe tail");
-    if (st == DF_OK) memcpy(out, a->th + o_y, (size_t)n * H * sizeof(float));
+    if (st == DF_OK && !out_dev) memcpy(out, a->th + o_y, (size_t)n * H * sizeof(float));
     /* other queued outputs (none in a MoE layer today) go where finish puts them */
     for (int i = 0; st == DF_OK && i < a->npend; i++) {
         const pending *p = &a->pend[i];
@@ -695,8 +814,14 @@ df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, vo
     if (!grow(&a->kh, &a->kd, &a->cap_k, total, err)) return DF_ERR_NOMEM;
     float *d = a->kd, *q = d, *k = d + aP, *v = d + 2 * aP, *f = d + 3 * aP, *gate = d + 4 * aP, *braw = d + 5 * aP;
     float *o = d + in, *x = o + aP, *fa = x + al16(nx), *gl = fa + al16(nD), *y = gl + al16(nD);
-    memcpy(a->kh + (x - d), xn, nx * sizeof(float));
-    if (act_copy(a, x, a->kh + (x - d), nx, err) != DF_OK) return DF_ERR_IO;
+    const int xd = is_dev(a, xn), od = is_dev(a, out); /* read / written where they are */
+    if (xd) {
+        x = (float *)xn;
+    } else {
+        memcpy(a->kh + (x - d), xn, nx * sizeof(float));
+        if (act_copy(a, x, a->kh + (x - d), nx, err) != DF_OK) return DF_ERR_IO;
+    }
+    if (od) y = out;
     struct {
         int m;
         const float *X;
@@ -723,6 +848,11 @@ df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, vo
     if (rs != DF_OK) {
         if (err) snprintf(err, DF_ERRMSG, "cuda: kda layer: %s", gpu_last_error());
         return rs;
+    }
+    if (xd && od) return DF_OK; /* queued; nothing staged, nothing for the host */
+    if (od) { /* the staged input must be read before the next call writes it */
+        cudaError_t e = cudaStreamSynchronize(a->stream);
+        return e == cudaSuccess ? DF_OK : cerr(err, e, "kda layer");
     }
     if (act_copy(a, a->kh + (y - d), y, nx, err) != DF_OK) return DF_ERR_IO;
     cudaError_t e = cudaStreamSynchronize(a->stream);
@@ -757,8 +887,14 @@ df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *stat
     if (!grow(&a->mh, &a->md, &a->cap_m, total, err)) return DF_ERR_NOMEM;
     float *x = a->md, *q = x + al16(nx), *kva = q + al16(nq), *qlat = kva + al16(nkv), *olat = qlat + al16(nlat);
     float *att = olat + al16(nlat), *qa = att + al16(nat), *gate = qa + al16(nqa), *y = gate + al16(nat);
-    memcpy(a->mh, xn, nx * sizeof(float));
-    if (act_copy(a, x, a->mh, nx, err) != DF_OK) return DF_ERR_IO;
+    const int xd = is_dev(a, xn), od = is_dev(a, out); /* read / written where they are */
+    if (xd) {
+        x = (float *)xn;
+    } else {
+        memcpy(a->mh, xn, nx * sizeof(float));
+        if (act_copy(a, x, a->mh, nx, err) != DF_OK) return DF_ERR_IO;
+    }
+    if (od) y = out;
     df_status rs = DF_OK;
 #define MLA_MM(m, X, Y) \
     (rs == DF_OK ? gpu_matmul_tc(&h[m]->g, X, n, Y, h[m]->g.rows, 0, h[m]->g.rows, &a->ws, a->stream) : rs)
@@ -785,10 +921,11 @@ df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *stat
         snprintf(err, DF_ERRMSG, "cuda: mla layer: %s", rs == DF_ERR_IO ? gpu_last_error() : df_status_name(rs));
         return rs;
     }
-    if (act_copy(a, a->mh, y, nx, err) != DF_OK) return DF_ERR_IO;
-    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (xd && od) return DF_OK; /* queued; nothing staged, nothing for the host */
+    if (!od && act_copy(a, a->mh, y, nx, err) != DF_OK) return DF_ERR_IO;
+    cudaError_t e = cudaStreamSynchronize(a->stream); /* (od: the staged input read before the next call) */
     if (e != cudaSuccess) return cerr(err, e, "mla layer");
-    memcpy(out, a->mh, nx * sizeof(float));
+    if (!od) memcpy(out, a->mh, nx * sizeof(float));
     return DF_OK;
 }
 
@@ -822,6 +959,116 @@ df_status acc_mla(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int
     if (e != cudaSuccess) return cerr(err, e, "mla");
     memcpy(attn, a->mh + in, nat * sizeof(float));
     return DF_OK;
+}
+
+/* ---- activations on the device (df_accel.dev_*) ---- */
+
+df_status staging_mark(acc *a, cudaEvent_t *ev, int *busy, char *err) {
+    cudaError_t e = *ev ? cudaSuccess : cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(*ev, a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "staging event");
+    *busy = 1;
+    return DF_OK;
+}
+
+float *acc_dev_alloc(void *ctx, int64_t floats, char *err) {
+    acc *a = (acc *)ctx;
+    int i = 0;
+    while (i < 8 && a->dblk[i]) i++;
+    if (i == 8 || floats < 1) {
+        snprintf(err, DF_ERRMSG, "cuda: no room for another activation block");
+        return NULL;
+    }
+    cudaSetDevice(a->device);
+    float *p = NULL;
+    cudaError_t e = cudaMalloc((void **)&p, (size_t)floats * sizeof(float));
+    if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, (size_t)floats * sizeof(float), a->stream);
+    if (e != cudaSuccess) {
+        cerr(err, e, "activation block");
+        cudaFree(p);
+        return NULL;
+    }
+    a->dblk[i] = p;
+    a->dlen[i] = (size_t)floats;
+    return p;
+}
+
+void acc_dev_free(void *ctx, float *p) {
+    acc *a = (acc *)ctx;
+    for (int i = 0; p && i < 8; i++) {
+        if (a->dblk[i] != p) continue;
+        cudaSetDevice(a->device);
+        cudaStreamSynchronize(a->stream); /* no queued work may still use it */
+        cudaFree(p);
+        a->dblk[i] = NULL;
+        a->dlen[i] = 0;
+    }
+}
+
+/* Grows the pinned staging ph to floats (nothing queued reads it then). */
+int ph_room(acc *a, int64_t floats, char *err) {
+    staging_wait(a->ph_ev, &a->ph_busy);
+    if ((size_t)floats <= a->cap_ph) return 1;
+    const size_t nc = (size_t)floats < 16384 ? 16384 : (size_t)floats;
+    cudaFreeHost(a->ph);
+    a->ph = NULL;
+    a->cap_ph = 0;
+    cudaError_t e = cudaMallocHost((void **)&a->ph, nc * sizeof(float));
+    if (e != cudaSuccess) {
+        cerr(err, e, "staging buffers");
+        a->ph = NULL;
+        return 0;
+    }
+    a->cap_ph = nc;
+    return 1;
+}
+
+/* A dev_ kernel's launch status with its message. */
+df_status dev_launched(df_status st, const char *what, char *err) {
+    if (st != DF_OK && err) snprintf(err, DF_ERRMSG, "cuda: %s: %s", what, st == DF_ERR_IO ? gpu_last_error() : df_status_name(st));
+    return st;
+}
+
+df_status acc_dev_put(void *ctx, float *dst, const float *src, int64_t floats, char *err) {
+    acc *a = (acc *)ctx;
+    if (floats <= 0) return DF_OK;
+    if (!ph_room(a, floats, err)) return DF_ERR_NOMEM;
+    memcpy(a->ph, src, (size_t)floats * sizeof(float));
+    df_status st = act_copy(a, dst, a->ph, (size_t)floats, err);
+    return st == DF_OK ? staging_mark(a, &a->ph_ev, &a->ph_busy, err) : st;
+}
+
+df_status acc_dev_get(void *ctx, float *dst, const float *src, int64_t floats, char *err) {
+    acc *a = (acc *)ctx;
+    if (floats <= 0) return DF_OK;
+    if (!ph_room(a, floats, err)) return DF_ERR_NOMEM;
+    df_status st = act_copy(a, a->ph, src, (size_t)floats, err);
+    cudaError_t e = cudaStreamSynchronize(a->stream);
+    if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "activations");
+    if (st == DF_OK) memcpy(dst, a->ph, (size_t)floats * sizeof(float));
+    return st;
+}
+
+df_status acc_dev_rmsnorm(void *ctx, float *out, const float *x, const float *w, int n, int dim, float eps, char *err) {
+    acc *a = (acc *)ctx;
+    return dev_launched(gpu_rmsnorm(out, x, w, n, dim, eps, a->stream), "rmsnorm", err);
+}
+
+df_status acc_dev_attn_res(void *ctx, float *out, const float *anchors, int64_t astride, int na, const float *cur,
+                           const float *w, int n, int dim, float eps, char *err) {
+    acc *a = (acc *)ctx;
+    return dev_launched(gpu_attn_res(anchors, astride, na, cur, w, dim, eps, n, out, a->stream), "attention residual",
+                        err);
+}
+
+df_status acc_dev_add(void *ctx, float *y, const float *x, int64_t floats, char *err) {
+    acc *a = (acc *)ctx;
+    return dev_launched(gpu_add(y, x, floats, a->stream), "add", err);
+}
+
+df_status acc_dev_copy(void *ctx, float *dst, const float *src, int64_t floats, char *err) {
+    acc *a = (acc *)ctx;
+    return dev_launched(gpu_copy(dst, src, (size_t)floats * sizeof(float), a->stream), "copy", err);
 }
 
 df_status acc_pin(void *ctx, void *ptr, size_t bytes, char *err) {
@@ -997,6 +1244,16 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.mla_layer = acc_mla_layer;
 #endif
     a->pub.mla = acc_mla;
+#ifndef GPU_NO_DEV_STEP /* diagnostics: the host-centred step */
+    a->pub.dev_alloc = acc_dev_alloc;
+    a->pub.dev_free = acc_dev_free;
+    a->pub.dev_put = acc_dev_put;
+    a->pub.dev_get = acc_dev_get;
+    a->pub.dev_rmsnorm = acc_dev_rmsnorm;
+    a->pub.dev_attn_res = acc_dev_attn_res;
+    a->pub.dev_add = acc_dev_add;
+    a->pub.dev_copy = acc_dev_copy;
+#endif
     return &a->pub;
 }
 
@@ -1026,6 +1283,11 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     free(a->tsrc);
     cudaFreeHost(a->mh);
     cudaFree(a->md);
+    cudaFreeHost(a->ph);
+    if (a->ph_ev) cudaEventDestroy(a->ph_ev);
+    if (a->th_ev) cudaEventDestroy(a->th_ev);
+    if (a->mm_ev) cudaEventDestroy(a->mm_ev);
+    for (int i = 0; i < 8; i++) cudaFree(a->dblk[i]);
     gpu_ws_free(&a->mla_ws);
     gpu_ws_free(&a->ws);
     spares_free(a);

@@ -28,7 +28,11 @@
  * one wait), kda_layer / mla_layer (a whole attention layer, activations
  * kept on the device), the expert queue launched as one gpu_experts batch
  * at finish, and moe_tail (a latent MoE layer's weighted sum, norm, lat_up
- * and shared add on the device); read_gbps is bench's HBM probe.
+ * and shared add on the device); read_gbps is bench's HBM probe. The dev_
+ * hooks keep a decode step's activations on the device (dev_alloc blocks;
+ * the other hooks read and write such pointers in place and wait only when
+ * an output is for host memory or a staged input must be read first); a
+ * resident copy's upload, once seen complete, costs no stream wait.
  */
 #ifndef DF_CUDA_GPU_ACCEL_H
 #define DF_CUDA_GPU_ACCEL_H

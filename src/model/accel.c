@@ -61,6 +61,9 @@ struct acc_table {
     int32_t *held;         /* entries with hold set (acc_hold) */
     int nheld, cap_held;
     df_accel_stats st;
+    float *dev_blk[4];     /* device activation blocks (acc_dev_alloc), for acc_is_dev */
+    int64_t dev_len[4];    /* their floats */
+    int queued_host;       /* an expert queued since the last finish reads or writes host memory */
     char err[DF_ERRMSG];
     char last_err[DF_ERRMSG];
 };
@@ -547,10 +550,17 @@ static int call_end(acc_table *t, const acc_handles *hs, int ok, df_status st, c
 }
 
 /* The products of r the accelerator takes, in one matmul_many call (one
- * host wait); done[i] = 1 for each it computed. Needs two or more. */
+ * host wait, none when every input and output is on the device); done[i] =
+ * 1 for each it computed. Needs two or more, or one on device memory. */
 static void acc_mm_many(acc_table *t, const mm_req *r, int count, int *done) {
     enum { MANY_MAX = 16 };
-    if (!t || !t->a->matmul_many || count < 2 || count > MANY_MAX) return;
+    int on_dev = 0, all_dev = 1;
+    for (int i = 0; t && i < count; i++) {
+        int d = acc_is_dev(t, r[i].X) + acc_is_dev(t, r[i].Y);
+        on_dev |= d > 0;
+        all_dev &= d == 2;
+    }
+    if (!t || !t->a->matmul_many || count < (on_dev ? 1 : 2) || count > MANY_MAX) return;
     void *h[MANY_MAX];
     int32_t id[MANY_MAX];
     int tr[MANY_MAX], pick[MANY_MAX], np = 0;
@@ -577,7 +587,7 @@ static void acc_mm_many(acc_table *t, const mm_req *r, int count, int *done) {
     if (np) {
         double t0 = now_s();
         st = t->a->matmul_many(t->a->ctx, np, h, X, n, Y, ldy, t->err);
-        sync_done(t, t0);
+        if (!all_dev) sync_done(t, t0);
         if (st != DF_OK) call_failed(t, st, NULL);
     }
     for (int k = 0; k < np; k++) {
@@ -591,11 +601,41 @@ static void acc_mm_many(acc_table *t, const mm_req *r, int count, int *done) {
     }
 }
 
+/* One product the accelerator did not take, on the CPU, with X or Y in
+ * device memory brought over (Y on the device needs ldy == w's rows). */
+static df_status mm_via_host(df_engine *e, const mm_req *r, char *err) {
+    const int dx = acc_is_dev(e->acc, r->X), dy = acc_is_dev(e->acc, r->Y);
+    const size_t nx = (size_t)r->n * (size_t)r->w->cols, ny = (size_t)r->n * (size_t)r->w->rows;
+    if (dy && r->ldy != r->w->rows) return df_fail(err, DF_ERR_ARG, "device output with a row stride");
+    float *hx = dx ? malloc(nx * sizeof(float)) : NULL, *hy = dy ? malloc(ny * sizeof(float)) : NULL;
+    df_status st = (dx && !hx) || (dy && !hy) ? df_fail(err, DF_ERR_NOMEM, "out of memory") : DF_OK;
+    if (st == DF_OK && dx) st = acc_dev_get(e->acc, hx, r->X, (int64_t)nx, err);
+    if (st == DF_OK) {
+        mm(e, r->w, dx ? hx : r->X, r->n, dy ? hy : r->Y, r->ldy);
+        if (dy) st = acc_dev_put(e->acc, r->Y, hy, (int64_t)ny, err);
+    }
+    free(hx);
+    free(hy);
+    return st;
+}
+
 void mm_many(df_engine *e, const mm_req *r, int count) {
     int done[16] = {0};
     if (e->acc && count <= 16) acc_mm_many(e->acc, r, count, done);
     for (int i = 0; i < count; i++)
         if (!done[i]) mm(e, r[i].w, r[i].X, r[i].n, r[i].Y, r[i].ldy);
+}
+
+df_status mm_many_dev(df_engine *e, const mm_req *r, int count, char *err) {
+    int done[16] = {0};
+    if (count > 16) return df_fail(err, DF_ERR_ARG, "too many products in one call");
+    acc_mm_many(e->acc, r, count, done);
+    for (int i = 0; i < count; i++) {
+        if (done[i]) continue;
+        df_status st = mm_via_host(e, &r[i], err);
+        if (st != DF_OK) return st;
+    }
+    return DF_OK;
 }
 
 void acc_prefetch(acc_table *t, const df_weight *w, int n) {
@@ -617,6 +657,7 @@ int acc_expert_queue(acc_table *t, const df_weight w[3], int situ, float beta, f
     if (ok) {
         df_status st = t->a->expert_queue(t->a->ctx, hs.h[0], hs.h[1], hs.h[2], situ, beta, linear_beta, X, n, out,
                                           rows, out_stride, t->err);
+        if (!acc_is_dev(t, X) || !acc_is_dev(t, out)) t->queued_host = 1;
         if (st != DF_OK) {
             call_failed(t, st, NULL);
             ok = 0;
@@ -634,7 +675,8 @@ df_status acc_expert_finish(acc_table *t, char *err) {
     if (!t || !t->a->expert_finish) return DF_OK;
     double t0 = now_s();
     df_status st = t->a->expert_finish(t->a->ctx, t->err);
-    sync_done(t, t0);
+    if (t->queued_host) sync_done(t, t0); /* else only device outputs: no wait */
+    t->queued_host = 0;
     if (st != DF_OK) return call_failed(t, st, err);
     return DF_OK;
 }
@@ -707,7 +749,8 @@ int acc_moe_tail(acc_table *t, int n, int K, const float *selw, const float *rou
     if (!acquire_handles(t, &lat_up, 1, &hs)) return 0;
     double t0 = now_s();
     df_status st = t->a->moe_tail(t->a->ctx, n, K, selw, routed, dl, lat_norm, eps, hs.h[0], shared, out, t->err);
-    sync_done(t, t0);
+    if (!acc_is_dev(t, out)) sync_done(t, t0);
+    t->queued_host = 0;
     int r = call_end(t, &hs, 1, st, err);
     if (r != 1) return r;
     t->st.calls++;
@@ -724,7 +767,7 @@ int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, c
     if (ok) {
         double t0 = now_s();
         st = t->a->kda_layer(t->a->ctx, layer, state, n, hs.h, xn, out, t->err);
-        sync_done(t, t0);
+        if (!acc_is_dev(t, out)) sync_done(t, t0);
     }
     int r = call_end(t, &hs, ok, st, err);
     if (r != 1) return r;
@@ -747,7 +790,7 @@ int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos,
     if (ok) {
         double t0 = now_s();
         st = t->a->mla_layer(t->a->ctx, layer, hs.h[DF_MLA_MATS], state, pos, n, hs.h, xn, out, t->err);
-        sync_done(t, t0);
+        if (!acc_is_dev(t, out)) sync_done(t, t0);
     }
     int r = call_end(t, &hs, ok, st, err);
     if (r != 1) return r;
@@ -826,3 +869,70 @@ void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes,
 }
 
 const char *acc_last_error(const acc_table *t) { return t ? t->last_err : ""; }
+
+/* ---- activations on the device (df_accel.dev_*) ---- */
+
+int acc_has_dev(const acc_table *t) {
+    const df_accel *a = t ? t->a : NULL;
+    return a && a->dev_alloc && a->dev_free && a->dev_put && a->dev_get && a->dev_rmsnorm && a->dev_attn_res &&
+           a->dev_add && a->dev_copy && a->matmul_many && a->expert_queue && a->expert_finish;
+}
+
+int acc_is_dev(const acc_table *t, const void *p) {
+    const float *f = p;
+    for (int i = 0; t && f && i < 4; i++)
+        if (t->dev_blk[i] && f >= t->dev_blk[i] && f < t->dev_blk[i] + t->dev_len[i]) return 1;
+    return 0;
+}
+
+float *acc_dev_alloc(acc_table *t, int64_t floats) {
+    int i = 0;
+    while (i < 4 && t->dev_blk[i]) i++;
+    if (i == 4 || !acc_has_dev(t) || floats < 1) return NULL;
+    float *p = t->a->dev_alloc(t->a->ctx, floats, t->err);
+    if (!p) { snprintf(t->last_err, sizeof t->last_err, "%s", t->err); return NULL; }
+    t->dev_blk[i] = p;
+    t->dev_len[i] = floats;
+    return p;
+}
+
+void acc_dev_free(acc_table *t, float *p) {
+    for (int i = 0; t && p && i < 4; i++)
+        if (t->dev_blk[i] == p) {
+            t->a->dev_free(t->a->ctx, p);
+            t->dev_blk[i] = NULL;
+            t->dev_len[i] = 0;
+        }
+}
+
+/* A dev_ hook's status: DF_OK, or its message as the last error and in err. */
+static df_status dev_done(acc_table *t, df_status st, char *err) { return st == DF_OK ? DF_OK : call_failed(t, st, err); }
+
+df_status acc_dev_put(acc_table *t, float *dst, const float *src, int64_t floats, char *err) {
+    return dev_done(t, t->a->dev_put(t->a->ctx, dst, src, floats, t->err), err);
+}
+
+df_status acc_dev_get(acc_table *t, float *dst, const float *src, int64_t floats, char *err) {
+    double t0 = now_s();
+    df_status st = t->a->dev_get(t->a->ctx, dst, src, floats, t->err);
+    sync_done(t, t0);
+    return dev_done(t, st, err);
+}
+
+df_status acc_dev_rmsnorm(acc_table *t, float *out, const float *x, const float *w, int n, int dim, float eps,
+                          char *err) {
+    return dev_done(t, t->a->dev_rmsnorm(t->a->ctx, out, x, w, n, dim, eps, t->err), err);
+}
+
+df_status acc_dev_attn_res(acc_table *t, float *out, const float *anchors, int64_t astride, int na, const float *cur,
+                           const float *w, int n, int dim, float eps, char *err) {
+    return dev_done(t, t->a->dev_attn_res(t->a->ctx, out, anchors, astride, na, cur, w, n, dim, eps, t->err), err);
+}
+
+df_status acc_dev_add(acc_table *t, float *y, const float *x, int64_t floats, char *err) {
+    return dev_done(t, t->a->dev_add(t->a->ctx, y, x, floats, t->err), err);
+}
+
+df_status acc_dev_copy(acc_table *t, float *dst, const float *src, int64_t floats, char *err) {
+    return dev_done(t, t->a->dev_copy(t->a->ctx, dst, src, floats, t->err), err);
+}

@@ -298,7 +298,22 @@ static int queue_expert(df_engine *e, const moe_layer *m, const ffn_act *act, mo
     if (!e->acc) return 0;
     int rows[cnt > 0 ? cnt : 1];
     for (int i = 0; i < cnt; i++) rows[i] = s->etok[i] * m->K + s->eslot[i];
-    return acc_expert_queue(e->acc, w, act->situ, act->beta, act->linear_beta, s->xe, cnt, s->ys, rows, dl);
+    /* a device row (one token): its input as it stands there */
+    const float *X = s->dv ? s->dv->xin : s->xe;
+    return acc_expert_queue(e->acc, w, act->situ, act->beta, act->linear_beta, X, cnt, s->ys, rows, dl);
+}
+
+/* With a device row (s->dv): brings xn (into s->xn_host) and, for a latent
+ * layer, xl (into s->xl) to the host, once, for a part the device did not
+ * take. 1 when they are there. */
+static int dv_fetch(df_engine *e, moe_scratch *s, int latent) {
+    moe_dev *dv = s->dv;
+    if (!dv || dv->fetched) return 1;
+    char err[DF_ERRMSG];
+    dv->st = acc_dev_get(e->acc, s->xn_host, dv->xn, s->hidden, err);
+    if (dv->st == DF_OK && latent) dv->st = acc_dev_get(e->acc, s->xl, dv->xl, s->dl, err);
+    dv->fetched = dv->st == DF_OK;
+    return dv->fetched;
 }
 
 /* Runs expert x (views w) over the chunk tokens that chose it, storing each
@@ -309,6 +324,10 @@ static int run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     int cnt = gather_tokens(m, s, xin, n, x, dl);
     const df_weight three[XS_MATS] = {w->gate, w->up, w->down};
     if (queue_expert(e, m, act, s, cnt, three, dl)) return 1;
+    if (s->dv) { /* the host's copy of the device row, gathered again */
+        if (!dv_fetch(e, s, m->latent)) return 0;
+        cnt = gather_tokens(m, s, xin, n, x, dl);
+    }
     ffn_forward(e, w, act, s->xe, cnt, s->ye, s->g, s->u);
     scatter_tokens(m, s, cnt, dl);
     return 0;
@@ -429,7 +448,21 @@ static void device_prefetch(df_engine *e, const moe_layer *nx, moe_scratch *s) {
  * one left out; for a chunk, its best margin over the tokens), so the
  * store's policy can drop the ranks whose precision does not pay. Never
  * changes which experts run. */
-static int lookahead_on(const moe_layer *nx) { return nx && nx->store && nx->lookahead; }
+static int lookahead_on(const moe_scratch *s, const moe_layer *nx) {
+    return nx && nx->store && nx->lookahead && !moe_all_on_device(s, nx);
+}
+
+int moe_all_on_device(const moe_scratch *s, const moe_layer *m) {
+    return m->layer >= 0 && m->layer < 256 && (s->on_dev[m->layer >> 6] >> (m->layer & 63) & 1);
+}
+
+/* Notes whether every expert of m's last pass ran from device copies. */
+static void note_on_device(moe_scratch *s, const moe_layer *m, int all) {
+    if (m->layer < 0 || m->layer >= 256) return;
+    const uint64_t bit = (uint64_t)1 << (m->layer & 63);
+    if (all) s->on_dev[m->layer >> 6] |= bit;
+    else s->on_dev[m->layer >> 6] &= ~bit;
+}
 
 /* moe_lookahead with the next router's logits already in s->nlog. */
 static void lookahead_from(df_engine *e, const moe_layer *nx, moe_scratch *s, int n) {
@@ -467,7 +500,7 @@ static void lookahead_from(df_engine *e, const moe_layer *nx, moe_scratch *s, in
 }
 
 void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const float *xn, int n) {
-    if (!lookahead_on(nx)) return;
+    if (!lookahead_on(s, nx)) return;
     mm(e, &nx->router, xn, n, s->nlog, nx->E);
     lookahead_from(e, nx, s, n);
 }
@@ -497,13 +530,26 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     /* the products of xn that do not wait for the routing: this router, the
      * next layer's (lookahead) and the latent down-projection, in one
      * accelerator call (one host wait) */
-    const int ahead = m->store && lookahead_on(m->next);
+    const int ahead = m->store && lookahead_on(s, m->next);
+    moe_dev *dv = s->dv; /* one row on the device: its inputs and output there */
+    const float *xd = dv ? dv->xn : xn;
+    /* the shared experts queued like a routed one, first: the device runs
+     * them while the host routes (matmul_many launches the queue behind
+     * the products it waits for); s->sh is written when the layer's queue
+     * is finished (one wait for the layer, not three) */
+    const int shared_queued = m->has_shared && queue_mlp(e, &m->shared, act, xd, n, s->sh);
     mm_req pre[3];
     int npre = 0;
-    pre[npre++] = (mm_req){&m->router, xn, n, s->rlog, m->E};
-    if (ahead) pre[npre++] = (mm_req){&m->next->router, xn, n, s->nlog, m->next->E};
-    if (m->latent) pre[npre++] = (mm_req){&m->lat_down, xn, n, s->xl, dl};
-    mm_many(e, pre, npre);
+    pre[npre++] = (mm_req){&m->router, xd, n, s->rlog, m->E};
+    if (ahead) pre[npre++] = (mm_req){&m->next->router, xd, n, s->nlog, m->next->E};
+    if (m->latent) pre[npre++] = (mm_req){&m->lat_down, xd, n, dv ? dv->xl : s->xl, dl};
+    if (!dv) {
+        mm_many(e, pre, npre);
+    } else {
+        df_status pst = mm_many_dev(e, pre, npre, err);
+        if (pst != DF_OK) return pst;
+        dv->xin = m->latent ? dv->xl : dv->xn;
+    }
     for (int t = 0; t < n; t++) {
         moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K, NULL);
         if (m->trace) m->trace(m->trace_ctx, s->rpos ? s->rpos[t] : pos + t, m->trace_layer, s->sel + t * K,
@@ -524,6 +570,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
         if (m->store && e->acc && expert_on_device(e, m, s->uni[i])) dev[ndev++] = s->uni[i];
         else s->uni[nread++] = s->uni[i];
     }
+    if (m->store && e->acc) note_on_device(s, m, nu > 0 && nread == 0);
     prof_add(e, DF_PROF_ROUTER, &pt);
     /* handing the reads (this layer's and the lookahead's) to the kernel,
      * which may block on a full queue, counts with the routed experts, as
@@ -533,10 +580,10 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     prof_add(e, DF_PROF_ROUTED, &pt);
     /* work that overlaps the reads */
     const float *xin = xn;
-    /* the shared experts queued like a routed one: s->sh is written when
-     * the layer's queue is finished (one wait for the layer, not three) */
-    if (m->has_shared && !queue_mlp(e, &m->shared, act, xn, n, s->sh))
+    if (m->has_shared && !shared_queued) {
+        if (!dv_fetch(e, s, m->latent)) return df_fail(err, dv->st, "fetching activations from the device");
         ffn_forward(e, &m->shared, act, xn, n, s->sh, s->g, s->u);
+    }
     prof_add(e, DF_PROF_SHARED, &pt);
     if (m->latent) xin = s->xl; /* computed above */
     /* each expert used by the chunk runs once over all its tokens, as it arrives */
@@ -561,9 +608,10 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     }
     /* a latent layer's end on the device when it offers it (the experts'
      * outputs never come back to the host), else here */
+    if (dv && dv->st != DF_OK) return df_fail(err, dv->st, "fetching activations from the device");
     if (m->latent) {
         int r = acc_moe_tail(e->acc, n, K, s->selw, s->ys, dl, m->lat_norm, m->lat_eps, &m->lat_up,
-                             m->has_shared ? s->sh : NULL, out, err);
+                             m->has_shared ? s->sh : NULL, dv ? dv->out : out, err);
         if (r < 0) return DF_ERR_IO;
         if (r > 0) {
             prof_add(e, DF_PROF_ROUTED, &pt);
@@ -585,6 +633,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     }
     if (m->has_shared)
         for (size_t i = 0; i < (size_t)n * H; i++) out[i] += s->sh[i];
+    if (dv && (st = acc_dev_put(e->acc, dv->out, out, (int64_t)n * H, err)) != DF_OK) return st;
     prof_add(e, DF_PROF_ROUTED, &pt);
     return DF_OK;
 }
@@ -605,4 +654,39 @@ df_status ffn_block(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, 
     ffn_forward(e, mlp, act, xn, n, y, s->g, s->u);
     prof_add(e, DF_PROF_DENSE, pt);
     return DF_OK;
+}
+
+df_status ffn_block_dev(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, const moe_layer *next,
+                        const ffn_act *act, moe_scratch *s, moe_dev *dv, float *xn_host, int pos, float *y_host,
+                        double *pt, char *err) {
+    dv->fetched = 0;
+    dv->st = DF_OK;
+    dv->xin = dv->xn;
+    s->dv = dv;
+    s->xn_host = xn_host;
+    df_status st = DF_OK;
+    if (moe) {
+        st = moe_forward(e, moe, act, s, xn_host, 1, pos, y_host, err);
+        *pt = prof_now(e);
+    } else {
+        /* the whole MLP queued on its device row (first: it runs while the
+         * host takes the lookahead's logits); else on the host */
+        const int queued = queue_mlp(e, mlp, act, dv->xn, 1, dv->out);
+        if (lookahead_on(s, next)) {
+            const mm_req r = {&next->router, dv->xn, 1, s->nlog, next->E};
+            if ((st = mm_many_dev(e, &r, 1, err)) == DF_OK) lookahead_from(e, next, s, 1);
+        }
+        if (st == DF_OK) device_prefetch(e, next, s);
+        if (st != DF_OK && queued) acc_expert_finish(e->acc, NULL); /* drained: the step fails */
+        if (st == DF_OK && !(queued && acc_expert_finish(e->acc, NULL) == DF_OK)) {
+            if (!dv_fetch(e, s, 0)) st = df_fail(err, dv->st, "fetching activations from the device");
+            if (st == DF_OK) {
+                ffn_forward(e, mlp, act, xn_host, 1, y_host, s->g, s->u);
+                st = acc_dev_put(e->acc, dv->out, y_host, s->hidden, err);
+            }
+        }
+        prof_add(e, DF_PROF_DENSE, pt);
+    }
+    s->dv = NULL;
+    return st;
 }

@@ -62,6 +62,16 @@ typedef struct {
     float *g, *u;               /* [cap][inter] */
 } moe_batch;
 
+/* One row of a decode step whose activations stay on the device
+ * (ffn_block_dev): device pointers, and whether the inputs were brought to
+ * the host for a part the device did not take. */
+typedef struct {
+    float *xn, *xl, *out;       /* the normed input [hidden], the latent input [dl], the output [hidden] */
+    const float *xin;           /* what routed experts read: xl (latent layers) or xn */
+    int fetched;                /* xn and xl are in host memory too (dv_fetch) */
+    df_status st;               /* a failed fetch (then the block fails) */
+} moe_dev;
+
 typedef struct {
     int chunk, hidden, inter, E, K, dl;
     float *g, *u;               /* [chunk][inter] */
@@ -85,6 +95,10 @@ typedef struct {
     /* batched passes (several sessions' rows, km_forward_batch); NULL otherwise */
     const int *rpos;            /* [chunk] each row's position (the trace); NULL: pos + t */
     const int *rseg;            /* [chunk] each row's segment (the union statistics) */
+    moe_dev *dv;                /* ffn_block_dev's row on the device; NULL otherwise */
+    uint64_t on_dev[4];         /* bit l: every expert of layer l's last pass ran from device
+                                   copies (its router lookahead would read nothing: skipped) */
+    float *xn_host;             /* with dv: where xn is brought when a part runs on the host */
 } moe_scratch;
 
 /* Binds <base><names[0..2]> as gate, up, down ([inter, hidden] x2, [hidden, inter]). */
@@ -133,6 +147,9 @@ df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const ch
  * reads of the predicted experts (no-op without a store or with prefetch
  * off). Never changes which experts run. */
 void moe_lookahead(df_engine *e, const moe_layer *next, moe_scratch *s, const float *xn, int n);
+/* 1 when every expert m's last pass used ran from device copies (bit per
+ * layer in s->on_dev): a lookahead for m would read nothing, so none runs. */
+int moe_all_on_device(const moe_scratch *s, const moe_layer *m);
 
 /* A layer's feed-forward block on the normed input xn into y: the MoE layer
  * moe, or (moe NULL) the dense MLP mlp, which first starts the lookahead of
@@ -140,6 +157,15 @@ void moe_lookahead(df_engine *e, const moe_layer *next, moe_scratch *s, const fl
 df_status ffn_block(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, const moe_layer *next,
                     const ffn_act *act, moe_scratch *s, const float *xn, int n, int pos, float *y, double *pt,
                     char *err);
+/* ffn_block for one row whose normed input dv->xn is in device memory
+ * (acc_dev_alloc), its output into dv->out there (and dv->xl as the latent
+ * input's device buffer): the same products, routing and expert reads,
+ * with the activations kept on the device; any part the accelerator does
+ * not take runs on the host over xn_host / y_host (hidden floats each) and
+ * its result is put back. Errors as ffn_block's, and device failures. */
+df_status ffn_block_dev(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, const moe_layer *next,
+                        const ffn_act *act, moe_scratch *s, moe_dev *dv, float *xn_host, int pos, float *y_host,
+                        double *pt, char *err);
 /* The router alone (exposed for tests): sel/selw of one token. */
 /* margin (NULL, or [K]): how far each chosen expert's biased score is above
  * the best expert left out (the router's confidence in it). */

@@ -174,16 +174,21 @@ static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
 
 /* ---- forward ---- */
 
+int kda_layer_on_device(df_engine *e, const kda_shape *sh, const kda_layer *k, void *dev_state, int n,
+                        const float *xn, float *out, char *err) {
+    const int full = sh->full_rank_gate;
+    const df_weight *w[DF_KDA_MATS] = {&k->q, &k->k, &k->v, &k->fa, &k->fb, &k->b, full ? &k->g : NULL,
+                                       full ? NULL : &k->ga, full ? NULL : &k->gb, &k->o};
+    return acc_kda_layer(e->acc, &k->dev, dev_state, n, w, xn, out, err);
+}
+
 df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *k, const kda_seg *seg, int nseg,
                             kda_scratch *s, const float *xn, float *out, char *err) {
     int64_t P = (int64_t)sh->H * sh->D;
     int n = 0;
     for (int i = 0; i < nseg; i++) n += seg[i].n;
     if (nseg == 1 && seg[0].dev_state) { /* the whole layer on the device, one host wait */
-        const int full = sh->full_rank_gate;
-        const df_weight *w[DF_KDA_MATS] = {&k->q, &k->k, &k->v, &k->fa, &k->fb, &k->b, full ? &k->g : NULL,
-                                           full ? NULL : &k->ga, full ? NULL : &k->gb, &k->o};
-        int r = acc_kda_layer(e->acc, &k->dev, seg[0].dev_state, n, w, xn, out, err);
+        int r = kda_layer_on_device(e, sh, k, seg[0].dev_state, n, xn, out, err);
         if (r < 0) return DF_ERR_IO;
         if (r > 0) return DF_OK;
     }

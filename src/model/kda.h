@@ -70,6 +70,11 @@ typedef struct {
     float *trail;
     int n;
 } kda_seg;
+/* The whole layer through acc_kda_layer on the device state dev_state (xn
+ * and out in host or device memory, acc_dev_alloc): 1 done, 0 not taken
+ * (nothing changed), -1 a device failure (err; the state is undefined). */
+int kda_layer_on_device(df_engine *e, const kda_shape *sh, const kda_layer *k, void *dev_state, int n,
+                        const float *xn, float *out, char *err);
 df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *k, const kda_seg *seg, int nseg,
                             kda_scratch *s, const float *xn, float *out, char *err);
 /* "per head", "per head (first 96 of 128, rest zero: release layout)" */

@@ -210,6 +210,13 @@ typedef struct {
     float *rw_keep;              /* trail: [n_kda][rw_depth][kda_state_floats]; replay: [n_kda][floats] */
     float *h, *xin, *xn, *y;     /* [C][H] */
     float *anchors;              /* [C][max_anchors][H] */
+    /* the decode step on the device (km_step_device): one block from
+     * acc_dev_alloc, NULL without one; views of rows of HA floats */
+    float *dv;
+    float *dh, *dxin, *dxn, *dy, *dxl; /* [H] x4, [dl] */
+    float *danc;                 /* [max_anchors][H] */
+    float *dnorm;                /* per layer: attn_norm, ffn_norm, res_attn, res_mlp; then final_norm, res_out */
+    int64_t HA;                  /* H rounded up to 16 floats */
     mla_scratch mla;
     kda_scratch kda;
     moe_scratch moe;
@@ -242,6 +249,7 @@ static void km_state_free(void *p) {
     free(s->rw_keep);
     acc_states_free(s->acc, s->kda_dev, s->n_dev);
     acc_states_free(s->acc, s->mla_dev, s->n_mla_dev);
+    acc_dev_free(s->acc, s->dv);
     mla_scratch_free(&s->mla);
     kda_scratch_free(&s->kda);
     moe_scratch_free(&s->moe);
@@ -305,6 +313,43 @@ static void states_on_device(df_engine *e, const km_model *m, km_state *s, int k
     free(desc);
 }
 
+/* The device step's buffers and the layers' norm and residual vectors on
+ * the device, when the accelerator keeps activations there and every
+ * attention state is on the device too; else s->dv stays NULL (decode
+ * then runs the host-centred way). */
+static void step_on_device(df_engine *e, const km_model *m, km_state *s, int dl) {
+    if (!acc_has_dev(e->acc) || s->n_dev != m->n_kda || s->n_mla_dev != m->n_mla) return;
+    const int64_t HA = (m->H + 15) & ~(int64_t)15, DA = (dl + 15) & ~(int64_t)15, L = m->L;
+    const int64_t A = m->max_anchors ? m->max_anchors : 1;
+    const int64_t floats = 4 * HA + DA + ((A * m->H + 15) & ~(int64_t)15) + (4 * L + 2) * HA;
+    float *d = acc_dev_alloc(e->acc, floats);
+    if (!d) return;
+    s->acc = e->acc;
+    s->dv = d;
+    s->HA = HA;
+    s->dh = d;
+    s->dxin = d + HA;
+    s->dxn = d + 2 * HA;
+    s->dy = d + 3 * HA;
+    s->dxl = d + 4 * HA;
+    s->danc = s->dxl + DA;
+    s->dnorm = s->danc + ((A * m->H + 15) & ~(int64_t)15);
+    char err[DF_ERRMSG];
+    df_status st = DF_OK;
+    for (int64_t l = 0; st == DF_OK && l < L; l++) {
+        const km_layer *y = &m->layers[l];
+        const float *v[4] = {y->attn_norm, y->ffn_norm, y->res_attn, y->res_mlp};
+        for (int k = 0; st == DF_OK && k < 4; k++)
+            if (v[k]) st = acc_dev_put(e->acc, s->dnorm + (4 * l + k) * HA, v[k], m->H, err);
+    }
+    if (st == DF_OK) st = acc_dev_put(e->acc, s->dnorm + 4 * L * HA, m->final_norm, m->H, err);
+    if (st == DF_OK && m->res_out) st = acc_dev_put(e->acc, s->dnorm + (4 * L + 1) * HA, m->res_out, m->H, err);
+    if (st != DF_OK) {
+        acc_dev_free(e->acc, d);
+        s->dv = NULL;
+    }
+}
+
 static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
     km_model *m = e->prog;
     const df_config *c = &e->cfg;
@@ -329,6 +374,7 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
     }
     states_on_device(e, m, s, 1, &s->kda_dev, &s->n_dev);
     states_on_device(e, m, s, 0, &s->mla_dev, &s->n_mla_dev);
+    step_on_device(e, m, s, dl);
     *out = s;
     return DF_OK;
 }
@@ -342,7 +388,7 @@ static void early_lookahead(df_engine *e, const km_model *m, moe_scratch *ms, co
     int H = m->H;
     for (int l = 0; l < m->L; l++) {
         if (!m->layers[l].moe) continue;
-        if (l > 0) {
+        if (l > 0 && !moe_all_on_device(ms, &m->layers[l].experts)) {
             for (int t = 0; t < n; t++)
                 op_rmsnorm(xn + (size_t)t * H, h + (size_t)t * H, m->layers[l].ffn_norm, H, m->eps);
             moe_lookahead(e, &m->layers[l].experts, ms, xn, n);
@@ -400,6 +446,94 @@ static void head_in(const km_model *m, const float *x, const float *anchors, int
     op_rmsnorm(xn, xo, m->final_norm, H, m->eps);
 }
 
+/* K3's attention residual of row cur over the first na anchors into the
+ * device row out (probe w), or cur itself without attention residuals:
+ * the input the next norm reads. */
+static const float *dev_res(df_engine *e, const km_model *m, km_state *s, const float *cur, const float *w, int na,
+                            df_status *st, char *err) {
+    if (m->block <= 0 || na == 0 || *st != DF_OK) return cur;
+    *st = acc_dev_attn_res(e->acc, s->dxin, s->danc, (int64_t)m->max_anchors * m->H, na, cur, w, 1, m->H, m->eps,
+                           err);
+    return s->dxin;
+}
+
+/* One layer's attention for the device row s->dxn into s->dy: the whole
+ * layer on the device, else (a matrix the device does not take) on the
+ * host over copies brought there and back. */
+static df_status dev_attention(df_engine *e, const km_model *m, km_state *s, const km_layer *y, int pos, char *err) {
+    const int H = m->H;
+    int r = y->kda ? kda_layer_on_device(e, &m->kda, &y->k, s->kda_dev[y->slot], 1, s->dxn, s->dy, err)
+                   : mla_layer_on_device(e, &m->mla, &y->a, s->mla_dev[y->slot], pos, 1, s->dxn, s->dy, err);
+    if (r < 0) return DF_ERR_IO;
+    if (r > 0) return DF_OK;
+    df_status st = acc_dev_get(e->acc, s->xn, s->dxn, H, err);
+    if (st != DF_OK) return st;
+    if (y->kda) {
+        kda_seg ks = {s->kda_state + y->slot * kda_state_floats(&m->kda), s->kda_dev[y->slot], NULL, 1};
+        st = kda_forward_batch(e, &m->kda, &y->k, &ks, 1, &s->kda, s->xn, s->y, err);
+    } else {
+        int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
+        mla_seg ms = {s->mla_cache + y->slot * cstride, s->mla_dev[y->slot], &s->mla, pos, 1};
+        st = mla_forward_batch(e, &m->mla, &y->a, &ms, 1, &s->mla, s->xn, s->y, err);
+    }
+    return st == DF_OK ? acc_dev_put(e->acc, s->dy, s->y, H, err) : st;
+}
+
+/* A decode step (one session, one token) with its activations on the
+ * device (s->dv): the same layers as km_forward_batch with the residual
+ * stream, K3's anchors, the norms and every product's input and output
+ * kept there; the host waits to route each MoE layer (its router logits
+ * come back) and for the logits. Within the device kernels' bounds of the
+ * host-centred step (the norms and residual mixes run on the device). */
+static df_status km_step_device(df_engine *e, const df_fwd_seg *seg, char *err) {
+    km_model *m = e->prog;
+    km_state *s = seg->state;
+    acc_table *t = e->acc;
+    const int H = m->H, pos = seg->pos;
+    const int64_t HA = s->HA, L = m->L;
+    double pt = prof_now(e);
+    kn_dequant_row(&m->embed, seg->tokens[0], s->h);
+    s->moe.rpos = NULL;
+    s->moe.rseg = NULL;
+    early_lookahead(e, m, &s->moe, s->h, s->xn, 1);
+    df_status st = acc_dev_put(t, s->dh, s->h, H, err);
+    prof_add(e, DF_PROF_EMBED, &pt);
+    int na = 0;
+    for (int l = 0; st == DF_OK && l < m->L; l++) {
+        const km_layer *y = &m->layers[l];
+        const float *nv = s->dnorm + (int64_t)l * 4 * HA; /* attn_norm, ffn_norm, res_attn, res_mlp */
+        if ((st = model_enter(e, l, err)) != DF_OK) break;
+        pt = prof_now(e);
+        const float *xin = dev_res(e, m, s, s->dh, nv + 2 * HA, na, &st, err);
+        const int restart = m->block > 0 && l % m->block == 0;
+        if (restart && st == DF_OK) st = acc_dev_copy(t, s->danc + (int64_t)na++ * H, s->dh, H, err);
+        if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nv, 1, H, m->eps, err);
+        prof_add(e, DF_PROF_NORMS, &pt);
+        if (st == DF_OK) st = dev_attention(e, m, s, y, pos, err);
+        prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
+        if (st == DF_OK) st = restart ? acc_dev_copy(t, s->dh, s->dy, H, err) : acc_dev_add(t, s->dh, s->dy, H, err);
+        xin = dev_res(e, m, s, s->dh, nv + 3 * HA, na, &st, err);
+        if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nv + HA, 1, H, m->eps, err);
+        prof_add(e, DF_PROF_NORMS, &pt);
+        if (st != DF_OK) break;
+        const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
+        moe_dev dv = {s->dxn, s->dxl, s->dy, NULL, 0, DF_OK};
+        st = ffn_block_dev(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, &dv, s->xn, pos, s->y,
+                           &pt, err);
+        if (st == DF_OK) st = acc_dev_add(t, s->dh, s->dy, H, err);
+        prof_add(e, DF_PROF_NORMS, &pt);
+    }
+    if (st != DF_OK || !seg->out) return st;
+    const float *xo = dev_res(e, m, s, s->dh, s->dnorm + (4 * L + 1) * HA, na, &st, err);
+    if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xo, s->dnorm + 4 * L * HA, 1, H, m->eps, err);
+    if (st == DF_OK) st = model_enter(e, m->L, err);
+    pt = prof_now(e);
+    const mm_req head = {&m->head, s->dxn, 1, seg->out, e->cfg.vocab_size};
+    if (st == DF_OK) st = mm_many_dev(e, &head, 1, err);
+    prof_add(e, DF_PROF_HEAD, &pt);
+    return st;
+}
+
 /* Rows of several sessions in one pass (seg[0]'s scratch holds them all):
  * per-row work (embedding, AttnRes, norms, the MoE block, the head) and the
  * projections see every row at once; attention runs per segment on its own
@@ -414,6 +548,7 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
         n += seg[i].n;
     }
     if (n > DF_CHUNK || nseg > DF_CHUNK) return DF_ERR_ARG;
+    if (nseg == 1 && n == 1 && s->dv) return km_step_device(e, seg, err);
     size_t nh = (size_t)n * H;
     int64_t kstride = kda_state_floats(&m->kda);
     kda_seg ks[DF_CHUNK];

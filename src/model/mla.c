@@ -157,6 +157,14 @@ static void heads(void *ctx, int64_t h0, int64_t h1, int tid) {
 
 /* ---- forward ---- */
 
+int mla_layer_on_device(df_engine *e, const mla_shape *sh, const mla_layer *a, void *dev_cache, int pos, int n,
+                        const float *xn, float *out, char *err) {
+    const int lr = sh->qlr > 0;
+    const df_weight *w[DF_MLA_MATS] = {lr ? &a->q_a : NULL, lr ? &a->q_b : NULL, lr ? NULL : &a->q, &a->kv_a,
+                                       a->has_gate ? &a->g : NULL, &a->o};
+    return acc_mla_layer(e->acc, &a->dev, dev_cache, pos, n, w, xn, out, err);
+}
+
 df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *a, const mla_seg *seg, int nseg,
                             mla_scratch *s, const float *xn, float *out, char *err) {
     int qdim = sh->nh * sh->dq, vdim = sh->nh * sh->dv;
@@ -164,10 +172,7 @@ df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *
     int n = 0;
     for (int i = 0; i < nseg; i++) n += seg[i].n;
     if (nseg == 1 && seg[0].dev_cache) { /* the whole layer on the device, one host wait */
-        const int lr = sh->qlr > 0;
-        const df_weight *w[DF_MLA_MATS] = {lr ? &a->q_a : NULL, lr ? &a->q_b : NULL, lr ? NULL : &a->q, &a->kv_a,
-                                           a->has_gate ? &a->g : NULL, &a->o};
-        int r = acc_mla_layer(e->acc, &a->dev, seg[0].dev_cache, seg[0].pos, n, w, xn, out, err);
+        int r = mla_layer_on_device(e, sh, a, seg[0].dev_cache, seg[0].pos, n, xn, out, err);
         if (r < 0) return DF_ERR_IO;
         if (r > 0) return DF_OK;
     }

@@ -76,6 +76,10 @@ typedef struct {
     const mla_scratch *scratch;
     int pos, n;
 } mla_seg;
+/* The whole layer through acc_mla_layer on the device cache (as
+ * kda_layer_on_device: 1 done, 0 not taken, -1 a device failure). */
+int mla_layer_on_device(df_engine *e, const mla_shape *sh, const mla_layer *a, void *dev_cache, int pos, int n,
+                        const float *xn, float *out, char *err);
 df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *a, const mla_seg *seg, int nseg,
                             mla_scratch *s, const float *xn, float *out, char *err);
 #endif

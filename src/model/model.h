@@ -218,6 +218,11 @@ typedef struct {
     int64_t ldy;
 } mm_req;
 void mm_many(df_engine *e, const mm_req *r, int count);
+/* mm_many where X or Y may be device memory (acc_dev_alloc): the products
+ * the accelerator does not take run on the CPU with those brought over
+ * (a device Y then needs ldy == rows). No host wait when every X and Y is
+ * on the device. */
+df_status mm_many_dev(df_engine *e, const mm_req *r, int count, char *err);
 
 /* The accelerator table (accel.c): bound matrices are registered at open
  * and uploaded on first use; acc_mm returns 1 when the accelerator computed
@@ -314,6 +319,23 @@ df_status acc_kda(acc_table *t, const df_accel_kda *layer, void *state, int n, c
  * the cache is undefined. */
 df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos, int n, const float *q,
                   const float *kva, float *attn, char *err);
+/* Activations on the device (df_accel.dev_*): acc_has_dev says whether the
+ * accelerator offers them (with matmul_many and the expert queue);
+ * acc_dev_alloc makes a block (at most four live; NULL when it cannot),
+ * acc_is_dev says whether p points into one. The rest wrap the hooks
+ * (errors: the hook's message in err). */
+int acc_has_dev(const acc_table *t);
+int acc_is_dev(const acc_table *t, const void *p);
+float *acc_dev_alloc(acc_table *t, int64_t floats);
+void acc_dev_free(acc_table *t, float *p); /* NULL-safe */
+df_status acc_dev_put(acc_table *t, float *dst, const float *src, int64_t floats, char *err);
+df_status acc_dev_get(acc_table *t, float *dst, const float *src, int64_t floats, char *err);
+df_status acc_dev_rmsnorm(acc_table *t, float *out, const float *x, const float *w, int n, int dim, float eps,
+                          char *err);
+df_status acc_dev_attn_res(acc_table *t, float *out, const float *anchors, int64_t astride, int na, const float *cur,
+                           const float *w, int n, int dim, float eps, char *err);
+df_status acc_dev_add(acc_table *t, float *y, const float *x, int64_t floats, char *err);
+df_status acc_dev_copy(acc_table *t, float *dst, const float *src, int64_t floats, char *err);
 void acc_get_stats(const acc_table *t, df_accel_stats *out);
 void acc_reset_stats(acc_table *t);
 /* The placement: budget, what is resident, the tiers, and the plan for the

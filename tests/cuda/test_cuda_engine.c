@@ -268,3 +268,85 @@ TEST(cuda_engine_stream_spine_on_device) {
         fprintf(stderr, "    %-12s --spine stream: %.1f MB spine read per token; %.80s\n", arch[i], sp, g ? g : "?");
     }
 }
+
+/* The rows of an `eval --save-logits` file (cmd_eval.c: "DFLG", u32 version,
+ * vocab, ctx, windows, scored rows; window tokens; rows), into *n floats. */
+static float *eval_rows(const char *path, size_t *n) {
+    size_t all = 0;
+    float *v = read_floats(path, &all);
+    *n = 0;
+    if (!v || all < 6) { free(v); return NULL; }
+    const uint32_t *u = (const uint32_t *)v;
+    size_t head = 6 + (size_t)u[3] * u[4];
+    if (all < head) { free(v); return NULL; }
+    *n = all - head;
+    memmove(v, v + head, *n * sizeof(float));
+    return v;
+}
+
+/* The decode step with its activations on the device (km_step_device over
+ * the dev_ hooks: norms, attention residuals and the residual stream on the
+ * device, one host wait per MoE layer): synth's tiny Kimi K3 and
+ * Kimi-Linear (their attention states fit the kernels) decoded one token at
+ * a time (`eval --chunk 1`): every row within 1e-4 max|logit| of the CPU's,
+ * bit-identical across --gpu-mem, the greedy ids of `run` equal, and bench
+ * reports the host waits per decoded token (printed). */
+TEST(cuda_engine_decode_step_on_device) {
+    if (!have_gpu()) return;
+    const char *tmp = t_tmpdir("cuda_step");
+    static const char *arch[2] = {"kimi_k3", "kimi_linear"};
+    char toks[600];
+    snprintf(toks, sizeof toks, "%s/toks.i32", tmp);
+    FILE *f = fopen(toks, "wb");
+    REQUIRE(f != NULL, "%s", toks);
+    for (int i = 0; i < 24; i++) {
+        int32_t id = (int32_t)((i * 7919 + 13) % 1000);
+        fwrite(&id, 4, 1, f);
+    }
+    fclose(f);
+    for (int i = 0; i < 2; i++) {
+        char model[600], out[16384];
+        int rc = synth_tiny(tmp, arch[i], model, out, sizeof out);
+        REQUIRE(rc == 0, "synth %s: %s", arch[i], out);
+        const char *dev[3] = {"cpu", "cuda", "cuda --gpu-mem 1M"};
+        float *lg[3] = {0};
+        size_t nl[3] = {0};
+        for (int d = 0; d < 3; d++) {
+            char path[900];
+            snprintf(path, sizeof path, "%.600s/ev%d.lg", model, d);
+            rc = t_sh(out, sizeof out, "%s eval --model %s --tokens-file %s --ctx 24 --chunk 1 --save-logits %s --device %s",
+                      bin(), model, toks, path, dev[d]);
+            CHECK(rc == 0, "%s eval %s: %s", arch[i], dev[d], out);
+            lg[d] = eval_rows(path, &nl[d]);
+        }
+        if (lg[0] && lg[1] && lg[2] && nl[0] && nl[0] == nl[1] && nl[0] == nl[2]) {
+            double mx = 0, md = 0;
+            for (size_t k = 0; k < nl[0]; k++) {
+                mx = fmax(mx, fabs(lg[0][k]));
+                md = fmax(md, fabs((double)lg[1][k] - lg[0][k]));
+            }
+            CHECK(md <= 1e-4 * mx, "%s: decode max |cuda - cpu| %.3g > %.3g", arch[i], md, 1e-4 * mx);
+            CHECK(!memcmp(lg[1], lg[2], nl[0] * 4), "%s: decode logits depend on --gpu-mem", arch[i]);
+            fprintf(stderr, "    %-12s decode step on the device: max|d| %.3g = %.3f of tol\n", arch[i], md,
+                    mx > 0 ? md / (1e-4 * mx) : 0);
+        } else {
+            CHECK(0, "%s: eval logits missing", arch[i]);
+        }
+        for (int d = 0; d < 3; d++) free(lg[d]);
+        char ids[2][4096];
+        const char *prompt = "5,17,300,2,901,44,7";
+        for (int d = 0; d < 2; d++) {
+            rc = t_sh(ids[d], sizeof ids[d], "%s run --model %s --tokens %s --max-new 12 --ids --device %s", bin(),
+                      model, prompt, d ? "cuda" : "cpu");
+            CHECK(rc == 0, "%s run: %s", arch[i], ids[d]);
+        }
+        CHECK(!strcmp(ids[0], ids[1]), "%s: greedy ids differ: cpu '%s' cuda '%s'", arch[i], ids[0], ids[1]);
+        rc = t_sh(out, sizeof out, "%s bench --decode --model %s --tokens 4 --prompt-tokens 4 --device cuda --json",
+                  bin(), model);
+        const char *w = strstr(out, "\"device_waits_per_token\"");
+        double waits = -1;
+        if (w && (w = strchr(w, ':'))) waits = atof(w + 1);
+        fprintf(stderr, "    %-12s host waits per decoded token: %.1f\n", arch[i], waits);
+        CHECK(rc == 0 && waits >= 0, "%s: bench reports no device waits: %s", arch[i], out);
+    }
+}
