@@ -396,6 +396,18 @@ static float *logits_with(const char *dir, const df_accel *a, int64_t ram, df_ac
     return fx_end(&r, ok);
 }
 
+/* Bytes of n rows of dir's logits (0 when it does not open). */
+static size_t logits_bytes(const char *dir, int n) {
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    df_engine *e = NULL;
+    char err[DF_ERRMSG];
+    if (df_engine_open(dir, &o, &e, err) != DF_OK) return 0;
+    size_t bytes = (size_t)n * 4 * (size_t)df_engine_vocab_size(e);
+    df_engine_close(e);
+    return bytes;
+}
+
 TEST(model_accel_bit_identical_any_budget) {
     static const char *fx[] = {"tests/fixtures/kimi_k3_mxfp4", "tests/fixtures/dsv3_fp8_yarn",
                                "tests/fixtures/kimi_k2_int4", "tests/fixtures/kimi_linear_a"};
@@ -436,16 +448,8 @@ TEST(model_accel_bit_identical_any_budget) {
             CHECK((fake_tail_calls > 0) == (b >= 4 && strstr(fx[i], "kimi_k3") != NULL), "%s budget %d: %d moe_tail calls",
                   fx[i], b, fake_tail_calls);
             REQUIRE(lg != NULL, "%s budget %lld", fx[i], (long long)budgets[b]);
-            df_engine_opts o;
-            df_engine_opts_default(&o);
-            size_t bytes = (size_t)n * 4;
-            df_engine *e = NULL;
-            char err[DF_ERRMSG];
-            if (df_engine_open(fx[i], &o, &e, err) == DF_OK) {
-                bytes *= (size_t)df_engine_vocab_size(e);
-                df_engine_close(e);
-            }
-            CHECK(memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %lld", fx[i], (long long)budgets[b]);
+            const size_t bytes = logits_bytes(fx[i], n);
+            CHECK(bytes > 0 && memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %lld", fx[i], (long long)budgets[b]);
             CHECK(st.calls > 0, "%s: nothing ran on the accelerator", fx[i]);
             CHECK(st.device_read_bytes > 0, "%s: no device reads counted", fx[i]);
             if (b % 3 == 0) CHECK(st.cache_evictions == 0 && st.transient_uploads == 0, "%s: evicted with room", fx[i]);
@@ -730,16 +734,8 @@ TEST(model_accel_device_step) {
             fake_dev_ops = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, NULL);
             REQUIRE(lg != NULL, "%s budget %d", fx[i], b);
-            df_engine_opts o;
-            df_engine_opts_default(&o);
-            size_t bytes = (size_t)n * 4;
-            df_engine *e = NULL;
-            char err[DF_ERRMSG];
-            if (df_engine_open(fx[i], &o, &e, err) == DF_OK) {
-                bytes *= (size_t)df_engine_vocab_size(e);
-                df_engine_close(e);
-            }
-            CHECK(memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %d", fx[i], b);
+            const size_t bytes = logits_bytes(fx[i], n);
+            CHECK(bytes > 0 && memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %d", fx[i], b);
             CHECK((fake_dev_ops > 0) == (dev && kimi), "%s budget %d: %d device ops", fx[i], b, fake_dev_ops);
             if (!dev) waits_host = st.sync_calls;
             if (b == 1 && kimi)

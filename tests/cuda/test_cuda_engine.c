@@ -119,6 +119,20 @@ static int synth_tiny(const char *tmp, const char *arch, char model[600], char *
     return t_sh(out, cap, "%s synth --arch %s --preset tiny --seed 7 --out %s", bin(), arch, model);
 }
 
+/* lg[0] (cpu), lg[1] (cuda), lg[2] (cuda --gpu-mem 1M) of n floats each:
+ * max |cuda - cpu| within 1e-4 max|cpu logit| and the two device runs
+ * bit-identical; prints the margin, labelled `what`. */
+static void check_three(const char *name, const char *what, float *const lg[3], size_t n) {
+    double mx = 0, md = 0;
+    for (size_t k = 0; k < n; k++) {
+        mx = fmax(mx, fabs(lg[0][k]));
+        md = fmax(md, fabs((double)lg[1][k] - lg[0][k]));
+    }
+    CHECK(md <= 1e-4 * mx, "%s, %s: max |cuda - cpu| %.3g > %.3g", name, what, md, 1e-4 * mx);
+    CHECK(!memcmp(lg[1], lg[2], n * 4), "%s, %s: logits depend on --gpu-mem", name, what);
+    fprintf(stderr, "    %-12s %s: max|d| %.3g = %.3f of tol\n", name, what, md, mx > 0 ? md / (1e-4 * mx) : 0);
+}
+
 enum { ND = 5 }; /* device configurations compared per fixture */
 
 TEST(cuda_engine_fixtures) {
@@ -203,15 +217,7 @@ TEST(cuda_engine_attention_on_device) {
         float *lg[3] = {0};
         size_t nl[3] = {0};
         if (device_logits(model, toks, model, "l", arch[i], dev, 3, lg, nl, out, sizeof out)) {
-            double mx = 0, md = 0;
-            for (size_t k = 0; k < nl[0]; k++) {
-                mx = fmax(mx, fabs(lg[0][k]));
-                md = fmax(md, fabs((double)lg[1][k] - lg[0][k]));
-            }
-            CHECK(md <= 1e-4 * mx, "%s: max |cuda - cpu| %.3g > %.3g", arch[i], md, 1e-4 * mx);
-            CHECK(!memcmp(lg[1], lg[2], nl[0] * 4), "%s: logits depend on --gpu-mem", arch[i]);
-            fprintf(stderr, "    %-12s attention on the device: max|d| %.3g = %.3f of tol\n", arch[i], md,
-                    mx > 0 ? md / (1e-4 * mx) : 0);
+            check_three(arch[i], "attention on the device", lg, nl[0]);
         } else {
             CHECK(0, "%s: logits missing", arch[i]);
         }
@@ -320,15 +326,7 @@ TEST(cuda_engine_decode_step_on_device) {
             lg[d] = eval_rows(path, &nl[d]);
         }
         if (lg[0] && lg[1] && lg[2] && nl[0] && nl[0] == nl[1] && nl[0] == nl[2]) {
-            double mx = 0, md = 0;
-            for (size_t k = 0; k < nl[0]; k++) {
-                mx = fmax(mx, fabs(lg[0][k]));
-                md = fmax(md, fabs((double)lg[1][k] - lg[0][k]));
-            }
-            CHECK(md <= 1e-4 * mx, "%s: decode max |cuda - cpu| %.3g > %.3g", arch[i], md, 1e-4 * mx);
-            CHECK(!memcmp(lg[1], lg[2], nl[0] * 4), "%s: decode logits depend on --gpu-mem", arch[i]);
-            fprintf(stderr, "    %-12s decode step on the device: max|d| %.3g = %.3f of tol\n", arch[i], md,
-                    mx > 0 ? md / (1e-4 * mx) : 0);
+            check_three(arch[i], "decode step on the device", lg, nl[0]);
         } else {
             CHECK(0, "%s: eval logits missing", arch[i]);
         }
