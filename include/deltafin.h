@@ -250,7 +250,9 @@ typedef struct df_accel {
      *   dev_rmsnorm: out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, t < n rows of dim
      *   dev_attn_res: out[t] = AttnRes of anchors[t * astride + j * dim], j < na,
      *     and cur[t] with the probe w (op_attn_res), t < n
-     *   dev_add:  y[i] += x[i] (fp32), i < floats; dev_copy: dst <- src */
+     *   dev_add:  y[i] += x[i] (fp32), i < floats; dev_copy: dst <- src
+ *   dev_gather: row i of dst <- row idx[i] of src, i < count, rows of
+ *     width floats (idx: host memory, copied before it returns) */
     float *(*dev_alloc)(void *ctx, int64_t floats, char *err);
     void (*dev_free)(void *ctx, float *p);
     df_status (*dev_put)(void *ctx, float *dst, const float *src, int64_t floats, char *err);
@@ -261,6 +263,8 @@ typedef struct df_accel {
                               const float *w, int n, int dim, float eps, char *err);
     df_status (*dev_add)(void *ctx, float *y, const float *x, int64_t floats, char *err);
     df_status (*dev_copy)(void *ctx, float *dst, const float *src, int64_t floats, char *err);
+    df_status (*dev_gather)(void *ctx, float *dst, const float *src, const int *idx, int count, int64_t width,
+                            char *err);
 } df_accel;
 
 /* df_accel.mla_layer (optional, with the state hooks): a whole MLA layer step with one host

@@ -430,7 +430,7 @@ TEST(model_accel_bit_identical_any_budget) {
                           b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
                           b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL,
                           b >= 4 ? fake_mla_layer : NULL, b >= 4 ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
             df_accel_stats st;
             fake_expert_calls = 0;
             fake_many_calls = 0;
@@ -612,7 +612,7 @@ TEST(model_accel_kda_failure_resets) {
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                   fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL, NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;
@@ -693,6 +693,16 @@ static df_status fake_dev_copy(void *ctx, float *dst, const float *src, int64_t 
     return DF_OK;
 }
 
+static df_status fake_dev_gather(void *ctx, float *dst, const float *src, const int *idx, int count, int64_t width,
+                                 char *err) {
+    (void)ctx;
+    (void)err;
+    fake_dev_ops++;
+    for (int i = 0; i < count; i++)
+        memcpy(dst + (size_t)i * width, src + (size_t)idx[i] * width, (size_t)width * sizeof(float));
+    return DF_OK;
+}
+
 /* The decode step with its activations on the "device" (km_step_device,
  * ffn_block_dev): on the Kimi fixtures, with every budget (resident, LRU
  * evictions, transient; the spine's f32 matrices are refused and run on the
@@ -729,6 +739,7 @@ TEST(model_accel_device_step) {
                 a.dev_attn_res = fake_dev_attn_res;
                 a.dev_add = fake_dev_add;
                 a.dev_copy = fake_dev_copy;
+                a.dev_gather = fake_dev_gather;
             }
             df_accel_stats st;
             fake_dev_ops = 0;
@@ -748,6 +759,69 @@ TEST(model_accel_device_step) {
         }
         free(ref);
     }
+}
+
+/* Batched passes with activations on the "device": two sessions' prompts
+ * in one pass, then single-token steps of both in one pass (km_forward_dev
+ * with segments, the gathered expert rows): every row bit-identical to the
+ * CPU running each session alone. */
+TEST(model_accel_device_step_batched) {
+    const char *dir = "tests/fixtures/kimi_k3_mxfp4";
+    int32_t tok[64];
+    int n = read_tokens(dir, tok, 64);
+    if (n < 16) SKIP("fixtures missing");
+    kn_level lv = kn_detect();
+    df_accel a = {.name = "fake", .ctx = &lv, .budget = (int64_t)1 << 40, .upload = fake_upload,
+                  .release = fake_release, .matmul = fake_matmul, .expert_queue = fake_queue,
+                  .expert_finish = fake_finish, .state_new = fake_state_new, .state_free = fake_state_free,
+                  .state_zero = fake_state_zero, .kda = fake_kda, .mla = fake_mla, .matmul_many = fake_matmul_many,
+                  .kda_layer = fake_kda_layer, .mla_layer = fake_mla_layer, .moe_tail = fake_moe_tail,
+                  .dev_alloc = fake_dev_alloc, .dev_free = fake_dev_free, .dev_put = fake_dev_put,
+                  .dev_get = fake_dev_put, .dev_rmsnorm = fake_dev_rmsnorm, .dev_attn_res = fake_dev_attn_res,
+                  .dev_add = fake_dev_add, .dev_copy = fake_dev_copy, .dev_gather = fake_dev_gather};
+    enum { P0 = 7, P1 = 9, STEPS = 3 };
+    const int32_t *t0 = tok, *t1 = tok + 4; /* two streams of P + STEPS tokens */
+    df_engine *ed = NULL, *ec = NULL;
+    char err[DF_ERRMSG];
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.n_threads = 2;
+    o.expert_cache_bytes = 1;
+    REQUIRE(df_engine_open(dir, &o, &ec, err) == DF_OK, "%s", err);
+    o.accel = &a;
+    REQUIRE(df_engine_open(dir, &o, &ed, err) == DF_OK, "%s", err);
+    const int V = df_engine_vocab_size(ed);
+    float *lb[2], *la[2];
+    df_session *b[2], *c[2];
+    for (int i = 0; i < 2; i++) {
+        lb[i] = calloc((size_t)(P1 + STEPS) * V, sizeof(float));
+        la[i] = calloc((size_t)(P1 + STEPS) * V, sizeof(float));
+        REQUIRE(df_session_new(ed, 64, &b[i]) == DF_OK && df_session_new(ec, 64, &c[i]) == DF_OK, "sessions");
+    }
+    fake_dev_ops = 0;
+    df_batch_item it[2] = {{b[0], t0, P0, lb[0]}, {b[1], t1, P1, lb[1]}};
+    CHECK(df_session_eval_batch(it, 2) == DF_OK, "%s", df_session_error(b[0]));
+    for (int st = 0; st < STEPS; st++) {
+        it[0] = (df_batch_item){b[0], t0 + P0 + st, 1, lb[0] + (size_t)(P0 + st) * V};
+        it[1] = (df_batch_item){b[1], t1 + P1 + st, 1, lb[1] + (size_t)(P1 + st) * V};
+        CHECK(df_session_eval_batch(it, 2) == DF_OK, "%s", df_session_error(b[0]));
+    }
+    CHECK(fake_dev_ops > 0, "the batched passes did not run on the device path");
+    /* alone, on the CPU */
+    CHECK(df_session_eval(c[0], t0, P0 + STEPS, la[0]) == DF_OK, "solo 0");
+    CHECK(df_session_eval(c[1], t1, P1 + STEPS, la[1]) == DF_OK, "solo 1");
+    CHECK(!memcmp(lb[0], la[0], (size_t)(P0 + STEPS) * V * sizeof(float)), "session 0: batched rows differ");
+    CHECK(!memcmp(lb[1], la[1], (size_t)(P1 + STEPS) * V * sizeof(float)), "session 1: batched rows differ");
+    for (int i = 0; i < 2; i++) {
+        df_session_free(b[i]);
+        df_session_free(c[i]);
+        free(lb[i]);
+        free(la[i]);
+    }
+    df_engine_close(ed);
+    df_engine_close(ec);
+    CHECK(fake_dev_live == 0 && fake_live == 0 && fake_states == 0, "leaks: %d blocks, %d handles, %d states",
+          fake_dev_live, fake_live, fake_states);
 }
 
 /* A spine that does not fit the device budget is page-locked (its mapped
@@ -905,7 +979,7 @@ TEST(model_accel_stream_spine_not_reread) {
                           fake_state_zero, fake_kda, fake_mla, NULL, fake_matmul_many,
                           b == 1 ? fake_kda_layer : NULL, b == 1 ? fake_mla_layer : NULL,
                           b == 1 ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, 0, &st, &later);
@@ -958,7 +1032,7 @@ TEST(model_accel_stream_spine_device_failure) {
                           fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda,
                           fake_mla, NULL, flaky_matmul_many, b ? fake_kda_layer : NULL, b ? fake_mla_layer : NULL,
                           b ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, b ? 1 : 2, &st, &later);

@@ -799,6 +799,21 @@ __global__ void __launch_bounds__(256) k_add(float *y, const float *__restrict__
         y[i] = __fadd_rn(y[i], x[i]);
 }
 
+/* Block i copies row idx[i] of src to row i of dst. */
+__global__ void __launch_bounds__(256) k_gather(float *dst, const float *__restrict__ src, const int *idx, int64_t width) {
+    const float *s = src + (int64_t)idx[blockIdx.x] * width;
+    float *d = dst + (int64_t)blockIdx.x * width;
+    for (int64_t i = threadIdx.x; i < width; i += 256) d[i] = s[i];
+}
+
+extern "C" df_status gpu_gather_rows(float *dst, const float *src, const int *idx, int count, int64_t width,
+                                     void *stream) {
+    if (!dst || !src || !idx || count < 0 || width < 1) return DF_ERR_ARG;
+    if (!count) return DF_OK;
+    k_gather<<<(unsigned)count, 256, 0, (cudaStream_t)stream>>>(dst, src, idx, width);
+    return launched("k_gather");
+}
+
 extern "C" df_status gpu_add(float *y, const float *x, int64_t n, void *stream) {
     if (!y || !x || n < 0) return DF_ERR_ARG;
     if (!n) return DF_OK;

@@ -182,6 +182,9 @@ df_status gpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim
 df_status gpu_sigmoid_mul(float *x, const float *g, int64_t n, void *stream);
 /* y[i] += x[i] (fp32, rounded once, as the host's) for i < n. */
 df_status gpu_add(float *y, const float *x, int64_t n, void *stream);
+/* Row i of dst <- row idx[i] of src (rows of width floats) for i < count;
+ * idx device or mapped page-locked memory. */
+df_status gpu_gather_rows(float *dst, const float *src, const int *idx, int count, int64_t width, void *stream);
 
 /* ---- router ---- */
 

@@ -83,19 +83,22 @@ struct acc {
     gpu_ws mla_ws;  /* gpu_mla_attend's split workspace */
     /* activations kept on the device (dev_alloc): its blocks, so the other
      * hooks know a device pointer from a host one */
-    float *dblk[8];
-    size_t dlen[8];
+    float *dblk[64];
+    size_t dlen[64];
     float *ph;         /* dev_put / dev_get staging (pinned) */
     size_t cap_ph;
     cudaEvent_t ph_ev, th_ev; /* ph / th still read by queued work once recorded */
     cudaEvent_t mm_ev;        /* matmul_many's outputs copied (queued experts run behind) */
+    int *gh;                  /* dev_gather's row indices (pinned, read by the kernel) */
+    int cap_gh, gh_busy;
+    cudaEvent_t gh_ev;
     int ph_busy, th_busy;
 };
 
 /* 1 if p points into a dev_alloc block. */
 int is_dev(const acc *a, const void *p) {
     const float *f = (const float *)p;
-    for (int i = 0; f && i < 8; i++)
+    for (int i = 0; f && i < 64; i++)
         if (a->dblk[i] && f >= a->dblk[i] && f < a->dblk[i] + a->dlen[i]) return 1;
     return 0;
 }
@@ -974,8 +977,8 @@ df_status staging_mark(acc *a, cudaEvent_t *ev, int *busy, char *err) {
 float *acc_dev_alloc(void *ctx, int64_t floats, char *err) {
     acc *a = (acc *)ctx;
     int i = 0;
-    while (i < 8 && a->dblk[i]) i++;
-    if (i == 8 || floats < 1) {
+    while (i < 64 && a->dblk[i]) i++;
+    if (i == 64 || floats < 1) {
         snprintf(err, DF_ERRMSG, "cuda: no room for another activation block");
         return NULL;
     }
@@ -995,7 +998,7 @@ float *acc_dev_alloc(void *ctx, int64_t floats, char *err) {
 
 void acc_dev_free(void *ctx, float *p) {
     acc *a = (acc *)ctx;
-    for (int i = 0; p && i < 8; i++) {
+    for (int i = 0; p && i < 64; i++) {
         if (a->dblk[i] != p) continue;
         cudaSetDevice(a->device);
         cudaStreamSynchronize(a->stream); /* no queued work may still use it */
@@ -1069,6 +1072,28 @@ df_status acc_dev_add(void *ctx, float *y, const float *x, int64_t floats, char 
 df_status acc_dev_copy(void *ctx, float *dst, const float *src, int64_t floats, char *err) {
     acc *a = (acc *)ctx;
     return dev_launched(gpu_copy(dst, src, (size_t)floats * sizeof(float), a->stream), "copy", err);
+}
+
+df_status acc_dev_gather(void *ctx, float *dst, const float *src, const int *idx, int count, int64_t width,
+                         char *err) {
+    acc *a = (acc *)ctx;
+    if (count <= 0) return DF_OK;
+    staging_wait(a->gh_ev, &a->gh_busy);
+    if (count > a->cap_gh) {
+        cudaFreeHost(a->gh);
+        a->gh = NULL;
+        a->cap_gh = 0;
+        const int nc = count < 4096 ? 4096 : count;
+        cudaError_t e = cudaMallocHost((void **)&a->gh, (size_t)nc * sizeof(int));
+        if (e != cudaSuccess) {
+            a->gh = NULL;
+            return cerr(err, e, "staging buffers");
+        }
+        a->cap_gh = nc;
+    }
+    memcpy(a->gh, idx, (size_t)count * sizeof(int));
+    df_status st = dev_launched(gpu_gather_rows(dst, src, a->gh, count, width, a->stream), "gather", err);
+    return st == DF_OK ? staging_mark(a, &a->gh_ev, &a->gh_busy, err) : st;
 }
 
 df_status acc_pin(void *ctx, void *ptr, size_t bytes, char *err) {
@@ -1253,6 +1278,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.dev_attn_res = acc_dev_attn_res;
     a->pub.dev_add = acc_dev_add;
     a->pub.dev_copy = acc_dev_copy;
+    a->pub.dev_gather = acc_dev_gather;
 #endif
     return &a->pub;
 }
@@ -1287,7 +1313,9 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     if (a->ph_ev) cudaEventDestroy(a->ph_ev);
     if (a->th_ev) cudaEventDestroy(a->th_ev);
     if (a->mm_ev) cudaEventDestroy(a->mm_ev);
-    for (int i = 0; i < 8; i++) cudaFree(a->dblk[i]);
+    if (a->gh_ev) cudaEventDestroy(a->gh_ev);
+    cudaFreeHost(a->gh);
+    for (int i = 0; i < 64; i++) cudaFree(a->dblk[i]);
     gpu_ws_free(&a->mla_ws);
     gpu_ws_free(&a->ws);
     spares_free(a);

@@ -61,8 +61,8 @@ struct acc_table {
     int32_t *held;         /* entries with hold set (acc_hold) */
     int nheld, cap_held;
     df_accel_stats st;
-    float *dev_blk[4];     /* device activation blocks (acc_dev_alloc), for acc_is_dev */
-    int64_t dev_len[4];    /* their floats */
+    float *dev_blk[64];    /* device activation blocks (acc_dev_alloc: a session each), for acc_is_dev */
+    int64_t dev_len[64];   /* their floats */
     int queued_host;       /* an expert queued since the last finish reads or writes host memory */
     char err[DF_ERRMSG];
     char last_err[DF_ERRMSG];
@@ -875,20 +875,20 @@ const char *acc_last_error(const acc_table *t) { return t ? t->last_err : ""; }
 int acc_has_dev(const acc_table *t) {
     const df_accel *a = t ? t->a : NULL;
     return a && a->dev_alloc && a->dev_free && a->dev_put && a->dev_get && a->dev_rmsnorm && a->dev_attn_res &&
-           a->dev_add && a->dev_copy && a->matmul_many && a->expert_queue && a->expert_finish;
+           a->dev_add && a->dev_copy && a->dev_gather && a->matmul_many && a->expert_queue && a->expert_finish;
 }
 
 int acc_is_dev(const acc_table *t, const void *p) {
     const float *f = p;
-    for (int i = 0; t && f && i < 4; i++)
+    for (int i = 0; t && f && i < 64; i++)
         if (t->dev_blk[i] && f >= t->dev_blk[i] && f < t->dev_blk[i] + t->dev_len[i]) return 1;
     return 0;
 }
 
 float *acc_dev_alloc(acc_table *t, int64_t floats) {
     int i = 0;
-    while (i < 4 && t->dev_blk[i]) i++;
-    if (i == 4 || !acc_has_dev(t) || floats < 1) return NULL;
+    while (i < 64 && t->dev_blk[i]) i++;
+    if (i == 64 || !acc_has_dev(t) || floats < 1) return NULL;
     float *p = t->a->dev_alloc(t->a->ctx, floats, t->err);
     if (!p) { snprintf(t->last_err, sizeof t->last_err, "%s", t->err); return NULL; }
     t->dev_blk[i] = p;
@@ -897,7 +897,7 @@ float *acc_dev_alloc(acc_table *t, int64_t floats) {
 }
 
 void acc_dev_free(acc_table *t, float *p) {
-    for (int i = 0; t && p && i < 4; i++)
+    for (int i = 0; t && p && i < 64; i++)
         if (t->dev_blk[i] == p) {
             t->a->dev_free(t->a->ctx, p);
             t->dev_blk[i] = NULL;
@@ -935,4 +935,9 @@ df_status acc_dev_add(acc_table *t, float *y, const float *x, int64_t floats, ch
 
 df_status acc_dev_copy(acc_table *t, float *dst, const float *src, int64_t floats, char *err) {
     return dev_done(t, t->a->dev_copy(t->a->ctx, dst, src, floats, t->err), err);
+}
+
+df_status acc_dev_gather(acc_table *t, float *dst, const float *src, const int *idx, int count, int64_t width,
+                         char *err) {
+    return dev_done(t, t->a->dev_gather(t->a->ctx, dst, src, idx, count, width, t->err), err);
 }

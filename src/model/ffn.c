@@ -90,6 +90,7 @@ df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl
     s->acc = malloc(C * wide * F);
     s->sh = malloc(C * hidden * F);
     s->uni = malloc((size_t)E * sizeof(int));
+    s->goff = malloc((size_t)E * sizeof(int));
     s->nlog = malloc(C * E * F);
     s->mark = calloc((size_t)E, 1);
     s->ahead = malloc((size_t)E * sizeof(int));
@@ -100,7 +101,7 @@ df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl
         return DF_ERR_NOMEM;
     }
     if (!s->ahead || !s->held || !s->conf || !s->g || !s->u || !s->rlog || !s->sel || !s->selw || !s->ys || !s->etok || !s->eslot ||
-        !s->xl || !s->xe || !s->ye || !s->acc || !s->sh || !s->uni || !s->nlog || !s->mark) {
+        !s->xl || !s->xe || !s->ye || !s->acc || !s->sh || !s->uni || !s->goff || !s->nlog || !s->mark) {
         moe_scratch_free(s);
         return DF_ERR_NOMEM;
     }
@@ -111,7 +112,7 @@ void moe_scratch_free(moe_scratch *s) {
     if (!s) return;
     free(s->g); free(s->u); free(s->rlog); free(s->sel); free(s->selw); free(s->ys);
     free(s->etok); free(s->eslot); free(s->xl); free(s->xe); free(s->ye); free(s->acc);
-    free(s->sh); free(s->uni); free(s->nlog); free(s->mark); free(s->ahead); free(s->held);
+    free(s->sh); free(s->uni); free(s->goff); free(s->nlog); free(s->mark); free(s->ahead); free(s->held);
     moe_batch_free(&s->batch);
     free(s->conf);
     memset(s, 0, sizeof *s);
@@ -294,13 +295,32 @@ static void scatter_tokens(const moe_layer *m, moe_scratch *s, int cnt, int dl) 
  * s->xe; its outputs land in their (token, slot) rows of s->ys when
  * acc_expert_finish returns. 1 if queued. */
 static int queue_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s, int cnt,
-                        const df_weight w[XS_MATS], int dl) {
+                        const df_weight w[XS_MATS], int dl, int x) {
     if (!e->acc) return 0;
     int rows[cnt > 0 ? cnt : 1];
     for (int i = 0; i < cnt; i++) rows[i] = s->etok[i] * m->K + s->eslot[i];
-    /* a device row (one token): its input as it stands there */
-    const float *X = s->dv ? s->dv->xin : s->xe;
+    /* device rows: one token's input as it stands there, or expert x's
+     * rows as moe_forward gathered them */
+    const moe_dev *dv = s->dv;
+    const float *X = !dv ? s->xe : dv->n == 1 ? dv->xin : dv->xg + (size_t)s->goff[x] * dl;
     return acc_expert_queue(e->acc, w, act->situ, act->beta, act->linear_beta, X, cnt, s->ys, rows, dl);
+}
+
+/* With device rows (s->dv, n > 1): every routed expert's input rows of the
+ * pass gathered on the device into dv->xg, expert by expert in s->uni's
+ * order, each expert's rows in gather_tokens' order (s->goff[x]: its first
+ * row), so each queued expert reads its rows in one block as on the host. */
+static df_status gather_on_device(df_engine *e, const moe_layer *m, moe_scratch *s, int nu, int dl, char *err) {
+    const int n = s->dv->n, K = m->K;
+    int idx[n * K > 0 ? n * K : 1], cnt = 0;
+    for (int i = 0; i < nu; i++) {
+        const int x = s->uni[i];
+        s->goff[x] = cnt;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++)
+                if (s->sel[t * K + k] == x) idx[cnt++] = t;
+    }
+    return acc_dev_gather(e->acc, s->dv->xg, s->dv->xin, idx, cnt, dl, err);
 }
 
 /* With a device row (s->dv): brings xn (into s->xn_host) and, for a latent
@@ -310,8 +330,8 @@ static int dv_fetch(df_engine *e, moe_scratch *s, int latent) {
     moe_dev *dv = s->dv;
     if (!dv || dv->fetched) return 1;
     char err[DF_ERRMSG];
-    dv->st = acc_dev_get(e->acc, s->xn_host, dv->xn, s->hidden, err);
-    if (dv->st == DF_OK && latent) dv->st = acc_dev_get(e->acc, s->xl, dv->xl, s->dl, err);
+    dv->st = acc_dev_get(e->acc, s->xn_host, dv->xn, (int64_t)dv->n * s->hidden, err);
+    if (dv->st == DF_OK && latent) dv->st = acc_dev_get(e->acc, s->xl, dv->xl, (int64_t)dv->n * s->dl, err);
     dv->fetched = dv->st == DF_OK;
     return dv->fetched;
 }
@@ -323,7 +343,7 @@ static int run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
                       const float *xin, int n, int x, const ffn_weights *w, int dl) {
     int cnt = gather_tokens(m, s, xin, n, x, dl);
     const df_weight three[XS_MATS] = {w->gate, w->up, w->down};
-    if (queue_expert(e, m, act, s, cnt, three, dl)) return 1;
+    if (queue_expert(e, m, act, s, cnt, three, dl, x)) return 1;
     if (s->dv) { /* the host's copy of the device row, gathered again */
         if (!dv_fetch(e, s, m->latent)) return 0;
         cnt = gather_tokens(m, s, xin, n, x, dl);
@@ -354,7 +374,7 @@ static int run_expert_device(df_engine *e, const moe_layer *m, const ffn_act *ac
     xs_templates(m->store, m->layer, x, w);
     int cnt = gather_tokens(m, s, xin, n, x, dl);
     const int64_t I = w[0].rows;
-    if (!queue_expert(e, m, act, s, cnt, w, dl)) {
+    if (!queue_expert(e, m, act, s, cnt, w, dl, x)) {
         if (e->opts.accel->expert_queue) return 0; /* the same device path as every other expert, or none */
         if (!acc_mm(e->acc, &w[0], s->xe, cnt, s->g, I) || !acc_mm(e->acc, &w[1], s->xe, cnt, s->u, I)) return 0;
         ffn_act_apply(act, s->g, s->u, I * cnt);
@@ -562,6 +582,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
         if (s->mark[x]) { s->uni[nu++] = x; s->mark[x] = 0; }
     union_stats(e, s, n, K, nu);
     df_status st = DF_OK;
+    if (dv && n > 1 && (st = gather_on_device(e, m, s, nu, dl, err)) != DF_OK) return st;
     /* experts with device copies run from them (dev, ascending); only the
      * rest are read (s->uni keeps them, ascending) */
     int ndev = 0, nread = 0;
@@ -659,6 +680,7 @@ df_status ffn_block(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, 
 df_status ffn_block_dev(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, const moe_layer *next,
                         const ffn_act *act, moe_scratch *s, moe_dev *dv, float *xn_host, int pos, float *y_host,
                         double *pt, char *err) {
+    const int n = dv->n;
     dv->fetched = 0;
     dv->st = DF_OK;
     dv->xin = dv->xn;
@@ -666,23 +688,23 @@ df_status ffn_block_dev(df_engine *e, const moe_layer *moe, const ffn_weights *m
     s->xn_host = xn_host;
     df_status st = DF_OK;
     if (moe) {
-        st = moe_forward(e, moe, act, s, xn_host, 1, pos, y_host, err);
+        st = moe_forward(e, moe, act, s, xn_host, n, pos, y_host, err);
         *pt = prof_now(e);
     } else {
-        /* the whole MLP queued on its device row (first: it runs while the
+        /* the whole MLP queued on its device rows (first: it runs while the
          * host takes the lookahead's logits); else on the host */
-        const int queued = queue_mlp(e, mlp, act, dv->xn, 1, dv->out);
+        const int queued = queue_mlp(e, mlp, act, dv->xn, n, dv->out);
         if (lookahead_on(s, next)) {
-            const mm_req r = {&next->router, dv->xn, 1, s->nlog, next->E};
-            if ((st = mm_many_dev(e, &r, 1, err)) == DF_OK) lookahead_from(e, next, s, 1);
+            const mm_req r = {&next->router, dv->xn, n, s->nlog, next->E};
+            if ((st = mm_many_dev(e, &r, 1, err)) == DF_OK) lookahead_from(e, next, s, n);
         }
         if (st == DF_OK) device_prefetch(e, next, s);
         if (st != DF_OK && queued) acc_expert_finish(e->acc, NULL); /* drained: the step fails */
         if (st == DF_OK && !(queued && acc_expert_finish(e->acc, NULL) == DF_OK)) {
             if (!dv_fetch(e, s, 0)) st = df_fail(err, dv->st, "fetching activations from the device");
             if (st == DF_OK) {
-                ffn_forward(e, mlp, act, xn_host, 1, y_host, s->g, s->u);
-                st = acc_dev_put(e->acc, dv->out, y_host, s->hidden, err);
+                ffn_forward(e, mlp, act, xn_host, n, y_host, s->g, s->u);
+                st = acc_dev_put(e->acc, dv->out, y_host, (int64_t)n * s->hidden, err);
             }
         }
         prof_add(e, DF_PROF_DENSE, pt);

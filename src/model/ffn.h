@@ -66,7 +66,9 @@ typedef struct {
  * (ffn_block_dev): device pointers, and whether the inputs were brought to
  * the host for a part the device did not take. */
 typedef struct {
-    float *xn, *xl, *out;       /* the normed input [hidden], the latent input [dl], the output [hidden] */
+    int n;                      /* rows */
+    float *xn, *xl, *out;       /* the normed input [n][hidden], the latent input [n][dl], the output [n][hidden] */
+    float *xg;                  /* [n K][dl]: routed experts' input rows gathered per expert (n > 1) */
     const float *xin;           /* what routed experts read: xl (latent layers) or xn */
     int fetched;                /* xn and xl are in host memory too (dv_fetch) */
     df_status st;               /* a failed fetch (then the block fails) */
@@ -85,6 +87,7 @@ typedef struct {
     float *acc;                 /* [chunk][dl] */
     float *sh;                  /* [chunk][hidden] shared-expert output */
     int *uni;                   /* [E] experts used by the chunk, ascending */
+    int *goff;                  /* [E] with a device row set of n > 1: expert x's first row in dv->xg */
     float *nlog;                /* [chunk][E] next layer's router logits (lookahead) */
     uint8_t *mark;              /* [E] */
     int *ahead;                 /* [E] the next layer's predicted experts (lookahead) */
@@ -157,12 +160,13 @@ int moe_all_on_device(const moe_scratch *s, const moe_layer *m);
 df_status ffn_block(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, const moe_layer *next,
                     const ffn_act *act, moe_scratch *s, const float *xn, int n, int pos, float *y, double *pt,
                     char *err);
-/* ffn_block for one row whose normed input dv->xn is in device memory
- * (acc_dev_alloc), its output into dv->out there (and dv->xl as the latent
- * input's device buffer): the same products, routing and expert reads,
- * with the activations kept on the device; any part the accelerator does
- * not take runs on the host over xn_host / y_host (hidden floats each) and
- * its result is put back. Errors as ffn_block's, and device failures. */
+/* ffn_block for dv->n rows whose normed input dv->xn is in device memory
+ * (acc_dev_alloc), their output into dv->out there (dv->xl and dv->xg: the
+ * latent input's and the gathered expert inputs' device buffers): the same
+ * products, routing and expert reads, with the activations kept on the
+ * device; any part the accelerator does not take runs on the host over
+ * xn_host / y_host (n x hidden floats each) and its result is put back.
+ * Errors as ffn_block's, and device failures. */
 df_status ffn_block_dev(df_engine *e, const moe_layer *moe, const ffn_weights *mlp, const moe_layer *next,
                         const ffn_act *act, moe_scratch *s, moe_dev *dv, float *xn_host, int pos, float *y_host,
                         double *pt, char *err);

@@ -210,13 +210,14 @@ typedef struct {
     float *rw_keep;              /* trail: [n_kda][rw_depth][kda_state_floats]; replay: [n_kda][floats] */
     float *h, *xin, *xn, *y;     /* [C][H] */
     float *anchors;              /* [C][max_anchors][H] */
-    /* the decode step on the device (km_step_device): one block from
-     * acc_dev_alloc, NULL without one; views of rows of HA floats */
+    /* the forward pass on the device (km_forward_dev): one block from
+     * acc_dev_alloc, NULL without one; rows of a chunk (DF_CHUNK) */
     float *dv;
-    float *dh, *dxin, *dxn, *dy, *dxl; /* [H] x4, [dl] */
-    float *danc;                 /* [max_anchors][H] */
+    float *dh, *dxin, *dxn, *dy;  /* [C][H] */
+    float *dxl, *dxg;            /* [C][dl], [C K][dl] (routed experts' gathered inputs) */
+    float *danc;                 /* [C][max_anchors][H] */
     float *dnorm;                /* per layer: attn_norm, ffn_norm, res_attn, res_mlp; then final_norm, res_out */
-    int64_t HA;                  /* H rounded up to 16 floats */
+    int64_t HA;                  /* H rounded up to 16 floats: dnorm's stride */
     mla_scratch mla;
     kda_scratch kda;
     moe_scratch moe;
@@ -313,37 +314,40 @@ static void states_on_device(df_engine *e, const km_model *m, km_state *s, int k
     free(desc);
 }
 
-/* The device step's buffers and the layers' norm and residual vectors on
+/* The device pass's buffers and the layers' norm and residual vectors on
  * the device, when the accelerator keeps activations there and every
- * attention state is on the device too; else s->dv stays NULL (decode
- * then runs the host-centred way). */
-static void step_on_device(df_engine *e, const km_model *m, km_state *s, int dl) {
+ * attention state is on the device too; else s->dv stays NULL (passes then
+ * run the host-centred way). */
+static void step_on_device(df_engine *e, const km_model *m, km_state *s, int dl, int K) {
     if (!acc_has_dev(e->acc) || s->n_dev != m->n_kda || s->n_mla_dev != m->n_mla) return;
-    const int64_t HA = (m->H + 15) & ~(int64_t)15, DA = (dl + 15) & ~(int64_t)15, L = m->L;
+#define AL16(x) (((int64_t)(x) + 15) & ~(int64_t)15)
+    const int64_t C = DF_CHUNK, H = m->H, HA = AL16(H), L = m->L;
     const int64_t A = m->max_anchors ? m->max_anchors : 1;
-    const int64_t floats = 4 * HA + DA + ((A * m->H + 15) & ~(int64_t)15) + (4 * L + 2) * HA;
-    float *d = acc_dev_alloc(e->acc, floats);
+    const int64_t rows = AL16(C * H), lat = AL16(C * dl), gat = AL16(C * (K > 0 ? K : 1) * dl), anc = AL16(C * A * H);
+    float *d = acc_dev_alloc(e->acc, 4 * rows + lat + gat + anc + (4 * L + 2) * HA);
+#undef AL16
     if (!d) return;
     s->acc = e->acc;
     s->dv = d;
     s->HA = HA;
     s->dh = d;
-    s->dxin = d + HA;
-    s->dxn = d + 2 * HA;
-    s->dy = d + 3 * HA;
-    s->dxl = d + 4 * HA;
-    s->danc = s->dxl + DA;
-    s->dnorm = s->danc + ((A * m->H + 15) & ~(int64_t)15);
+    s->dxin = d + rows;
+    s->dxn = d + 2 * rows;
+    s->dy = d + 3 * rows;
+    s->dxl = d + 4 * rows;
+    s->dxg = s->dxl + lat;
+    s->danc = s->dxg + gat;
+    s->dnorm = s->danc + anc;
     char err[DF_ERRMSG];
     df_status st = DF_OK;
     for (int64_t l = 0; st == DF_OK && l < L; l++) {
         const km_layer *y = &m->layers[l];
         const float *v[4] = {y->attn_norm, y->ffn_norm, y->res_attn, y->res_mlp};
         for (int k = 0; st == DF_OK && k < 4; k++)
-            if (v[k]) st = acc_dev_put(e->acc, s->dnorm + (4 * l + k) * HA, v[k], m->H, err);
+            if (v[k]) st = acc_dev_put(e->acc, s->dnorm + (4 * l + k) * HA, v[k], H, err);
     }
-    if (st == DF_OK) st = acc_dev_put(e->acc, s->dnorm + 4 * L * HA, m->final_norm, m->H, err);
-    if (st == DF_OK && m->res_out) st = acc_dev_put(e->acc, s->dnorm + (4 * L + 1) * HA, m->res_out, m->H, err);
+    if (st == DF_OK) st = acc_dev_put(e->acc, s->dnorm + 4 * L * HA, m->final_norm, H, err);
+    if (st == DF_OK && m->res_out) st = acc_dev_put(e->acc, s->dnorm + (4 * L + 1) * HA, m->res_out, H, err);
     if (st != DF_OK) {
         acc_dev_free(e->acc, d);
         s->dv = NULL;
@@ -374,7 +378,7 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
     }
     states_on_device(e, m, s, 1, &s->kda_dev, &s->n_dev);
     states_on_device(e, m, s, 0, &s->mla_dev, &s->n_mla_dev);
-    step_on_device(e, m, s, dl);
+    step_on_device(e, m, s, dl, c->num_experts_per_tok);
     *out = s;
     return DF_OK;
 }
@@ -446,57 +450,117 @@ static void head_in(const km_model *m, const float *x, const float *anchors, int
     op_rmsnorm(xn, xo, m->final_norm, H, m->eps);
 }
 
-/* K3's attention residual of row cur over the first na anchors into the
- * device row out (probe w), or cur itself without attention residuals:
- * the input the next norm reads. */
+/* K3's attention residual of the n rows cur over their first na anchors
+ * into the device rows s->dxin (probe w), or cur itself without attention
+ * residuals: the input the next norm reads. */
 static const float *dev_res(df_engine *e, const km_model *m, km_state *s, const float *cur, const float *w, int na,
-                            df_status *st, char *err) {
+                            int n, df_status *st, char *err) {
     if (m->block <= 0 || na == 0 || *st != DF_OK) return cur;
-    *st = acc_dev_attn_res(e->acc, s->dxin, s->danc, (int64_t)m->max_anchors * m->H, na, cur, w, 1, m->H, m->eps,
+    *st = acc_dev_attn_res(e->acc, s->dxin, s->danc, (int64_t)m->max_anchors * m->H, na, cur, w, n, m->H, m->eps,
                            err);
     return s->dxin;
 }
 
-/* One layer's attention for the device row s->dxn into s->dy: the whole
- * layer on the device, else (a matrix the device does not take) on the
- * host over copies brought there and back. */
-static df_status dev_attention(df_engine *e, const km_model *m, km_state *s, const km_layer *y, int pos, char *err) {
+/* One layer's attention for the device rows s->dxn into s->dy, segment by
+ * segment on its session's state: the whole layer on the device, else (a
+ * matrix the device does not take) on the host over rows brought there
+ * and back. */
+static df_status dev_attention(df_engine *e, const km_model *m, km_state *s, const km_layer *y,
+                               const df_fwd_seg *seg, int nseg, char *err) {
     const int H = m->H;
-    int r = y->kda ? kda_layer_on_device(e, &m->kda, &y->k, s->kda_dev[y->slot], 1, s->dxn, s->dy, err)
-                   : mla_layer_on_device(e, &m->mla, &y->a, s->mla_dev[y->slot], pos, 1, s->dxn, s->dy, err);
-    if (r < 0) return DF_ERR_IO;
-    if (r > 0) return DF_OK;
-    df_status st = acc_dev_get(e->acc, s->xn, s->dxn, H, err);
-    if (st != DF_OK) return st;
-    if (y->kda) {
-        kda_seg ks = {s->kda_state + y->slot * kda_state_floats(&m->kda), s->kda_dev[y->slot], NULL, 1};
-        st = kda_forward_batch(e, &m->kda, &y->k, &ks, 1, &s->kda, s->xn, s->y, err);
-    } else {
-        int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
-        mla_seg ms = {s->mla_cache + y->slot * cstride, s->mla_dev[y->slot], &s->mla, pos, 1};
-        st = mla_forward_batch(e, &m->mla, &y->a, &ms, 1, &s->mla, s->xn, s->y, err);
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
+        km_state *si = seg[i].state;
+        const int n = seg[i].n;
+        const float *x = s->dxn + (size_t)off * H;
+        float *o = s->dy + (size_t)off * H;
+        int r = y->kda ? kda_layer_on_device(e, &m->kda, &y->k, si->kda_dev[y->slot], n, x, o, err)
+                       : mla_layer_on_device(e, &m->mla, &y->a, si->mla_dev[y->slot], seg[i].pos, n, x, o, err);
+        if (r < 0) return DF_ERR_IO;
+        if (r > 0) continue;
+        df_status st = acc_dev_get(e->acc, s->xn, x, (int64_t)n * H, err);
+        if (st != DF_OK) return st;
+        if (y->kda) {
+            kda_seg ks = {si->kda_state + y->slot * kda_state_floats(&m->kda), si->kda_dev[y->slot], NULL, n};
+            st = kda_forward_batch(e, &m->kda, &y->k, &ks, 1, &s->kda, s->xn, s->y, err);
+        } else {
+            int64_t cstride = (int64_t)si->max_ctx * mla_cache_floats_per_pos(&m->mla);
+            mla_seg ms = {si->mla_cache + y->slot * cstride, si->mla_dev[y->slot], &si->mla, seg[i].pos, n};
+            st = mla_forward_batch(e, &m->mla, &y->a, &ms, 1, &s->mla, s->xn, s->y, err);
+        }
+        if (st == DF_OK) st = acc_dev_put(e->acc, o, s->y, (int64_t)n * H, err);
+        if (st != DF_OK) return st;
     }
-    return st == DF_OK ? acc_dev_put(e->acc, s->dy, s->y, H, err) : st;
+    return DF_OK;
 }
 
-/* A decode step (one session, one token) with its activations on the
- * device (s->dv): the same layers as km_forward_batch with the residual
- * stream, K3's anchors, the norms and every product's input and output
- * kept there; the host waits to route each MoE layer (its router logits
- * come back) and for the logits. Within the device kernels' bounds of the
- * host-centred step (the norms and residual mixes run on the device). */
-static df_status km_step_device(df_engine *e, const df_fwd_seg *seg, char *err) {
-    km_model *m = e->prog;
-    km_state *s = seg->state;
-    acc_table *t = e->acc;
-    const int H = m->H, pos = seg->pos;
+/* The head over the n device rows s->dh: the output attention residual and
+ * the final norm of every row, then the product for the rows the segments
+ * want (each one's last, or all of its rows; moved together into s->dxin
+ * first when they are not all the rows) into their outputs. */
+static df_status dev_head(df_engine *e, const km_model *m, km_state *s, const df_fwd_seg *seg, int nseg, int n,
+                          int na, char *err) {
+    const int H = m->H, V = e->cfg.vocab_size;
     const int64_t HA = s->HA, L = m->L;
+    df_status st = DF_OK;
+    const float *xo = dev_res(e, m, s, s->dh, s->dnorm + (4 * L + 1) * HA, na, n, &st, err);
+    if (st == DF_OK) st = acc_dev_rmsnorm(e->acc, s->dxn, xo, s->dnorm + 4 * L * HA, n, H, m->eps, err);
+    int rows = 0;
+    for (int i = 0; i < nseg; i++)
+        if (seg[i].out) rows += seg[i].all_rows ? seg[i].n : 1;
+    if (st != DF_OK || !rows) return st;
+    const float *x = s->dxn;
+    if (rows < n) { /* the wanted rows together, in order */
+        x = s->dxin;
+        for (int i = 0, off = 0, r = 0; st == DF_OK && i < nseg; off += seg[i].n, i++) {
+            if (!seg[i].out) continue;
+            for (int t = seg[i].all_rows ? 0 : seg[i].n - 1; st == DF_OK && t < seg[i].n; t++, r++)
+                st = acc_dev_copy(e->acc, s->dxin + (size_t)r * H, s->dxn + (size_t)(off + t) * H, H, err);
+        }
+    }
+    if (st == DF_OK) st = model_enter(e, m->L, err);
+    if (st != DF_OK) return st;
     double pt = prof_now(e);
-    kn_dequant_row(&m->embed, seg->tokens[0], s->h);
-    s->moe.rpos = NULL;
-    s->moe.rseg = NULL;
-    early_lookahead(e, m, &s->moe, s->h, s->xn, 1);
-    df_status st = acc_dev_put(t, s->dh, s->h, H, err);
+    float *lg = nseg == 1 ? seg[0].out : model_batch_logits(e);
+    if (!lg) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    const mm_req head = {&m->head, x, rows, lg, V};
+    st = mm_many_dev(e, &head, 1, err);
+    for (int i = 0, r = 0; st == DF_OK && nseg > 1 && i < nseg; i++) {
+        if (!seg[i].out) continue;
+        int k = seg[i].all_rows ? seg[i].n : 1;
+        memcpy(seg[i].out, lg + (size_t)r * V, (size_t)k * V * sizeof(float));
+        r += k;
+    }
+    prof_add(e, DF_PROF_HEAD, &pt);
+    return st;
+}
+
+/* A forward pass (km_forward_batch's rows of one or more sessions) with its
+ * activations on the device (the block of seg[0]'s session): the same
+ * layers with the residual stream, K3's anchors, the norms and every
+ * product's input and output kept there, attention per segment on its
+ * session's device state; the host waits to route each MoE layer (its
+ * router logits come back) and for the logits. Each row's values are those
+ * of the same row alone (per-row operations, products whose rows do not
+ * depend on their neighbours), within the device kernels' bounds of the
+ * host-centred pass (norms and residual mixes run on the device). */
+static df_status km_forward_dev(df_engine *e, const df_fwd_seg *seg, int nseg, int n, char *err) {
+    km_model *m = e->prog;
+    km_state *s = seg[0].state;
+    acc_table *t = e->acc;
+    const int H = m->H, A = m->max_anchors;
+    const int64_t HA = s->HA, nh = (int64_t)n * H;
+    int rpos[DF_CHUNK], rseg[DF_CHUNK];
+    double pt = prof_now(e);
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++)
+        for (int r = 0; r < seg[i].n; r++) {
+            kn_dequant_row(&m->embed, seg[i].tokens[r], s->h + (size_t)(off + r) * H);
+            rpos[off + r] = seg[i].pos + r;
+            rseg[off + r] = i;
+        }
+    s->moe.rpos = nseg > 1 ? rpos : NULL;
+    s->moe.rseg = nseg > 1 ? rseg : NULL;
+    early_lookahead(e, m, &s->moe, s->h, s->xn, n);
+    df_status st = acc_dev_put(t, s->dh, s->h, nh, err);
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0;
     for (int l = 0; st == DF_OK && l < m->L; l++) {
@@ -504,34 +568,30 @@ static df_status km_step_device(df_engine *e, const df_fwd_seg *seg, char *err) 
         const float *nv = s->dnorm + (int64_t)l * 4 * HA; /* attn_norm, ffn_norm, res_attn, res_mlp */
         if ((st = model_enter(e, l, err)) != DF_OK) break;
         pt = prof_now(e);
-        const float *xin = dev_res(e, m, s, s->dh, nv + 2 * HA, na, &st, err);
+        const float *xin = dev_res(e, m, s, s->dh, nv + 2 * HA, na, n, &st, err);
         const int restart = m->block > 0 && l % m->block == 0;
-        if (restart && st == DF_OK) st = acc_dev_copy(t, s->danc + (int64_t)na++ * H, s->dh, H, err);
-        if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nv, 1, H, m->eps, err);
+        for (int r = 0; restart && st == DF_OK && r < n; r++) /* each row's anchor */
+            st = acc_dev_copy(t, s->danc + ((int64_t)r * A + na) * H, s->dh + (int64_t)r * H, H, err);
+        na += restart;
+        if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nv, n, H, m->eps, err);
         prof_add(e, DF_PROF_NORMS, &pt);
-        if (st == DF_OK) st = dev_attention(e, m, s, y, pos, err);
+        if (st == DF_OK) st = dev_attention(e, m, s, y, seg, nseg, err);
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
-        if (st == DF_OK) st = restart ? acc_dev_copy(t, s->dh, s->dy, H, err) : acc_dev_add(t, s->dh, s->dy, H, err);
-        xin = dev_res(e, m, s, s->dh, nv + 3 * HA, na, &st, err);
-        if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nv + HA, 1, H, m->eps, err);
+        if (st == DF_OK) st = restart ? acc_dev_copy(t, s->dh, s->dy, nh, err) : acc_dev_add(t, s->dh, s->dy, nh, err);
+        xin = dev_res(e, m, s, s->dh, nv + 3 * HA, na, n, &st, err);
+        if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nv + HA, n, H, m->eps, err);
         prof_add(e, DF_PROF_NORMS, &pt);
         if (st != DF_OK) break;
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
-        moe_dev dv = {s->dxn, s->dxl, s->dy, NULL, 0, DF_OK};
-        st = ffn_block_dev(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, &dv, s->xn, pos, s->y,
-                           &pt, err);
-        if (st == DF_OK) st = acc_dev_add(t, s->dh, s->dy, H, err);
+        moe_dev dv = {n, s->dxn, s->dxl, s->dy, s->dxg, NULL, 0, DF_OK};
+        st = ffn_block_dev(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, &dv, s->xn, seg[0].pos,
+                           s->y, &pt, err);
+        if (st == DF_OK) st = acc_dev_add(t, s->dh, s->dy, nh, err);
         prof_add(e, DF_PROF_NORMS, &pt);
     }
-    if (st != DF_OK || !seg->out) return st;
-    const float *xo = dev_res(e, m, s, s->dh, s->dnorm + (4 * L + 1) * HA, na, &st, err);
-    if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xo, s->dnorm + 4 * L * HA, 1, H, m->eps, err);
-    if (st == DF_OK) st = model_enter(e, m->L, err);
-    pt = prof_now(e);
-    const mm_req head = {&m->head, s->dxn, 1, seg->out, e->cfg.vocab_size};
-    if (st == DF_OK) st = mm_many_dev(e, &head, 1, err);
-    prof_add(e, DF_PROF_HEAD, &pt);
-    return st;
+    s->moe.rpos = NULL;
+    s->moe.rseg = NULL;
+    return st == DF_OK ? dev_head(e, m, s, seg, nseg, n, na, err) : st;
 }
 
 /* Rows of several sessions in one pass (seg[0]'s scratch holds them all):
@@ -548,7 +608,7 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
         n += seg[i].n;
     }
     if (n > DF_CHUNK || nseg > DF_CHUNK) return DF_ERR_ARG;
-    if (nseg == 1 && n == 1 && s->dv) return km_step_device(e, seg, err);
+    if (s->dv) return km_forward_dev(e, seg, nseg, n, err);
     size_t nh = (size_t)n * H;
     int64_t kstride = kda_state_floats(&m->kda);
     kda_seg ks[DF_CHUNK];

@@ -321,7 +321,7 @@ df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos,
                   const float *kva, float *attn, char *err);
 /* Activations on the device (df_accel.dev_*): acc_has_dev says whether the
  * accelerator offers them (with matmul_many and the expert queue);
- * acc_dev_alloc makes a block (at most four live; NULL when it cannot),
+ * acc_dev_alloc makes a block (at most 64 live; NULL when it cannot),
  * acc_is_dev says whether p points into one. The rest wrap the hooks
  * (errors: the hook's message in err). */
 int acc_has_dev(const acc_table *t);
@@ -336,6 +336,8 @@ df_status acc_dev_attn_res(acc_table *t, float *out, const float *anchors, int64
                            const float *w, int n, int dim, float eps, char *err);
 df_status acc_dev_add(acc_table *t, float *y, const float *x, int64_t floats, char *err);
 df_status acc_dev_copy(acc_table *t, float *dst, const float *src, int64_t floats, char *err);
+df_status acc_dev_gather(acc_table *t, float *dst, const float *src, const int *idx, int count, int64_t width,
+                         char *err);
 void acc_get_stats(const acc_table *t, df_accel_stats *out);
 void acc_reset_stats(acc_table *t);
 /* The placement: budget, what is resident, the tiers, and the plan for the

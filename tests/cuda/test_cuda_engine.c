@@ -296,7 +296,9 @@ static float *eval_rows(const char *path, size_t *n) {
  * Kimi-Linear (their attention states fit the kernels) decoded one token at
  * a time (`eval --chunk 1`): every row within 1e-4 max|logit| of the CPU's,
  * bit-identical across --gpu-mem, the greedy ids of `run` equal, and bench
- * reports the host waits per decoded token (printed). */
+ * reports the host waits per decoded token (printed). Prompts (rows of one
+ * pass, the experts' rows gathered on the device) are checked by
+ * cuda_engine_attention_on_device's logits. */
 TEST(cuda_engine_decode_step_on_device) {
     if (!have_gpu()) return;
     const char *tmp = t_tmpdir("cuda_step");
