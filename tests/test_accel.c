@@ -642,7 +642,7 @@ TEST(model_accel_kda_failure_resets) {
 
 /* Activations "on the device" for the stand-in: malloc'ed blocks, the
  * host's own ops on them (op_rmsnorm, op_attn_res, fp32 adds), so a decode
- * step through km_step_device stays bit-identical to the CPU's. */
+ * pass through km_forward_dev stays bit-identical to the CPU's. */
 static int fake_dev_live, fake_dev_ops;
 static float *fake_dev_alloc(void *ctx, int64_t floats, char *err) {
     (void)ctx;
@@ -703,7 +703,7 @@ static df_status fake_dev_gather(void *ctx, float *dst, const float *src, const 
     return DF_OK;
 }
 
-/* The decode step with its activations on the "device" (km_step_device,
+/* The decode step with its activations on the "device" (km_forward_dev,
  * ffn_block_dev): on the Kimi fixtures, with every budget (resident, LRU
  * evictions, transient; the spine's f32 matrices are refused and run on the
  * host over rows brought back), the logits are bit-identical to the CPU's;

@@ -290,7 +290,7 @@ static float *eval_rows(const char *path, size_t *n) {
     return v;
 }
 
-/* The decode step with its activations on the device (km_step_device over
+/* The decode step with its activations on the device (km_forward_dev over
  * the dev_ hooks: norms, attention residuals and the residual stream on the
  * device, one host wait per MoE layer): synth's tiny Kimi K3 and
  * Kimi-Linear (their attention states fit the kernels) decoded one token at
