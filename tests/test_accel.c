@@ -644,6 +644,7 @@ TEST(model_accel_kda_failure_resets) {
  * host's own ops on them (op_rmsnorm, op_attn_res, fp32 adds), so a decode
  * pass through km_forward_dev stays bit-identical to the CPU's. */
 static int fake_dev_live, fake_dev_ops;
+static int fake_res_max; /* > 0: dev_attn_res refuses more anchors (as the CUDA kernel does past 64) */
 static float *fake_dev_alloc(void *ctx, int64_t floats, char *err) {
     (void)ctx;
     (void)err;
@@ -675,6 +676,7 @@ static df_status fake_dev_attn_res(void *ctx, float *out, const float *anchors, 
                                    const float *cur, const float *w, int n, int dim, float eps, char *err) {
     (void)ctx;
     (void)err;
+    if (fake_res_max > 0 && na > fake_res_max) return DF_ERR_UNSUPPORTED;
     fake_dev_ops++;
     for (int t = 0; t < n; t++)
         op_attn_res(anchors + (size_t)t * astride, na, cur + (size_t)t * dim, w, dim, eps, out + (size_t)t * dim);
@@ -721,8 +723,11 @@ TEST(model_accel_device_step) {
         REQUIRE(ref != NULL, "%s cpu", fx[i]);
         const int kimi = strstr(fx[i], "kimi") != NULL;
         uint64_t waits_host = 0;
-        const int64_t budgets[] = {(int64_t)1 << 40, (int64_t)1 << 40, 24 << 10, 1};
-        for (int b = 0; b < 4; b++) {
+        /* the last: the device's attention residual takes one anchor at most
+         * (the rest of the mixes run on the host) */
+        const int64_t budgets[] = {(int64_t)1 << 40, (int64_t)1 << 40, 24 << 10, 1, (int64_t)1 << 40};
+        for (int b = 0; b < 5; b++) {
+            fake_res_max = b == 4 ? 1 : 0;
             const int dev = b > 0; /* the first: the host-centred step, for the wait count */
             df_accel a = {.name = "fake", .ctx = &lv, .budget = budgets[b], .upload = fake_upload,
                           .release = fake_release, .matmul = fake_matmul, .expert_queue = fake_queue,
@@ -757,6 +762,7 @@ TEST(model_accel_device_step) {
                   fake_live, fake_states, fake_nq);
             free(lg);
         }
+        fake_res_max = 0;
         free(ref);
     }
 }

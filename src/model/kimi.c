@@ -451,13 +451,21 @@ static void head_in(const km_model *m, const float *x, const float *anchors, int
 }
 
 /* K3's attention residual of the n rows cur over their first na anchors
- * into the device rows s->dxin (probe w), or cur itself without attention
- * residuals: the input the next norm reads. */
-static const float *dev_res(df_engine *e, const km_model *m, km_state *s, const float *cur, const float *w, int na,
-                            int n, df_status *st, char *err) {
+ * into the device rows s->dxin (probe w: its device copy wd), or cur itself
+ * without attention residuals: the input the next norm reads. */
+static const float *dev_res(df_engine *e, const km_model *m, km_state *s, const float *cur, const float *wd,
+                            const float *w, int na, int n, df_status *st, char *err) {
     if (m->block <= 0 || na == 0 || *st != DF_OK) return cur;
-    *st = acc_dev_attn_res(e->acc, s->dxin, s->danc, (int64_t)m->max_anchors * m->H, na, cur, w, n, m->H, m->eps,
-                           err);
+    const int H = m->H, A = m->max_anchors;
+    *st = acc_dev_attn_res(e->acc, s->dxin, s->danc, (int64_t)A * H, na, cur, wd, n, H, m->eps, err);
+    if (*st != DF_ERR_UNSUPPORTED) return s->dxin;
+    /* more anchors than the device's kernel takes: this mix on the host
+     * (the anchors and rows brought over, the result put back) */
+    *st = acc_dev_get(e->acc, s->anchors, s->danc, (int64_t)n * A * H, err);
+    if (*st == DF_OK) *st = acc_dev_get(e->acc, s->y, cur, (int64_t)n * H, err);
+    for (int t = 0; *st == DF_OK && t < n; t++)
+        op_attn_res(s->anchors + (size_t)t * A * H, na, s->y + (size_t)t * H, w, H, m->eps, s->xin + (size_t)t * H);
+    if (*st == DF_OK) *st = acc_dev_put(e->acc, s->dxin, s->xin, (int64_t)n * H, err);
     return s->dxin;
 }
 
@@ -502,7 +510,7 @@ static df_status dev_head(df_engine *e, const km_model *m, km_state *s, const df
     const int H = m->H, V = e->cfg.vocab_size;
     const int64_t HA = s->HA, L = m->L;
     df_status st = DF_OK;
-    const float *xo = dev_res(e, m, s, s->dh, s->dnorm + (4 * L + 1) * HA, na, n, &st, err);
+    const float *xo = dev_res(e, m, s, s->dh, s->dnorm + (4 * L + 1) * HA, m->res_out, na, n, &st, err);
     if (st == DF_OK) st = acc_dev_rmsnorm(e->acc, s->dxn, xo, s->dnorm + 4 * L * HA, n, H, m->eps, err);
     int rows = 0;
     for (int i = 0; i < nseg; i++)
@@ -568,7 +576,7 @@ static df_status km_forward_dev(df_engine *e, const df_fwd_seg *seg, int nseg, i
         const float *nv = s->dnorm + (int64_t)l * 4 * HA; /* attn_norm, ffn_norm, res_attn, res_mlp */
         if ((st = model_enter(e, l, err)) != DF_OK) break;
         pt = prof_now(e);
-        const float *xin = dev_res(e, m, s, s->dh, nv + 2 * HA, na, n, &st, err);
+        const float *xin = dev_res(e, m, s, s->dh, nv + 2 * HA, y->res_attn, na, n, &st, err);
         const int restart = m->block > 0 && l % m->block == 0;
         for (int r = 0; restart && st == DF_OK && r < n; r++) /* each row's anchor */
             st = acc_dev_copy(t, s->danc + ((int64_t)r * A + na) * H, s->dh + (int64_t)r * H, H, err);
@@ -578,7 +586,7 @@ static df_status km_forward_dev(df_engine *e, const df_fwd_seg *seg, int nseg, i
         if (st == DF_OK) st = dev_attention(e, m, s, y, seg, nseg, err);
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
         if (st == DF_OK) st = restart ? acc_dev_copy(t, s->dh, s->dy, nh, err) : acc_dev_add(t, s->dh, s->dy, nh, err);
-        xin = dev_res(e, m, s, s->dh, nv + 3 * HA, na, n, &st, err);
+        xin = dev_res(e, m, s, s->dh, nv + 3 * HA, y->res_mlp, na, n, &st, err);
         if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nv + HA, n, H, m->eps, err);
         prof_add(e, DF_PROF_NORMS, &pt);
         if (st != DF_OK) break;
