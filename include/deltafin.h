@@ -249,10 +249,11 @@ typedef struct df_accel {
      *   dev_get:  dst (host) <- src, after the work queued before it
      *   dev_rmsnorm: out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, t < n rows of dim
      *   dev_attn_res: out[t] = AttnRes of anchors[t * astride + j * dim], j < na,
-     *     and cur[t] with the probe w (op_attn_res), t < n
+     *     and cur[t] with the probe w (op_attn_res), t < n; DF_ERR_UNSUPPORTED
+     *     when na is more than the device takes (the engine mixes on the host)
      *   dev_add:  y[i] += x[i] (fp32), i < floats; dev_copy: dst <- src
- *   dev_gather: row i of dst <- row idx[i] of src, i < count, rows of
- *     width floats (idx: host memory, copied before it returns) */
+     *   dev_gather: row i of dst <- row idx[i] of src, i < count, rows of
+     *     width floats (idx: host memory, copied before it returns) */
     float *(*dev_alloc)(void *ctx, int64_t floats, char *err);
     void (*dev_free)(void *ctx, float *p);
     df_status (*dev_put)(void *ctx, float *dst, const float *src, int64_t floats, char *err);
