@@ -623,15 +623,19 @@ df_status model_batch_head(df_engine *e, int L, const df_weight *head, const flo
         float *lg = model_batch_logits(e);
         if (!lg) return df_fail(err, DF_ERR_NOMEM, "out of memory");
         mm(e, head, xn, rows, lg, V);
-        for (int i = 0, r = 0; i < nseg; i++) {
-            if (!seg[i].out) continue;
-            int k = seg[i].all_rows ? seg[i].n : 1;
-            memcpy(seg[i].out, lg + (size_t)r * V, (size_t)k * V * sizeof(float));
-            r += k;
-        }
+        model_batch_scatter(seg, nseg, lg, V);
     }
     prof_add(e, DF_PROF_HEAD, &pt);
     return DF_OK;
+}
+
+void model_batch_scatter(const df_fwd_seg *seg, int nseg, const float *lg, int V) {
+    for (int i = 0, r = 0; i < nseg; i++) {
+        if (!seg[i].out) continue;
+        int k = seg[i].all_rows ? seg[i].n : 1;
+        memcpy(seg[i].out, lg + (size_t)r * V, (size_t)k * V * sizeof(float));
+        r += k;
+    }
 }
 
 void df_engine_batch_stats(const df_engine *e, df_batch_stats *out) { *out = e->bstats; }

@@ -450,6 +450,16 @@ static void head_in(const km_model *m, const float *x, const float *anchors, int
     op_rmsnorm(xn, xo, m->final_norm, H, m->eps);
 }
 
+/* Segment i's embedding rows into s->h from row off, with each row's
+ * position and segment (rpos, rseg). */
+static void embed_rows(const km_model *m, km_state *s, const df_fwd_seg *sg, int i, int off, int *rpos, int *rseg) {
+    for (int t = 0; t < sg->n; t++) {
+        kn_dequant_row(&m->embed, sg->tokens[t], s->h + (size_t)(off + t) * m->H);
+        rpos[off + t] = sg->pos + t;
+        rseg[off + t] = i;
+    }
+}
+
 /* K3's attention residual of the n rows cur over their first na anchors
  * into the device rows s->dxin (probe w: its device copy wd), or cur itself
  * without attention residuals: the input the next norm reads. */
@@ -532,12 +542,7 @@ static df_status dev_head(df_engine *e, const km_model *m, km_state *s, const df
     if (!lg) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     const mm_req head = {&m->head, x, rows, lg, V};
     st = mm_many_dev(e, &head, 1, err);
-    for (int i = 0, r = 0; st == DF_OK && nseg > 1 && i < nseg; i++) {
-        if (!seg[i].out) continue;
-        int k = seg[i].all_rows ? seg[i].n : 1;
-        memcpy(seg[i].out, lg + (size_t)r * V, (size_t)k * V * sizeof(float));
-        r += k;
-    }
+    if (st == DF_OK && nseg > 1) model_batch_scatter(seg, nseg, lg, V);
     prof_add(e, DF_PROF_HEAD, &pt);
     return st;
 }
@@ -559,12 +564,7 @@ static df_status km_forward_dev(df_engine *e, const df_fwd_seg *seg, int nseg, i
     const int64_t HA = s->HA, nh = (int64_t)n * H;
     int rpos[DF_CHUNK], rseg[DF_CHUNK];
     double pt = prof_now(e);
-    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++)
-        for (int r = 0; r < seg[i].n; r++) {
-            kn_dequant_row(&m->embed, seg[i].tokens[r], s->h + (size_t)(off + r) * H);
-            rpos[off + r] = seg[i].pos + r;
-            rseg[off + r] = i;
-        }
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) embed_rows(m, s, &seg[i], i, off, rpos, rseg);
     s->moe.rpos = nseg > 1 ? rpos : NULL;
     s->moe.rseg = nseg > 1 ? rseg : NULL;
     early_lookahead(e, m, &s->moe, s->h, s->xn, n);
@@ -630,11 +630,7 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
         if (keep && si->rw_mode == DF_REWIND_REPLAY)
             memcpy(si->rw_keep, si->kda_state, (size_t)m->n_kda * kstride * sizeof(float));
         trail[i] = keep && si->rw_mode == DF_REWIND_TRAIL ? si->rw_keep : NULL;
-        for (int t = 0; t < seg[i].n; t++) {
-            kn_dequant_row(&m->embed, seg[i].tokens[t], s->h + (size_t)(off + t) * H);
-            rpos[off + t] = seg[i].pos + t;
-            rseg[off + t] = i;
-        }
+        embed_rows(m, s, &seg[i], i, off, rpos, rseg);
     }
     s->moe.rpos = nseg > 1 ? rpos : NULL;
     s->moe.rseg = nseg > 1 ? rseg : NULL;

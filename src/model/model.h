@@ -140,6 +140,9 @@ float *model_batch_logits(df_engine *e);
  * normed rows of the segments with an out, in segment order (every row of
  * one with all_rows, else its last), written to those outs. DF_OK at once
  * when rows is 0. */
+/* The head's rows (lg [rows][V], rows in segment order: each segment's
+ * last, or all of its rows) to the segments' outputs. */
+void model_batch_scatter(const df_fwd_seg *seg, int nseg, const float *lg, int V);
 df_status model_batch_head(df_engine *e, int L, const df_weight *head, const float *xn, int rows,
                            const df_fwd_seg *seg, int nseg, char *err);
 
