@@ -428,6 +428,8 @@ typedef struct {
     uint64_t spine_groups_on_device;       /* streamed spine groups entered without reading them
                                               (every matrix had a device copy) */
     int64_t spine_kept_groups;             /* streamed spine groups planned to stay on the device */
+    uint64_t device_passes;                /* forward passes with their activations on the device
+                                              (the dev_ hooks: norms and residuals there too) */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);

@@ -753,6 +753,8 @@ TEST(model_accel_device_step) {
             const size_t bytes = logits_bytes(fx[i], n);
             CHECK(bytes > 0 && memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %d", fx[i], b);
             CHECK((fake_dev_ops > 0) == (dev && kimi), "%s budget %d: %d device ops", fx[i], b, fake_dev_ops);
+            CHECK((st.device_passes > 0) == (dev && kimi), "%s budget %d: %llu device passes counted", fx[i], b,
+                  (unsigned long long)st.device_passes);
             if (!dev) waits_host = st.sync_calls;
             if (b == 1 && kimi)
                 CHECK(st.sync_calls < waits_host, "%s: %llu host waits on the device step, %llu without", fx[i],

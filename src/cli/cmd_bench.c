@@ -304,6 +304,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "hbm_floor_s_per_token", json_real(hbm_floor));
         json_object_set_new(o, "hbm_ratio", json_real(hbm_floor > 0 ? med / hbm_floor : 0));
         json_object_set_new(o, "device_waits_per_token", json_real((double)(ac.sync_calls - ac0.sync_calls) / ntok));
+        json_object_set_new(o, "device_passes_per_token",
+                            json_real((double)(ac.device_passes - ac0.device_passes) / ntok));
         json_object_set_new(o, "device_wait_s_per_token", json_real((ac.sync_s - ac0.sync_s) / ntok));
         json_object_set_new(o, "expert_cache_pinned", json_boolean(ac.pinned_bytes != 0));
         json_t *pfl = json_object();
@@ -379,6 +381,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
             if (ac.kda_calls || ac.mla_calls)
                 printf("attention on the device     %.1f KDA + %.1f MLA layer steps per token (states there)\n",
                        (double)(ac.kda_calls - ac0.kda_calls) / ntok, (double)(ac.mla_calls - ac0.mla_calls) / ntok);
+            if (ac.device_passes > ac0.device_passes)
+                printf("activations on the device   %.1f passes per token (residual stream, norms and mixes there;\n"
+                       "                            the parts below are host time, and the device's work shows\n"
+                       "                            where the host waits for it: the router, the head)\n",
+                       (double)(ac.device_passes - ac0.device_passes) / ntok);
         }
         double psum = 0;
         for (int i = 0; i < DF_PROF_N; i++) psum += pre1[i];

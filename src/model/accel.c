@@ -832,6 +832,7 @@ void acc_reset_stats(acc_table *t) {
     t->st.sync_calls = 0;
     t->st.kda_calls = t->st.mla_calls = 0;
     t->st.device_read_bytes = 0;
+    t->st.device_passes = 0;
 }
 
 void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes, int n_experts) {
@@ -871,6 +872,8 @@ void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes,
 const char *acc_last_error(const acc_table *t) { return t ? t->last_err : ""; }
 
 /* ---- activations on the device (df_accel.dev_*) ---- */
+
+void acc_count_device_pass(acc_table *t) { t->st.device_passes++; }
 
 int acc_has_dev(const acc_table *t) {
     const df_accel *a = t ? t->a : NULL;

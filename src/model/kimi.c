@@ -563,6 +563,7 @@ static df_status km_forward_dev(df_engine *e, const df_fwd_seg *seg, int nseg, i
     const int H = m->H, A = m->max_anchors;
     const int64_t HA = s->HA, nh = (int64_t)n * H;
     int rpos[DF_CHUNK], rseg[DF_CHUNK];
+    acc_count_device_pass(t);
     double pt = prof_now(e);
     for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) embed_rows(m, s, &seg[i], i, off, rpos, rseg);
     s->moe.rpos = nseg > 1 ? rpos : NULL;

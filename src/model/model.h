@@ -328,6 +328,7 @@ df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos,
  * acc_is_dev says whether p points into one. The rest wrap the hooks
  * (errors: the hook's message in err). */
 int acc_has_dev(const acc_table *t);
+void acc_count_device_pass(acc_table *t);
 int acc_is_dev(const acc_table *t, const void *p);
 float *acc_dev_alloc(acc_table *t, int64_t floats);
 void acc_dev_free(acc_table *t, float *p); /* NULL-safe */

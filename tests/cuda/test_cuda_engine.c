@@ -344,9 +344,12 @@ TEST(cuda_engine_decode_step_on_device) {
         rc = t_sh(out, sizeof out, "%s bench --decode --model %s --tokens 4 --prompt-tokens 4 --device cuda --json",
                   bin(), model);
         const char *w = strstr(out, "\"device_waits_per_token\"");
-        double waits = -1;
+        double waits = -1, passes = -1;
         if (w && (w = strchr(w, ':'))) waits = atof(w + 1);
-        fprintf(stderr, "    %-12s host waits per decoded token: %.1f\n", arch[i], waits);
+        const char *p = strstr(out, "\"device_passes_per_token\"");
+        if (p && (p = strchr(p, ':'))) passes = atof(p + 1);
+        fprintf(stderr, "    %-12s host waits per decoded token: %.1f; device passes %.1f\n", arch[i], waits, passes);
         CHECK(rc == 0 && waits >= 0, "%s: bench reports no device waits: %s", arch[i], out);
+        CHECK(passes >= 1.0, "%s: decode did not run with its activations on the device: %s", arch[i], out);
     }
 }
