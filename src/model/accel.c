@@ -17,6 +17,10 @@
  * experts; the rest go through the LRU. A group whose every matrix has a
  * copy is served without reading it (acc_hold: its cached copies are held,
  * never evicted, until the next group is entered).
+ * Also the device activation blocks sessions take (acc_dev_alloc, at most
+ * 64), so a pointer into one is known for what it is (acc_is_dev), and
+ * mm_many_dev (products of device rows; what the device does not take runs
+ * on the CPU over rows brought back).
  * Budget: resident + cached bytes <= accel->budget; a matrix that cannot fit
  * even after evicting every cached copy is uploaded for the call and
  * released after it (transient). Any device failure falls back to the CPU
