@@ -85,12 +85,13 @@ struct acc {
      * hooks know a device pointer from a host one */
     float *dblk[64];
     size_t dlen[64];
-    float *ph;         /* dev_put / dev_get staging (pinned) */
-    size_t cap_ph;
+    void *ph;          /* dev_put / dev_get staging (pinned) */
+    size_t cap_ph;     /* bytes */
     cudaEvent_t ph_ev, th_ev; /* ph / th still read by queued work once recorded */
     cudaEvent_t mm_ev;        /* matmul_many's outputs copied (queued experts run behind) */
-    int *gh;                  /* dev_gather's row indices (pinned, read by the kernel) */
-    int cap_gh, gh_busy;
+    void *gh;                 /* dev_gather's row indices (pinned, read by the kernel) */
+    size_t cap_gh;            /* bytes */
+    int gh_busy;
     cudaEvent_t gh_ev;
     int ph_busy, th_busy;
 };
@@ -1008,21 +1009,23 @@ void acc_dev_free(void *ctx, float *p) {
     }
 }
 
-/* Grows the pinned staging ph to floats (nothing queued reads it then). */
-int ph_room(acc *a, int64_t floats, char *err) {
-    staging_wait(a->ph_ev, &a->ph_busy);
-    if ((size_t)floats <= a->cap_ph) return 1;
-    const size_t nc = (size_t)floats < 16384 ? 16384 : (size_t)floats;
-    cudaFreeHost(a->ph);
-    a->ph = NULL;
-    a->cap_ph = 0;
-    cudaError_t e = cudaMallocHost((void **)&a->ph, nc * sizeof(float));
+/* Pinned staging *h of *cap bytes, once queued work no longer reads it
+ * (ev, *busy), grown to at least `bytes` (64 KiB at least). 0 with err when
+ * it cannot be allocated. */
+int pinned_room(void **h, size_t *cap, size_t bytes, cudaEvent_t ev, int *busy, char *err) {
+    staging_wait(ev, busy);
+    if (bytes <= *cap) return 1;
+    const size_t nc = bytes < 65536 ? 65536 : bytes;
+    cudaFreeHost(*h);
+    *h = NULL;
+    *cap = 0;
+    cudaError_t e = cudaMallocHost(h, nc);
     if (e != cudaSuccess) {
         cerr(err, e, "staging buffers");
-        a->ph = NULL;
+        *h = NULL;
         return 0;
     }
-    a->cap_ph = nc;
+    *cap = nc;
     return 1;
 }
 
@@ -1035,17 +1038,19 @@ df_status dev_launched(df_status st, const char *what, char *err) {
 df_status acc_dev_put(void *ctx, float *dst, const float *src, int64_t floats, char *err) {
     acc *a = (acc *)ctx;
     if (floats <= 0) return DF_OK;
-    if (!ph_room(a, floats, err)) return DF_ERR_NOMEM;
+    if (!pinned_room(&a->ph, &a->cap_ph, (size_t)floats * sizeof(float), a->ph_ev, &a->ph_busy, err))
+        return DF_ERR_NOMEM;
     memcpy(a->ph, src, (size_t)floats * sizeof(float));
-    df_status st = act_copy(a, dst, a->ph, (size_t)floats, err);
+    df_status st = act_copy(a, dst, (const float *)a->ph, (size_t)floats, err);
     return st == DF_OK ? staging_mark(a, &a->ph_ev, &a->ph_busy, err) : st;
 }
 
 df_status acc_dev_get(void *ctx, float *dst, const float *src, int64_t floats, char *err) {
     acc *a = (acc *)ctx;
     if (floats <= 0) return DF_OK;
-    if (!ph_room(a, floats, err)) return DF_ERR_NOMEM;
-    df_status st = act_copy(a, a->ph, src, (size_t)floats, err);
+    if (!pinned_room(&a->ph, &a->cap_ph, (size_t)floats * sizeof(float), a->ph_ev, &a->ph_busy, err))
+        return DF_ERR_NOMEM;
+    df_status st = act_copy(a, (float *)a->ph, src, (size_t)floats, err);
     cudaError_t e = cudaStreamSynchronize(a->stream);
     if (st == DF_OK && e != cudaSuccess) st = cerr(err, e, "activations");
     if (st == DF_OK) memcpy(dst, a->ph, (size_t)floats * sizeof(float));
@@ -1078,21 +1083,11 @@ df_status acc_dev_gather(void *ctx, float *dst, const float *src, const int *idx
                          char *err) {
     acc *a = (acc *)ctx;
     if (count <= 0) return DF_OK;
-    staging_wait(a->gh_ev, &a->gh_busy);
-    if (count > a->cap_gh) {
-        cudaFreeHost(a->gh);
-        a->gh = NULL;
-        a->cap_gh = 0;
-        const int nc = count < 4096 ? 4096 : count;
-        cudaError_t e = cudaMallocHost((void **)&a->gh, (size_t)nc * sizeof(int));
-        if (e != cudaSuccess) {
-            a->gh = NULL;
-            return cerr(err, e, "staging buffers");
-        }
-        a->cap_gh = nc;
-    }
+    if (!pinned_room(&a->gh, &a->cap_gh, (size_t)count * sizeof(int), a->gh_ev, &a->gh_busy, err))
+        return DF_ERR_NOMEM;
     memcpy(a->gh, idx, (size_t)count * sizeof(int));
-    df_status st = dev_launched(gpu_gather_rows(dst, src, a->gh, count, width, a->stream), "gather", err);
+    df_status st =
+        dev_launched(gpu_gather_rows(dst, src, (const int *)a->gh, count, width, a->stream), "gather", err);
     return st == DF_OK ? staging_mark(a, &a->gh_ev, &a->gh_busy, err) : st;
 }
 

@@ -67,6 +67,7 @@ struct acc_table {
     df_accel_stats st;
     float *dev_blk[64];    /* device activation blocks (acc_dev_alloc: a session each), for acc_is_dev */
     int64_t dev_len[64];   /* their floats */
+    int dev_used;          /* slots ever used: acc_is_dev looks no further (0 without blocks) */
     int queued_host;       /* an expert queued since the last finish reads or writes host memory */
     char err[DF_ERRMSG];
     char last_err[DF_ERRMSG];
@@ -623,24 +624,19 @@ static df_status mm_via_host(df_engine *e, const mm_req *r, char *err) {
     return st;
 }
 
-void mm_many(df_engine *e, const mm_req *r, int count) {
-    int done[16] = {0};
-    if (e->acc && count <= 16) acc_mm_many(e->acc, r, count, done);
-    for (int i = 0; i < count; i++)
-        if (!done[i]) mm(e, r[i].w, r[i].X, r[i].n, r[i].Y, r[i].ldy);
-}
-
 df_status mm_many_dev(df_engine *e, const mm_req *r, int count, char *err) {
     int done[16] = {0};
-    if (count > 16) return df_fail(err, DF_ERR_ARG, "too many products in one call");
-    acc_mm_many(e->acc, r, count, done);
+    if (count <= 16) acc_mm_many(e->acc, r, count, done);
     for (int i = 0; i < count; i++) {
-        if (done[i]) continue;
+        if (i < 16 && done[i]) continue;
         df_status st = mm_via_host(e, &r[i], err);
         if (st != DF_OK) return st;
     }
     return DF_OK;
 }
+
+/* Host X and Y: mm_via_host is then mm, which cannot fail. */
+void mm_many(df_engine *e, const mm_req *r, int count) { (void)mm_many_dev(e, r, count, NULL); }
 
 void acc_prefetch(acc_table *t, const df_weight *w, int n) {
     for (int i = 0; t && i < n; i++) {
@@ -887,7 +883,7 @@ int acc_has_dev(const acc_table *t) {
 
 int acc_is_dev(const acc_table *t, const void *p) {
     const float *f = p;
-    for (int i = 0; t && f && i < 64; i++)
+    for (int i = 0; t && f && i < t->dev_used; i++)
         if (t->dev_blk[i] && f >= t->dev_blk[i] && f < t->dev_blk[i] + t->dev_len[i]) return 1;
     return 0;
 }
@@ -900,6 +896,7 @@ float *acc_dev_alloc(acc_table *t, int64_t floats) {
     if (!p) { snprintf(t->last_err, sizeof t->last_err, "%s", t->err); return NULL; }
     t->dev_blk[i] = p;
     t->dev_len[i] = floats;
+    if (i >= t->dev_used) t->dev_used = i + 1;
     return p;
 }
 

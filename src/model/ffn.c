@@ -292,8 +292,9 @@ static void scatter_tokens(const moe_layer *m, moe_scratch *s, int cnt, int dl) 
 }
 
 /* Queues expert x (views w) on the device for the cnt tokens gathered in
- * s->xe; its outputs land in their (token, slot) rows of s->ys when
- * acc_expert_finish returns. 1 if queued. */
+ * s->xe (with device rows, s->dv: their rows there); its outputs land in
+ * their (token, slot) rows of s->ys when acc_expert_finish returns. 1 if
+ * queued. */
 static int queue_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s, int cnt,
                         const df_weight w[XS_MATS], int dl, int x) {
     if (!e->acc) return 0;
@@ -323,7 +324,7 @@ static df_status gather_on_device(df_engine *e, const moe_layer *m, moe_scratch 
     return acc_dev_gather(e->acc, s->dv->xg, s->dv->xin, idx, cnt, dl, err);
 }
 
-/* With a device row (s->dv): brings xn (into s->xn_host) and, for a latent
+/* With device rows (s->dv): brings xn (into s->xn_host) and, for a latent
  * layer, xl (into s->xl) to the host, once, for a part the device did not
  * take. 1 when they are there. */
 static int dv_fetch(df_engine *e, moe_scratch *s, int latent) {
@@ -551,7 +552,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
      * next layer's (lookahead) and the latent down-projection, in one
      * accelerator call (one host wait) */
     const int ahead = m->store && lookahead_on(s, m->next);
-    moe_dev *dv = s->dv; /* one row on the device: its inputs and output there */
+    moe_dev *dv = s->dv; /* rows on the device: their inputs and output there */
     const float *xd = dv ? dv->xn : xn;
     /* the shared experts queued like a routed one, first: the device runs
      * them while the host routes (matmul_many launches the queue behind
@@ -563,13 +564,9 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     pre[npre++] = (mm_req){&m->router, xd, n, s->rlog, m->E};
     if (ahead) pre[npre++] = (mm_req){&m->next->router, xd, n, s->nlog, m->next->E};
     if (m->latent) pre[npre++] = (mm_req){&m->lat_down, xd, n, dv ? dv->xl : s->xl, dl};
-    if (!dv) {
-        mm_many(e, pre, npre);
-    } else {
-        df_status pst = mm_many_dev(e, pre, npre, err);
-        if (pst != DF_OK) return pst;
-        dv->xin = m->latent ? dv->xl : dv->xn;
-    }
+    df_status pst = mm_many_dev(e, pre, npre, err); /* fails only over device rows */
+    if (pst != DF_OK) return pst;
+    if (dv) dv->xin = m->latent ? dv->xl : dv->xn;
     for (int t = 0; t < n; t++) {
         moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K, NULL);
         if (m->trace) m->trace(m->trace_ctx, s->rpos ? s->rpos[t] : pos + t, m->trace_layer, s->sel + t * K,
