@@ -266,6 +266,19 @@ typedef struct df_accel {
     df_status (*dev_copy)(void *ctx, float *dst, const float *src, int64_t floats, char *err);
     df_status (*dev_gather)(void *ctx, float *dst, const float *src, const int *idx, int count, int64_t width,
                             char *err);
+    /* Optional (NULL: the engine runs the dev_ hooks above in turn), the
+     * residual stream's step between two parts of a layer in one call, for
+     * rows t < n of dim floats (anchor rows at anchors + t * astride + j * dim):
+     *   h[t] = d[t] (restart) or h[t] + d[t], when d is set;
+     *   anc_out[t * astride] <- h[t], when anc_out is set;
+     *   x = dev_attn_res of h[t] over its na anchors with the probe (na > 0),
+     *       else h[t];
+     *   xn[t] = dev_rmsnorm of x with the weights nw.
+     * It must give the bits those hooks in turn give. DF_ERR_UNSUPPORTED
+     * (nothing done, err untouched): a shape or alignment it does not take. */
+    df_status (*dev_res_norm)(void *ctx, float *xn, float *h, const float *d, int restart, float *anc_out,
+                              const float *anchors, int64_t astride, int na, const float *probe, const float *nw,
+                              int n, int dim, float eps, char *err);
 } df_accel;
 
 /* df_accel.mla_layer (optional, with the state hooks): a whole MLA layer step with one host

@@ -430,7 +430,7 @@ TEST(model_accel_bit_identical_any_budget) {
                           b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
                           b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL,
                           b >= 4 ? fake_mla_layer : NULL, b >= 4 ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
             df_accel_stats st;
             fake_expert_calls = 0;
             fake_many_calls = 0;
@@ -612,7 +612,7 @@ TEST(model_accel_kda_failure_resets) {
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                   fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL, NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;
@@ -695,6 +695,27 @@ static df_status fake_dev_copy(void *ctx, float *dst, const float *src, int64_t 
     return DF_OK;
 }
 
+/* dev_res_norm as its steps in turn (the host ops again); refuses as
+ * dev_attn_res does. */
+static int fake_fused_ops;
+static df_status fake_dev_res_norm(void *ctx, float *xn, float *h, const float *d, int restart, float *anc_out,
+                                   const float *anchors, int64_t astride, int na, const float *probe, const float *nw,
+                                   int n, int dim, float eps, char *err) {
+    (void)ctx;
+    (void)err;
+    if (fake_res_max > 0 && na > fake_res_max) return DF_ERR_UNSUPPORTED;
+    fake_dev_ops++;
+    fake_fused_ops++;
+    for (int t = 0; t < n; t++) {
+        float *ht = h + (size_t)t * dim, *xt = xn + (size_t)t * dim;
+        for (int i = 0; d && i < dim; i++) ht[i] = restart ? d[(size_t)t * dim + i] : ht[i] + d[(size_t)t * dim + i];
+        if (anc_out) memcpy(anc_out + (size_t)t * astride, ht, (size_t)dim * sizeof(float));
+        if (na > 0) op_attn_res(anchors + (size_t)t * astride, na, ht, probe, dim, eps, xt);
+        op_rmsnorm(xt, na > 0 ? xt : ht, nw, dim, eps);
+    }
+    return DF_OK;
+}
+
 static df_status fake_dev_gather(void *ctx, float *dst, const float *src, const int *idx, int count, int64_t width,
                                  char *err) {
     (void)ctx;
@@ -708,7 +729,8 @@ static df_status fake_dev_gather(void *ctx, float *dst, const float *src, const 
 /* The decode step with its activations on the "device" (km_forward_dev,
  * ffn_block_dev): on the Kimi fixtures, with every budget (resident, LRU
  * evictions, transient; the spine's f32 matrices are refused and run on the
- * host over rows brought back), the logits are bit-identical to the CPU's;
+ * host over rows brought back), with the residual steps one hook at a time
+ * and in one (dev_res_norm), the logits are bit-identical to the CPU's;
  * the device ops ran, the host waited fewer times than the host-centred
  * step, and no device block leaked. DeepSeek-V3 keeps the host-centred step. */
 TEST(model_accel_device_step) {
@@ -725,9 +747,12 @@ TEST(model_accel_device_step) {
         uint64_t waits_host = 0;
         /* the last: the device's attention residual takes one anchor at most
          * (the rest of the mixes run on the host) */
-        const int64_t budgets[] = {(int64_t)1 << 40, (int64_t)1 << 40, 24 << 10, 1, (int64_t)1 << 40};
-        for (int b = 0; b < 5; b++) {
-            fake_res_max = b == 4 ? 1 : 0;
+        const int64_t budgets[] = {(int64_t)1 << 40, (int64_t)1 << 40, 24 << 10, 1, (int64_t)1 << 40,
+                                   (int64_t)1 << 40};
+        for (int b = 0; b < 6; b++) {
+            fake_res_max = b == 4 || b == 5 ? 1 : 0;
+            /* dev_res_norm with the evicting budgets, and at the last (refusing > 1 anchor, as the fifth) */
+            const int fused = b == 2 || b == 3 || b == 5;
             const int dev = b > 0; /* the first: the host-centred step, for the wait count */
             df_accel a = {.name = "fake", .ctx = &lv, .budget = budgets[b], .upload = fake_upload,
                           .release = fake_release, .matmul = fake_matmul, .expert_queue = fake_queue,
@@ -745,14 +770,17 @@ TEST(model_accel_device_step) {
                 a.dev_add = fake_dev_add;
                 a.dev_copy = fake_dev_copy;
                 a.dev_gather = fake_dev_gather;
+                if (fused) a.dev_res_norm = fake_dev_res_norm;
             }
             df_accel_stats st;
             fake_dev_ops = 0;
+            fake_fused_ops = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, NULL);
             REQUIRE(lg != NULL, "%s budget %d", fx[i], b);
             const size_t bytes = logits_bytes(fx[i], n);
             CHECK(bytes > 0 && memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %d", fx[i], b);
             CHECK((fake_dev_ops > 0) == (dev && kimi), "%s budget %d: %d device ops", fx[i], b, fake_dev_ops);
+            CHECK((fake_fused_ops > 0) == (fused && kimi), "%s budget %d: %d fused steps", fx[i], b, fake_fused_ops);
             CHECK((st.device_passes > 0) == (dev && kimi), "%s budget %d: %llu device passes counted", fx[i], b,
                   (unsigned long long)st.device_passes);
             if (!dev) waits_host = st.sync_calls;
@@ -786,7 +814,8 @@ TEST(model_accel_device_step_batched) {
                   .kda_layer = fake_kda_layer, .mla_layer = fake_mla_layer, .moe_tail = fake_moe_tail,
                   .dev_alloc = fake_dev_alloc, .dev_free = fake_dev_free, .dev_put = fake_dev_put,
                   .dev_get = fake_dev_put, .dev_rmsnorm = fake_dev_rmsnorm, .dev_attn_res = fake_dev_attn_res,
-                  .dev_add = fake_dev_add, .dev_copy = fake_dev_copy, .dev_gather = fake_dev_gather};
+                  .dev_add = fake_dev_add, .dev_copy = fake_dev_copy, .dev_gather = fake_dev_gather,
+                  .dev_res_norm = fake_dev_res_norm};
     enum { P0 = 7, P1 = 9, STEPS = 3 };
     const int32_t *t0 = tok, *t1 = tok + 4; /* two streams of P + STEPS tokens */
     df_engine *ed = NULL, *ec = NULL;
@@ -987,7 +1016,7 @@ TEST(model_accel_stream_spine_not_reread) {
                           fake_state_zero, fake_kda, fake_mla, NULL, fake_matmul_many,
                           b == 1 ? fake_kda_layer : NULL, b == 1 ? fake_mla_layer : NULL,
                           b == 1 ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, 0, &st, &later);
@@ -1040,7 +1069,7 @@ TEST(model_accel_stream_spine_device_failure) {
                           fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda,
                           fake_mla, NULL, flaky_matmul_many, b ? fake_kda_layer : NULL, b ? fake_mla_layer : NULL,
                           b ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, b ? 1 : 2, &st, &later);

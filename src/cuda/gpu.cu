@@ -761,23 +761,29 @@ extern "C" df_status gpu_expert(const gpu_weight *gate, const gpu_weight *up,
 
 enum { NORM_THREADS = 256 };
 
-/* One block per vector; the sum of squares in double, reduced by a fixed
- * tree, so the result does not depend on timing. out may alias x: each
- * element is read and written by one thread after the reduction. */
+/* One block per vector; the sum of squares in double, reduced in a fixed
+ * order (block_sum1), so the result does not depend on timing; a row's
+ * result depends on dim only, never on n. out may alias x: each element is
+ * read and written by one thread, its write after the reduction. */
+
+/* Aligned rows of at most 4 ROW_T ROW_V4 floats, dim % 4 == 0: the row in
+ * registers (gpu_internal.h). */
+__global__ void __launch_bounds__(ROW_T) k_rmsnorm4(float *out, const float *x, const float *w, int dim, float eps) {
+    __shared__ double buf[33];
+    float4 v[ROW_V4];
+    row_load(x + (int64_t)blockIdx.x * dim, dim >> 2, v);
+    row_rmsnorm(v, dim, w, eps, out + (int64_t)blockIdx.x * dim, buf);
+}
+
+/* Any other row: strided, the same reduction. */
 __global__ void __launch_bounds__(NORM_THREADS)
 k_rmsnorm(float *out, const float *x, const float *w, int dim, float eps) {
-    __shared__ double part[NORM_THREADS];
+    __shared__ double buf[33];
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *o = out + (int64_t)blockIdx.x * dim;
     double ss = 0.0;
     for (int i = threadIdx.x; i < dim; i += NORM_THREADS) ss += (double)xr[i] * (double)xr[i];
-    part[threadIdx.x] = ss;
-    __syncthreads();
-    for (int h = NORM_THREADS / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
-        __syncthreads();
-    }
-    const float inv = (float)(1.0 / sqrt(part[0] / dim + (double)eps));
+    const float inv = norm_scale(block_sum1(ss, buf), dim, eps);
     for (int i = threadIdx.x; i < dim; i += NORM_THREADS)
         o[i] = w ? __fmul_rn(w[i], __fmul_rn(xr[i], inv)) : __fmul_rn(xr[i], inv);
 }
@@ -785,7 +791,10 @@ k_rmsnorm(float *out, const float *x, const float *w, int dim, float eps) {
 extern "C" df_status gpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim,
                                  float eps, void *stream) {
     if (!out || !x || n < 1 || dim < 1) return DF_ERR_ARG;
-    k_rmsnorm<<<n, NORM_THREADS, 0, (cudaStream_t)stream>>>(out, x, w, dim, eps);
+    const int vec = dim % 4 == 0 && dim <= 4 * ROW_T * ROW_V4 &&
+                    (((uintptr_t)out | (uintptr_t)x | (uintptr_t)w) & 15) == 0;
+    if (vec) k_rmsnorm4<<<n, ROW_T, 0, (cudaStream_t)stream>>>(out, x, w, dim, eps);
+    else k_rmsnorm<<<n, NORM_THREADS, 0, (cudaStream_t)stream>>>(out, x, w, dim, eps);
     return launched("k_rmsnorm");
 }
 

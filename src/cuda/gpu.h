@@ -289,6 +289,17 @@ df_status gpu_mla_attend(const mla_shape *sh, const float *cache, const float *q
 df_status gpu_attn_res(const float *anchors, int64_t astride, int na, const float *cur, const float *w,
                        int H, float eps, int n, float *out, void *stream);
 
+/* df_accel.dev_res_norm's step for n rows of H floats in one launch:
+ * h = d (restart) or h + d (when d is set), the row copied to anc_out
+ * (when set), its attention residual over na anchors with the probe (na >
+ * 0), then its RMSNorm with nw into xn; the same bits as gpu_add /
+ * gpu_copy, gpu_copy, gpu_attn_res and gpu_rmsnorm in turn.
+ * DF_ERR_UNSUPPORTED (nothing launched) unless H % 4 == 0, H <= 8192,
+ * na <= 64, astride % 4 == 0 and every pointer is 16-byte aligned. */
+df_status gpu_res_norm(float *xn, float *h, const float *d, int restart, float *anc_out, const float *anchors,
+                       int64_t astride, int na, const float *probe, const float *nw, int H, float eps, int n,
+                       void *stream);
+
 /* The absorbed MLA products around gpu_mla_attend (mla.h's mla_head), for
  * kv_b [nh (dn + dv)][R] in bf16 or row-int8 (gpu_mla_products_take; other types:
  * DF_ERR_UNSUPPORTED) and n <= 32 tokens:

@@ -576,8 +576,9 @@ df_status acc_expert_finish(void *ctx, char *err) {
 /* The end of a latent MoE layer on the device (df_accel.moe_tail): the
  * queued experts are launched, each (token, slot) row and shared row is
  * found on the device (queued outputs) or staged from host memory, then
- * gpu_moe_combine, gpu_rmsnorm, lat_up and the shared add; out back; the
- * queue is finished as in acc_expert_finish. */
+ * gpu_moe_combine, gpu_rmsnorm, lat_up and the shared add, written into out
+ * where that is device memory, else brought back; the queue is finished as
+ * in acc_expert_finish. */
 df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *routed, int64_t dl,
                        const float *lat_norm, float eps, void *lat_up, const float *shared, float *out, char *err) {
     acc *a = (acc *)ctx;
@@ -642,7 +643,8 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
             ptr[r] = a->td + h;
             h += (size_t)w;
         }
-        float *dsum = a->td + o_sum, *dy = a->td + o_y;
+        /* y straight into out when that is device memory (no copy after) */
+        float *dsum = a->td + o_sum, *dy = out_dev ? out : a->td + o_y;
         for (int t = 0; t < n; t++) ptr[R + n + t] = dy + (size_t)t * H;
         const float *const *dptr = (const float *const *)(void *)(a->td + o_ptr);
         st = act_copy(a, a->td, a->th, o_sum, err);
@@ -653,7 +655,7 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
             st = gpu_matmul_tc(up, dsum, n, dy, H, 0, H, &a->ws, a->stream);
         if (st == DF_OK && shared) /* y + shared: y as a combine of one row with weight 1 (exact), in place */
             st = gpu_moe_combine(dptr + R + n, a->td + o_one, n, 1, H, dptr + R, dy, a->stream);
-        if (st == DF_OK) st = act_copy(a, out_dev ? out : a->th + o_y, dy, (size_t)n * H, err);
+        if (st == DF_OK && !out_dev) st = act_copy(a, a->th + o_y, dy, (size_t)n * H, err);
         if (st != DF_OK && err && !*err) snprintf(err, DF_ERRMSG, "cuda: moe tail: %s", gpu_last_error());
     }
     if (st == DF_OK) st = queue_outputs_back(a, 1, routed, shared, err);
@@ -1069,6 +1071,14 @@ df_status acc_dev_attn_res(void *ctx, float *out, const float *anchors, int64_t 
                         err);
 }
 
+df_status acc_dev_res_norm(void *ctx, float *xn, float *h, const float *d, int restart, float *anc_out,
+                           const float *anchors, int64_t astride, int na, const float *probe, const float *nw, int n,
+                           int dim, float eps, char *err) {
+    acc *a = (acc *)ctx;
+    df_status st = gpu_res_norm(xn, h, d, restart, anc_out, anchors, astride, na, probe, nw, dim, eps, n, a->stream);
+    return st == DF_ERR_UNSUPPORTED ? st : dev_launched(st, "residual step", err);
+}
+
 df_status acc_dev_add(void *ctx, float *y, const float *x, int64_t floats, char *err) {
     acc *a = (acc *)ctx;
     return dev_launched(gpu_add(y, x, floats, a->stream), "add", err);
@@ -1274,6 +1284,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     a->pub.dev_add = acc_dev_add;
     a->pub.dev_copy = acc_dev_copy;
     a->pub.dev_gather = acc_dev_gather;
+    a->pub.dev_res_norm = acc_dev_res_norm;
 #endif
     return &a->pub;
 }

@@ -20,6 +20,125 @@ static __device__ __forceinline__ float gpu_act1(const gpu_act &a, float g, floa
     return s * up;
 }
 
+/* Block reductions in a fixed order (so results never depend on timing):
+ * warp butterflies, then the warp sums in warp order. blockDim.x a
+ * multiple of 32, <= 1024. Every thread gets the sums. */
+
+/* v summed over a warp by a butterfly: every lane gets the same bits. */
+static __device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* buf: shared, 33 doubles; reusable on return (the last barrier is inside). */
+static __device__ __forceinline__ double block_sum1(double a, double *buf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    a = warp_sum_d(a);
+    if (lane == 0) buf[warp] = a;
+    __syncthreads();
+    if (warp == 0) {
+        double x = warp_sum_d(lane < nw ? buf[lane] : 0.0);
+        if (lane == 0) buf[32] = x;
+    }
+    __syncthreads();
+    a = buf[32];
+    __syncthreads();
+    return a;
+}
+
+/* Both a and b; buf: shared, 66 doubles. */
+static __device__ __forceinline__ void block_sum2(double &a, double &b, double *buf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    if (lane == 0) {
+        buf[warp] = a;
+        buf[33 + warp] = b;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        double x = lane < nw ? buf[lane] : 0.0, y = lane < nw ? buf[33 + lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            x += __shfl_xor_sync(0xffffffffu, x, o);
+            y += __shfl_xor_sync(0xffffffffu, y, o);
+        }
+        if (lane == 0) {
+            buf[32] = x;
+            buf[65] = y;
+        }
+    }
+    __syncthreads();
+    a = buf[32];
+    b = buf[65];
+    __syncthreads();
+}
+
+/* RMSNorm's 1 / sqrt(mean + eps) from a row's sum of squares. */
+static __device__ __forceinline__ float norm_scale(double ss, int dim, float eps) {
+    return (float)(1.0 / sqrt(ss / dim + (double)eps));
+}
+
+/* A row of up to 4 ROW_T ROW_V4 floats in the registers of one block of
+ * ROW_T threads: thread i holds float4s i, i + ROW_T, ... (zero past the row).
+ * A decode row is latency-bound on its one block, so every load of it is
+ * issued at once. Rows must be 16-byte aligned with dim % 4 == 0. */
+enum { ROW_T = 256, ROW_V4 = 8 };
+
+static __device__ __forceinline__ void row_load(const float *x, int q, float4 (&v)[ROW_V4]) {
+    const float4 *x4 = (const float4 *)x;
+#pragma unroll
+    for (int k = 0; k < ROW_V4; k++) {
+        const int i = threadIdx.x + k * ROW_T;
+        v[k] = i < q ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+static __device__ __forceinline__ void row_store(float *x, int q, const float4 (&v)[ROW_V4]) {
+    float4 *x4 = (float4 *)x;
+#pragma unroll
+    for (int k = 0; k < ROW_V4; k++) {
+        const int i = threadIdx.x + k * ROW_T;
+        if (i < q) x4[i] = v[k];
+    }
+}
+
+/* This thread's sum of squares of its part of the row, in double, in k order. */
+static __device__ __forceinline__ double row_sumsq(const float4 (&v)[ROW_V4]) {
+    double ss = 0.0;
+#pragma unroll
+    for (int k = 0; k < ROW_V4; k++)
+        ss += (double)v[k].x * v[k].x + (double)v[k].y * v[k].y + (double)v[k].z * v[k].z + (double)v[k].w * v[k].w;
+    return ss;
+}
+
+/* out = v / sqrt(mean(v^2) + eps) (times w when set): the RMSNorm of
+ * gpu_rmsnorm's row kernel (the sum of squares by block_sum1; x * inv,
+ * then w * that, rounded each). buf: shared, 33 doubles. */
+static __device__ __forceinline__ void row_rmsnorm(const float4 (&v)[ROW_V4], int dim, const float *w, float eps,
+                                                   float *out, double *buf) {
+    const int q = dim >> 2;
+    const float inv = norm_scale(block_sum1(row_sumsq(v), buf), dim, eps);
+    const float4 *w4 = (const float4 *)w;
+    float4 *o = (float4 *)out;
+#pragma unroll
+    for (int k = 0; k < ROW_V4; k++) {
+        const int i = threadIdx.x + k * ROW_T;
+        if (i >= q) break;
+        float4 r = make_float4(__fmul_rn(v[k].x, inv), __fmul_rn(v[k].y, inv), __fmul_rn(v[k].z, inv),
+                               __fmul_rn(v[k].w, inv));
+        if (w) {
+            const float4 g = w4[i];
+            r = make_float4(__fmul_rn(g.x, r.x), __fmul_rn(g.y, r.y), __fmul_rn(g.z, r.z), __fmul_rn(g.w, r.w));
+        }
+        o[i] = r;
+    }
+}
+
 /* One product of a tensor-core batch (gpu_tc_batch): Y0 = w0 X and, when
  * w1 is set, Y1 = w1 X (the two share X's split), for n vectors of X
  * (device, [n][cols]); Y rows at Y + i * ldy. */

@@ -69,36 +69,83 @@ enum { TC_WIDE_ROWS = GPU_TC_WIDE_ROWS };
 /* ws layout: xb [nblk][8 columns][4 lanes] uint4, then inv [TC_VEC] floats. */
 size_t ws_bytes(int64_t cols) { return (size_t)(cols / 32) * 8 * 4 * 16 + TC_VEC * sizeof(float); }
 
+/* x 2^k as f16 hi and lo, two values (codes j and j + 4 of a lane's u32)
+ * per word. */
+__device__ __forceinline__ void split_pair(float a, float c, int k, uint32_t *hw, uint32_t *lw) {
+    a = ldexpf(a, k);
+    c = ldexpf(c, k);
+    __half ah = __float2half_rn(a), ch = __float2half_rn(c);
+    __half al = __float2half_rn(a - __half2float(ah)), cl = __float2half_rn(c - __half2float(ch));
+    *hw = (uint32_t)__half_as_ushort(ah) | ((uint32_t)__half_as_ushort(ch) << 16);
+    *lw = (uint32_t)__half_as_ushort(al) | ((uint32_t)__half_as_ushort(cl) << 16);
+}
+
+/* 2^k with max 2^k in [2^14, 2^15); k = 0 for zero, inf or NaN input */
+__device__ __forceinline__ int split_exp(float m) { return (m > 0.0f && m <= 3.4e38f) ? 14 - ilogbf(m) : 0; }
+
+/* max|x| over the block (exact in any order); red: 8 floats of shared
+ * memory, blockDim 256. */
+__device__ __forceinline__ float block_absmax(float m, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = red[0];
+#pragma unroll
+    for (int i = 1; i < 8; i++) m = fmaxf(m, red[i]);
+    return m;
+}
+
+enum { SPLIT_G = 4 }; /* groups of 8 values per thread held in registers: cols <= 8192 */
+
 /* One block splits one vector x into slot v of xb / inv: k from max|x|,
- * then hi/lo in mma order. red: 256 floats of shared memory. */
+ * then hi/lo in mma order. red: 8 floats of shared memory. A 16-byte
+ * aligned x of at most 256 SPLIT_G groups of 8 is read once, every load
+ * in flight at once (a decode vector is latency-bound on one block). */
 __device__ __forceinline__ void xsplit_one(const float *__restrict__ x, int64_t cols, uint4 *xb, float *inv, int v,
                                            float *red) {
+    const int64_t nq = cols / 8; /* one uint4 per (8 values, hi or lo) */
+    if (nq <= 256 * SPLIT_G && ((uintptr_t)x & 15) == 0) {
+        float4 a[SPLIT_G], c[SPLIT_G];
+        float m = 0.0f;
+#pragma unroll
+        for (int g = 0; g < SPLIT_G; g++) {
+            const int64_t q = threadIdx.x + g * 256;
+            const float4 *s = (const float4 *)(x + q * 8);
+            a[g] = q < nq ? s[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            c[g] = q < nq ? s[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(a[g].x), fabsf(a[g].y)), fmaxf(fabsf(a[g].z), fabsf(a[g].w))));
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(c[g].x), fabsf(c[g].y)), fmaxf(fabsf(c[g].z), fabsf(c[g].w))));
+        }
+        const int k = split_exp(block_absmax(m, red));
+        if (threadIdx.x == 0) inv[v] = ldexpf(1.0f, -k);
+#pragma unroll
+        for (int g = 0; g < SPLIT_G; g++) {
+            const int64_t q = threadIdx.x + g * 256;
+            if (q >= nq) break;
+            const int64_t b = q >> 2;
+            const int t = (int)(q & 3);
+            uint32_t hw[4], lw[4];
+            split_pair(a[g].x, c[g].x, k, &hw[0], &lw[0]);
+            split_pair(a[g].y, c[g].y, k, &hw[1], &lw[1]);
+            split_pair(a[g].z, c[g].z, k, &hw[2], &lw[2]);
+            split_pair(a[g].w, c[g].w, k, &hw[3], &lw[3]);
+            xb[(b * 8 + 2 * v) * 4 + t] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+            xb[(b * 8 + 2 * v + 1) * 4 + t] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+        }
+        return;
+    }
     float m = 0.0f;
     for (int64_t i = threadIdx.x; i < cols; i += 256) m = fmaxf(m, fabsf(x[i]));
-    red[threadIdx.x] = m;
-    __syncthreads();
-    for (int h = 128; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + h]);
-        __syncthreads();
-    }
-    m = red[0];
-    /* 2^k with max 2^k in [2^14, 2^15); k = 0 for zero, inf or NaN input */
-    int k = (m > 0.0f && m <= 3.4e38f) ? 14 - ilogbf(m) : 0;
+    const int k = split_exp(block_absmax(m, red));
     if (threadIdx.x == 0) inv[v] = ldexpf(1.0f, -k);
-    const int64_t nq = cols / 8; /* one uint4 per (8 values, hi or lo) */
     for (int64_t q = threadIdx.x; q < nq; q += 256) {
         const int64_t b = q >> 2;
         const int t = (int)(q & 3);
         const float *s = x + b * 32 + t * 8;
         uint32_t hw[4], lw[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float a = ldexpf(s[j], k), c = ldexpf(s[j + 4], k);
-            __half ah = __float2half_rn(a), ch = __float2half_rn(c);
-            __half al = __float2half_rn(a - __half2float(ah)), cl = __float2half_rn(c - __half2float(ch));
-            hw[j] = (uint32_t)__half_as_ushort(ah) | ((uint32_t)__half_as_ushort(ch) << 16);
-            lw[j] = (uint32_t)__half_as_ushort(al) | ((uint32_t)__half_as_ushort(cl) << 16);
-        }
+        for (int j = 0; j < 4; j++) split_pair(s[j], s[j + 4], k, &hw[j], &lw[j]);
         xb[(b * 8 + 2 * v) * 4 + t] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
         xb[(b * 8 + 2 * v + 1) * 4 + t] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
     }
@@ -107,7 +154,7 @@ __device__ __forceinline__ void xsplit_one(const float *__restrict__ x, int64_t 
 /* One block per vector. */
 __global__ void __launch_bounds__(256) k_xsplit(const float *__restrict__ X, int64_t cols, uint4 *xb,
                                                 float *inv) {
-    __shared__ float red[256];
+    __shared__ float red[8];
     xsplit_one(X + (int64_t)blockIdx.x * cols, cols, xb, inv, blockIdx.x, red);
 }
 
@@ -120,7 +167,7 @@ struct split_tab {
     int slot[SPLIT_MAX];
 };
 __global__ void __launch_bounds__(256) k_xsplit_batch(const __grid_constant__ split_tab t, int64_t cols) {
-    __shared__ float red[256];
+    __shared__ float red[8];
     const int e = blockIdx.x;
     xsplit_one(t.x[e], cols, t.xb[e], t.inv[e], t.slot[e], red);
 }

@@ -945,3 +945,12 @@ df_status acc_dev_gather(acc_table *t, float *dst, const float *src, const int *
                          char *err) {
     return dev_done(t, t->a->dev_gather(t->a->ctx, dst, src, idx, count, width, t->err), err);
 }
+
+df_status acc_dev_res_norm(acc_table *t, float *xn, float *h, const float *d, int restart, float *anc_out,
+                           const float *anchors, int64_t astride, int na, const float *probe, const float *nw, int n,
+                           int dim, float eps, char *err) {
+    if (!t->a->dev_res_norm) return DF_ERR_UNSUPPORTED;
+    df_status st = t->a->dev_res_norm(t->a->ctx, xn, h, d, restart, anc_out, anchors, astride, na, probe, nw, n, dim,
+                                      eps, t->err);
+    return st == DF_ERR_UNSUPPORTED ? st : dev_done(t, st, err);
+}

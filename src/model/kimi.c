@@ -479,6 +479,30 @@ static const float *dev_res(df_engine *e, const km_model *m, km_state *s, const 
     return s->dxin;
 }
 
+/* The residual stream's step before a norm, for the n device rows s->dh:
+ * h = d (restart) or h + d when d is set; h kept as anchor na when anchor
+ * is set; K3's attention residual over the na anchors before it (probe pd
+ * on the device, pw on the host); then the RMSNorm with nw into s->dxn.
+ * One device call where the accelerator takes it (dev_res_norm), else the
+ * steps one by one: the same bits either way. */
+static df_status dev_step(df_engine *e, const km_model *m, km_state *s, const float *d, int restart, int anchor,
+                          int na, const float *pd, const float *pw, const float *nw, int n, char *err) {
+    const int H = m->H, A = m->max_anchors;
+    const int64_t nh = (int64_t)n * H;
+    acc_table *t = e->acc;
+    float *ao = anchor ? s->danc + (int64_t)na * H : NULL;
+    df_status st = acc_dev_res_norm(t, s->dxn, s->dh, d, restart, ao, s->danc, (int64_t)A * H,
+                                    m->block > 0 ? na : 0, pd, nw, n, H, m->eps, err);
+    if (st != DF_ERR_UNSUPPORTED) return st;
+    st = DF_OK;
+    if (d) st = restart ? acc_dev_copy(t, s->dh, d, nh, err) : acc_dev_add(t, s->dh, d, nh, err);
+    const float *xin = dev_res(e, m, s, s->dh, pd, pw, na, n, &st, err);
+    for (int r = 0; anchor && st == DF_OK && r < n; r++) /* each row's anchor */
+        st = acc_dev_copy(t, s->danc + ((int64_t)r * A + na) * H, s->dh + (int64_t)r * H, H, err);
+    if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nw, n, H, m->eps, err);
+    return st;
+}
+
 /* One layer's attention for the device rows s->dxn into s->dy, segment by
  * segment on its session's state: the whole layer on the device, else (a
  * matrix the device does not take) on the host over rows brought there
@@ -511,17 +535,17 @@ static df_status dev_attention(df_engine *e, const km_model *m, km_state *s, con
     return DF_OK;
 }
 
-/* The head over the n device rows s->dh: the output attention residual and
- * the final norm of every row, then the product for the rows the segments
- * want (each one's last, or all of its rows; moved together into s->dxin
- * first when they are not all the rows) into their outputs. */
+/* The head over the n device rows s->dh (plus d, the last layer's output):
+ * the output attention residual and the final norm of every row, then the
+ * product for the rows the segments want (each one's last, or all of its
+ * rows; moved together into s->dxin first when they are not all the rows)
+ * into their outputs. */
 static df_status dev_head(df_engine *e, const km_model *m, km_state *s, const df_fwd_seg *seg, int nseg, int n,
-                          int na, char *err) {
+                          const float *d, int na, char *err) {
     const int H = m->H, V = e->cfg.vocab_size;
     const int64_t HA = s->HA, L = m->L;
-    df_status st = DF_OK;
-    const float *xo = dev_res(e, m, s, s->dh, s->dnorm + (4 * L + 1) * HA, m->res_out, na, n, &st, err);
-    if (st == DF_OK) st = acc_dev_rmsnorm(e->acc, s->dxn, xo, s->dnorm + 4 * L * HA, n, H, m->eps, err);
+    df_status st = dev_step(e, m, s, d, 0, 0, na, s->dnorm + (4 * L + 1) * HA, m->res_out, s->dnorm + 4 * L * HA, n,
+                            err);
     int rows = 0;
     for (int i = 0; i < nseg; i++)
         if (seg[i].out) rows += seg[i].all_rows ? seg[i].n : 1;
@@ -560,7 +584,7 @@ static df_status km_forward_dev(df_engine *e, const df_fwd_seg *seg, int nseg, i
     km_model *m = e->prog;
     km_state *s = seg[0].state;
     acc_table *t = e->acc;
-    const int H = m->H, A = m->max_anchors;
+    const int H = m->H;
     const int64_t HA = s->HA, nh = (int64_t)n * H;
     int rpos[DF_CHUNK], rseg[DF_CHUNK];
     acc_count_device_pass(t);
@@ -572,35 +596,30 @@ static df_status km_forward_dev(df_engine *e, const df_fwd_seg *seg, int nseg, i
     df_status st = acc_dev_put(t, s->dh, s->h, nh, err);
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0;
+    const float *ffn_out = NULL; /* the last layer's MLP output, added to h by the next step */
     for (int l = 0; st == DF_OK && l < m->L; l++) {
         const km_layer *y = &m->layers[l];
         const float *nv = s->dnorm + (int64_t)l * 4 * HA; /* attn_norm, ffn_norm, res_attn, res_mlp */
         if ((st = model_enter(e, l, err)) != DF_OK) break;
         pt = prof_now(e);
-        const float *xin = dev_res(e, m, s, s->dh, nv + 2 * HA, y->res_attn, na, n, &st, err);
         const int restart = m->block > 0 && l % m->block == 0;
-        for (int r = 0; restart && st == DF_OK && r < n; r++) /* each row's anchor */
-            st = acc_dev_copy(t, s->danc + ((int64_t)r * A + na) * H, s->dh + (int64_t)r * H, H, err);
+        st = dev_step(e, m, s, ffn_out, 0, restart, na, nv + 2 * HA, y->res_attn, nv, n, err);
         na += restart;
-        if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nv, n, H, m->eps, err);
         prof_add(e, DF_PROF_NORMS, &pt);
         if (st == DF_OK) st = dev_attention(e, m, s, y, seg, nseg, err);
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
-        if (st == DF_OK) st = restart ? acc_dev_copy(t, s->dh, s->dy, nh, err) : acc_dev_add(t, s->dh, s->dy, nh, err);
-        xin = dev_res(e, m, s, s->dh, nv + 3 * HA, y->res_mlp, na, n, &st, err);
-        if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nv + HA, n, H, m->eps, err);
+        if (st == DF_OK) st = dev_step(e, m, s, s->dy, restart, 0, na, nv + 3 * HA, y->res_mlp, nv + HA, n, err);
         prof_add(e, DF_PROF_NORMS, &pt);
         if (st != DF_OK) break;
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
         moe_dev dv = {n, s->dxn, s->dxl, s->dy, s->dxg, NULL, 0, DF_OK};
         st = ffn_block_dev(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, &dv, s->xn, seg[0].pos,
                            s->y, &pt, err);
-        if (st == DF_OK) st = acc_dev_add(t, s->dh, s->dy, nh, err);
-        prof_add(e, DF_PROF_NORMS, &pt);
+        ffn_out = s->dy;
     }
     s->moe.rpos = NULL;
     s->moe.rseg = NULL;
-    return st == DF_OK ? dev_head(e, m, s, seg, nseg, n, na, err) : st;
+    return st == DF_OK ? dev_head(e, m, s, seg, nseg, n, ffn_out, na, err) : st;
 }
 
 /* Rows of several sessions in one pass (seg[0]'s scratch holds them all):

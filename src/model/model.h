@@ -342,6 +342,11 @@ df_status acc_dev_add(acc_table *t, float *y, const float *x, int64_t floats, ch
 df_status acc_dev_copy(acc_table *t, float *dst, const float *src, int64_t floats, char *err);
 df_status acc_dev_gather(acc_table *t, float *dst, const float *src, const int *idx, int count, int64_t width,
                          char *err);
+/* df_accel.dev_res_norm; DF_ERR_UNSUPPORTED (quietly) where the accelerator
+ * has no such hook or does not take the shape: the caller runs the steps. */
+df_status acc_dev_res_norm(acc_table *t, float *xn, float *h, const float *d, int restart, float *anc_out,
+                           const float *anchors, int64_t astride, int na, const float *probe, const float *nw, int n,
+                           int dim, float eps, char *err);
 void acc_get_stats(const acc_table *t, df_accel_stats *out);
 void acc_reset_stats(acc_table *t);
 /* The placement: budget, what is resident, the tiers, and the plan for the

@@ -26,6 +26,11 @@
  *    (gpu.h), |out - exact| <= B(ceil(H/256)), |out_cpu - exact| <=
  *    B(ceil(H/4)), |out - out_cpu| <= their sum; na = 0 is exactly cur; out
  *    aliasing cur gives the same bits.
+ *  - gpu_res_norm (the residual step in one launch) vs gpu_add / gpu_copy,
+ *    gpu_copy, gpu_attn_res and gpu_rmsnorm in turn: the same bits for
+ *    h, the anchor written and xn (H = 7168 and 96, na = 0..3, with and
+ *    without d, restart, an anchor out); refused (nothing written) for an
+ *    unaligned row, H % 4 != 0 and na > 64.
  *  - gpu_mla_absorb / gpu_mla_lift vs float64 sums over the same bf16 kv_b:
  *    |y - exact| <= K u sum|w x|, K = dn (absorb), R/32 + 5 (lift); n = 1
  *    and 17; n > 32 and non-bf16 kv_b refused.
@@ -577,6 +582,83 @@ TEST(cuda_attn_res) {
     fprintf(stderr, "[worst %.3g of the bound vs exact, %.3g vs cpu] ", worst, worst_cpu);
     gpu_free(danc); gpu_free(dcur); gpu_free(dw); gpu_free(dout);
     free(anc); free(cur); free(w); free(ref); free(out); free(out2);
+}
+
+/* ---- the residual step in one launch -------------------------------------------- */
+
+static void check_res_norm(int H) {
+    enum { N = 3, A = 5 };
+    uint64_t s = seed_of(H > 100 ? "res-norm-7168" : "res-norm-96");
+    const size_t nh = (size_t)N * H, na_all = (size_t)N * A * H;
+    float *anc = hrand(na_all, -2.0f, 2.0f, &s), *h = hrand(nh, -3.0f, 3.0f, &s), *d = hrand(nh, -1.0f, 1.0f, &s);
+    float *pw = hrand(H, -0.05f, 0.05f, &s), *nw = hrand(H, 0.5f, 1.5f, &s);
+    float *a1 = malloc(na_all * sizeof(float)), *a2 = malloc(na_all * sizeof(float));
+    float *h1 = malloc(nh * sizeof(float)), *h2 = malloc(nh * sizeof(float));
+    float *x1 = malloc(nh * sizeof(float)), *x2 = malloc(nh * sizeof(float));
+    float *danc = gpu_malloc(na_all * sizeof(float)), *dh = gpu_malloc(nh * sizeof(float));
+    float *dd = dcopy(d, nh), *dpw = dcopy(pw, H), *dnw = dcopy(nw, H);
+    float *dxn = gpu_malloc(nh * sizeof(float)), *dx = gpu_malloc(nh * sizeof(float));
+    REQUIRE(a1 && a2 && h1 && h2 && x1 && x2 && danc && dh && dd && dpw && dnw && dxn && dx);
+    for (int na = 0; na <= 3; na++)
+        for (int mode = 0; mode < 3; mode++) /* no d, h + d, restart h = d */
+            for (int ao = 0; ao < 2; ao++) {
+                const float *dv = mode ? dd : NULL;
+                float *aout = ao ? danc + (size_t)na * H : NULL;
+                /* the steps in turn */
+                df_status st = gpu_put(danc, anc, na_all * sizeof(float));
+                if (st == DF_OK) st = gpu_put(dh, h, nh * sizeof(float));
+                if (st == DF_OK && mode == 1) st = gpu_add(dh, dd, (int64_t)nh, NULL);
+                if (st == DF_OK && mode == 2) st = gpu_copy(dh, dd, nh * sizeof(float), NULL);
+                const float *xin = dh;
+                if (st == DF_OK && na > 0) {
+                    st = gpu_attn_res(danc, (int64_t)A * H, na, dh, dpw, H, 1e-6f, N, dx, NULL);
+                    xin = dx;
+                }
+                for (int t = 0; st == DF_OK && ao && t < N; t++)
+                    st = gpu_copy(aout + (size_t)t * A * H, dh + (size_t)t * H, (size_t)H * sizeof(float), NULL);
+                if (st == DF_OK) st = gpu_rmsnorm(dxn, xin, dnw, N, H, 1e-6f, NULL);
+                if (st == DF_OK) st = gpu_get(h1, dh, nh * sizeof(float));
+                if (st == DF_OK) st = gpu_get(a1, danc, na_all * sizeof(float));
+                if (st == DF_OK) st = gpu_get(x1, dxn, nh * sizeof(float));
+                /* in one launch */
+                if (st == DF_OK) st = gpu_put(danc, anc, na_all * sizeof(float));
+                if (st == DF_OK) st = gpu_put(dh, h, nh * sizeof(float));
+                if (st == DF_OK) st = poison(dxn, nh) ? DF_OK : DF_ERR_IO;
+                if (st == DF_OK)
+                    st = gpu_res_norm(dxn, dh, dv, mode == 2, aout, danc, (int64_t)A * H, na, dpw, dnw, H, 1e-6f, N,
+                                      NULL);
+                if (st == DF_OK) st = gpu_get(h2, dh, nh * sizeof(float));
+                if (st == DF_OK) st = gpu_get(a2, danc, na_all * sizeof(float));
+                if (st == DF_OK) st = gpu_get(x2, dxn, nh * sizeof(float));
+                CHECK(st == DF_OK, "H %d na %d mode %d: status %d (%s)", H, na, mode, st, gpu_last_error());
+                if (st != DF_OK) continue;
+                CHECK(memcmp(h1, h2, nh * sizeof(float)) == 0, "H %d na %d mode %d anchor %d: h differs", H, na, mode,
+                      ao);
+                CHECK(memcmp(a1, a2, na_all * sizeof(float)) == 0, "H %d na %d mode %d anchor %d: anchors differ", H,
+                      na, mode, ao);
+                CHECK(memcmp(x1, x2, nh * sizeof(float)) == 0, "H %d na %d mode %d anchor %d: xn differs", H, na,
+                      mode, ao);
+            }
+    /* refused, nothing written: an unaligned row, too many anchors */
+    REQUIRE(poison(dxn, nh));
+    CHECK(gpu_res_norm(dxn + 1, dh, dd, 0, NULL, danc, (int64_t)A * H, 1, dpw, dnw, H, 1e-6f, 1, NULL) ==
+          DF_ERR_UNSUPPORTED);
+    CHECK(gpu_res_norm(dxn, dh, dd, 0, NULL, danc, (int64_t)65 * H, 65, dpw, dnw, H, 1e-6f, 1, NULL) ==
+          DF_ERR_UNSUPPORTED);
+    CHECK(gpu_res_norm(dxn, dh, dd, 0, NULL, danc, (int64_t)A * H, 1, dpw, dnw, H - 1, 1e-6f, 1, NULL) ==
+          DF_ERR_UNSUPPORTED);
+    CHECK(gpu_get(x1, dxn, nh * sizeof(float)) == DF_OK);
+    int untouched = 1;
+    for (size_t i = 0; i < nh; i++) untouched &= x1[i] != x1[i]; /* still NaN */
+    CHECK(untouched, "a refused call wrote");
+    gpu_free(danc); gpu_free(dh); gpu_free(dd); gpu_free(dpw); gpu_free(dnw); gpu_free(dxn); gpu_free(dx);
+    free(anc); free(h); free(d); free(pw); free(nw); free(a1); free(a2); free(h1); free(h2); free(x1); free(x2);
+}
+
+TEST(cuda_res_norm) {
+    if (!need_gpu()) return;
+    check_res_norm(7168);
+    check_res_norm(96);
 }
 
 /* ---- MLA absorbed products ------------------------------------------------------ */
