@@ -125,8 +125,13 @@ TEST(s8_int8_logits_bit_identical_across_paths) {
     /* the checkpoint's own matrices are still there */
     rc = t_sh(out, sizeof out, "%s inspect --model %s --spine-dtype bf16", t_bin(), d);
     CHECK(rc == 0 && !strstr(out, "LOSSY"), "%s", out);
-    rc = t_sh(out, sizeof out, "%s bench --decode --model %s --tokens 2 --probe-seconds 0.05 --json 2>/dev/null", t_bin(), d);
+    rc = t_sh(out, sizeof out,
+              "%s bench --decode --model %s --tokens 2 --prompt-tokens 40 --probe-seconds 0.05 --prefill-again --json "
+              "2>/dev/null", t_bin(), d);
     CHECK(rc == 0 && strstr(out, "\"lossy\":\"LOSSY int8 spine\""), "bench labels it: %s", out);
+    /* the warm prefill gives the same next token */
+    CHECK(strstr(out, "\"prefill_again_same_token\":true") && strstr(out, "\"prefill_again_tokens_per_s\""),
+          "bench --prefill-again: %s", out);
 }
 
 TEST(s8_refusals_name_the_file) {

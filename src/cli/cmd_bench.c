@@ -91,8 +91,25 @@ done:
     return rc;
 }
 
+/* --prefill-again: the prompt once more in a new session of the same
+ * engine, its weights now in place (caches, device copies), so the time is
+ * the compute, not the first reads and uploads. 0 on failure; *same: its
+ * greedy next token is the first prefill's (first_tok). */
+static double bench_prefill_again(df_engine *e, const int32_t *prompt, int nprompt, int32_t first_tok, int *same) {
+    df_session *s = NULL;
+    *same = 0;
+    if (df_session_new(e, nprompt + 1, &s) != DF_OK) return 0;
+    double t0 = cli_now();
+    df_status st = df_session_eval(s, prompt, nprompt, NULL);
+    double dt = cli_now() - t0;
+    if (st != DF_OK) fprintf(stderr, "deltafin: prefill again: %s\n", df_session_error(s));
+    else *same = df_argmax(df_session_logits(s), df_engine_vocab_size(e)) == first_tok;
+    df_session_free(s);
+    return st == DF_OK ? dt : 0;
+}
+
 static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_s, int json, const cli_spec_opts *so,
-                        const char *prompt_file) {
+                        const char *prompt_file, int again) {
     mo->profile = 1;
     /* the DRAM floor's probe before the engine takes its memory (its buffer
      * is outside the plan, which may fill a memory limit) */
@@ -234,6 +251,9 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     double part_floor[DF_PROF_N];
     df_engine_part_bytes(e, part_floor);
     for (int i = 0; i < DF_PROF_N; i++) part_floor[i] = part_rate > 0 ? part_floor[i] / (part_rate * 1e9) : 0;
+    int again_same = 0;
+    const double again_s = again ? bench_prefill_again(e, prompt, nprompt, plain[0], &again_same) : 0;
+    if (again && again_s <= 0) goto done;
     double best_floor = mem_floor > floor_s ? mem_floor : floor_s;
     /* prefill reads each needed expert once per chunk: its own floor is the
      * larger of its reads at the disk rate and one pass over the weights */
@@ -293,6 +313,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "prefill_gflop", json_real(prefill_flops / 1e9));
         json_object_set_new(o, "prefill_compute_floor_s", json_real(prefill_compute));
         json_object_set_new(o, "prefill_ratio_to_larger_floor", json_real(prefill_best > 0 ? prefill_s / prefill_best : 0));
+        if (again) {
+            json_object_set_new(o, "prefill_again_s", json_real(again_s));
+            json_object_set_new(o, "prefill_again_tokens_per_s", json_real(nprompt / again_s));
+            json_object_set_new(o, "prefill_again_same_token", json_boolean(again_same));
+        }
         json_object_set_new(o, "device_upload_bytes_per_token", json_real(up_tok));
         json_object_set_new(o, "spine_groups_kept_on_device", json_integer((json_int_t)ac.spine_kept_groups));
         json_object_set_new(o, "spine_groups_from_device_per_token",
@@ -335,6 +360,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                "                            %.1f GFLOP/s; ratio to the larger floor %.2f\n",
                prefill_s > 0 ? nprompt / prefill_s : 0, prefill_flops / 1e9, prefill_compute, fma,
                prefill_best > 0 ? prefill_s / prefill_best : 0);
+        if (again)
+            printf("prefill again (warm)        %.3f s, %.1f tokens/s (the same prompt in a new session, weights\n"
+                   "                            in place; same next token: %s)\n",
+                   again_s, nprompt / again_s, again_same ? "yes" : "NO");
         printf("decode median               %.4f s/token (%.2f tokens/s)\n", med, med > 0 ? 1 / med : 0);
         printf("spine                       %s\n", df_engine_spine_why(e));
         printf("bytes read per token        %.1f MB (experts %.1f + spine %.1f), hit rate %.1f%% (prefetched\n"
@@ -485,7 +514,7 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    int kernels = 0, decode = 0, threads = 0, ntok = 8, nprompt = 8, json = 0;
+    int kernels = 0, decode = 0, threads = 0, ntok = 8, nprompt = 8, json = 0, again = 0;
     const char *prompt_file = NULL;
     cli_spec_opts so;
     cli_spec_opts_init(&so);
@@ -507,6 +536,9 @@ int cmd_bench(int argc, char **argv) {
                    "                bandwidth measured in the same run, floor and ratio; --json prints one object\n"
                    "  --prompt-file F  the prompt: F's text through the model's tokenizer (default: N\n"
                    "                pseudo-random ids)\n"
+                   "  --prefill-again  after the decode, the prompt once more in a new session with the\n"
+                   "                weights in place (caches warm, device copies made): its time and\n"
+                   "                tokens/s apart from the first prefill's reads and uploads\n"
                    "  --spec ngram  then the same decode with drafts, once per rewind mode (trail, replay):\n"
                    "                acceptance, rows and tokens per step, speedup vs the decode without drafts\n"
                    "                (output checked identical); --spec-depth, --spec-fixed as in run\n\n%s",
@@ -521,6 +553,7 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--kernels")) kernels = 1;
         else if (!strcmp(a, "--prompt-file") && i + 1 < argc) prompt_file = argv[++i];
         else if (!strcmp(a, "--decode")) decode = 1;
+        else if (!strcmp(a, "--prefill-again")) again = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--mb") && i + 1 < argc) mb = atof(argv[++i]);
         else if (!strcmp(a, "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
@@ -534,7 +567,7 @@ int cmd_bench(int argc, char **argv) {
     if (decode) {
         if (!mo.model) return cli_usage("bench", "--decode needs --model");
         if (ntok < 1 || nprompt < 1) return cli_usage("bench", "--tokens and --prompt-tokens must be positive");
-        return bench_decode(&mo, ntok, nprompt, probe_s, json, &so, prompt_file);
+        return bench_decode(&mo, ntok, nprompt, probe_s, json, &so, prompt_file, again);
     }
     return cli_usage("bench", "say what to measure (--kernels or --decode)");
 }

@@ -341,8 +341,11 @@ TEST(cuda_engine_decode_step_on_device) {
             CHECK(rc == 0, "%s run: %s", arch[i], ids[d]);
         }
         CHECK(!strcmp(ids[0], ids[1]), "%s: greedy ids differ: cpu '%s' cuda '%s'", arch[i], ids[0], ids[1]);
-        rc = t_sh(out, sizeof out, "%s bench --decode --model %s --tokens 4 --prompt-tokens 4 --device cuda --json",
+        rc = t_sh(out, sizeof out,
+                  "%s bench --decode --model %s --tokens 4 --prompt-tokens 40 --device cuda --json --prefill-again",
                   bin(), model);
+        CHECK(strstr(out, "\"prefill_again_same_token\":true") != NULL, "%s: warm prefill on the device: %s",
+              arch[i], out);
         const char *w = strstr(out, "\"device_waits_per_token\"");
         double waits = -1, passes = -1;
         if (w && (w = strchr(w, ':'))) waits = atof(w + 1);
