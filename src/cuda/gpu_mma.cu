@@ -65,6 +65,28 @@ enum { TC_VEC = 4 }; /* vectors per pass: 8 mma columns = 4 x (hi, lo) */
 #define GPU_TC_WIDE_ROWS (16 * 132 * 4)
 #endif
 enum { TC_WIDE_ROWS = GPU_TC_WIDE_ROWS };
+/* Rows of at most this many columns take the wide layout too: an expert's
+ * down projection (1536 columns, 12 groups of four blocks) gave 8 warps
+ * 2, 2, 2, 2, 1, 1, 1, 1 groups; 4 warps take 3 each (a layer's batch of 16
+ * at n = 1: 39.6 -> 41.0% of copy; 6 warps x 3 stages 40.4%). 0: off. */
+#ifndef GPU_TC_SHORT_COLS
+#define GPU_TC_SHORT_COLS 2048
+#endif
+
+/* A work layout: KS warps per 16-row tile, P stages, S4: scales read four at a time. */
+template <int KS_, int P_, bool S4_> struct tc_cfg {
+    static constexpr int KS = KS_, P = P_;
+    static constexpr bool S4 = S4_;
+};
+
+/* The layout of a matrix, from its shape alone, so that gpu_matmul_tc and
+ * the batches give the same bits: f(tc_cfg<...>()) with the chosen one. */
+template <class F> df_status tc_layout(int64_t rows, int64_t cols, F &&f) {
+    const bool s4 = (cols / 32) % 4 == 0;
+    if (rows >= TC_WIDE_ROWS || cols <= GPU_TC_SHORT_COLS)
+        return s4 ? f(tc_cfg<4, 4, true>()) : f(tc_cfg<4, 4, false>());
+    return s4 ? f(tc_cfg<8, 3, true>()) : f(tc_cfg<8, 3, false>());
+}
 
 /* ws layout: xb [nblk][8 columns][4 lanes] uint4, then inv [TC_VEC] floats. */
 size_t ws_bytes(int64_t cols) { return (size_t)(cols / 32) * 8 * 4 * 16 + TC_VEC * sizeof(float); }
@@ -452,18 +474,16 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
         k_xsplit<<<nv, 256, 0, s>>>(X + (int64_t)v0 * w->cols, w->cols, xb, inv);
         df_status st = gpu_cuda_status(cudaGetLastError(), "k_xsplit");
         if (st) return st;
-        const int s4 = (w->cols / 32) % 4 == 0;
         const uint8_t *d = (const uint8_t *)w->data, *sc = (const uint8_t *)w->scale;
         float *y = Y + (int64_t)v0 * ldy;
-        /* the split follows the matrix, not the row range: same sums for any range */
-        if (w->rows >= TC_WIDE_ROWS) {
-            if (s4) k_mx_tc<4, 4, true><<<(unsigned)tiles, 4 * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy, row0, row1);
-            else k_mx_tc<4, 4, false><<<(unsigned)tiles, 4 * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy, row0, row1);
-        } else {
-            if (s4) k_mx_tc<8, 3, true><<<(unsigned)tiles, 8 * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy, row0, row1);
-            else k_mx_tc<8, 3, false><<<(unsigned)tiles, 8 * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy, row0, row1);
-        }
-        if ((st = gpu_cuda_status(cudaGetLastError(), "k_mx_tc"))) return st;
+        /* the layout follows the matrix, not the row range: same sums for any range */
+        st = tc_layout(w->rows, w->cols, [&](auto c) {
+            using C = decltype(c);
+            k_mx_tc<C::KS, C::P, C::S4><<<(unsigned)tiles, C::KS * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy,
+                                                                            row0, row1);
+            return gpu_cuda_status(cudaGetLastError(), "k_mx_tc");
+        });
+        if (st) return st;
     }
     return DF_OK;
 }
@@ -484,20 +504,15 @@ size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs) {
     return (size_t)tc_groups(jobs, njobs) * ws_bytes(jobs[0].w0->cols);
 }
 
-template <int KS, int P, bool S4>
-static df_status launch_tc_batch(const tc_tab &t, int count, int64_t cols, int64_t rows, cudaStream_t s) {
-    const dim3 grid((unsigned)((rows + 15) / 16), (unsigned)count);
-    k_mx_tc_batch<KS, P, S4><<<grid, KS * 32, 0, s>>>(t, cols, rows);
-    return gpu_cuda_status(cudaGetLastError(), "k_mx_tc_batch");
-}
-
 static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, cudaStream_t s) {
     if (!count) return DF_OK;
-    const bool s4 = (cols / 32) % 4 == 0;
-    /* gpu_matmul_tc's choice, so every row is bit-equal to it */
-    if (rows >= TC_WIDE_ROWS)
-        return s4 ? launch_tc_batch<4, 4, true>(t, count, cols, rows, s) : launch_tc_batch<4, 4, false>(t, count, cols, rows, s);
-    return s4 ? launch_tc_batch<8, 3, true>(t, count, cols, rows, s) : launch_tc_batch<8, 3, false>(t, count, cols, rows, s);
+    /* gpu_matmul_tc's layout, so every row is bit-equal to it */
+    return tc_layout(rows, cols, [&](auto c) {
+        using C = decltype(c);
+        const dim3 grid((unsigned)((rows + 15) / 16), (unsigned)count);
+        k_mx_tc_batch<C::KS, C::P, C::S4><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
+        return gpu_cuda_status(cudaGetLastError(), "k_mx_tc_batch");
+    });
 }
 
 df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStream_t s) {
