@@ -1,6 +1,8 @@
 /* gpu_attn.cu — the attention step's CUDA kernels behind gpu.h's last
  * section (prefix gpu_): KDA (conv + delta-rule recurrence), the MLA cache
- * row write and latent attention, K3's attention-residual mix.
+ * row write and latent attention, K3's attention-residual mix, and the
+ * residual step between two parts of a layer in one launch (gpu_res_norm:
+ * add, anchor, mix, RMSNorm on a row held in registers, gpu_internal.h).
  *
  * Owns: those kernels, their launch checks and the MLA split workspace.
  * Refuses: projections (gpu_matmul), placement and state ownership (the

@@ -1,5 +1,7 @@
 /* gpu_internal.h — what the CUDA translation units share and C callers never
- * see: the error recorder behind gpu_last_error(). C++ (nvcc) only. */
+ * see: the error recorder behind gpu_last_error(), the activation of one
+ * element, block reductions in a fixed order, a row held in one block's
+ * registers (load, store, RMSNorm), the tensor-core batch. C++ (nvcc) only. */
 #ifndef DF_CUDA_GPU_INTERNAL_H
 #define DF_CUDA_GPU_INTERNAL_H
 #include <cuda_runtime.h>
