@@ -30,5 +30,6 @@ for t in $TH; do
     "$BIN" bench --decode --model "$M" --threads "$t" --io mmap --tokens 8 --prompt-tokens 8 2>/dev/null |
         grep -E "decode median|memory floor|^  [a-zA-Z]" | sed "s/^/t=$t  /"
 done
-echo "== prefill 512 tokens, experts in RAM, all CPUs"
-"$BIN" bench --decode --model "$M" --io mmap --tokens 2 --prompt-tokens 512 2>/dev/null | sed -n '/^prefill/,/^time per decode/p' | grep -v "^time per decode"
+echo "== prefill 512 tokens, experts in RAM, all CPUs (then again with the pages touched: --prefill-again)"
+"$BIN" bench --decode --model "$M" --io mmap --tokens 2 --prompt-tokens 512 --prefill-again 2>/dev/null |
+    sed -n '/^prefill/,/^time per decode/p' | grep -v "^time per decode"
