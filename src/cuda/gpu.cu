@@ -764,10 +764,8 @@ enum { NORM_THREADS = 256 };
 /* One block per vector; the sum of squares in double, reduced in a fixed
  * order (block_sum1), so the result does not depend on timing; a row's
  * result depends on dim only, never on n. out may alias x: each element is
- * read and written by one thread, its write after the reduction. */
-
-/* Aligned rows of at most 4 ROW_T ROW_V4 floats, dim % 4 == 0: the row in
- * registers (gpu_internal.h). */
+ * read and written by one thread, its write after the reduction.
+ * k_rmsnorm4 takes the rows row_fits takes, in registers (gpu_internal.h). */
 __global__ void __launch_bounds__(ROW_T) k_rmsnorm4(float *out, const float *x, const float *w, int dim, float eps) {
     __shared__ double buf[33];
     float4 v[ROW_V4];
@@ -791,9 +789,7 @@ k_rmsnorm(float *out, const float *x, const float *w, int dim, float eps) {
 extern "C" df_status gpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim,
                                  float eps, void *stream) {
     if (!out || !x || n < 1 || dim < 1) return DF_ERR_ARG;
-    const int vec = dim % 4 == 0 && dim <= 4 * ROW_T * ROW_V4 &&
-                    (((uintptr_t)out | (uintptr_t)x | (uintptr_t)w) & 15) == 0;
-    if (vec) k_rmsnorm4<<<n, ROW_T, 0, (cudaStream_t)stream>>>(out, x, w, dim, eps);
+    if (row_fits(dim, (uintptr_t)out | (uintptr_t)x | (uintptr_t)w)) k_rmsnorm4<<<n, ROW_T, 0, (cudaStream_t)stream>>>(out, x, w, dim, eps);
     else k_rmsnorm<<<n, NORM_THREADS, 0, (cudaStream_t)stream>>>(out, x, w, dim, eps);
     return launched("k_rmsnorm");
 }

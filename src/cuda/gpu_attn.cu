@@ -715,9 +715,9 @@ extern "C" df_status gpu_res_norm(float *xn, float *h, const float *d, int resta
     if (!xn || !h || H < 1 || n < 1 || na < 0 || (na > 0 && (!anchors || !probe)) ||
         ((na > 0 || anc_out) && astride < (int64_t)(na + (anc_out != NULL)) * H))
         return DF_ERR_ARG;
-    if (na > RES_MAX_A || H % 4 || H > 4 * ROW_T * ROW_V4 || astride % 4 ||
-        (((uintptr_t)xn | (uintptr_t)h | (uintptr_t)d | (uintptr_t)anc_out | (uintptr_t)anchors | (uintptr_t)probe |
-          (uintptr_t)nw) & 15))
+    if (na > RES_MAX_A || astride % 4 ||
+        !row_fits(H, (uintptr_t)xn | (uintptr_t)h | (uintptr_t)d | (uintptr_t)anc_out | (uintptr_t)anchors |
+                         (uintptr_t)probe | (uintptr_t)nw))
         return DF_ERR_UNSUPPORTED;
     k_res_norm4<<<n, ROW_T, 0, (cudaStream_t)stream>>>(xn, h, d, restart, anc_out, anchors, astride, na, probe, nw,
                                                        H, eps);
@@ -760,9 +760,7 @@ extern "C" df_status gpu_attn_res(const float *anchors, int64_t astride, int na,
     if (na > RES_MAX_A) return DF_ERR_UNSUPPORTED;
     if (!cur || !w || !out || H < 1 || n < 1 || na < 0 || (na > 0 && (!anchors || astride < (int64_t)na * H)))
         return DF_ERR_ARG;
-    const int vec = H % 4 == 0 && H <= 4 * ROW_T * ROW_V4 && astride % 4 == 0 &&
-                    (((uintptr_t)anchors | (uintptr_t)cur | (uintptr_t)w | (uintptr_t)out) & 15) == 0;
-    if (vec) k_attn_res4<<<n, ROW_T, 0, (cudaStream_t)stream>>>(anchors, astride, na, cur, w, H, eps, out);
+    if (astride % 4 == 0 && row_fits(H, (uintptr_t)anchors | (uintptr_t)cur | (uintptr_t)w | (uintptr_t)out)) k_attn_res4<<<n, ROW_T, 0, (cudaStream_t)stream>>>(anchors, astride, na, cur, w, H, eps, out);
     else k_attn_res<<<n, RES_THREADS, 0, (cudaStream_t)stream>>>(anchors, astride, na, cur, w, H, eps, out);
     return launched("k_attn_res");
 }

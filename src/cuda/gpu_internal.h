@@ -91,6 +91,12 @@ static __device__ __forceinline__ float norm_scale(double ss, int dim, float eps
  * issued at once. Rows must be 16-byte aligned with dim % 4 == 0. */
 enum { ROW_T = 256, ROW_V4 = 8 };
 
+/* Host side: 1 if rows of dim floats at these addresses (OR-ed together,
+ * NULLs count as aligned) take the register kernels. */
+static inline int row_fits(int64_t dim, uintptr_t addrs) {
+    return dim % 4 == 0 && dim <= 4 * ROW_T * ROW_V4 && (addrs & 15) == 0;
+}
+
 static __device__ __forceinline__ void row_load(const float *x, int q, float4 (&v)[ROW_V4]) {
     const float4 *x4 = (const float4 *)x;
 #pragma unroll
