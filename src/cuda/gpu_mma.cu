@@ -58,7 +58,13 @@
 
 namespace {
 
-enum { TC_VEC = 4 }; /* vectors per pass: 8 mma columns = 4 x (hi, lo) */
+enum { TC_VEC = 4 }; /* vectors per mma: 8 columns = 4 x (hi, lo) */
+/* groups of TC_VEC vectors per pass over the weights when there are more
+ * than TC_VEC (prefill): the weights are read and decoded once for them all */
+#ifndef GPU_TC_VG
+#define GPU_TC_VG 8
+#endif
+enum { TC_VG = GPU_TC_VG, TC_PASS = TC_VEC * TC_VG };
 /* From this many rows on, 4 warps per row tile (enough tiles to fill the
  * device); below, 8 warps share a tile (an expert's 1536 rows make only 96). */
 #ifndef GPU_TC_WIDE_ROWS
@@ -88,7 +94,8 @@ template <class F> df_status tc_layout(int64_t rows, int64_t cols, F &&f) {
     return s4 ? f(tc_cfg<8, 3, true>()) : f(tc_cfg<8, 3, false>());
 }
 
-/* ws layout: xb [nblk][8 columns][4 lanes] uint4, then inv [TC_VEC] floats. */
+/* One group's split: xb [nblk][8 columns][4 lanes] uint4, then inv [TC_VEC]
+ * floats (gpu_matmul_tc's ws holds TC_VG groups' xb, then their inv). */
 size_t ws_bytes(int64_t cols) { return (size_t)(cols / 32) * 8 * 4 * 16 + TC_VEC * sizeof(float); }
 
 /* x 2^k as f16 hi and lo, two values (codes j and j + 4 of a lane's u32)
@@ -173,11 +180,14 @@ __device__ __forceinline__ void xsplit_one(const float *__restrict__ x, int64_t 
     }
 }
 
-/* One block per vector. */
+/* One block per vector: vector v into slot v % TC_VEC of group v / TC_VEC
+ * (groups (cols / 32) 32 uint4 and TC_VEC floats apart). */
 __global__ void __launch_bounds__(256) k_xsplit(const float *__restrict__ X, int64_t cols, uint4 *xb,
                                                 float *inv) {
     __shared__ float red[8];
-    xsplit_one(X + (int64_t)blockIdx.x * cols, cols, xb, inv, blockIdx.x, red);
+    const int v = blockIdx.x, grp = v / TC_VEC;
+    xsplit_one(X + (int64_t)v * cols, cols, xb + (int64_t)grp * (cols / 32) * 32, inv + grp * TC_VEC, v % TC_VEC,
+               red);
 }
 
 /* A batch's splits: block e splits x[e] into slot[e] of xb[e] / inv[e]. */
@@ -275,35 +285,48 @@ __device__ __forceinline__ float block_scale(const uint8_t *sr, int64_t b, uint3
     return __uint_as_float(((s4 >> (8 * k)) & 0xffu) << 23);
 }
 
-/* acc += the four blocks of group m staged at cur (see the file comment). */
-template <int SC>
-__device__ __forceinline__ void group_sum(float (&acc)[4], const uint8_t *cur, int g, int t, int64_t m,
-                                          int64_t nblk, bool xcol, const uint4 *xp, float f,
-                                          const uint8_t *sa, const uint8_t *sb, uint32_t sca, uint32_t scb) {
+/* acc[v] += the four blocks of group m staged at cur (see the file comment),
+ * for the nvg groups of four vectors v (their splits gstride uint4 apart):
+ * the weights are decoded once for all of them. */
+template <int SC, int VG>
+__device__ __forceinline__ void group_sum(float (&acc)[VG][4], const uint8_t *cur, int g, int t, int64_t m,
+                                          int64_t nblk, const bool (&xcol)[VG], const uint4 *xp, int64_t gstride,
+                                          const float (&f)[VG], int nvg, const uint8_t *sa, const uint8_t *sb,
+                                          uint32_t sca, uint32_t scb) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const int64_t b = m * 4 + k;
         if (b >= nblk) break;
         const uint32_t wa = *(const uint32_t *)(cur + g * ROWB + 16 * k + 4 * t);
         const uint32_t wb = *(const uint32_t *)(cur + (g + 8) * ROWB + 16 * k + 4 * t);
-        const uint4 xv = xcol ? __ldg(xp + b * 32) : make_uint4(0, 0, 0, 0);
-        const float fa = __fmul_rn(block_scale<SC>(sa, b, sca, k), f);
-        const float fb = __fmul_rn(block_scale<SC>(sb, b, scb, k), f);
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const float sfa = block_scale<SC>(sa, b, sca, k), sfb = block_scale<SC>(sb, b, scb, k);
 #if GPU_TC_QUAD
         uint32_t ha[4], hb[4];
         e2m1_quad(wa, ha);
         e2m1_quad(wb, hb);
-        mma16816(d, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
-        mma16816(d, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
 #else
-        mma16816(d, e2m1_pair(wa, 0), e2m1_pair(wb, 0), e2m1_pair(wa, 1), e2m1_pair(wb, 1), xv.x, xv.y);
-        mma16816(d, e2m1_pair(wa, 2), e2m1_pair(wb, 2), e2m1_pair(wa, 3), e2m1_pair(wb, 3), xv.z, xv.w);
+        uint32_t ha[4], hb[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) ha[j] = e2m1_pair(wa, j), hb[j] = e2m1_pair(wb, j);
 #endif
-        acc[0] = __fmaf_rn(fa, d[0], acc[0]);
-        acc[1] = __fmaf_rn(fa, d[1], acc[1]);
-        acc[2] = __fmaf_rn(fb, d[2], acc[2]);
-        acc[3] = __fmaf_rn(fb, d[3], acc[3]);
+        uint4 xs[VG]; /* every group's x first: their loads in flight together */
+#pragma unroll
+        for (int v = 0; v < VG; v++)
+            xs[v] = v < nvg && xcol[v] ? __ldg(xp + v * gstride + b * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int v = 0; v < VG; v++) {
+            if (v >= nvg) break;
+            const uint4 xv = xs[v];
+            const float fa = __fmul_rn(sfa, f[v]);
+            const float fb = __fmul_rn(sfb, f[v]);
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma16816(d, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
+            mma16816(d, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
+            acc[v][0] = __fmaf_rn(fa, d[0], acc[v][0]);
+            acc[v][1] = __fmaf_rn(fa, d[1], acc[v][1]);
+            acc[v][2] = __fmaf_rn(fb, d[2], acc[v][2]);
+            acc[v][3] = __fmaf_rn(fb, d[3], acc[v][3]);
+        }
     }
 }
 
@@ -333,8 +356,10 @@ __device__ __forceinline__ void stage_group(uint8_t *st, const uint8_t *data, in
 }
 
 /* KS warps per 16-row tile (the k split), P cp.async stages per warp (P - 1
- * groups of 4 blocks in flight). */
-template <int KS, int P, bool S4>
+ * groups of 4 blocks in flight), up to VG groups of TC_VEC vectors per pass
+ * over the weights (n vectors: group v's splits at xb + v gstride, its inv at
+ * inv + v TC_VEC, its outputs at Y + v TC_VEC ldy). */
+template <int KS, int P, bool S4, int VG>
 __device__ __forceinline__ void mx_tc_tile(uint8_t (*stage)[P][16 * ROWB], float (*part)[32][4],
                                            const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
                                            int64_t cols, const uint4 *__restrict__ xb, const float *__restrict__ inv,
@@ -344,16 +369,25 @@ __device__ __forceinline__ void mx_tc_tile(uint8_t (*stage)[P][16 * ROWB], float
     const int g = lane >> 2, t = lane & 3;
     const int64_t r0 = row0 + tile * 16;
     const int64_t ra = min(r0 + g, row1 - 1), rb = min(r0 + g + 8, row1 - 1);
-    const int64_t nblk = cols / 32, rowb = cols / 2, ngrp = (nblk + 3) / 4;
+    const int64_t nblk = cols / 32, rowb = cols / 2, ngrp = (nblk + 3) / 4, gstride = nblk * 32;
     const uint8_t *sa = scale + ra * nblk, *sb = scale + rb * nblk;
-    const bool xcol = g < 2 * n; /* this lane's B column holds data */
+    const int nvg = VG == 1 ? 1 : min(VG, (n + TC_VEC - 1) / TC_VEC);
     const uint4 *xp = xb + g * 4 + t;
-    /* 2^-k of this lane's vector (times 2^14 when the codes stay at value *
-     * 2^-14), folded into each block scale: exact (powers of two) unless
-     * scale * max|x| leaves the fp32 range, where the result does too */
-    const float f = (t < n ? inv[t] : 1.0f) * E2M1_UNDO;
+    bool xcol[VG]; /* this lane's B column holds data */
+    float f[VG];
+    float acc[VG][4];
+#pragma unroll
+    for (int v = 0; v < VG; v++) {
+        const int nv = n - v * TC_VEC; /* vectors of group v (more than TC_VEC: all TC_VEC) */
+        xcol[v] = g < 2 * nv;
+        /* 2^-k of this lane's vector (times 2^14 when the codes stay at value *
+         * 2^-14), folded into each block scale: exact (powers of two) unless
+         * scale * max|x| leaves the fp32 range, where the result does too */
+        f[v] = (v < nvg && t < nv ? inv[v * TC_VEC + t] : 1.0f) * E2M1_UNDO;
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[v][c] = 0.0f;
+    }
     uint8_t(*st)[16 * ROWB] = stage[warp];
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     /* groups m = warp, warp + KS, ...; the i-th of them lives in stage i % P */
 #pragma unroll
     for (int i = 0; i < P - 1; i++) {
@@ -379,40 +413,46 @@ __device__ __forceinline__ void mx_tc_tile(uint8_t (*stage)[P][16 * ROWB], float
             }
         }
         if (!S4)
-            group_sum<SC_BYTES>(acc, cur, g, t, m, nblk, xcol, xp, f, sa, sb, 0, 0);
+            group_sum<SC_BYTES, VG>(acc, cur, g, t, m, nblk, xcol, xp, gstride, f, nvg, sa, sb, 0, 0);
         else if (plain_e8m0(sca) && plain_e8m0(scb))
-            group_sum<SC_PLAIN>(acc, cur, g, t, m, nblk, xcol, xp, f, sa, sb, sca, scb);
+            group_sum<SC_PLAIN, VG>(acc, cur, g, t, m, nblk, xcol, xp, gstride, f, nvg, sa, sb, sca, scb);
         else
-            group_sum<SC_PACKED>(acc, cur, g, t, m, nblk, xcol, xp, f, sa, sb, sca, scb);
+            group_sum<SC_PACKED, VG>(acc, cur, g, t, m, nblk, xcol, xp, gstride, f, nvg, sa, sb, sca, scb);
         __syncwarp(); /* every lane has read stage i % P before it is refilled */
     }
     cp_wait<0>();
 #pragma unroll
-    for (int c = 0; c < 4; c++) part[warp][lane][c] = acc[c];
-    __syncthreads();
-    if (warp != 0 || t >= n) return;
-    float s[4];
+    for (int v = 0; v < VG; v++) {
+        if (v >= nvg) break;
+        if (v) __syncthreads(); /* warp 0 has read the previous group's sums */
 #pragma unroll
-    for (int c = 0; c < 4; c++) {
-        s[c] = part[0][lane][c];
-        for (int w = 1; w < KS; w++) s[c] = __fadd_rn(s[c], part[w][lane][c]);
+        for (int c = 0; c < 4; c++) part[warp][lane][c] = acc[v][c];
+        __syncthreads();
+        if (warp != 0 || t >= n - v * TC_VEC) continue;
+        float s[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            s[c] = part[0][lane][c];
+            for (int w = 1; w < KS; w++) s[c] = __fadd_rn(s[c], part[w][lane][c]);
+        }
+        float *y = Y + (int64_t)(v * TC_VEC + t) * ldy;
+        if (r0 + g < row1) y[r0 + g - row0] = __fadd_rn(s[0], s[1]);
+        if (r0 + g + 8 < row1) y[r0 + g + 8 - row0] = __fadd_rn(s[2], s[3]);
     }
-    if (r0 + g < row1) Y[(int64_t)t * ldy + (r0 + g - row0)] = __fadd_rn(s[0], s[1]);
-    if (r0 + g + 8 < row1) Y[(int64_t)t * ldy + (r0 + g + 8 - row0)] = __fadd_rn(s[2], s[3]);
 }
 
-template <int KS, int P, bool S4>
+template <int KS, int P, bool S4, int VG>
 __global__ void __launch_bounds__(KS * 32)
 k_mx_tc(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int64_t cols,
         const uint4 *__restrict__ xb, const float *__restrict__ inv, int n, float *__restrict__ Y,
         int64_t ldy, int64_t row0, int64_t row1) {
     __shared__ __align__(16) uint8_t stage[KS][P][16 * ROWB];
     __shared__ float part[KS][32][4];
-    mx_tc_tile<KS, P, S4>(stage, part, data, scale, cols, xb, inv, n, Y, ldy, row0, row1, blockIdx.x);
+    mx_tc_tile<KS, P, S4, VG>(stage, part, data, scale, cols, xb, inv, n, Y, ldy, row0, row1, blockIdx.x);
 }
 
 /* A batch's products (gpu_tc_batch): block (tile, i) runs tile `tile` of
- * item i, all items of one shape. */
+ * item i, all items of one shape; an item is up to TC_PASS vectors of one job. */
 enum { TCB_MAX = 64 };
 struct tc_item {
     const uint8_t *data, *scale;
@@ -425,14 +465,14 @@ struct tc_item {
 struct tc_tab {
     tc_item it[TCB_MAX];
 };
-template <int KS, int P, bool S4>
+template <int KS, int P, bool S4, int VG>
 __global__ void __launch_bounds__(KS * 32)
 k_mx_tc_batch(const __grid_constant__ tc_tab t, int64_t cols, int64_t rows) {
     __shared__ __align__(16) uint8_t stage[KS][P][16 * ROWB];
     __shared__ float part[KS][32][4];
     const tc_item &it = t.it[blockIdx.y];
-    mx_tc_tile<KS, P, S4>(stage, part, it.data, it.scale, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows,
-                          blockIdx.x);
+    mx_tc_tile<KS, P, S4, VG>(stage, part, it.data, it.scale, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows,
+                              blockIdx.x);
 }
 
 } // namespace
@@ -454,7 +494,8 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
         ldy < row1 - row0)
         return DF_ERR_ARG;
     if (!gpu_matmul_tc_takes(w)) return gpu_matmul(w, X, n, Y, ldy, row0, row1, stream);
-    const size_t need = ws_bytes(w->cols);
+    const int vg = n > TC_VEC ? TC_VG : 1; /* groups per pass */
+    const size_t need = (size_t)vg * ws_bytes(w->cols);
     if (ws->cap < need) {
         gpu_ws_free(ws);
         df_status st = gpu_cuda_status(cudaMalloc(&ws->buf, need), "gpu_matmul_tc workspace");
@@ -466,11 +507,12 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
     }
     cudaStream_t s = (cudaStream_t)stream;
     uint4 *xb = (uint4 *)ws->buf;
-    float *inv = (float *)((char *)ws->buf + need - TC_VEC * sizeof(float));
+    float *inv = (float *)((char *)ws->buf + (size_t)vg * (ws_bytes(w->cols) - TC_VEC * sizeof(float)));
     const int64_t tiles = (row1 - row0 + 15) / 16;
     if (tiles > 0x7fffffff) return DF_ERR_UNSUPPORTED;
-    for (int v0 = 0; v0 < n; v0 += TC_VEC) {
-        const int nv = n - v0 < TC_VEC ? n - v0 : TC_VEC;
+    const int pass = vg * TC_VEC;
+    for (int v0 = 0; v0 < n; v0 += pass) {
+        const int nv = n - v0 < pass ? n - v0 : pass;
         k_xsplit<<<nv, 256, 0, s>>>(X + (int64_t)v0 * w->cols, w->cols, xb, inv);
         df_status st = gpu_cuda_status(cudaGetLastError(), "k_xsplit");
         if (st) return st;
@@ -479,8 +521,12 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
         /* the layout follows the matrix, not the row range: same sums for any range */
         st = tc_layout(w->rows, w->cols, [&](auto c) {
             using C = decltype(c);
-            k_mx_tc<C::KS, C::P, C::S4><<<(unsigned)tiles, C::KS * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y, ldy,
-                                                                            row0, row1);
+            if (nv > TC_VEC)
+                k_mx_tc<C::KS, C::P, C::S4, TC_VG><<<(unsigned)tiles, C::KS * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv,
+                                                                                       y, ldy, row0, row1);
+            else
+                k_mx_tc<C::KS, C::P, C::S4, 1><<<(unsigned)tiles, C::KS * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv, y,
+                                                                                   ldy, row0, row1);
             return gpu_cuda_status(cudaGetLastError(), "k_mx_tc");
         });
         if (st) return st;
@@ -506,11 +552,16 @@ size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs) {
 
 static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, cudaStream_t s) {
     if (!count) return DF_OK;
+    int wide = 0; /* an item of more than one group: the many-group kernel */
+    for (int i = 0; i < count; i++) wide |= t.it[i].nv > TC_VEC;
     /* gpu_matmul_tc's layout, so every row is bit-equal to it */
     return tc_layout(rows, cols, [&](auto c) {
         using C = decltype(c);
         const dim3 grid((unsigned)((rows + 15) / 16), (unsigned)count);
-        k_mx_tc_batch<C::KS, C::P, C::S4><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
+        if (wide)
+            k_mx_tc_batch<C::KS, C::P, C::S4, TC_VG><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
+        else
+            k_mx_tc_batch<C::KS, C::P, C::S4, 1><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
         return gpu_cuda_status(cudaGetLastError(), "k_mx_tc_batch");
     });
 }
@@ -555,19 +606,20 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStr
     tc_tab tt;
     int nt = 0;
     gi = 0;
-    for (int j = 0; j < njobs; j++)
-        for (int v0 = 0; v0 < jobs[j].n; v0 += TC_VEC, gi++)
+    for (int j = 0; j < njobs; gi += (jobs[j].n + TC_VEC - 1) / TC_VEC, j++)
+        for (int v0 = 0; v0 < jobs[j].n; v0 += TC_PASS)
             for (int k = 0; k < 2; k++) {
                 const gpu_weight *w = k ? jobs[j].w1 : jobs[j].w0;
                 if (!w) continue;
                 tc_item &it = tt.it[nt++];
                 it.data = (const uint8_t *)w->data;
                 it.scale = (const uint8_t *)w->scale;
-                it.xb = (const uint4 *)(base + (size_t)gi * xbytes);
-                it.inv = inv0 + gi * TC_VEC;
+                const int64_t g0 = gi + v0 / TC_VEC; /* the pass's first group */
+                it.xb = (const uint4 *)(base + (size_t)g0 * xbytes);
+                it.inv = inv0 + g0 * TC_VEC;
                 it.Y = (k ? jobs[j].Y1 : jobs[j].Y0) + (int64_t)v0 * jobs[j].ldy;
                 it.ldy = jobs[j].ldy;
-                it.nv = jobs[j].n - v0 < TC_VEC ? jobs[j].n - v0 : TC_VEC;
+                it.nv = jobs[j].n - v0 < TC_PASS ? jobs[j].n - v0 : TC_PASS;
                 if (nt == TCB_MAX) {
                     if ((st = flush_items(tt, nt, cols, rows, s))) return st;
                     nt = 0;
