@@ -30,6 +30,7 @@ typedef struct {
     int64_t cache_limit;    /* stream mirrors: expert disk budget; -1 = the mirror's, 0 = none */
     int device;             /* CLI_DEV_*: --device auto|cpu|cuda */
     int64_t gpu_mem;        /* --gpu-mem: device memory for matrices, 0 = free memory - 2 GiB */
+    int bf16_tc_rows;       /* --bf16-tc-rows: bf16 products of this many rows on the tensor cores, 0 = never */
     const char *meta_cache; /* --meta-cache DIR|off; NULL = the user cache folder */
 } cli_model_opts;
 

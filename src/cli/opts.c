@@ -52,6 +52,10 @@ const char cli_model_opts_help[] =
     "                     GPU; norms, routing and residual mixing stay on the CPU\n"
     "  --gpu-mem SIZE     device memory for matrices (default: free memory - 2 GiB); routed experts\n"
     "                     beyond it are cached LRU or uploaded per use\n"
+    "  --bf16-tc-rows N   bf16 products of N or more rows (prefill) on the tensor cores, x split\n"
+    "                     exactly into three bf16 limbs (same error bound); faster prefill, but a\n"
+    "                     row's last bits then depend on how many rows shared its pass. 0 (default):\n"
+    "                     CUDA cores, every row bit-equal whatever the batch\n"
 #else
     "  --device DEV       cpu (this build has no CUDA: build/deltafin-cuda from `make cuda` has cuda)\n"
 #endif
@@ -153,6 +157,17 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
             fprintf(stderr, "deltafin: --gpu-mem needs a size, e.g. 40G\n");
             return -1;
         }
+        (*i)++;
+        return 1;
+    }
+    if (!strcmp(a, "--bf16-tc-rows")) {
+        char *end = NULL;
+        long v = val ? strtol(val, &end, 10) : -1;
+        if (!val || *end || v < 0 || v > 1 << 20) {
+            fprintf(stderr, "deltafin: --bf16-tc-rows needs a row count, e.g. 9 (0: off)\n");
+            return -1;
+        }
+        o->bf16_tc_rows = (int)v;
         (*i)++;
         return 1;
     }
@@ -277,7 +292,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     static const df_accel *accel;
     if (o->device != CLI_DEV_CPU && !accel) {
         char err[DF_ERRMSG];
-        accel = gpu_accel_open(0, o->gpu_mem, err);
+        accel = gpu_accel_open(0, o->gpu_mem, o->bf16_tc_rows, err);
         if (!accel && o->device == CLI_DEV_CUDA) {
             fprintf(stderr, "deltafin: --device cuda: %s\n", err);
             return -1;

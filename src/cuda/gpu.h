@@ -112,18 +112,29 @@ df_status gpu_matvec(const gpu_weight *w, const float *x, float *y, void *stream
 typedef struct {
     void *buf;
     size_t cap;
+    /* bf16 products of at least this many vectors run on the tensor cores
+     * (gpu_bf16_tc.cu); 0: never (the CUDA cores, gpu_matmul). A product's
+     * rows then depend on whether n reached it (the same bound either way). */
+    int bf16_tc_rows;
 } gpu_ws;
 void gpu_ws_free(gpu_ws *ws); /* NULL-safe; leaves it empty */
 
-/* 1 if gpu_matmul_tc runs w on the tensor cores (MXFP4), else 0. */
+/* 1 if gpu_matmul_tc runs w on the tensor cores as MXFP4, else 0. */
 int gpu_matmul_tc_takes(const gpu_weight *w);
-/* gpu_matmul's contract, with MXFP4 on the tensor cores: exact weights,
- * x as f16 hi + lo (22 bits) under a per-vector power-of-two scale, fp32
- * block scales and sums. Error bound (gpu_mma.cu):
+/* 1 if gpu_matmul_tc can run w on the tensor cores as bf16 (cols a
+ * multiple of 64; gpu_bf16_tc.cu; it does for n >= ws->bf16_tc_rows > 0),
+ * else 0. */
+int gpu_bf16_tc_takes(const gpu_weight *w);
+/* gpu_matmul's contract, with MXFP4 and bf16 on the tensor cores: exact
+ * weights; MXFP4: x as f16 hi + lo (22 bits) under a per-vector
+ * power-of-two scale, fp32 block scales and sums; bf16: x as three bf16
+ * limbs (all of x), fp32 sums. Error bound (gpu_mma.cu, gpu_bf16_tc.cu):
  *   (cols + 64) 2^-24 sum|w x| + 2^-21 sum|w x| + 2^-38 max|x| sum|w|.
- * Row i is bit-equal to the matvec of vector i; one-hot x is exact. Other
- * types go to gpu_matmul. Asynchronous on stream; ws must not be shared by
- * two streams at once. */
+ * Row i is bit-equal to the matvec of vector i (bf16: while both n are on
+ * the same side of ws->bf16_tc_rows); one-hot x is exact. Other types, bf16
+ * below ws->bf16_tc_rows, and bf16 x that is not 16-byte aligned, go to
+ * gpu_matmul.
+ * Asynchronous on stream; ws must not be shared by two streams at once. */
 df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy,
                         int64_t row0, int64_t row1, gpu_ws *ws, void *stream);
 
@@ -154,10 +165,11 @@ typedef struct {
 
 /* Every job's expert in few launches (gpu_experts.cu): runs of MXFP4 jobs of
  * one shape as two tensor-core batches (gate and up of all of them, then
- * down) around one activation kernel; other jobs through gpu_expert. Each
- * MXFP4 gate / up / down row is bit-equal to gpu_matmul_tc on that matrix
- * (its bound, gpu_mma.cu), the activation is gpu_expert's, so a job's out
- * depends neither on the other jobs nor on n. ws: scratch (hidden rows and
+ * down) around one activation kernel; bf16 jobs that gpu_bf16_tc_takes on
+ * the tensor cores one by one; other jobs through gpu_expert. Each MXFP4 or
+ * bf16 gate / up / down row is bit-equal to gpu_matmul_tc on that matrix
+ * (its bound), the activation is gpu_expert's, so a job's out depends
+ * neither on the other jobs nor on n. ws: scratch (hidden rows and
  * splits), grown on demand, not shared by two streams at once. Outputs must
  * not overlap any X. Asynchronous on stream. */
 df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gpu_act *act, gpu_ws *ws, void *stream);

@@ -1212,7 +1212,7 @@ double acc_read_gbps(void *ctx) {
 
 } // namespace
 
-extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err) {
+extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_tc_rows, char *err) {
     char why[256];
     if (!gpu_probe(why, sizeof why)) {
         snprintf(err, DF_ERRMSG, "%s", why);
@@ -1243,6 +1243,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err
     int64_t avail = (int64_t)free_b - ((int64_t)2 << 30);
     if (avail < ((int64_t)256 << 20)) avail = (int64_t)256 << 20;
     a->pub.budget = gpu_mem > 0 ? gpu_mem : avail;
+    a->ws.bf16_tc_rows = a->ews.bf16_tc_rows = bf16_tc_rows > 0 ? bf16_tc_rows : 0;
     snprintf(a->name, sizeof a->name, "cuda:%d %s (sm_%d%d, %d SMs, %.1f GB, %.1f GB free)", device, p.name,
              p.major, p.minor, p.multiProcessorCount, total_b / 1e9, free_b / 1e9);
     a->pub.name = a->name;

@@ -45,9 +45,10 @@ extern "C" {
 #endif
 
 /* Opens device `device`. gpu_mem: bytes of device memory for matrices
- * (0: free memory minus 2 GiB). NULL with one line in err (DF_ERRMSG) when
- * there is no usable device. */
-const df_accel *gpu_accel_open(int device, int64_t gpu_mem, char *err);
+ * (0: free memory minus 2 GiB). bf16_tc_rows: bf16 products of at least
+ * this many rows on the tensor cores (gpu_ws), 0: never. NULL with one line
+ * in err (DF_ERRMSG) when there is no usable device. */
+const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_tc_rows, char *err);
 /* Frees everything the accelerator holds (NULL-safe). Close engines first. */
 void gpu_accel_close(const df_accel *a);
 

@@ -4,7 +4,10 @@
  * the batching of a layer's experts: for MXFP4 the gate and up
  * products of every expert in one tensor-core batch (gpu_tc_batch), the
  * activation over all their hidden rows in one kernel, the down products in
- * a second batch; other types run gpu_expert per expert.
+ * a second batch; bf16 experts (the shared ones) of at least
+ * ws->bf16_tc_rows vectors run on the tensor cores one by one (gpu_bf16_tc:
+ * gate, up and activation in one kernel, then down); other types run
+ * gpu_expert per expert.
  * Refuses: placement and queueing policy (gpu_accel.cu decides what runs),
  * host math.
  *
@@ -15,7 +18,9 @@
  * Exactness: each gate / up / down row is bit-equal to gpu_matmul_tc on
  * that matrix (the same kernel body), and the activation is gpu_expert's
  * (gpu_act1), so an expert's output depends neither on the batch around it
- * nor on n (row i of n vectors is the output for vector i alone).
+ * nor on n (row i of n vectors is the output for vector i alone). A bf16
+ * expert's rows are bit-equal to gpu_matmul_tc on its matrices, and its
+ * activation is gpu_expert's; gpu_expert itself runs bf16 on the CUDA cores.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -44,6 +49,16 @@ int batchable(const gpu_expert_job *j) {
            same_shape(j->gate, j->up) && j->down->rows == j->gate->cols && j->down->cols == j->gate->rows;
 }
 
+/* A bf16 expert on the tensor cores (gpu_bf16_tc): gate and up in one
+ * pass with the activation, then down. */
+int bf16_job(const gpu_expert_job *j, int min_rows) {
+    return min_rows > 0 && j->n >= min_rows && gpu_bf16_tc_takes(j->gate) && gpu_bf16_tc_takes(j->up) &&
+           gpu_bf16_tc_takes(j->down) && same_shape(j->gate, j->up) && ((uintptr_t)j->X & 15) == 0;
+}
+/* bytes before the limbs in a bf16 expert's scratch: its hidden rows */
+size_t bf16_hidden_bytes(const gpu_expert_job *j) {
+    return ((size_t)j->n * (size_t)j->gate->rows * sizeof(float) + 255) & ~(size_t)255;
+}
 /* Jobs [j0, j1) form a run: batchable, one shape. */
 int run_end(const gpu_expert_job *jobs, int njobs, int j0) {
     if (!batchable(&jobs[j0])) return j0 + 1;
@@ -58,11 +73,15 @@ enum { RUN_MAX = 256 }; /* jobs per batch (host tables on the stack) */
 
 /* Scratch bytes of the run [j0, j1): G and U (all its vectors' hidden rows),
  * then the tensor-core splits of the larger of its two stages. */
-size_t run_bytes(const gpu_expert_job *jobs, int j0, int j1, int64_t *nvec) {
+size_t run_bytes(const gpu_expert_job *jobs, int j0, int j1, int64_t *nvec, const gpu_ws *ws) {
     int64_t nv = 0;
     for (int j = j0; j < j1; j++) nv += jobs[j].n;
     *nvec = nv;
     const int64_t inter = jobs[j0].gate->rows;
+    if (bf16_job(&jobs[j0], ws->bf16_tc_rows)) {
+        const int64_t wide = inter > jobs[j0].gate->cols ? inter : jobs[j0].gate->cols;
+        return bf16_hidden_bytes(&jobs[j0]) + gpu_bf16_tc_bytes(jobs[j0].n, wide);
+    }
     if (!batchable(&jobs[j0])) return (size_t)(nv * inter) * sizeof(float);
     gpu_tc_job a[RUN_MAX], b[RUN_MAX];
     for (int j = j0; j < j1; j++) {
@@ -119,7 +138,7 @@ extern "C" df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gp
         int j1 = run_end(jobs, njobs, j0);
         if (j1 - j0 > RUN_MAX) j1 = j0 + RUN_MAX;
         int64_t nv;
-        size_t b = run_bytes(jobs, j0, j1, &nv);
+        size_t b = run_bytes(jobs, j0, j1, &nv, ws);
         if (b > need) need = b;
         j0 = j1;
     }
@@ -142,6 +161,14 @@ extern "C" df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gp
         const int64_t inter = jobs[j0].gate->rows, hid = jobs[j0].gate->cols;
         float *G = (float *)ws->buf;
         df_status st;
+        if (bf16_job(&jobs[j0], ws->bf16_tc_rows)) {
+            const gpu_expert_job &x = jobs[j0];
+            void *limbs = (char *)ws->buf + bf16_hidden_bytes(&x); /* after G */
+            if ((st = gpu_bf16_tc(x.gate, x.up, act, x.X, x.n, G, inter, 0, inter, limbs, s))) return st;
+            if ((st = gpu_bf16_tc(x.down, NULL, NULL, G, x.n, x.out, hid, 0, hid, limbs, s))) return st;
+            j0 = j1;
+            continue;
+        }
         if (!batchable(&jobs[j0])) {
             st = gpu_expert(jobs[j0].gate, jobs[j0].up, jobs[j0].down, act, jobs[j0].X, jobs[j0].n, G, jobs[j0].out,
                             stream);
@@ -150,7 +177,7 @@ extern "C" df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gp
             continue;
         }
         int64_t nv;
-        run_bytes(jobs, j0, j1, &nv);
+        run_bytes(jobs, j0, j1, &nv, ws);
         float *U = G + nv * inter;
         void *tcs = (void *)(((uintptr_t)(U + nv * inter) + 255) & ~(uintptr_t)255);
         gpu_tc_job a[RUN_MAX], b[RUN_MAX];

@@ -158,6 +158,15 @@ typedef struct {
     int64_t ldy;
 } gpu_tc_job;
 
+/* bf16 on the tensor cores (gpu_bf16_tc.cu): Y = w0 X (w1 NULL), or
+ * Y = act(w0 X, w1 X) for a gate and an up matrix of one shape, rows
+ * [row0, row1), Y[v * ldy + r - row0]; X [n][cols] 16-byte aligned. limbs:
+ * device scratch of gpu_bf16_tc_bytes(n, cols) (NULL when that is 0). Each
+ * output depends on its row and vector only (bit-equal for any n, row range
+ * or caller). gpu_bf16_tc_takes(w0) must hold. Asynchronous on s. */
+size_t gpu_bf16_tc_bytes(int n, int64_t cols);
+df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act *act, const float *X, int n,
+                      float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s);
 /* Device scratch bytes gpu_tc_batch needs for these jobs. */
 size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs);
 /* gpu_matmul_tc for every job in few launches (one split launch, one mma

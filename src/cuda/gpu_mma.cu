@@ -1,4 +1,5 @@
-/* gpu_mma.cu — MXFP4 matmul on the tensor cores (gpu_matmul_tc, gpu.h).
+/* gpu_mma.cu — MXFP4 matmul on the tensor cores (gpu_matmul_tc, gpu.h; its
+ * bf16 matrices go to gpu_bf16_tc.cu).
  *
  * Owns: the activation split kernel (x -> f16 hi + lo, per-vector power-of-
  * two scale), the mma.sync MXFP4 kernel, and the caller-owned workspace.
@@ -493,9 +494,10 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
     if (!w || !w->data || !X || !Y || !ws || n < 1 || row0 < 0 || row1 > w->rows || row1 <= row0 ||
         ldy < row1 - row0)
         return DF_ERR_ARG;
-    if (!gpu_matmul_tc_takes(w)) return gpu_matmul(w, X, n, Y, ldy, row0, row1, stream);
+    const bool bf = ws->bf16_tc_rows > 0 && n >= ws->bf16_tc_rows && gpu_bf16_tc_takes(w) && ((uintptr_t)X & 15) == 0;
+    if (!bf && !gpu_matmul_tc_takes(w)) return gpu_matmul(w, X, n, Y, ldy, row0, row1, stream);
     const int vg = n > TC_VEC ? TC_VG : 1; /* groups per pass */
-    const size_t need = (size_t)vg * ws_bytes(w->cols);
+    const size_t need = bf ? gpu_bf16_tc_bytes(n, w->cols) : (size_t)vg * ws_bytes(w->cols);
     if (ws->cap < need) {
         gpu_ws_free(ws);
         df_status st = gpu_cuda_status(cudaMalloc(&ws->buf, need), "gpu_matmul_tc workspace");
@@ -506,6 +508,7 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
         ws->cap = need;
     }
     cudaStream_t s = (cudaStream_t)stream;
+    if (bf) return gpu_bf16_tc(w, NULL, NULL, X, n, Y, ldy, row0, row1, need ? ws->buf : NULL, s);
     uint4 *xb = (uint4 *)ws->buf;
     float *inv = (float *)((char *)ws->buf + (size_t)vg * (ws_bytes(w->cols) - TC_VEC * sizeof(float)));
     const int64_t tiles = (row1 - row0 + 15) / 16;

@@ -12,9 +12,11 @@
  *    twice that. Row i of gpu_matmul bit-equal to gpu_matvec of vector i, a
  *    sub-range of rows bit-equal to the full range, and one-hot vectors
  *    reproduce kn_dequant_row bit for bit (edge scales included).
- *  - the tensor-core MXFP4 path (gpu_matmul_tc): the same checks with its
- *    own bound, (cols + 64) 2^-24 sum|w x| + 2^-21 sum|w x| + 2^-38 max|x|
- *    sum|w| (x split into f16 hi + lo), also for x spanning 1e-30 .. 1e4.
+ *  - the tensor-core MXFP4 and bf16 paths (gpu_matmul_tc, ws->bf16_tc_rows
+ *    1): the same checks with their own bound, (cols + 64) 2^-24 sum|w x| +
+ *    2^-21 sum|w x| + 2^-38 max|x| sum|w| (x split into f16 hi + lo, or three
+ *    bf16 limbs), also for x spanning 1e-30 .. 1e4; with bf16_tc_rows 9, n = 8
+ *    gives gpu_matmul's bits and n = 9 the tensor cores'.
  *  - fused expert vs kn_matmul (scalar) + the ffn.c activation on the CPU:
  *    ||gpu - cpu|| / ||cpu|| <= 1e-5 per token vector; the same for expert
  *    batches (gpu_experts), each expert bit-equal alone, per vector, and
@@ -138,6 +140,7 @@ static df_status mm(gpu_ws *ws, const gpu_weight *g, const float *dX, int n, flo
 static void check_kernel(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, const char *tag, int tc) {
     if (!need_gpu()) return;
     gpu_ws wsv = {0}, *ws = tc ? &wsv : NULL;
+    wsv.bf16_tc_rows = 1; /* bf16 on the tensor cores at every n (gpu_bf16_tc_takes shapes) */
     uint64_t s = seed_of(tag);
     hmat m;
     hmat_make(&m, t, rows, cols, sdt, s);
@@ -277,6 +280,96 @@ TEST(cuda_tc_mxfp4_tall) { check_kernel(WT_MXFP4, DT_UNKNOWN, 16389, 128, "tc-mx
 TEST(cuda_tc_mxfp4_narrow) { check_kernel(WT_MXFP4, DT_UNKNOWN, 40, 32, "tc-mxfp4-32", 1); }
 /* other types pass through gpu_matmul_tc to gpu_matmul unchanged */
 TEST(cuda_tc_passthrough_bf16) { check_kernel(WT_BF16, DT_UNKNOWN, 301, 1000, "tc-bf16", 1); }
+/* bf16 with cols % 64 == 0 on the tensor cores (gpu_bf16_tc.cu): the one-
+ * vector kernel for n <= 8, the tiled one above (n = 17, 64), several
+ * slices per row (few rows), one chunk per row (tall) */
+TEST(cuda_tc_bf16) {
+    if (!need_gpu()) return;
+    gpu_weight probe = {.type = WT_BF16, .rows = 1, .cols = 1024, .data = (void *)(uintptr_t)256};
+    CHECK(gpu_bf16_tc_takes(&probe), "1024 columns should take the bf16 tensor-core path");
+    probe.cols = 1000;
+    CHECK(!gpu_bf16_tc_takes(&probe), "1000 columns should not");
+    check_kernel(WT_BF16, DT_UNKNOWN, 301, 1024, "tc-bf16-1024", 1);
+}
+TEST(cuda_tc_bf16_split) { check_kernel(WT_BF16, DT_UNKNOWN, 97, 4096, "tc-bf16-split", 1); }
+TEST(cuda_tc_bf16_wide) { check_kernel(WT_BF16, DT_UNKNOWN, 67, 7168, "tc-bf16-7168", 1); }
+TEST(cuda_tc_bf16_tall) { check_kernel(WT_BF16, DT_UNKNOWN, 16411, 64, "tc-bf16-tall", 1); }
+
+/* Many vectors (several 64-vector tiles of the tiled kernel, a row range
+ * that starts mid-tile): each bit-equal to its vector alone; x spanning
+ * 1e-30 .. 1e4 within the bound. */
+TEST(cuda_tc_bf16_many) {
+    if (!need_gpu()) return;
+    enum { R = 203, C = 1536, N = 150 };
+    uint64_t s = seed_of("tc-bf16-many");
+    hmat m;
+    hmat_make(&m, WT_BF16, R, C, DT_UNKNOWN, s);
+    gpu_weight g;
+    char err[DF_ERRMSG] = "";
+    REQUIRE(gpu_weight_upload(&m.w, &g, err) == DF_OK, "%s", err);
+    float *X = malloc((size_t)N * C * 4), *Y = malloc((size_t)N * R * 4), *Y1 = malloc((size_t)N * R * 4);
+    float *deq = malloc((size_t)R * C * 4);
+    REQUIRE(X && Y && Y1 && deq);
+    for (int64_t r = 0; r < R; r++) kn_dequant_row(&m.w, r, deq + r * C);
+    for (int64_t i = 0; i < (int64_t)N * C; i++) {
+        double e = (double)(rng_next(&s) % 35) - 30.0;
+        X[i] = i % 13 == 0 ? 0.0f : (float)(frand(&s) * pow(10.0, e));
+    }
+    float *dX = gpu_malloc((size_t)N * C * 4), *dY = gpu_malloc((size_t)N * R * 4);
+    gpu_ws ws = {0};
+    ws.bf16_tc_rows = 1;
+    REQUIRE(dX && dY && gpu_put(dX, X, (size_t)N * C * 4) == DF_OK);
+    for (int i = 0; i < N; i++)
+        REQUIRE(gpu_matmul_tc(&g, dX + (int64_t)i * C, 1, dY + (int64_t)i * R, R, 0, R, &ws, NULL) == DF_OK, "%s",
+                gpu_last_error());
+    REQUIRE(gpu_get(Y1, dY, (size_t)N * R * 4) == DF_OK);
+    REQUIRE(gpu_fill(dY, 0xff, (size_t)N * R * 4) == DF_OK);
+    const int64_t r0 = 37, r1 = R - 5;
+    REQUIRE(gpu_matmul_tc(&g, dX, N, dY, R, r0, r1, &ws, NULL) == DF_OK, "%s", gpu_last_error());
+    REQUIRE(gpu_get(Y, dY, (size_t)N * R * 4) == DF_OK);
+    int diff = 0;
+    double worst = 0;
+    for (int i = 0; i < N; i++)
+        for (int64_t r = r0; r < r1; r++) {
+            if (f32_bits(Y[(int64_t)i * R + r - r0]) != f32_bits(Y1[(int64_t)i * R + r]) && diff++ < 3)
+                CHECK(0, "vec %d row %lld: n=%d %a, alone %a", i, (long long)r, N, Y[(int64_t)i * R + r - r0],
+                      Y1[(int64_t)i * R + r]);
+            double ex = 0, mag = 0;
+            for (int64_t c = 0; c < C; c++) {
+                double p = (double)deq[r * C + c] * X[(int64_t)i * C + c];
+                ex += p;
+                mag += fabs(p);
+            }
+            const double bound = (double)(C + 64) * 0x1p-24 * mag + 0x1p-21 * mag + 0x1p-140;
+            const double e = fabs(Y1[(int64_t)i * R + r] - ex);
+            if (!(e <= bound) && diff++ < 3)
+                CHECK(0, "vec %d row %lld: %.9g vs exact %.9g", i, (long long)r, Y1[(int64_t)i * R + r], ex);
+            if (bound > 0 && e / bound > worst) worst = e / bound;
+        }
+    CHECK(diff == 0, "%d outputs differ", diff);
+    /* bf16_tc_rows 9: n = 8 on the CUDA cores (gpu_matmul's bits), n = 9 on the tensor cores */
+    gpu_ws w9 = {0};
+    w9.bf16_tc_rows = 9;
+    float *Yc = malloc((size_t)9 * R * 4);
+    REQUIRE(Yc);
+    for (int n = 8; n <= 9; n++) {
+        REQUIRE(gpu_matmul_tc(&g, dX, n, dY, R, 0, R, &w9, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_get(Y, dY, (size_t)n * R * 4) == DF_OK);
+        if (n == 8) REQUIRE(gpu_matmul(&g, dX, n, dY, R, 0, R, NULL) == DF_OK);
+        REQUIRE(gpu_get(Yc, dY, (size_t)n * R * 4) == DF_OK);
+        const float *want = n == 8 ? Yc : Y1;
+        CHECK(memcmp(Y, want, (size_t)n * R * 4) == 0, "bf16_tc_rows 9, n = %d: not the %s bits", n,
+              n == 8 ? "CUDA cores'" : "tensor cores'");
+    }
+    gpu_ws_free(&w9);
+    free(Yc);
+    fprintf(stderr, "[worst %.3f of the bound] ", worst);
+    gpu_free(dX); gpu_free(dY);
+    gpu_ws_free(&ws);
+    gpu_weight_free(&g);
+    hmat_free(&m);
+    free(X); free(Y); free(Y1); free(deq);
+}
 
 /* x with a huge dynamic range (1e-30 .. 1e4, and exact zeros): the split's
  * per-vector scale keeps the tensor-core path within its bound. */
@@ -494,14 +587,14 @@ TEST(cuda_expert_bf16) { check_expert(WT_BF16, DT_UNKNOWN, "expert-bf16"); }
  * expert, n from 1 to 9. Every output against the CPU (kn_matmul scalar +
  * the ffn.c activation, normwise 1e-5 as above), and bit-equal to the same
  * expert alone in a batch, to each of its vectors alone (n = 1), and (int4)
- * to gpu_expert. */
+ * to gpu_expert. Two bf16 jobs (gpu_bf16_tc: n = 9 on the tiled kernel). */
 TEST(cuda_experts_batch) {
     if (!need_gpu()) return;
-    enum { HID = 512, NJ = 8, NMX = 9 };
-    static const int inter_of[NJ] = {256, 256, 256, 256, 128, 128, 256, 256};
-    static const int n_of[NJ] = {1, 3, 4, 9, 2, 1, 5, 4};
-    static const wt_type type_of[NJ] = {WT_MXFP4, WT_MXFP4, WT_INT4_G32, WT_MXFP4, WT_MXFP4, WT_MXFP4, WT_MXFP4,
-                                        WT_MXFP4};
+    enum { HID = 512, NJ = 10, NMX = 9 };
+    static const int inter_of[NJ] = {256, 256, 256, 256, 128, 128, 256, 256, 256, 128};
+    static const int n_of[NJ] = {1, 3, 4, 9, 2, 1, 5, 4, 9, 2};
+    static const wt_type type_of[NJ] = {WT_MXFP4, WT_MXFP4, WT_INT4_G32, WT_MXFP4, WT_MXFP4,
+                                        WT_MXFP4, WT_MXFP4, WT_MXFP4,    WT_BF16,  WT_BF16};
     uint64_t s = seed_of("experts-batch");
     hmat m[NJ][3];
     gpu_weight g[NJ][3];
@@ -530,6 +623,7 @@ TEST(cuda_experts_batch) {
     float *dH = gpu_malloc((size_t)NMX * 256 * sizeof(float));
     REQUIRE(G && U && dH);
     gpu_ws ws = {0};
+    ws.bf16_tc_rows = 1; /* the bf16 jobs on the tensor cores */
     double worst = 0;
     for (int a = 0; a < 2; a++) {
         for (int j = 0; j < NJ; j++) REQUIRE(gpu_fill(dO[j], 0xff, (size_t)n_of[j] * HID * sizeof(float)) == DF_OK);
@@ -567,7 +661,7 @@ TEST(cuda_experts_batch) {
                 CHECK(memcmp(one[j], out[j] + (size_t)i * HID, HID * sizeof(float)) == 0,
                       "job %d vector %d act %d: n = 1 != row of n = %d", j, i, a, n);
             }
-            if (type_of[j] != WT_MXFP4) {
+            if (type_of[j] != WT_MXFP4 && type_of[j] != WT_BF16) { /* bf16: tensor cores, not gpu_expert's */
                 REQUIRE(gpu_expert(&g[j][0], &g[j][1], &g[j][2], &acts[a], dX[j], n, dH, dO[j], NULL) == DF_OK);
                 REQUIRE(gpu_get(one[j], dO[j], (size_t)n * HID * sizeof(float)) == DF_OK);
                 CHECK(memcmp(one[j], out[j], (size_t)n * HID * sizeof(float)) == 0, "job %d: != gpu_expert", j);

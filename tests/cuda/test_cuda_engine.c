@@ -295,7 +295,8 @@ static float *eval_rows(const char *path, size_t *n) {
  * device, one host wait per MoE layer): synth's tiny Kimi K3 and
  * Kimi-Linear (their attention states fit the kernels) decoded one token at
  * a time (`eval --chunk 1`): every row within 1e-4 max|logit| of the CPU's,
- * bit-identical across --gpu-mem, the greedy ids of `run` equal, and bench
+ * bit-identical across --gpu-mem (and with --bf16-tc-rows 1, across chunk
+ * 1 and 24), the greedy ids of `run` equal, and bench
  * reports the host waits per decoded token (printed). Prompts (rows of one
  * pass, the experts' rows gathered on the device) are checked by
  * cuda_engine_attention_on_device's logits. */
@@ -316,23 +317,29 @@ TEST(cuda_engine_decode_step_on_device) {
         char model[600], out[16384];
         int rc = synth_tiny(tmp, arch[i], model, out, sizeof out);
         REQUIRE(rc == 0, "synth %s: %s", arch[i], out);
-        const char *dev[3] = {"cpu", "cuda", "cuda --gpu-mem 1M"};
-        float *lg[3] = {0};
-        size_t nl[3] = {0};
-        for (int d = 0; d < 3; d++) {
+        /* then bf16 on the tensor cores at any row count, one token at a
+         * time and the whole window in one pass: the same bits */
+        const char *dev[5] = {"cpu", "cuda", "cuda --gpu-mem 1M", "cuda --bf16-tc-rows 1 --chunk 1",
+                              "cuda --bf16-tc-rows 1 --chunk 24"};
+        float *lg[5] = {0};
+        size_t nl[5] = {0};
+        for (int d = 0; d < 5; d++) {
             char path[900];
             snprintf(path, sizeof path, "%.600s/ev%d.lg", model, d);
-            rc = t_sh(out, sizeof out, "%s eval --model %s --tokens-file %s --ctx 24 --chunk 1 --save-logits %s --device %s",
-                      bin(), model, toks, path, dev[d]);
+            rc = t_sh(out, sizeof out, "%s eval --model %s --tokens-file %s --ctx 24 %s --save-logits %s --device %s",
+                      bin(), model, toks, d < 3 ? "--chunk 1" : "", path, dev[d]);
             CHECK(rc == 0, "%s eval %s: %s", arch[i], dev[d], out);
             lg[d] = eval_rows(path, &nl[d]);
         }
-        if (lg[0] && lg[1] && lg[2] && nl[0] && nl[0] == nl[1] && nl[0] == nl[2]) {
+        if (lg[0] && lg[1] && lg[2] && lg[3] && lg[4] && nl[0] && nl[0] == nl[1] && nl[0] == nl[2] && nl[0] == nl[3] &&
+            nl[0] == nl[4]) {
             check_three(arch[i], "decode step on the device", lg, nl[0]);
+            float *tc[3] = {lg[0], lg[3], lg[4]};
+            check_three(arch[i], "bf16 on the tensor cores (chunk 1 vs 24)", tc, nl[0]);
         } else {
             CHECK(0, "%s: eval logits missing", arch[i]);
         }
-        for (int d = 0; d < 3; d++) free(lg[d]);
+        for (int d = 0; d < 5; d++) free(lg[d]);
         char ids[2][4096];
         const char *prompt = "5,17,300,2,901,44,7";
         for (int d = 0; d < 2; d++) {

@@ -1,0 +1,525 @@
+/* gpu_bf16_tc.cu — bf16 weights times fp32 vectors on the tensor cores
+ * (gpu_bf16_tc, gpu_internal.h), for gpu_matmul_tc and the shared experts of
+ * gpu_experts: one matrix, or a gate and an up matrix with the expert's
+ * activation on their outputs.
+ * Refuses: other weight types, columns that are not a multiple of 64.
+ *
+ * Why: the CUDA-core kernel (gpu.cu) reads bf16 at the copy bandwidth for
+ * one vector, but a prefill's many vectors ran at ~8 TFLOP/s on the CUDA
+ * cores; here they run as mma.sync tiles. Measured (bench/cuda_NOTES.md,
+ * H200, `cuda_bench 2 prefill`, K3's 12288 x 7168 KDA projection): n = 512
+ * at 70-72 TFLOP/s (CUDA cores 7.9; the mma.sync peak 595-629, which the
+ * three limbs cut to a third), but n = 1 at 2.7-3.0 TB/s (CUDA cores
+ * 3.6-4.4). So callers send bf16 here from gpu_ws.bf16_tc_rows rows on
+ * (the CLI's --bf16-tc-rows, off by default), prefill only in practice.
+ *
+ * Exactness. x is split into three bf16 limbs, hi = rn(x), mid = rn(x - hi),
+ * lo = rn(x - hi - mid) (each difference exact), which carry x whole for
+ * normal fp32 x; bf16 times bf16 is exact in fp32. Each limb is a column of
+ * its own: per 64-column chunk the tensor cores sum 64 products of each limb
+ * from zero (four m16n8k16 steps), then, in fp32 round-to-nearest,
+ *   p = (s_hi + s_mid) + s_lo,  run = run + p  (chunks in order),
+ * and the row's columns are cut into S slices by shape alone (bf16_slices):
+ *   y = ((0 + run_0) + run_1) + ...
+ * so every output is one fixed sequence of operations on its own row and
+ * vector, whatever the kernel (one vector or a tile of 64), n, the row range
+ * or the batch around it: row i of n vectors is bit-equal to vector i alone.
+ * Bound (the tensor cores' sums, the chunk and slice adds):
+ *   |y - exact| <= (cols + 64) 2^-24 sum|w x| + 2^-21 sum|w x|
+ * plus the underflow of lo products for |x| near the fp32 floor; one-hot x
+ * gives the weights exactly. Infinite or NaN x gives NaN.
+ *
+ * Work layout. A chunk is 64 columns, 128 bytes of a row; lane (g, t) of a
+ * warp holds bytes 16t and 64 + 16t of it (columns 8t .. 8t+7 and 32 + 8t
+ * .. 32 + 8t+7) for rows g and g + 8 of a 16-row tile, and k step j of the
+ * chunk takes u32 2j and 2j + 1 of those 8 as the mma's k pairs (2t, 2t+1)
+ * and (2t+8, 2t+9); B (the limbs of 8 vectors, one per mma column) is read
+ * the same way, so the permutation of k cancels.
+ *  - k_bt_split: the limbs of the n vectors, once per product, [n][3][cols].
+ *  - k_bt_vec (n <= 8): a warp per (16-row tile, slice), its weights and
+ *    the limbs streamed through shared buffers by cp.async; slices meet in
+ *    shared memory. Issue-bound (ncu: 5.7-7.4 cycles per instruction per
+ *    warp, DRAM 57-59%): splitting x in every warp, then the per-chunk
+ *    fragment loads and 12 mma for 2 KB of weights, cost more issue slots
+ *    than the CUDA cores' 8 FMAs per 16 bytes.
+ *  - k_bt_gemm (n > 8): a block of 8 warps per 64 rows x 64 vectors (32 for
+ *    gate + up), chunks of weights and limbs staged by cp.async through
+ *    BT_STAGES buffers; a warp takes 32 rows x 16 vectors (8 for gate + up).
+ *    One block per SM (188 registers; forcing two spilled and was no
+ *    faster); ncu: 1.7 instructions per cycle, shared memory the busiest
+ *    pipe.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "gpu.h"
+#include "gpu_internal.h"
+
+#ifndef GPU_BT_GEMM_BLOCKS
+#define GPU_BT_GEMM_BLOCKS 1 /* k_bt_gemm blocks per SM the registers must allow */
+#endif
+
+namespace {
+
+enum { BT_CH = 64, BT_CHB = 128, BT_VEC_MAX = 8, BT_STAGES = 3, BT_BM = 64, BT_SLICES = 12 };
+
+/* Slices per row, from the shape alone: enough (tile, slice) warps to keep
+ * the device's loads in flight for one vector (about 4096), at most
+ * BT_SLICES, at least 4 chunks each. */
+int bf16_slices(int64_t rows, int64_t nch) {
+    const int64_t tiles = (rows + 15) / 16;
+    int64_t s = (4096 + tiles - 1) / tiles;
+    if (s > BT_SLICES) s = BT_SLICES;
+    if (s > nch / 4) s = nch / 4;
+    return s < 1 ? 1 : (int)s;
+}
+
+__device__ __forceinline__ int64_t slice_end(int s, int64_t per, int64_t nch) {
+    const int64_t e = (int64_t)(s + 1) * per;
+    return e < nch ? e : nch;
+}
+
+/* Eight floats as the limbs' four u32 each (value 2i low, 2i + 1 high), two
+ * values per conversion (cvt.rn.bf16x2.f32, round to nearest even). */
+__device__ __forceinline__ void split8(const float4 &a, const float4 &b, uint32_t *h, uint32_t *m, uint32_t *l) {
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        const __nv_bfloat162 bh = __floats2bfloat162_rn(x0, x1);
+        const float r0 = __fsub_rn(x0, __low2float(bh)), r1 = __fsub_rn(x1, __high2float(bh));
+        const __nv_bfloat162 bm = __floats2bfloat162_rn(r0, r1);
+        const __nv_bfloat162 bl =
+            __floats2bfloat162_rn(__fsub_rn(r0, __low2float(bm)), __fsub_rn(r1, __high2float(bm)));
+        h[i] = *reinterpret_cast<const uint32_t *>(&bh);
+        m[i] = *reinterpret_cast<const uint32_t *>(&bm);
+        l[i] = *reinterpret_cast<const uint32_t *>(&bl);
+    }
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* One chunk of one 16-row tile against one 8-column B tile: d[L] (zeroed
+ * here) = the chunk's sums of limb L. ra, rb: the 8 u32 of rows g and g + 8;
+ * bl[L]: the 8 u32 of limb L of this lane's column. */
+__device__ __forceinline__ void chunk_mma(float (&d)[3][4], const uint32_t (&ra)[8], const uint32_t (&rb)[8],
+                                          const uint32_t (&bl)[3][8]) {
+#pragma unroll
+    for (int L = 0; L < 3; L++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) d[L][e] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            mma_bf16(d[L], ra[2 * j], rb[2 * j], ra[2 * j + 1], rb[2 * j + 1], bl[L][2 * j], bl[L][2 * j + 1]);
+    }
+}
+
+/* run += (hi + mid) + lo, per element, in that order. */
+__device__ __forceinline__ void chunk_add(float (&run)[4], const float (&d)[3][4]) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) run[e] = __fadd_rn(run[e], __fadd_rn(__fadd_rn(d[0][e], d[1][e]), d[2][e]));
+}
+
+struct bt_mats {
+    const uint8_t *w[2]; /* [rows][cols] bf16 each; w[1] only for gate + up */
+};
+
+__device__ __forceinline__ void u4_to(const uint4 &a, const uint4 &b, uint32_t (&u)[8]) {
+    u[0] = a.x; u[1] = a.y; u[2] = a.z; u[3] = a.w;
+    u[4] = b.x; u[5] = b.y; u[6] = b.z; u[7] = b.w;
+}
+
+/* ---- n <= 8: a warp per (tile, slice) ---- */
+
+__device__ __forceinline__ void cp16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+/* Shared rows of 128 bytes; 16-byte piece i of row r sits at i ^ 4 (r & 1),
+ * so the eight lanes of a 16-byte load phase (rows g, g + 1; pieces t, t + 4)
+ * hit 32 different banks. */
+__device__ __forceinline__ int swz(int r, int i) { return (r * 8 + (i ^ ((r & 1) << 2))) * 16; }
+
+enum { BV_TILE = 16 * BT_CHB, BV_SMEM = 200 << 10 }; /* bytes of a tile's chunk; shared bytes for 3 stages */
+
+/* The 8 u32 of lane (g, t) of rows g and g + 8 of a staged chunk. */
+__device__ __forceinline__ void tile_frags(const uint8_t *st, int g, int t, uint32_t (&ra)[8], uint32_t (&rb)[8]) {
+    const uint4 a0 = *(const uint4 *)(st + swz(g, t)), a1 = *(const uint4 *)(st + swz(g, 4 + t));
+    const uint4 b0 = *(const uint4 *)(st + swz(g + 8, t)), b1 = *(const uint4 *)(st + swz(g + 8, 4 + t));
+    u4_to(a0, a1, ra);
+    u4_to(b0, b1, rb);
+}
+
+/* Block: tpb tiles x S slices, warp w = tile (w / S), slice (w % S); each
+ * warp streams its chunks of the weights (lane l copies 64 bytes of row
+ * l / 2) and of the n vectors' limbs (Lg, k_bt_split) through STG
+ * shared buffers by cp.async, then the tile's first warp adds the slices in
+ * order. Dynamic shared memory: warps x STG x vec_stage(NM, n); STG = 3
+ * (two chunks in flight) when that fits in BV_SMEM, else 2. */
+__host__ __device__ constexpr int vec_stage(int nm, int n) { return nm * BV_TILE + n * 3 * BT_CHB; }
+
+template <int NM, int STG>
+__global__ void __launch_bounds__(BT_SLICES * 32) k_bt_vec(const __grid_constant__ bt_mats mats, const gpu_act act,
+                                               const uint8_t *__restrict__ Lg, int n, int64_t cols,
+                                               float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1,
+                                               int S, int tpb) {
+    extern __shared__ __align__(16) uint8_t vsm[];
+    __shared__ float part[BT_SLICES][NM][16][BT_VEC_MAX];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wt = warp / S, slice = warp % S;
+    const int64_t r0 = row0 + ((int64_t)blockIdx.x * tpb + wt) * 16;
+    const int64_t nch = cols / BT_CH, per = (nch + S - 1) / S, rowb = cols * 2;
+    const int64_t c0 = min((int64_t)slice * per, nch), c1 = slice_end(slice, per, nch);
+    const bool live = r0 < row1;
+    const int sbytes = vec_stage(NM, n);
+    uint8_t *st = vsm + (size_t)warp * STG * sbytes;
+    float run[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) run[m][e] = 0.0f;
+    if (live) {
+        /* this lane's copies: row cr of each matrix, pieces 4 ch .. 4 ch + 3;
+         * limb rows (v 3 + L) piece by piece, lane l taking l, l + 32, ... */
+        const int cr = lane >> 1, ch = lane & 1;
+        const uint8_t *src[NM];
+#pragma unroll
+        for (int m = 0; m < NM; m++) src[m] = mats.w[m] + min(r0 + cr, row1 - 1) * rowb + 64 * ch;
+        const int nlp = n * 3 * 8; /* limb pieces per chunk */
+        auto stage = [&](int buf, int64_t c) {
+            uint8_t *b = st + (size_t)buf * sbytes;
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) cp16(b + m * BV_TILE + swz(cr, 4 * ch + k), src[m] + c * BT_CHB + 16 * k);
+            for (int p = lane; p < nlp; p += 32)
+                cp16(b + NM * BV_TILE + swz(p >> 3, p & 7), Lg + (int64_t)(p >> 3) * rowb + c * BT_CHB + (p & 7) * 16);
+        };
+#pragma unroll
+        for (int i = 0; i < STG - 1; i++) {
+            if (c0 + i < c1) stage(i, c0 + i);
+            cp_commit();
+        }
+        const bool xl = g < n;
+        for (int64_t c = c0, i = 0; c < c1; c++, i++) {
+            cp_wait<STG - 2>();
+            __syncwarp();
+            if (c + STG - 1 < c1) stage((int)((i + STG - 1) % STG), c + STG - 1);
+            cp_commit();
+            const uint8_t *b = st + (size_t)(i % STG) * sbytes;
+            uint32_t bl[3][8];
+#pragma unroll
+            for (int L = 0; L < 3; L++) {
+                uint4 p0 = make_uint4(0, 0, 0, 0), p1 = p0;
+                if (xl) {
+                    p0 = *(const uint4 *)(b + NM * BV_TILE + swz(g * 3 + L, t));
+                    p1 = *(const uint4 *)(b + NM * BV_TILE + swz(g * 3 + L, 4 + t));
+                }
+                u4_to(p0, p1, bl[L]);
+            }
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                uint32_t ra[8], rbv[8];
+                tile_frags(b + m * BV_TILE, g, t, ra, rbv);
+                float d[3][4];
+                chunk_mma(d, ra, rbv, bl);
+                chunk_add(run[m], d);
+            }
+            __syncwarp(); /* every lane has read the buffer before it is refilled */
+        }
+        cp_wait<0>();
+    }
+    /* element e: row g + 8 (e >> 1), vector 2t + (e & 1) */
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[warp][m][g + 8 * (e >> 1)][2 * t + (e & 1)] = run[m][e];
+    __syncthreads();
+    /* the tile's 16 rows x 8 vectors, slices in order, by its first warp */
+    if (slice != 0 || !live) return;
+    for (int i = lane; i < 16 * BT_VEC_MAX; i += 32) {
+        const int r = i / BT_VEC_MAX, v = i % BT_VEC_MAX;
+        if (v >= n || r0 + r >= row1) continue;
+        float y[NM];
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            y[m] = 0.0f;
+            for (int k = 0; k < S; k++) y[m] = __fadd_rn(y[m], part[warp + k][m][r][v]);
+        }
+        float o;
+        if (NM == 2)
+            o = gpu_act1(act, y[0], y[NM - 1]);
+        else
+            o = y[0];
+        Y[(int64_t)v * ldy + (r0 + r - row0)] = o;
+    }
+}
+
+/* ---- the limbs of n vectors for k_bt_gemm: L [n][3][cols] bf16 ---- */
+__global__ void __launch_bounds__(256) k_bt_split(const float *__restrict__ X, int64_t cols, int64_t total8,
+                                                 uint4 *__restrict__ L) {
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total8; i += (int64_t)gridDim.x * 256) {
+        const int64_t v = i / (cols / 8), q = i % (cols / 8);
+        const float4 *x = (const float4 *)(X + v * cols + q * 8);
+        uint32_t h[4], m[4], l[4];
+        split8(x[0], x[1], h, m, l);
+        uint4 *o = L + (v * 3) * (cols / 8) + q;
+        o[0] = make_uint4(h[0], h[1], h[2], h[3]);
+        o[cols / 8] = make_uint4(m[0], m[1], m[2], m[3]);
+        o[2 * (cols / 8)] = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+}
+
+/* ---- n > 8: tiles of 64 rows x 64 (or 32) vectors ---- */
+
+
+template <int NM> struct gemm_cfg {
+    static constexpr int WN = NM == 1 ? 2 : 1;  /* 8-vector tiles per warp */
+    static constexpr int BN = 4 * WN * 8;       /* vectors per block */
+    static constexpr int AROWS = NM * BT_BM;    /* staged weight rows */
+    static constexpr int BROWS = 3 * BN;        /* staged limb rows */
+    static constexpr int STAGE = (AROWS + BROWS) * BT_CHB;
+};
+
+template <int NM>
+__global__ void __launch_bounds__(256, GPU_BT_GEMM_BLOCKS)
+k_bt_gemm(const __grid_constant__ bt_mats mats, const gpu_act act, const uint8_t *__restrict__ Lg, int n, int64_t cols,
+          float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1, int S) {
+    using C = gemm_cfg<NM>;
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wr = warp >> 2, wc = warp & 3;
+    const int64_t v0 = (int64_t)blockIdx.x * C::BN;
+    const int64_t r0 = row0 + (int64_t)blockIdx.y * BT_BM;
+    const int64_t nch = cols / BT_CH, per = (nch + S - 1) / S, rowb = cols * 2;
+
+    /* thread tid copies piece tid % 8 of rows tid / 8 + 32 k; row parity,
+     * hence the swizzle, is the same for all its rows */
+    constexpr int NCP = (C::AROWS + C::BROWS) / 32;
+    const int piece0 = tid & 7, row0c = tid >> 3;
+    const uint8_t *src[NCP];
+#pragma unroll
+    for (int k = 0; k < NCP; k++) {
+        const int row = row0c + 32 * k;
+        if (row < C::AROWS) {
+            const int64_t r = min(r0 + (row % BT_BM), row1 - 1);
+            src[k] = mats.w[row / BT_BM] + r * rowb + piece0 * 16;
+        } else {
+            const int b = row - C::AROWS, L = b / C::BN;
+            const int64_t v = min(v0 + (b % C::BN), (int64_t)n - 1);
+            src[k] = Lg + (v * 3 + L) * rowb + piece0 * 16;
+        }
+    }
+    const int dst0 = swz(row0c, piece0);
+    auto stage = [&](int buf, int64_t c) {
+        uint8_t *base = sm + (size_t)buf * C::STAGE + dst0;
+#pragma unroll
+        for (int k = 0; k < NCP; k++) cp16(base + k * 32 * BT_CHB, src[k] + c * BT_CHB);
+    };
+
+    float d[NM][2][C::WN][3][4], run[NM][2][C::WN][4], y[NM][2][C::WN][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int vt = 0; vt < C::WN; vt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) run[m][mt][vt][e] = y[m][mt][vt][e] = 0.0f;
+
+#pragma unroll
+    for (int i = 0; i < BT_STAGES - 1; i++) {
+        if (i < nch) stage(i, i);
+        cp_commit();
+    }
+    int s = 0;
+    for (int64_t c = 0; c < nch; c++) {
+        cp_wait<BT_STAGES - 2>();
+        __syncthreads();
+        if (c + BT_STAGES - 1 < nch) stage((int)((c + BT_STAGES - 1) % BT_STAGES), c + BT_STAGES - 1);
+        cp_commit();
+        const uint8_t *base = sm + (size_t)(c % BT_STAGES) * C::STAGE;
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int vt = 0; vt < C::WN; vt++)
+#pragma unroll
+                    for (int L = 0; L < 3; L++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) d[m][mt][vt][L][e] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) { /* pieces t (steps 0, 1) and 4 + t (steps 2, 3) */
+            const int piece = 4 * h + t;
+            uint32_t a[NM][2][2][4]; /* matrix, m tile, row g / g + 8 */
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int hr = 0; hr < 2; hr++) {
+                        const int row = m * BT_BM + wr * 32 + mt * 16 + g + 8 * hr;
+                        const uint4 u = *(const uint4 *)(base + swz(row, piece));
+                        a[m][mt][hr][0] = u.x, a[m][mt][hr][1] = u.y, a[m][mt][hr][2] = u.z, a[m][mt][hr][3] = u.w;
+                    }
+            uint32_t b[C::WN][3][4];
+#pragma unroll
+            for (int vt = 0; vt < C::WN; vt++)
+#pragma unroll
+                for (int L = 0; L < 3; L++) {
+                    const int row = C::AROWS + L * C::BN + wc * C::WN * 8 + vt * 8 + g;
+                    const uint4 u = *(const uint4 *)(base + swz(row, piece));
+                    b[vt][L][0] = u.x, b[vt][L][1] = u.y, b[vt][L][2] = u.z, b[vt][L][3] = u.w;
+                }
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int vt = 0; vt < C::WN; vt++)
+#pragma unroll
+                            for (int L = 0; L < 3; L++)
+                                mma_bf16(d[m][mt][vt][L], a[m][mt][0][2 * jj], a[m][mt][1][2 * jj],
+                                         a[m][mt][0][2 * jj + 1], a[m][mt][1][2 * jj + 1], b[vt][L][2 * jj],
+                                         b[vt][L][2 * jj + 1]);
+        }
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int vt = 0; vt < C::WN; vt++) chunk_add(run[m][mt][vt], d[m][mt][vt]);
+        /* slices ending here (and empty ones after them) fold into y */
+        while (s < S && c + 1 == slice_end(s, per, nch)) {
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int vt = 0; vt < C::WN; vt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            y[m][mt][vt][e] = __fadd_rn(y[m][mt][vt][e], run[m][mt][vt][e]);
+                            run[m][mt][vt][e] = 0.0f;
+                        }
+            s++;
+        }
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int vt = 0; vt < C::WN; vt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = r0 + wr * 32 + mt * 16 + g + 8 * (e >> 1);
+                const int64_t v = v0 + wc * C::WN * 8 + vt * 8 + 2 * t + (e & 1);
+                if (r >= row1 || v >= n) continue;
+                float o;
+                if (NM == 2)
+                    o = gpu_act1(act, y[0][mt][vt][e], y[NM - 1][mt][vt][e]);
+                else
+                    o = y[0][mt][vt][e];
+                Y[v * ldy + (r - row0)] = o;
+            }
+}
+
+df_status split_limbs(const float *X, int n, int64_t cols, void *limbs, cudaStream_t s) {
+    const int64_t total8 = (int64_t)n * cols / 8;
+    const int64_t sb = (total8 + 255) / 256;
+    k_bt_split<<<(unsigned)(sb < 4096 ? sb : 4096), 256, 0, s>>>(X, cols, total8, (uint4 *)limbs);
+    return gpu_cuda_status(cudaGetLastError(), "k_bt_split");
+}
+
+template <int NM>
+df_status launch_gemm(const bt_mats &mats, const gpu_act &act, const float *X, int n, int64_t rows, int64_t cols,
+                      float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s) {
+    using C = gemm_cfg<NM>;
+    df_status st = split_limbs(X, n, cols, limbs, s);
+    if (st) return st;
+    const size_t smem = (size_t)BT_STAGES * C::STAGE;
+    st = gpu_cuda_status(cudaFuncSetAttribute(k_bt_gemm<NM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "k_bt_gemm shared memory");
+    if (st) {
+        (void)cudaGetLastError();
+        return st;
+    }
+    const dim3 grid((unsigned)((n + C::BN - 1) / C::BN), (unsigned)((row1 - row0 + BT_BM - 1) / BT_BM));
+    k_bt_gemm<NM><<<grid, 256, smem, s>>>(mats, act, (const uint8_t *)limbs, n, cols, Y, ldy, row0, row1,
+                                           bf16_slices(rows, cols / BT_CH));
+    return gpu_cuda_status(cudaGetLastError(), "k_bt_gemm");
+}
+
+template <int NM, int STG>
+df_status launch_vec_stg(const bt_mats &mats, const gpu_act &act, int n, int64_t cols, float *Y, int64_t ldy,
+                         int64_t row0, int64_t row1, const void *limbs, int S, int tpb, int64_t blocks,
+                         cudaStream_t s) {
+    const int warps = S * tpb;
+    const size_t smem = (size_t)warps * STG * vec_stage(NM, n);
+    df_status st = gpu_cuda_status(
+        cudaFuncSetAttribute(k_bt_vec<NM, STG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        "k_bt_vec shared memory");
+    if (st) {
+        (void)cudaGetLastError(); /* not sticky: later launches must not see it */
+        return st;
+    }
+    k_bt_vec<NM, STG><<<(unsigned)blocks, 32 * warps, smem, s>>>(mats, act, (const uint8_t *)limbs, n, cols, Y, ldy,
+                                                                row0, row1, S, tpb);
+    return gpu_cuda_status(cudaGetLastError(), "k_bt_vec");
+}
+
+template <int NM>
+df_status launch_vec(const bt_mats &mats, const gpu_act &act, const float *X, int n, int64_t rows, int64_t cols,
+                     float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s) {
+    const int S = bf16_slices(rows, cols / BT_CH), tpb = S >= 8 ? 1 : 8 / S; /* S x tpb <= BT_SLICES warps */
+    const int64_t tiles = (row1 - row0 + 15) / 16, blocks = (tiles + tpb - 1) / tpb;
+    if (blocks > 0x7fffffff) return DF_ERR_UNSUPPORTED;
+    df_status st = split_limbs(X, n, cols, limbs, s);
+    if (st) return st;
+    if ((size_t)S * tpb * 3 * vec_stage(NM, n) <= BV_SMEM)
+        return launch_vec_stg<NM, 3>(mats, act, n, cols, Y, ldy, row0, row1, limbs, S, tpb, blocks, s);
+    return launch_vec_stg<NM, 2>(mats, act, n, cols, Y, ldy, row0, row1, limbs, S, tpb, blocks, s);
+}
+
+} // namespace
+
+extern "C" int gpu_bf16_tc_takes(const gpu_weight *w) {
+    return w && w->type == WT_BF16 && w->data && w->cols >= BT_CH && w->cols % BT_CH == 0 &&
+           ((uintptr_t)w->data & 15) == 0;
+}
+
+size_t gpu_bf16_tc_bytes(int n, int64_t cols) { return (size_t)n * 3 * (size_t)cols * 2; }
+
+df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act *act, const float *X, int n,
+                      float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s) {
+    if (!gpu_bf16_tc_takes(w0) || (w1 && (!gpu_bf16_tc_takes(w1) || w1->rows != w0->rows || w1->cols != w0->cols)) ||
+        (w1 && !act) || !X || !Y || n < 1 || row0 < 0 || row1 > w0->rows || row1 <= row0 || ldy < row1 - row0 ||
+        ((uintptr_t)X & 15) || !limbs)
+        return DF_ERR_ARG;
+    if ((row1 - row0 + BT_BM - 1) / BT_BM > 65535) return DF_ERR_UNSUPPORTED;
+    bt_mats mats;
+    mats.w[0] = (const uint8_t *)w0->data;
+    mats.w[1] = (const uint8_t *)(w1 ? w1->data : w0->data);
+    const gpu_act a = act ? *act : gpu_act{0, 0.0f, 0.0f};
+    const int64_t rows = w0->rows, cols = w0->cols;
+    if (n <= BT_VEC_MAX)
+        return w1 ? launch_vec<2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)
+                  : launch_vec<1>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
+    return w1 ? launch_gemm<2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)
+              : launch_gemm<1>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
+}
