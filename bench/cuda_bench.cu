@@ -148,10 +148,39 @@ static const char *tname(wt_type t) {
     return t == WT_BF16 ? "bf16" : t == WT_FP8_BLOCK ? "fp8-block" : t == WT_INT4_G32 ? "int4-g32" : t == WT_I8_ROW ? "i8-row" : "mxfp4";
 }
 
+/* bf16 mma.sync m16n8k16 on registers only: the tensor cores' rate for the
+ * instruction the bf16 kernels use (FLOP/s). */
+__global__ void k_mma_peak(float *out, int iters) {
+    uint32_t a = threadIdx.x * 0x00010001u, b = 0x3f803f80u;
+    float d[8][4] = {};
+    for (int i = 0; i < iters; i++)
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                         "{%8,%9}, {%0,%1,%2,%3};"
+                         : "+f"(d[k][0]), "+f"(d[k][1]), "+f"(d[k][2]), "+f"(d[k][3])
+                         : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));
+    float s = 0;
+    for (int k = 0; k < 8; k++) s += d[k][0] + d[k][1] + d[k][2] + d[k][3];
+    if (s == 12345.0f) out[0] = s;
+}
+static double mma_peak() {
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    float *o;
+    CK(cudaMalloc(&o, 4));
+    const int iters = 4096, blocks = sms * 4;
+    double t = time_it([&] { k_mma_peak<<<blocks, 256>>>(o, iters); }, 1, 5);
+    CK(cudaFree(o));
+    return (double)blocks * 8 * iters * 8 * 4096.0 / t;
+}
+
 int main(int argc, char **argv) {
     double gb = argc > 1 ? atof(argv[1]) : 2.0;
     int quick = argc > 2 && strcmp(argv[2], "quick") == 0; /* ceilings + n=1 only */
     int experts_only = argc > 2 && strcmp(argv[2], "experts") == 0;
+    int prefill = argc > 2 && strcmp(argv[2], "prefill") == 0; /* K3 shapes at n = 1 .. 512 */
+    if (prefill) quick = 1;
     char why[256];
     if (!gpu_probe(why, sizeof why)) {
         printf("cuda_bench: %s\n", why);
@@ -234,14 +263,14 @@ kernels:
                (long long)rows, bytes / 1e9, bytes / t1 / 1e9, 100 * bytes / t1 / 1e9 / copy_gbps,
                100 * bytes / t1 / 1e9 / read_gbps, bytes / t8 / 1e9, fl * 8 / t8 / 1e12,
                bytes / t64 / 1e9, fl * 64 / t64 / 1e12);
-        if (gpu_matmul_tc_takes(&g)) { /* the tensor-core path on the same matrix */
-            gpu_ws ws = {NULL, 0};
+        if (gpu_matmul_tc_takes(&g) || gpu_bf16_tc_takes(&g)) { /* the tensor-core path on the same matrix */
+            gpu_ws ws = {NULL, 0, 1};
             double c1 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 1, dY, rows, 0, rows, &ws, NULL)); }, 3, 21);
             double c4 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 4, dY, rows, 0, rows, &ws, NULL)); }, 1, 7);
             double c8 = quick ? 1 : time_it([&] { DK(gpu_matmul_tc(&g, dX, 8, dY, rows, 0, rows, &ws, NULL)); }, 1, 5);
             double c64 = quick ? 1 : time_it([&] { DK(gpu_matmul_tc(&g, dX, 64, dY, rows, 0, rows, &ws, NULL)); }, 1, 3);
             printf("%-10s %9lld %9.3f | %9.1f %5.1f%% %5.1f%% | %9.1f %8.2f | %9.1f %8.2f   (tensor cores; n=4: %.1f GB/s)\n",
-                   "mxfp4-tc", (long long)rows, bytes / 1e9, bytes / c1 / 1e9, 100 * bytes / c1 / 1e9 / copy_gbps,
+                   t == WT_BF16 ? "bf16-tc" : "mxfp4-tc", (long long)rows, bytes / 1e9, bytes / c1 / 1e9, 100 * bytes / c1 / 1e9 / copy_gbps,
                    100 * bytes / c1 / 1e9 / read_gbps, bytes / c8 / 1e9, fl * 8 / c8 / 1e12, bytes / c64 / 1e9,
                    fl * 64 / c64 / 1e12, bytes / c4 / 1e9);
             gpu_ws_free(&ws);
@@ -251,6 +280,48 @@ kernels:
     }
     }
 
+    if (prefill) {
+        /* ---- prefill: K3's bf16 spine shapes and an MXFP4 expert matrix at many vectors ---- */
+        printf("\ntensor-core peak (bf16 mma.sync, registers only): %.1f TFLOP/s\n", mma_peak() / 1e12);
+        struct { wt_type t; int64_t rows, cols; const char *what; } sh[] = {
+            {WT_BF16, 12288, 7168, "KDA q/k/v/g"}, {WT_BF16, 7168, 12288, "o_proj"},
+            {WT_BF16, 6144, 7168, "shared gate"}, {WT_BF16, 1536, 7168, "q_a"},
+            {WT_MXFP4, 3072, 3584, "expert gate"}};
+        const int ns[] = {1, 8, 64, 512};
+        float *dXp, *dYp;
+        CK(cudaMalloc(&dXp, (size_t)512 * 12288 * 4));
+        CK(cudaMalloc(&dYp, (size_t)512 * 12288 * 4));
+        fill(dXp, (size_t)512 * 12288 * 4, 9, F_FLOAT);
+        gpu_ws ws = {NULL, 0, 1}, wcc = {NULL, 0, 0}; /* bf16 on the tensor cores / on the CUDA cores */
+        printf("%-12s %6s %6s |", "matrix", "rows", "cols");
+        for (int n : ns) printf(" n=%-3d GB/s TFLOP/s |", n);
+        printf("\n");
+        for (auto &m : sh) {
+            gpu_weight g;
+            make_weight(m.t, m.rows, m.cols, &g, 300 + (int)m.rows);
+            const double bytes = (double)(g.data_bytes + g.scale_bytes), fl = 2.0 * m.rows * m.cols;
+            printf("%-12s %6lld %6lld |", m.what, (long long)m.rows, (long long)m.cols);
+            for (int n : ns) {
+                double tt = time_it([&] { DK(gpu_matmul_tc(&g, dXp, n, dYp, m.rows, 0, m.rows, &ws, NULL)); }, 2, 7);
+                printf(" %9.1f %7.2f |", bytes / tt / 1e9, fl * n / tt / 1e12);
+            }
+            printf("\n");
+            if (m.t == WT_BF16) {
+                printf("%-12s %13s |", "  CUDA cores", "");
+                for (int n : ns) {
+                    double tt = time_it([&] { DK(gpu_matmul_tc(&g, dXp, n, dYp, m.rows, 0, m.rows, &wcc, NULL)); }, 1, 3);
+                    printf(" %9.1f %7.2f |", bytes / tt / 1e9, fl * n / tt / 1e12);
+                }
+                printf("\n");
+            }
+            gpu_weight_free(&g);
+        }
+        gpu_ws_free(&ws);
+        gpu_ws_free(&wcc);
+        CK(cudaFree(dXp));
+        CK(cudaFree(dYp));
+        return 0;
+    }
     if (quick) return 0;
     /* ---- K3-shaped MXFP4 experts ---- */
     enum { NE = 64, HID = 7168, INTER = 1536 };
@@ -268,7 +339,7 @@ kernels:
     printf("\nexpert MXFP4 %dx%d (%.2f MB), %d distinct experts per pass (%.2f GB)\n", HID, INTER,
            ebytes / 1e6, NE, ebytes * NE / 1e9);
     { /* one expert's products one by one at n = 1: CUDA cores vs tensor cores */
-        gpu_ws ws = {NULL, 0};
+        gpu_ws ws = {NULL, 0, 0};
         double tg = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matvec(&eg[e], dX, dH, NULL)); }, 2, 9);
         double tgc = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matmul_tc(&eg[e], dX, 1, dH, INTER, 0, INTER, &ws, NULL)); }, 2, 9);
         double td = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matvec(&ed[e], dX, dO, NULL)); }, 2, 9);
@@ -292,7 +363,7 @@ kernels:
         enum { B = 16 };
         float *dOB;
         CK(cudaMalloc(&dOB, (size_t)B * 16 * HID * 4));
-        gpu_ws ws = {NULL, 0};
+        gpu_ws ws = {NULL, 0, 0};
         for (int n : ens) {
             std::vector<gpu_expert_job> jobs(NE);
             for (int e = 0; e < NE; e++)
