@@ -98,14 +98,6 @@ __device__ __forceinline__ void split8(const float4 &a, const float4 &b, uint32_
     }
 }
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* One chunk of one 16-row tile against one 8-column B tile: d[L] (zeroed
  * here) = the chunk's sums of limb L. ra, rb: the 8 u32 of rows g and g + 8;
  * bl[L]: the 8 u32 of limb L of this lane's column. */
@@ -137,13 +129,6 @@ __device__ __forceinline__ void u4_to(const uint4 &a, const uint4 &b, uint32_t (
 }
 
 /* ---- n <= 8: a warp per (tile, slice) ---- */
-
-__device__ __forceinline__ void cp16(void *dst, const void *src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* Shared rows of 128 bytes; 16-byte piece i of row r sits at i ^ 4 (r & 1),
  * so the eight lanes of a 16-byte load phase (rows g, g + 1; pieces t, t + 4)
@@ -202,9 +187,11 @@ __global__ void __launch_bounds__(BT_SLICES * 32) k_bt_vec(const __grid_constant
 #pragma unroll
             for (int m = 0; m < NM; m++)
 #pragma unroll
-                for (int k = 0; k < 4; k++) cp16(b + m * BV_TILE + swz(cr, 4 * ch + k), src[m] + c * BT_CHB + 16 * k);
+                for (int k = 0; k < 4; k++)
+                    cp_async16(b + m * BV_TILE + swz(cr, 4 * ch + k), src[m] + c * BT_CHB + 16 * k, 16);
             for (int p = lane; p < nlp; p += 32)
-                cp16(b + NM * BV_TILE + swz(p >> 3, p & 7), Lg + (int64_t)(p >> 3) * rowb + c * BT_CHB + (p & 7) * 16);
+                cp_async16(b + NM * BV_TILE + swz(p >> 3, p & 7),
+                           Lg + (int64_t)(p >> 3) * rowb + c * BT_CHB + (p & 7) * 16, 16);
         };
 #pragma unroll
         for (int i = 0; i < STG - 1; i++) {
@@ -326,7 +313,7 @@ k_bt_gemm(const __grid_constant__ bt_mats mats, const gpu_act act, const uint8_t
     auto stage = [&](int buf, int64_t c) {
         uint8_t *base = sm + (size_t)buf * C::STAGE + dst0;
 #pragma unroll
-        for (int k = 0; k < NCP; k++) cp16(base + k * 32 * BT_CHB, src[k] + c * BT_CHB);
+        for (int k = 0; k < NCP; k++) cp_async16(base + k * 32 * BT_CHB, src[k] + c * BT_CHB, 16);
     };
 
     float d[NM][2][C::WN][3][4], run[NM][2][C::WN][4], y[NM][2][C::WN][4];

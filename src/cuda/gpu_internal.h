@@ -176,4 +176,28 @@ size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs);
  * scratch: device, gpu_tc_batch_bytes. Asynchronous on s. */
 df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStream_t s);
 
+/* The PTX the tensor-core kernels share (gpu_mma.cu, gpu_bf16_tc.cu). */
+/* d += A B, m16n8k16, fp32 accumulators; A, B f16 (mma_f16) or bf16 (mma_bf16). */
+static __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+/* 16-byte global -> shared copy that bypasses L1; src_bytes < 16 zero-fills. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+/* waits until at most N of this thread's committed groups are in flight */
+template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 #endif

@@ -258,14 +258,6 @@ __device__ __forceinline__ float e8m0_of(uint32_t s4, int k) {
     return e8m0(s);
 }
 
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* How a group finds its block scales: one byte load each (any cols), four
  * packed bytes with the 0 / 255 cases, four packed bytes none of which is 0
  * or 255 (the common case: the bits are byte << 23). */
@@ -321,8 +313,8 @@ __device__ __forceinline__ void group_sum(float (&acc)[VG][4], const uint8_t *cu
             const float fa = __fmul_rn(sfa, f[v]);
             const float fb = __fmul_rn(sfb, f[v]);
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma16816(d, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
-            mma16816(d, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
+            mma_f16(d, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
+            mma_f16(d, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
             acc[v][0] = __fmaf_rn(fa, d[0], acc[v][0]);
             acc[v][1] = __fmaf_rn(fa, d[1], acc[v][1]);
             acc[v][2] = __fmaf_rn(fb, d[2], acc[v][2]);
@@ -331,13 +323,6 @@ __device__ __forceinline__ void group_sum(float (&acc)[VG][4], const uint8_t *cu
     }
 }
 
-/* 16-byte global -> shared copy that bypasses L1; src_bytes < 16 zero-fills. */
-__device__ __forceinline__ void cp16(void *dst, const void *src, int src_bytes) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 
 /* Stages group m (blocks 4m .. 4m+3, 64 bytes of each of the 16 rows):
@@ -352,7 +337,7 @@ __device__ __forceinline__ void stage_group(uint8_t *st, const uint8_t *data, in
     for (int k = 0; k < 2; k++) {
         const int64_t left = rowb - (off + 16 * k);
         const int nb = left >= 16 ? 16 : 0; /* rowb % 16 == 0: a chunk is all in or all out */
-        cp16(st + row * ROWB + half * 32 + 16 * k, nb ? src + 16 * k : data, nb);
+        cp_async16(st + row * ROWB + half * 32 + 16 * k, nb ? src + 16 * k : data, nb);
     }
 }
 
