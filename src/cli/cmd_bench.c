@@ -326,6 +326,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "upload_floor_s_per_token", json_real(h2d_floor));
         json_object_set_new(o, "device_read_bytes_per_token", json_real(dev_tok));
         json_object_set_new(o, "device_read_gbps", json_real(hbm));
+        json_object_set_new(o, "bf16_tc_rows", json_integer(mo->bf16_tc_rows));
         json_object_set_new(o, "hbm_floor_s_per_token", json_real(hbm_floor));
         json_object_set_new(o, "hbm_ratio", json_real(hbm_floor > 0 ? med / hbm_floor : 0));
         json_object_set_new(o, "device_waits_per_token", json_real((double)(ac.sync_calls - ac0.sync_calls) / ntok));
@@ -397,6 +398,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                    (unsigned long long)ac.cache_uploads, (unsigned long long)ac.cache_evictions,
                    (unsigned long long)ac.transient_uploads, ac.upload_bytes / 1e9,
                    (unsigned long long)ac.tier_hits);
+            if (mo->bf16_tc_rows > 0)
+                printf("bf16 on the tensor cores    products of %d rows or more (--bf16-tc-rows)\n", mo->bf16_tc_rows);
             if (df_engine_spine_streamed(e))
                 printf("streamed spine on device    %lld layer groups kept there; %.1f groups per token entered\n"
                        "                            without reading them (every matrix had a device copy)\n",
