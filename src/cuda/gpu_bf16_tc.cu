@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(BT_SLICES * 32) k_bt_vec(const __grid_constant
     }
 }
 
-/* ---- the limbs of n vectors for k_bt_gemm: L [n][3][cols] bf16 ---- */
+/* ---- the limbs of n vectors for k_bt_vec and k_bt_gemm: L [n][3][cols] bf16 ---- */
 __global__ void __launch_bounds__(256) k_bt_split(const float *__restrict__ X, int64_t cols, int64_t total8,
                                                  uint4 *__restrict__ L) {
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total8; i += (int64_t)gridDim.x * 256) {
@@ -316,15 +316,13 @@ k_bt_gemm(const __grid_constant__ bt_mats mats, const gpu_act act, const uint8_t
         for (int k = 0; k < NCP; k++) cp_async16(base + k * 32 * BT_CHB, src[k] + c * BT_CHB, 16);
     };
 
-    float d[NM][2][C::WN][3][4], run[NM][2][C::WN][4], y[NM][2][C::WN][4];
+    /* a warp's accumulator tiles q = (matrix m, m tile mt, vector tile vt), row-major */
+    constexpr int Q = NM * 2 * C::WN;
+    float d[Q][3][4], run[Q][4], y[Q][4];
 #pragma unroll
-    for (int m = 0; m < NM; m++)
+    for (int q = 0; q < Q; q++)
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int vt = 0; vt < C::WN; vt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) run[m][mt][vt][e] = y[m][mt][vt][e] = 0.0f;
+        for (int e = 0; e < 4; e++) run[q][e] = y[q][e] = 0.0f;
 
 #pragma unroll
     for (int i = 0; i < BT_STAGES - 1; i++) {
@@ -339,15 +337,11 @@ k_bt_gemm(const __grid_constant__ bt_mats mats, const gpu_act act, const uint8_t
         cp_commit();
         const uint8_t *base = sm + (size_t)(c % BT_STAGES) * C::STAGE;
 #pragma unroll
-        for (int m = 0; m < NM; m++)
+        for (int q = 0; q < Q; q++)
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int L = 0; L < 3; L++)
 #pragma unroll
-                for (int vt = 0; vt < C::WN; vt++)
-#pragma unroll
-                    for (int L = 0; L < 3; L++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) d[m][mt][vt][L][e] = 0.0f;
+                for (int e = 0; e < 4; e++) d[q][L][e] = 0.0f;
 #pragma unroll
         for (int h = 0; h < 2; h++) { /* pieces t (steps 0, 1) and 4 + t (steps 2, 3) */
             const int piece = 4 * h + t;
@@ -374,36 +368,26 @@ k_bt_gemm(const __grid_constant__ bt_mats mats, const gpu_act act, const uint8_t
 #pragma unroll
             for (int jj = 0; jj < 2; jj++)
 #pragma unroll
-                for (int m = 0; m < NM; m++)
+                for (int q = 0; q < Q; q++) {
+                    const uint32_t(&am)[2][4] = a[q / (2 * C::WN)][(q / C::WN) % 2];
+                    const int vt = q % C::WN;
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int vt = 0; vt < C::WN; vt++)
-#pragma unroll
-                            for (int L = 0; L < 3; L++)
-                                mma_bf16(d[m][mt][vt][L], a[m][mt][0][2 * jj], a[m][mt][1][2 * jj],
-                                         a[m][mt][0][2 * jj + 1], a[m][mt][1][2 * jj + 1], b[vt][L][2 * jj],
-                                         b[vt][L][2 * jj + 1]);
+                    for (int L = 0; L < 3; L++)
+                        mma_bf16(d[q][L], am[0][2 * jj], am[1][2 * jj], am[0][2 * jj + 1], am[1][2 * jj + 1],
+                                 b[vt][L][2 * jj], b[vt][L][2 * jj + 1]);
+                }
         }
 #pragma unroll
-        for (int m = 0; m < NM; m++)
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int vt = 0; vt < C::WN; vt++) chunk_add(run[m][mt][vt], d[m][mt][vt]);
+        for (int q = 0; q < Q; q++) chunk_add(run[q], d[q]);
         /* slices ending here (and empty ones after them) fold into y */
         while (s < S && c + 1 == slice_end(s, per, nch)) {
 #pragma unroll
-            for (int m = 0; m < NM; m++)
+            for (int q = 0; q < Q; q++)
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int vt = 0; vt < C::WN; vt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            y[m][mt][vt][e] = __fadd_rn(y[m][mt][vt][e], run[m][mt][vt][e]);
-                            run[m][mt][vt][e] = 0.0f;
-                        }
+                for (int e = 0; e < 4; e++) {
+                    y[q][e] = __fadd_rn(y[q][e], run[q][e]);
+                    run[q][e] = 0.0f;
+                }
             s++;
         }
     }
@@ -417,12 +401,8 @@ k_bt_gemm(const __grid_constant__ bt_mats mats, const gpu_act act, const uint8_t
                 const int64_t r = r0 + wr * 32 + mt * 16 + g + 8 * (e >> 1);
                 const int64_t v = v0 + wc * C::WN * 8 + vt * 8 + 2 * t + (e & 1);
                 if (r >= row1 || v >= n) continue;
-                float o;
-                if (NM == 2)
-                    o = gpu_act1(act, y[0][mt][vt][e], y[NM - 1][mt][vt][e]);
-                else
-                    o = y[0][mt][vt][e];
-                Y[v * ldy + (r - row0)] = o;
+                const int q = mt * C::WN + vt; /* matrix 0; the up matrix's tile is q + 2 WN */
+                Y[v * ldy + (r - row0)] = NM == 2 ? gpu_act1(act, y[q][e], y[(NM - 1) * 2 * C::WN + q][e]) : y[q][e];
             }
 }
 
