@@ -90,7 +90,10 @@ df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl
     s->acc = malloc(C * wide * F);
     s->sh = malloc(C * hidden * F);
     s->uni = malloc((size_t)E * sizeof(int));
-    s->goff = malloc((size_t)E * sizeof(int));
+    s->ptok = malloc(C * K * sizeof(int));
+    s->pslot = malloc(C * K * sizeof(int));
+    s->poff = malloc((size_t)E * sizeof(int));
+    s->pcnt = calloc((size_t)E, sizeof(int));
     s->nlog = malloc(C * E * F);
     s->mark = calloc((size_t)E, 1);
     s->ahead = malloc((size_t)E * sizeof(int));
@@ -101,7 +104,7 @@ df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl
         return DF_ERR_NOMEM;
     }
     if (!s->ahead || !s->held || !s->conf || !s->g || !s->u || !s->rlog || !s->sel || !s->selw || !s->ys || !s->etok || !s->eslot ||
-        !s->xl || !s->xe || !s->ye || !s->acc || !s->sh || !s->uni || !s->goff || !s->nlog || !s->mark) {
+        !s->xl || !s->xe || !s->ye || !s->acc || !s->sh || !s->uni || !s->ptok || !s->pslot || !s->poff || !s->pcnt || !s->nlog || !s->mark) {
         moe_scratch_free(s);
         return DF_ERR_NOMEM;
     }
@@ -112,7 +115,7 @@ void moe_scratch_free(moe_scratch *s) {
     if (!s) return;
     free(s->g); free(s->u); free(s->rlog); free(s->sel); free(s->selw); free(s->ys);
     free(s->etok); free(s->eslot); free(s->xl); free(s->xe); free(s->ye); free(s->acc);
-    free(s->sh); free(s->uni); free(s->goff); free(s->nlog); free(s->mark); free(s->ahead); free(s->held);
+    free(s->sh); free(s->uni); free(s->ptok); free(s->pslot); free(s->poff); free(s->pcnt); free(s->nlog); free(s->mark); free(s->ahead); free(s->held);
     moe_batch_free(&s->batch);
     free(s->conf);
     memset(s, 0, sizeof *s);
@@ -272,14 +275,33 @@ df_status moe_bind(df_engine *e, int layer, const char *base, const moe_flavour 
 
 /* ---- MoE forward ---- */
 
-/* Gathers the chunk tokens that chose expert x into s->xe (their (token,
- * slot) pairs in s->etok / s->eslot); returns how many. */
-static int gather_tokens(const moe_layer *m, moe_scratch *s, const float *xin, int n, int x, int dl) {
-    int K = m->K, cnt = 0;
+/* Groups the pass's (token, slot) pairs by expert (s->ptok / s->pslot,
+ * s->poff / s->pcnt), its nu experts s->uni ascending, each expert's pairs
+ * by token: one pass over the routing instead of one per expert. */
+static void group_pairs(const moe_layer *m, moe_scratch *s, int n, int nu) {
+    const int K = m->K;
+    for (int i = 0; i < nu; i++) s->pcnt[s->uni[i]] = 0;
+    for (int i = 0; i < n * K; i++) s->pcnt[s->sel[i]]++;
+    for (int i = 0, o = 0; i < nu; i++) {
+        s->poff[s->uni[i]] = o;
+        o += s->pcnt[s->uni[i]];
+        s->pcnt[s->uni[i]] = 0; /* a cursor while filling, the count after */
+    }
     for (int t = 0; t < n; t++)
-        for (int k = 0; k < K; k++)
-            if (s->sel[t * K + k] == x) { s->etok[cnt] = t; s->eslot[cnt] = k; cnt++; }
-    for (int i = 0; i < cnt; i++)
+        for (int k = 0; k < K; k++) {
+            const int x = s->sel[t * K + k], j = s->poff[x] + s->pcnt[x]++;
+            s->ptok[j] = t;
+            s->pslot[j] = k;
+        }
+}
+
+/* The (token, slot) pairs that chose expert x into s->etok / s->eslot,
+ * and with copy their rows of xin into s->xe; returns how many. */
+static int gather_tokens(moe_scratch *s, const float *xin, int x, int dl, int copy) {
+    const int cnt = s->pcnt[x], o = s->poff[x];
+    memcpy(s->etok, s->ptok + o, (size_t)cnt * sizeof(int));
+    memcpy(s->eslot, s->pslot + o, (size_t)cnt * sizeof(int));
+    for (int i = 0; copy && i < cnt; i++)
         memcpy(s->xe + (size_t)i * dl, xin + (size_t)s->etok[i] * dl, (size_t)dl * sizeof(float));
     return cnt;
 }
@@ -303,25 +325,16 @@ static int queue_expert(df_engine *e, const moe_layer *m, const ffn_act *act, mo
     /* device rows: one token's input as it stands there, or expert x's
      * rows as moe_forward gathered them */
     const moe_dev *dv = s->dv;
-    const float *X = !dv ? s->xe : dv->n == 1 ? dv->xin : dv->xg + (size_t)s->goff[x] * dl;
+    const float *X = !dv ? s->xe : dv->n == 1 ? dv->xin : dv->xg + (size_t)s->poff[x] * dl;
     return acc_expert_queue(e->acc, w, act->situ, act->beta, act->linear_beta, X, cnt, s->ys, rows, dl);
 }
 
 /* With device rows (s->dv, n > 1): every routed expert's input rows of the
- * pass gathered on the device into dv->xg, expert by expert in s->uni's
- * order, each expert's rows in gather_tokens' order (s->goff[x]: its first
- * row), so each queued expert reads its rows in one block as on the host. */
-static df_status gather_on_device(df_engine *e, const moe_layer *m, moe_scratch *s, int nu, int dl, char *err) {
-    const int n = s->dv->n, K = m->K;
-    int idx[n * K > 0 ? n * K : 1], cnt = 0;
-    for (int i = 0; i < nu; i++) {
-        const int x = s->uni[i];
-        s->goff[x] = cnt;
-        for (int t = 0; t < n; t++)
-            for (int k = 0; k < K; k++)
-                if (s->sel[t * K + k] == x) idx[cnt++] = t;
-    }
-    return acc_dev_gather(e->acc, s->dv->xg, s->dv->xin, idx, cnt, dl, err);
+ * pass gathered on the device into dv->xg in group_pairs' order (expert
+ * x's from row s->poff[x]), so each queued expert reads its rows in one
+ * block as on the host. */
+static df_status gather_on_device(df_engine *e, const moe_layer *m, moe_scratch *s, int dl, char *err) {
+    return acc_dev_gather(e->acc, s->dv->xg, s->dv->xin, s->ptok, s->dv->n * m->K, dl, err);
 }
 
 /* With device rows (s->dv): brings xn (into s->xn_host) and, for a latent
@@ -341,13 +354,13 @@ static int dv_fetch(df_engine *e, moe_scratch *s, int latent) {
  * output in its (token, slot) row of s->ys: queued on the device (1; w's
  * bytes must then stay until acc_expert_finish), else now on the CPU (0). */
 static int run_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
-                      const float *xin, int n, int x, const ffn_weights *w, int dl) {
-    int cnt = gather_tokens(m, s, xin, n, x, dl);
+                      const float *xin, int x, const ffn_weights *w, int dl) {
+    int cnt = gather_tokens(s, xin, x, dl, !s->dv); /* device rows: gathered there */
     const df_weight three[XS_MATS] = {w->gate, w->up, w->down};
     if (queue_expert(e, m, act, s, cnt, three, dl, x)) return 1;
-    if (s->dv) { /* the host's copy of the device row, gathered again */
+    if (s->dv) { /* the host's copy of the device rows, gathered here */
         if (!dv_fetch(e, s, m->latent)) return 0;
-        cnt = gather_tokens(m, s, xin, n, x, dl);
+        cnt = gather_tokens(s, xin, x, dl, 1);
     }
     ffn_forward(e, w, act, s->xe, cnt, s->ye, s->g, s->u);
     scatter_tokens(m, s, cnt, dl);
@@ -370,13 +383,15 @@ static int expert_on_device(df_engine *e, const moe_layer *m, int x) {
  * took it (queued, or computed now without the queue hooks), 0 after a
  * device failure (then the caller reads it). */
 static int run_expert_device(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
-                             const float *xin, int n, int x, int dl) {
+                             const float *xin, int x, int dl) {
     df_weight w[XS_MATS];
     xs_templates(m->store, m->layer, x, w);
-    int cnt = gather_tokens(m, s, xin, n, x, dl);
+    int cnt = gather_tokens(s, xin, x, dl, !s->dv); /* device rows: gathered there */
     const int64_t I = w[0].rows;
     if (!queue_expert(e, m, act, s, cnt, w, dl, x)) {
-        if (e->opts.accel->expert_queue) return 0; /* the same device path as every other expert, or none */
+        /* the same device path as every other expert, or none; device
+         * rows have no host copy here (run_expert fetches them) */
+        if (e->opts.accel->expert_queue || s->dv) return 0;
         if (!acc_mm(e->acc, &w[0], s->xe, cnt, s->g, I) || !acc_mm(e->acc, &w[1], s->xe, cnt, s->u, I)) return 0;
         ffn_act_apply(act, s->g, s->u, I * cnt);
         if (!acc_mm(e->acc, &w[2], s->g, cnt, s->ye, w[2].rows)) return 0;
@@ -408,11 +423,11 @@ static void flush_batch(df_engine *e, const moe_layer *m, const ffn_act *act, mo
  * even an empty batch. Returns 1 when x waits in the batch (its slot is
  * given back by flush_batch), 0 when it ran now. */
 static int cpu_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s, const float *xin,
-                      int n, int x, const ffn_weights *w, int dl) {
-    if (moe_batch_add(m, s, xin, n, x, w)) return 1;
+                      int x, const ffn_weights *w, int dl) {
+    if (moe_batch_add(s, xin, x, w)) return 1;
     flush_batch(e, m, act, s, 1);
-    if (moe_batch_add(m, s, xin, n, x, w)) return 1;
-    run_expert(e, m, act, s, xin, n, x, w, dl);
+    if (moe_batch_add(s, xin, x, w)) return 1;
+    run_expert(e, m, act, s, xin, x, w, dl);
     return 0;
 }
 
@@ -421,7 +436,7 @@ static int cpu_expert(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
  * CPU batch until it runs: both happen whenever no further expert is ready
  * (so nothing is held while waiting for a read) and at the end of the pass. */
 static df_status run_from_store(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
-                                const float *xin, int dl, int ntok, char *err) {
+                                const float *xin, int dl, char *err) {
     df_status st = DF_OK;
     int nheld = 0;
     for (;;) {
@@ -435,8 +450,8 @@ static df_status run_from_store(df_engine *e, const moe_layer *m, const ffn_act 
         }
         ffn_weights fw = {w[0], w[1], w[2]};
         if (!e->acc) {
-            if (!cpu_expert(e, m, act, s, xin, ntok, x, &fw, dl)) xs_done(m->store, x);
-        } else if (run_expert(e, m, act, s, xin, ntok, x, &fw, dl)) {
+            if (!cpu_expert(e, m, act, s, xin, x, &fw, dl)) xs_done(m->store, x);
+        } else if (run_expert(e, m, act, s, xin, x, &fw, dl)) {
             s->held[nheld++] = x;
         } else {
             xs_done(m->store, x);
@@ -579,7 +594,8 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
         if (s->mark[x]) { s->uni[nu++] = x; s->mark[x] = 0; }
     union_stats(e, s, n, K, nu);
     df_status st = DF_OK;
-    if (dv && n > 1 && (st = gather_on_device(e, m, s, nu, dl, err)) != DF_OK) return st;
+    group_pairs(m, s, n, nu);
+    if (dv && n > 1 && (st = gather_on_device(e, m, s, dl, err)) != DF_OK) return st;
     /* experts with device copies run from them (dev, ascending); only the
      * rest are read (s->uni keeps them, ascending) */
     int ndev = 0, nread = 0;
@@ -607,8 +623,8 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     /* each expert used by the chunk runs once over all its tokens, as it arrives */
     if (!m->store) {
         for (int i = 0; i < nu; i++) {
-            if (e->acc) run_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
-            else cpu_expert(e, m, act, s, xin, n, s->uni[i], &m->experts[s->uni[i]], dl);
+            if (e->acc) run_expert(e, m, act, s, xin, s->uni[i], &m->experts[s->uni[i]], dl);
+            else cpu_expert(e, m, act, s, xin, s->uni[i], &m->experts[s->uni[i]], dl);
         }
         flush_batch(e, m, act, s, 1);
     } else {
@@ -616,11 +632,11 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
          * on are read afterwards in a second pass */
         int nfail = 0;
         for (int i = 0; i < ndev; i++)
-            if (!run_expert_device(e, m, act, s, xin, n, dev[i], dl)) dev[nfail++] = dev[i];
-        if ((st = run_from_store(e, m, act, s, xin, dl, n, err)) != DF_OK) return st;
+            if (!run_expert_device(e, m, act, s, xin, dev[i], dl)) dev[nfail++] = dev[i];
+        if ((st = run_from_store(e, m, act, s, xin, dl, err)) != DF_OK) return st;
         if (nfail) {
             if ((st = xs_begin(m->store, m->layer, dev, nfail, err)) != DF_OK) return st;
-            if ((st = run_from_store(e, m, act, s, xin, dl, n, err)) != DF_OK) return st;
+            if ((st = run_from_store(e, m, act, s, xin, dl, err)) != DF_OK) return st;
         }
         device_prefetch(e, m->next, s);
     }

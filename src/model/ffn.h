@@ -87,7 +87,10 @@ typedef struct {
     float *acc;                 /* [chunk][dl] */
     float *sh;                  /* [chunk][hidden] shared-expert output */
     int *uni;                   /* [E] experts used by the chunk, ascending */
-    int *goff;                  /* [E] with a device row set of n > 1: expert x's first row in dv->xg */
+    int *ptok, *pslot;          /* [chunk*K] the pass's (token, slot) pairs grouped by expert in
+                                   ascending ids, each expert's by token (moe_forward) */
+    int *poff, *pcnt;           /* [E] expert x's first pair and pair count (the pass's experts);
+                                   with a device row set of n > 1, poff is also x's first row in dv->xg */
     float *nlog;                /* [chunk][E] next layer's router logits (lookahead) */
     uint8_t *mark;              /* [E] */
     int *ahead;                 /* [E] the next layer's predicted experts (lookahead) */
@@ -111,14 +114,15 @@ void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const f
                  float *out, float *g, float *u);
 /* g = act(g, u) elementwise over n values (SiLU or SiTU gate times up). */
 void ffn_act_apply(const ffn_act *act, float *g, const float *u, int64_t n);
-/* The CPU batch (moe_batch.c): moe_batch_add gathers the rows (token, slot
- * pairs of the chunk's n tokens) that chose expert x, 0 when they do not fit
+/* The CPU batch (moe_batch.c): moe_batch_add gathers the rows (the (token,
+ * slot) pairs of the pass that chose expert x, as moe_forward grouped them:
+ * ptok / pslot, poff / pcnt), 0 when they do not fit
  * beside the rows already there (run the batch first, or run x alone);
  * moe_batch_run computes every expert of the batch and stores each row's
  * output in s->ys; moe_batch_clear empties it. */
 df_status moe_batch_new(moe_batch *b, int E, int dl, int inter);
 void moe_batch_free(moe_batch *b);
-int moe_batch_add(const moe_layer *m, moe_scratch *s, const float *xin, int n, int x, const ffn_weights *w);
+int moe_batch_add(moe_scratch *s, const float *xin, int x, const ffn_weights *w);
 void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s);
 void moe_batch_clear(moe_batch *b);
 df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl, moe_scratch *s);

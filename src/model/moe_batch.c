@@ -51,18 +51,9 @@ void moe_batch_free(moe_batch *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* Rows of the chunk that chose expert x. */
-static int rows_of(const moe_layer *m, const moe_scratch *s, int n, int x) {
-    int cnt = 0;
-    for (int i = 0; i < n * m->K; i++) cnt += s->sel[i] == x;
-    return cnt;
-}
-
-int moe_batch_add(const moe_layer *m, moe_scratch *s, const float *xin, int n, int x,
-                  const ffn_weights *w) {
+int moe_batch_add(moe_scratch *s, const float *xin, int x, const ffn_weights *w) {
     moe_batch *b = &s->batch;
-    const int K = m->K, dl = b->dl;
-    const int cnt = rows_of(m, s, n, x);
+    const int dl = b->dl, cnt = s->pcnt[x], o = s->poff[x];
     if (!b->cap || b->rows + cnt > b->cap) return 0;
     /* one shape per batch, the one the buffers were sized for */
     if (w->gate.cols != dl || w->down.rows != dl || w->gate.rows > b->inter_cap || w->up.rows != w->gate.rows ||
@@ -70,14 +61,11 @@ int moe_batch_add(const moe_layer *m, moe_scratch *s, const float *xin, int n, i
         return 0;
     b->inter = w->gate.rows;
     int r = b->rows;
-    for (int t = 0; t < n; t++)
-        for (int k = 0; k < K; k++)
-            if (s->sel[t * K + k] == x) {
-                b->tok[r] = t;
-                b->slot[r] = k;
-                memcpy(b->in + (size_t)r * dl, xin + (size_t)t * dl, (size_t)dl * sizeof(float));
-                r++;
-            }
+    for (int i = 0; i < cnt; i++, r++) { /* group_pairs' order: by token */
+        b->tok[r] = s->ptok[o + i];
+        b->slot[r] = s->pslot[o + i];
+        memcpy(b->in + (size_t)r * dl, xin + (size_t)b->tok[r] * dl, (size_t)dl * sizeof(float));
+    }
     b->x[b->n] = x;
     b->w[b->n] = *w;
     b->n++;
