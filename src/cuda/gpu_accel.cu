@@ -390,20 +390,27 @@ df_status acc_matmul_many(void *ctx, int count, void *const *hp, const float *co
 df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err);
 df_status acc_expert_finish(void *ctx, char *err);
 
+/* What a full buffer grows to: twice the demand that did not fit (the
+ * queue so far and this expert: a layer's experts, so the next layer's fit
+ * without a wait), at least 16 experts like this one. */
+static size_t room_for(size_t need, size_t one, size_t cap) {
+    if (need <= cap) return cap;
+    return 2 * need > 16 * one ? 2 * need : 16 * one;
+}
+
 df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err) {
     (void)n_h; /* gpu_experts keeps its own scratch */
-    int full = a->qx_used + n_x > a->qcap_x || a->qy_used + n_y > a->qcap_y || a->npend == a->cap_pend ||
-               a->nrows + n > a->cap_rows;
-    if (!full) return DF_OK;
+    const size_t need_x = a->qx_used + n_x, need_y = a->qy_used + n_y;
+    const int need_rows = a->nrows + n, jobs_full = a->npend == a->cap_pend;
+    if (need_x <= a->qcap_x && need_y <= a->qcap_y && !jobs_full && need_rows <= a->cap_rows) return DF_OK;
     if (a->npend) { /* buffers in use by queued work: finish it first */
         df_status st = acc_expert_finish(a, err);
         if (st != DF_OK) return st;
     }
-    size_t want_x = n_x * 64 > a->qcap_x ? n_x * 64 : a->qcap_x; /* room for a layer's experts */
-    size_t want_y = n_y * 64 > a->qcap_y ? n_y * 64 : a->qcap_y;
-    if (!grow(&a->qhx, &a->qdx, &a->qcap_x, want_x, err) || !grow(&a->qhy, &a->qdy, &a->qcap_y, want_y, err))
+    if (!grow(&a->qhx, &a->qdx, &a->qcap_x, room_for(need_x, n_x, a->qcap_x), err) ||
+        !grow(&a->qhy, &a->qdy, &a->qcap_y, room_for(need_y, n_y, a->qcap_y), err))
         return DF_ERR_NOMEM;
-    if (a->npend == a->cap_pend) {
+    if (jobs_full) {
         int nc = a->cap_pend ? 2 * a->cap_pend : 64;
         pending *p = (pending *)realloc(a->pend, (size_t)nc * sizeof *p);
         if (!p) return DF_ERR_NOMEM;
@@ -413,8 +420,8 @@ df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *er
         a->jobs = j;
         a->cap_pend = nc;
     }
-    if (a->nrows + n > a->cap_rows) {
-        int nc = a->nrows + n > 2 * a->cap_rows ? a->nrows + n + 256 : 2 * a->cap_rows;
+    if (need_rows > a->cap_rows) {
+        int nc = 2 * need_rows > 256 ? 2 * need_rows : 256;
         int *r = (int *)realloc(a->qrows, (size_t)nc * sizeof *r);
         if (!r) return DF_ERR_NOMEM;
         a->qrows = r;
