@@ -95,13 +95,18 @@ done:
  * engine, its weights now in place (caches, device copies), so the time is
  * the compute, not the first reads and uploads. 0 on failure; *same: its
  * greedy next token is the first prefill's (first_tok). */
-static double bench_prefill_again(df_engine *e, const int32_t *prompt, int nprompt, int32_t first_tok, int *same) {
+static double bench_prefill_again(df_engine *e, const int32_t *prompt, int nprompt, int32_t first_tok, int *same,
+                                  double part[DF_PROF_N]) {
     df_session *s = NULL;
     *same = 0;
     if (df_session_new(e, nprompt + 1, &s) != DF_OK) return 0;
+    double p0[DF_PROF_N];
+    df_engine_profile(e, p0);
     double t0 = cli_now();
     df_status st = df_session_eval(s, prompt, nprompt, NULL);
     double dt = cli_now() - t0;
+    df_engine_profile(e, part);
+    for (int i = 0; i < DF_PROF_N; i++) part[i] -= p0[i];
     if (st != DF_OK) fprintf(stderr, "deltafin: prefill again: %s\n", df_session_error(s));
     else *same = df_argmax(df_session_logits(s), df_engine_vocab_size(e)) == first_tok;
     df_session_free(s);
@@ -160,12 +165,16 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     df_engine_reset_stats(e);
     double pre0[DF_PROF_N], pre1[DF_PROF_N];
     df_engine_profile(e, pre0);
+    df_batch_stats bs0, bs1;
+    df_engine_batch_stats(e, &bs0);
     double t0 = cli_now();
     if (df_session_eval(s, prompt, nprompt, NULL) != DF_OK) {
         fprintf(stderr, "deltafin: %s\n", df_session_error(s));
         goto done;
     }
     double prefill_s = cli_now() - t0;
+    df_engine_batch_stats(e, &bs1);
+    const uint64_t prefill_blocks = bs1.prompt_blocks - bs0.prompt_blocks, prefill_passes = bs1.passes - bs0.passes;
     df_engine_stats(e, &b);
     uint64_t prefill_bytes = b.bytes_read + b.spine_bytes_read;
     double prof0[DF_PROF_N], prof1[DF_PROF_N];
@@ -252,7 +261,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     df_engine_part_bytes(e, part_floor);
     for (int i = 0; i < DF_PROF_N; i++) part_floor[i] = part_rate > 0 ? part_floor[i] / (part_rate * 1e9) : 0;
     int again_same = 0;
-    const double again_s = again ? bench_prefill_again(e, prompt, nprompt, plain[0], &again_same) : 0;
+    double again_part[DF_PROF_N] = {0};
+    const double again_s = again ? bench_prefill_again(e, prompt, nprompt, plain[0], &again_same, again_part) : 0;
     if (again && again_s <= 0) goto done;
     double best_floor = mem_floor > floor_s ? mem_floor : floor_s;
     /* prefill reads each needed expert once per chunk: its own floor is the
@@ -309,6 +319,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "prefill_floor_s", json_real(prefill_floor));
         json_object_set_new(o, "prefill_ratio", json_real(prefill_floor > 0 ? prefill_s / prefill_floor : 0));
         json_object_set_new(o, "prefill_tokens_per_s", json_real(prefill_s > 0 ? nprompt / prefill_s : 0));
+        json_object_set_new(o, "prefill_passes", json_integer((json_int_t)prefill_passes));
+        json_object_set_new(o, "prefill_layer_major_blocks", json_integer((json_int_t)prefill_blocks));
         json_object_set_new(o, "fma_gflops", json_real(fma));
         json_object_set_new(o, "prefill_gflop", json_real(prefill_flops / 1e9));
         json_object_set_new(o, "prefill_compute_floor_s", json_real(prefill_compute));
@@ -361,6 +373,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                "                            %.1f GFLOP/s; ratio to the larger floor %.2f\n",
                prefill_s > 0 ? nprompt / prefill_s : 0, prefill_flops / 1e9, prefill_compute, fma,
                prefill_best > 0 ? prefill_s / prefill_best : 0);
+        if (prefill_blocks)
+            printf("prefill passes              %llu, layer by layer (blocks of up to %d positions)\n",
+                   (unsigned long long)prefill_passes, 256);
+        else
+            printf("prefill passes              %llu of up to 32 positions\n", (unsigned long long)prefill_passes);
         if (again)
             printf("prefill again (warm)        %.3f s, %.1f tokens/s (the same prompt in a new session, weights\n"
                    "                            in place; same next token: %s)\n",
@@ -425,6 +442,16 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         for (int i = 0; i < DF_PROF_N; i++)
             if (pre1[i] > 0)
                 printf("  %-22s %8.3f s   %5.1f%%\n", df_prof_name(i), pre1[i], psum > 0 ? 100 * pre1[i] / psum : 0);
+        if (again) {
+            double asum = 0;
+            for (int i = 0; i < DF_PROF_N; i++) asum += again_part[i];
+            printf("prefill again by part (s; host time: on the device, the parts where the host waits\n"
+                   "for it, or all of them under CUDA_LAUNCH_BLOCKING=1):\n");
+            for (int i = 0; i < DF_PROF_N; i++)
+                if (again_part[i] > 0)
+                    printf("  %-22s %8.3f s   %5.1f%%\n", df_prof_name(i), again_part[i],
+                           asum > 0 ? 100 * again_part[i] / asum : 0);
+        }
         printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads;\n"
                "floor: the part's weight bytes per token at the %s rate):\n", ntok,
                parts_on_device ? "device read probe's" : "DRAM probe's");

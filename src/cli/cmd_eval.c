@@ -36,8 +36,9 @@ static const char help[] =
     "  --tokens-file F   token ids instead: little-endian uint16 (*.u16 / *.bin) or int32 (*.i32)\n"
     "  --ctx N           window length in tokens (default 512)\n"
     "  --windows W       at most W windows (default: all)\n"
-    "  --chunk N         positions per evaluation call, 1..32 (default 32; 1 routes as decode does; the\n"
-    "                    numbers do not depend on it, the expert cache's behaviour does)\n"
+    "  --chunk N         positions per evaluation call, 1..4096 (default 32; 1 routes as decode does;\n"
+    "                    above 32 a call runs layer by layer in blocks of 256 positions, as a long\n"
+    "                    prompt does; the numbers do not depend on it, the expert cache's behaviour does)\n"
     "  --json            one JSON object on stdout\n\n%s";
 
 /* log-softmax of one row in double precision: out[v], returns nothing */
@@ -92,7 +93,7 @@ int cmd_eval(int argc, char **argv) {
     if (mo.ctx > 0) ctx = mo.ctx;
     if (!mo.model || (!text_file == !tokens_file)) return cli_usage("eval", "--model and one of --text-file / --tokens-file are required");
     if (ctx < 2) return cli_usage("eval", "--ctx must be at least 2");
-    if (chunk < 1 || chunk > 32) return cli_usage("eval", "--chunk must be 1..32");
+    if (chunk < 1 || chunk > 4096) return cli_usage("eval", "--chunk must be 1..4096");
     if (save && base) return cli_usage("eval", "--save-logits and --base-logits are two runs");
     mo.ctx = ctx;
     char err[DF_ERRMSG];
@@ -135,7 +136,7 @@ int cmd_eval(int argc, char **argv) {
     uint32_t nscored = (uint32_t)windows * (uint32_t)(ctx - 1);
     df_session *s = NULL;
     FILE *sf = NULL, *bf = NULL;
-    float *lg = malloc((size_t)32 * V * sizeof(float)), *brow = malloc((size_t)V * sizeof(float));
+    float *lg = malloc((size_t)(chunk < ctx ? chunk : ctx) * V * sizeof(float)), *brow = malloc((size_t)V * sizeof(float));
     double *lp = malloc((size_t)V * sizeof(double)), *lq = malloc((size_t)V * sizeof(double));
     if (!lg || !brow || !lp || !lq) goto done;
     for (int i = 0; i < windows * ctx; i++)

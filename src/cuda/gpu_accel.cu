@@ -14,7 +14,7 @@ df_status cerr(char *err, cudaError_t e, const char *what);
  * starts 16-byte aligned (the kernels load activations as float4). */
 size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-enum { SPARE_MAX = 32 };
+enum { SPARE_MAX = 32, MLA_PIECE = 32 /* rows per MLA absorb / attend / lift: gpu_mla_absorb takes <= 32 (a chunked pass's DF_CHUNK) */ };
 const int64_t SPARE_BYTES = (int64_t)64 << 20; /* larger copies are freed at once */
 
 /* A device copy handed to the engine: the matrix, the event its upload
@@ -893,9 +893,10 @@ df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *stat
     const gpu_weight *w = &((const handle *)kv_b)->g;
     const mla_shape sh = mla_shape_of(l);
     const int64_t hid = h[DF_MLA_KVA]->g.cols, qlr = lr ? l->qlr : 0;
-    const size_t nq = (size_t)n * l->nh * sh.dq, nkv = (size_t)n * (l->R + l->dr), nlat = (size_t)l->nh * n * l->R;
+    const int pc = n < MLA_PIECE ? n : MLA_PIECE; /* rows per absorb / attend / lift */
+    const size_t nq = (size_t)n * l->nh * sh.dq, nkv = (size_t)n * (l->R + l->dr), nlat = (size_t)l->nh * pc * l->R;
     const size_t nat = (size_t)n * l->nh * l->dv, nx = (size_t)n * hid, nqa = (size_t)n * qlr;
-    /* device: x | q | kva | qlat | olat | attn | qa | gate | y */
+    /* device: x | q | kva | qlat | olat (pc rows) | attn | qa | gate | y */
     const size_t total = al16(nx) + al16(nq) + al16(nkv) + 2 * al16(nlat) + al16(nat) + al16(nqa) + al16(nat) + al16(nx);
     if (!grow(&a->mh, &a->md, &a->cap_m, total, err)) return DF_ERR_NOMEM;
     float *x = a->md, *q = x + al16(nx), *kva = q + al16(nq), *qlat = kva + al16(nkv), *olat = qlat + al16(nlat);
@@ -921,9 +922,15 @@ df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *stat
     rs = MLA_MM(DF_MLA_KVA, x, kva);
     float *cache = (float *)st->d;
     if (rs == DF_OK) rs = gpu_mla_write(&sh, st->kv_a_norm, st->inv_freq, kva, cache, pos, n, q, a->stream);
-    if (rs == DF_OK) rs = gpu_mla_absorb(w, &sh, q, n, qlat, a->stream);
-    if (rs == DF_OK) rs = gpu_mla_attend(&sh, cache, q, qlat, pos, n, olat, &a->mla_ws, a->stream);
-    if (rs == DF_OK) rs = gpu_mla_lift(w, &sh, olat, n, att, a->stream);
+    /* attention in pieces of the rows a chunked pass has (the cache rows of
+     * every piece are written; each row attends up to its own position) */
+    for (int c0 = 0; rs == DF_OK && c0 < n; c0 += pc) {
+        const int cn = n - c0 < pc ? n - c0 : pc;
+        const float *qc = q + (size_t)c0 * l->nh * sh.dq;
+        rs = gpu_mla_absorb(w, &sh, qc, cn, qlat, a->stream);
+        if (rs == DF_OK) rs = gpu_mla_attend(&sh, cache, qc, qlat, pos + c0, cn, olat, &a->mla_ws, a->stream);
+        if (rs == DF_OK) rs = gpu_mla_lift(w, &sh, olat, cn, att + (size_t)c0 * l->nh * l->dv, a->stream);
+    }
     if (l->has_gate) {
         rs = MLA_MM(DF_MLA_G, x, gate);
         if (rs == DF_OK) rs = gpu_sigmoid_mul(att, gate, (int64_t)nat, a->stream);

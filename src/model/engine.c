@@ -523,13 +523,16 @@ int df_session_pos(const df_session *s) { return s->pos; }
 const char *df_session_error(const df_session *s) { return s->err; }
 const float *df_session_logits(const df_session *s) { return s->logits; }
 
-/* Whether a prompt may run layer by layer (forward_prompt): on the CPU path
- * (the device paths take DF_CHUNK rows). A store pass may then ask for more
- * experts than the cache has slots: it reads the rest as the experts it
- * handed out are done (xs_begin), as chunked passes already do when K x
- * DF_CHUNK exceeds the slots. */
-static int layer_major_prompt(const df_engine *e) {
-    return e->ops->forward_prompt && !e->acc && !e->opts.prompt_chunks;
+/* Whether a prompt may run layer by layer (forward_prompt): on the CPU
+ * path, and with an accelerator where the program takes it (its device
+ * pass over blocks of rows; else DF_CHUNK-row passes). A store pass may
+ * then ask for more experts than the cache has slots: it reads the rest as
+ * the experts it handed out are done (xs_begin), as chunked passes already
+ * do when K x DF_CHUNK exceeds the slots. */
+static int layer_major_prompt(const df_engine *e, void *state) {
+    if (!e->ops->forward_prompt || e->opts.prompt_chunks) return 0;
+    if (!e->acc) return 1;
+    return e->ops->prompt_takes && e->ops->prompt_takes((df_engine *)e, state);
 }
 
 /* A forward's status as df_session_eval returns it: a failed spine read
@@ -571,7 +574,7 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
     }
     int pos = s->pos;
     uint64_t passes = (uint64_t)((n + DF_CHUNK - 1) / DF_CHUNK);
-    if (n > DF_CHUNK && layer_major_prompt(e)) {
+    if (n > DF_CHUNK && layer_major_prompt(e, s->state)) {
         df_status st = eval_status(
             s, e->ops->forward_prompt(e, s->state, pos, tokens, n, logits ? logits : s->logits, logits != NULL, s->err),
             pos);

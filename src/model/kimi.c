@@ -197,6 +197,15 @@ fail:
 
 /* ---- state ---- */
 
+/* Device rows of a pass whose activations stay on the device: a session's
+ * (DF_CHUNK rows) or a layer-major prompt block's (DF_PROMPT_BLOCK). */
+typedef struct {
+    int rows;                    /* capacity */
+    float *dh, *dxin, *dxn, *dy; /* [rows][H] */
+    float *dxl, *dxg;            /* [rows][dl], [rows K][dl] (routed experts' gathered inputs) */
+    float *danc;                 /* [rows][max_anchors][H] */
+} km_dev;
+
 typedef struct {
     int max_ctx;
     float *mla_cache;            /* [n_mla][max_ctx][R+dr] */
@@ -210,12 +219,10 @@ typedef struct {
     float *rw_keep;              /* trail: [n_kda][rw_depth][kda_state_floats]; replay: [n_kda][floats] */
     float *h, *xin, *xn, *y;     /* [C][H] */
     float *anchors;              /* [C][max_anchors][H] */
-    /* the forward pass on the device (km_forward_dev): one block from
-     * acc_dev_alloc, NULL without one; rows of a chunk (DF_CHUNK) */
-    float *dv;
-    float *dh, *dxin, *dxn, *dy;  /* [C][H] */
-    float *dxl, *dxg;            /* [C][dl], [C K][dl] (routed experts' gathered inputs) */
-    float *danc;                 /* [C][max_anchors][H] */
+    /* the forward pass on the device (km_pass_dev): rows of a chunk
+     * (DF_CHUNK) in dev; dv NULL without a device pass */
+    float *dv;                   /* dev's block, then dnorm (acc_dev_alloc) */
+    km_dev dev;
     float *dnorm;                /* per layer: attn_norm, ffn_norm, res_attn, res_mlp; then final_norm, res_out */
     int64_t HA;                  /* H rounded up to 16 floats: dnorm's stride */
     mla_scratch mla;
@@ -314,30 +321,40 @@ static void states_on_device(df_engine *e, const km_model *m, km_state *s, int k
     free(desc);
 }
 
+#define AL16(x) (((int64_t)(x) + 15) & ~(int64_t)15)
+/* Floats of a km_dev of `rows` rows. */
+static int64_t km_dev_floats(const km_model *m, int64_t rows, int dl, int K) {
+    const int64_t A = m->max_anchors ? m->max_anchors : 1;
+    return 4 * AL16(rows * m->H) + AL16(rows * dl) + AL16(rows * (K > 0 ? K : 1) * dl) + AL16(rows * A * m->H);
+}
+
+/* Points d's buffers into the device floats at p (km_dev_floats of them). */
+static void km_dev_place(km_dev *d, const km_model *m, float *p, int rows, int dl, int K) {
+    const int64_t r = AL16((int64_t)rows * m->H);
+    d->rows = rows;
+    d->dh = p;
+    d->dxin = p + r;
+    d->dxn = p + 2 * r;
+    d->dy = p + 3 * r;
+    d->dxl = p + 4 * r;
+    d->dxg = d->dxl + AL16((int64_t)rows * dl);
+    d->danc = d->dxg + AL16((int64_t)rows * (K > 0 ? K : 1) * dl);
+}
+
 /* The device pass's buffers and the layers' norm and residual vectors on
  * the device, when the accelerator keeps activations there and every
  * attention state is on the device too; else s->dv stays NULL (passes then
  * run the host-centred way). */
 static void step_on_device(df_engine *e, const km_model *m, km_state *s, int dl, int K) {
     if (!acc_has_dev(e->acc) || s->n_dev != m->n_kda || s->n_mla_dev != m->n_mla) return;
-#define AL16(x) (((int64_t)(x) + 15) & ~(int64_t)15)
-    const int64_t C = DF_CHUNK, H = m->H, HA = AL16(H), L = m->L;
-    const int64_t A = m->max_anchors ? m->max_anchors : 1;
-    const int64_t rows = AL16(C * H), lat = AL16(C * dl), gat = AL16(C * (K > 0 ? K : 1) * dl), anc = AL16(C * A * H);
-    float *d = acc_dev_alloc(e->acc, 4 * rows + lat + gat + anc + (4 * L + 2) * HA);
-#undef AL16
+    const int64_t H = m->H, HA = AL16(H), L = m->L, rows = km_dev_floats(m, DF_CHUNK, dl, K);
+    float *d = acc_dev_alloc(e->acc, rows + (4 * L + 2) * HA);
     if (!d) return;
     s->acc = e->acc;
     s->dv = d;
     s->HA = HA;
-    s->dh = d;
-    s->dxin = d + rows;
-    s->dxn = d + 2 * rows;
-    s->dy = d + 3 * rows;
-    s->dxl = d + 4 * rows;
-    s->dxg = s->dxl + lat;
-    s->danc = s->dxg + gat;
-    s->dnorm = s->danc + anc;
+    km_dev_place(&s->dev, m, d, DF_CHUNK, dl, K);
+    s->dnorm = d + rows;
     char err[DF_ERRMSG];
     df_status st = DF_OK;
     for (int64_t l = 0; st == DF_OK && l < L; l++) {
@@ -353,6 +370,7 @@ static void step_on_device(df_engine *e, const km_model *m, km_state *s, int dl,
         s->dv = NULL;
     }
 }
+#undef AL16
 
 static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
     km_model *m = e->prog;
@@ -450,113 +468,131 @@ static void head_in(const km_model *m, const float *x, const float *anchors, int
     op_rmsnorm(xn, xo, m->final_norm, H, m->eps);
 }
 
-/* Segment i's embedding rows into s->h from row off, with each row's
- * position and segment (rpos, rseg). */
-static void embed_rows(const km_model *m, km_state *s, const df_fwd_seg *sg, int i, int off, int *rpos, int *rseg) {
+/* Segment i's embedding rows into h from row off, with each row's
+ * position and segment (rpos, rseg; NULL: not kept). */
+static void embed_rows(const km_model *m, float *h, const df_fwd_seg *sg, int i, int off, int *rpos, int *rseg) {
     for (int t = 0; t < sg->n; t++) {
-        kn_dequant_row(&m->embed, sg->tokens[t], s->h + (size_t)(off + t) * m->H);
-        rpos[off + t] = sg->pos + t;
-        rseg[off + t] = i;
+        kn_dequant_row(&m->embed, sg->tokens[t], h + (size_t)(off + t) * m->H);
+        if (rpos) rpos[off + t] = sg->pos + t;
+        if (rseg) rseg[off + t] = i;
     }
 }
 
+/* What a pass on the device works with: its device rows, host buffers of
+ * as many rows (the embedding, and parts the device does not take), the
+ * MoE scratch, and the session that lends the norm vectors and the
+ * attention scratch (DF_CHUNK rows). */
+typedef struct {
+    km_state *s;
+    const km_dev *d;
+    float *h, *xin, *xn, *y, *anchors; /* [rows][H]; anchors [rows][max_anchors][H] */
+    moe_scratch *moe;
+} km_pass;
+
 /* K3's attention residual of the n rows cur over their first na anchors
- * into the device rows s->dxin (probe w: its device copy wd), or cur itself
+ * into the device rows d->dxin (probe w: its device copy wd), or cur itself
  * without attention residuals: the input the next norm reads. */
-static const float *dev_res(df_engine *e, const km_model *m, km_state *s, const float *cur, const float *wd,
+static const float *dev_res(df_engine *e, const km_model *m, const km_pass *p, const float *cur, const float *wd,
                             const float *w, int na, int n, df_status *st, char *err) {
     if (m->block <= 0 || na == 0 || *st != DF_OK) return cur;
     const int H = m->H, A = m->max_anchors;
-    *st = acc_dev_attn_res(e->acc, s->dxin, s->danc, (int64_t)A * H, na, cur, wd, n, H, m->eps, err);
-    if (*st != DF_ERR_UNSUPPORTED) return s->dxin;
+    const km_dev *d = p->d;
+    *st = acc_dev_attn_res(e->acc, d->dxin, d->danc, (int64_t)A * H, na, cur, wd, n, H, m->eps, err);
+    if (*st != DF_ERR_UNSUPPORTED) return d->dxin;
     /* more anchors than the device's kernel takes: this mix on the host
      * (the anchors and rows brought over, the result put back) */
-    *st = acc_dev_get(e->acc, s->anchors, s->danc, (int64_t)n * A * H, err);
-    if (*st == DF_OK) *st = acc_dev_get(e->acc, s->y, cur, (int64_t)n * H, err);
+    *st = acc_dev_get(e->acc, p->anchors, d->danc, (int64_t)n * A * H, err);
+    if (*st == DF_OK) *st = acc_dev_get(e->acc, p->y, cur, (int64_t)n * H, err);
     for (int t = 0; *st == DF_OK && t < n; t++)
-        op_attn_res(s->anchors + (size_t)t * A * H, na, s->y + (size_t)t * H, w, H, m->eps, s->xin + (size_t)t * H);
-    if (*st == DF_OK) *st = acc_dev_put(e->acc, s->dxin, s->xin, (int64_t)n * H, err);
-    return s->dxin;
+        op_attn_res(p->anchors + (size_t)t * A * H, na, p->y + (size_t)t * H, w, H, m->eps, p->xin + (size_t)t * H);
+    if (*st == DF_OK) *st = acc_dev_put(e->acc, d->dxin, p->xin, (int64_t)n * H, err);
+    return d->dxin;
 }
 
-/* The residual stream's step before a norm, for the n device rows s->dh:
- * h = d (restart) or h + d when d is set; h kept as anchor na when anchor
+/* The residual stream's step before a norm, for the n device rows d->dh:
+ * h = x (restart) or h + x when x is set; h kept as anchor na when anchor
  * is set; K3's attention residual over the na anchors before it (probe pd
- * on the device, pw on the host); then the RMSNorm with nw into s->dxn.
+ * on the device, pw on the host); then the RMSNorm with nw into d->dxn.
  * One device call where the accelerator takes it (dev_res_norm), else the
  * steps one by one: the same bits either way. */
-static df_status dev_step(df_engine *e, const km_model *m, km_state *s, const float *d, int restart, int anchor,
+static df_status dev_step(df_engine *e, const km_model *m, const km_pass *p, const float *x, int restart, int anchor,
                           int na, const float *pd, const float *pw, const float *nw, int n, char *err) {
     const int H = m->H, A = m->max_anchors;
     const int64_t nh = (int64_t)n * H;
+    const km_dev *d = p->d;
     acc_table *t = e->acc;
-    float *ao = anchor ? s->danc + (int64_t)na * H : NULL;
-    df_status st = acc_dev_res_norm(t, s->dxn, s->dh, d, restart, ao, s->danc, (int64_t)A * H,
+    float *ao = anchor ? d->danc + (int64_t)na * H : NULL;
+    df_status st = acc_dev_res_norm(t, d->dxn, d->dh, x, restart, ao, d->danc, (int64_t)A * H,
                                     m->block > 0 ? na : 0, pd, nw, n, H, m->eps, err);
     if (st != DF_ERR_UNSUPPORTED) return st;
     st = DF_OK;
-    if (d) st = restart ? acc_dev_copy(t, s->dh, d, nh, err) : acc_dev_add(t, s->dh, d, nh, err);
-    const float *xin = dev_res(e, m, s, s->dh, pd, pw, na, n, &st, err);
+    if (x) st = restart ? acc_dev_copy(t, d->dh, x, nh, err) : acc_dev_add(t, d->dh, x, nh, err);
+    const float *xin = dev_res(e, m, p, d->dh, pd, pw, na, n, &st, err);
     for (int r = 0; anchor && st == DF_OK && r < n; r++) /* each row's anchor */
-        st = acc_dev_copy(t, s->danc + ((int64_t)r * A + na) * H, s->dh + (int64_t)r * H, H, err);
-    if (st == DF_OK) st = acc_dev_rmsnorm(t, s->dxn, xin, nw, n, H, m->eps, err);
+        st = acc_dev_copy(t, d->danc + ((int64_t)r * A + na) * H, d->dh + (int64_t)r * H, H, err);
+    if (st == DF_OK) st = acc_dev_rmsnorm(t, d->dxn, xin, nw, n, H, m->eps, err);
     return st;
 }
 
-/* One layer's attention for the device rows s->dxn into s->dy, segment by
+/* One layer's attention for the device rows d->dxn into d->dy, segment by
  * segment on its session's state: the whole layer on the device, else (a
  * matrix the device does not take) on the host over rows brought there
- * and back. */
-static df_status dev_attention(df_engine *e, const km_model *m, km_state *s, const km_layer *y,
+ * and back, DF_CHUNK rows at a time (the session's attention scratch). */
+static df_status dev_attention(df_engine *e, const km_model *m, const km_pass *p, const km_layer *y,
                                const df_fwd_seg *seg, int nseg, char *err) {
     const int H = m->H;
+    km_state *s = p->s;
     for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
         km_state *si = seg[i].state;
         const int n = seg[i].n;
-        const float *x = s->dxn + (size_t)off * H;
-        float *o = s->dy + (size_t)off * H;
+        const float *x = p->d->dxn + (size_t)off * H;
+        float *o = p->d->dy + (size_t)off * H;
         int r = y->kda ? kda_layer_on_device(e, &m->kda, &y->k, si->kda_dev[y->slot], n, x, o, err)
                        : mla_layer_on_device(e, &m->mla, &y->a, si->mla_dev[y->slot], seg[i].pos, n, x, o, err);
         if (r < 0) return DF_ERR_IO;
         if (r > 0) continue;
-        df_status st = acc_dev_get(e->acc, s->xn, x, (int64_t)n * H, err);
-        if (st != DF_OK) return st;
-        if (y->kda) {
-            kda_seg ks = {si->kda_state + y->slot * kda_state_floats(&m->kda), si->kda_dev[y->slot], NULL, n};
-            st = kda_forward_batch(e, &m->kda, &y->k, &ks, 1, &s->kda, s->xn, s->y, err);
-        } else {
-            int64_t cstride = (int64_t)si->max_ctx * mla_cache_floats_per_pos(&m->mla);
-            mla_seg ms = {si->mla_cache + y->slot * cstride, si->mla_dev[y->slot], &si->mla, seg[i].pos, n};
-            st = mla_forward_batch(e, &m->mla, &y->a, &ms, 1, &s->mla, s->xn, s->y, err);
+        for (int c0 = 0; c0 < n; c0 += DF_CHUNK) {
+            const int cn = n - c0 < DF_CHUNK ? n - c0 : DF_CHUNK;
+            df_status st = acc_dev_get(e->acc, p->xn, x + (size_t)c0 * H, (int64_t)cn * H, err);
+            if (st != DF_OK) return st;
+            if (y->kda) {
+                kda_seg ks = {si->kda_state + y->slot * kda_state_floats(&m->kda), si->kda_dev[y->slot], NULL, cn};
+                st = kda_forward_batch(e, &m->kda, &y->k, &ks, 1, &s->kda, p->xn, p->y, err);
+            } else {
+                int64_t cstride = (int64_t)si->max_ctx * mla_cache_floats_per_pos(&m->mla);
+                mla_seg ms = {si->mla_cache + y->slot * cstride, si->mla_dev[y->slot], &si->mla, seg[i].pos + c0, cn};
+                st = mla_forward_batch(e, &m->mla, &y->a, &ms, 1, &s->mla, p->xn, p->y, err);
+            }
+            if (st == DF_OK) st = acc_dev_put(e->acc, o + (size_t)c0 * H, p->y, (int64_t)cn * H, err);
+            if (st != DF_OK) return st;
         }
-        if (st == DF_OK) st = acc_dev_put(e->acc, o, s->y, (int64_t)n * H, err);
-        if (st != DF_OK) return st;
     }
     return DF_OK;
 }
 
-/* The head over the n device rows s->dh (plus d, the last layer's output):
+/* The head over the n device rows d->dh (plus x, the last layer's output):
  * the output attention residual and the final norm of every row, then the
  * product for the rows the segments want (each one's last, or all of its
- * rows; moved together into s->dxin first when they are not all the rows)
+ * rows; moved together into d->dxin first when they are not all the rows)
  * into their outputs. */
-static df_status dev_head(df_engine *e, const km_model *m, km_state *s, const df_fwd_seg *seg, int nseg, int n,
-                          const float *d, int na, char *err) {
+static df_status dev_head(df_engine *e, const km_model *m, const km_pass *p, const df_fwd_seg *seg, int nseg, int n,
+                          const float *x, int na, char *err) {
     const int H = m->H, V = e->cfg.vocab_size;
-    const int64_t HA = s->HA, L = m->L;
-    df_status st = dev_step(e, m, s, d, 0, 0, na, s->dnorm + (4 * L + 1) * HA, m->res_out, s->dnorm + 4 * L * HA, n,
-                            err);
+    const km_dev *d = p->d;
+    const int64_t HA = p->s->HA, L = m->L;
+    const float *nv = p->s->dnorm;
+    df_status st = dev_step(e, m, p, x, 0, 0, na, nv + (4 * L + 1) * HA, m->res_out, nv + 4 * L * HA, n, err);
     int rows = 0;
     for (int i = 0; i < nseg; i++)
         if (seg[i].out) rows += seg[i].all_rows ? seg[i].n : 1;
     if (st != DF_OK || !rows) return st;
-    const float *x = s->dxn;
+    const float *hx = d->dxn;
     if (rows < n) { /* the wanted rows together, in order */
-        x = s->dxin;
+        hx = d->dxin;
         for (int i = 0, off = 0, r = 0; st == DF_OK && i < nseg; off += seg[i].n, i++) {
             if (!seg[i].out) continue;
             for (int t = seg[i].all_rows ? 0 : seg[i].n - 1; st == DF_OK && t < seg[i].n; t++, r++)
-                st = acc_dev_copy(e->acc, s->dxin + (size_t)r * H, s->dxn + (size_t)(off + t) * H, H, err);
+                st = acc_dev_copy(e->acc, d->dxin + (size_t)r * H, d->dxn + (size_t)(off + t) * H, H, err);
         }
     }
     if (st == DF_OK) st = model_enter(e, m->L, err);
@@ -564,62 +600,65 @@ static df_status dev_head(df_engine *e, const km_model *m, km_state *s, const df
     double pt = prof_now(e);
     float *lg = nseg == 1 ? seg[0].out : model_batch_logits(e);
     if (!lg) return df_fail(err, DF_ERR_NOMEM, "out of memory");
-    const mm_req head = {&m->head, x, rows, lg, V};
+    const mm_req head = {&m->head, hx, rows, lg, V};
     st = mm_many_dev(e, &head, 1, err);
     if (st == DF_OK && nseg > 1) model_batch_scatter(seg, nseg, lg, V);
     prof_add(e, DF_PROF_HEAD, &pt);
     return st;
 }
 
-/* A forward pass (km_forward_batch's rows of one or more sessions) with its
- * activations on the device (the block of seg[0]'s session): the same
- * layers with the residual stream, K3's anchors, the norms and every
- * product's input and output kept there, attention per segment on its
- * session's device state; the host waits to route each MoE layer (its
- * router logits come back) and for the logits. Each row's values are those
- * of the same row alone (per-row operations, products whose rows do not
- * depend on their neighbours), within the device kernels' bounds of the
- * host-centred pass (norms and residual mixes run on the device). */
-static df_status km_forward_dev(df_engine *e, const df_fwd_seg *seg, int nseg, int n, char *err) {
+/* A forward pass with its activations on the device (p's rows: n <=
+ * p->d->rows; several sessions' rows of km_forward_batch, or one block of
+ * a layer-major prompt): the same layers with the residual stream, K3's
+ * anchors, the norms and every product's input and output kept there,
+ * attention per segment on its session's device state; the host waits to
+ * route each MoE layer (its router logits come back) and for the logits.
+ * Each row's values are those of the same row alone (per-row operations,
+ * products whose rows do not depend on their neighbours), within the
+ * device kernels' bounds of the host-centred pass (norms and residual
+ * mixes run on the device). */
+static df_status km_pass_dev(df_engine *e, const km_pass *p, const df_fwd_seg *seg, int nseg, int n, char *err) {
     km_model *m = e->prog;
-    km_state *s = seg[0].state;
+    const km_dev *d = p->d;
     acc_table *t = e->acc;
     const int H = m->H;
-    const int64_t HA = s->HA, nh = (int64_t)n * H;
+    const int64_t HA = p->s->HA, nh = (int64_t)n * H;
+    if (n > d->rows || (nseg > 1 && n > DF_CHUNK)) return DF_ERR_ARG;
     int rpos[DF_CHUNK], rseg[DF_CHUNK];
     acc_count_device_pass(t);
     double pt = prof_now(e);
-    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) embed_rows(m, s, &seg[i], i, off, rpos, rseg);
-    s->moe.rpos = nseg > 1 ? rpos : NULL;
-    s->moe.rseg = nseg > 1 ? rseg : NULL;
-    early_lookahead(e, m, &s->moe, s->h, s->xn, n);
-    df_status st = acc_dev_put(t, s->dh, s->h, nh, err);
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++)
+        embed_rows(m, p->h, &seg[i], i, off, nseg > 1 ? rpos : NULL, nseg > 1 ? rseg : NULL);
+    p->moe->rpos = nseg > 1 ? rpos : NULL;
+    p->moe->rseg = nseg > 1 ? rseg : NULL;
+    early_lookahead(e, m, p->moe, p->h, p->xn, n);
+    df_status st = acc_dev_put(t, d->dh, p->h, nh, err);
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0;
     const float *ffn_out = NULL; /* the last layer's MLP output, added to h by the next step */
     for (int l = 0; st == DF_OK && l < m->L; l++) {
         const km_layer *y = &m->layers[l];
-        const float *nv = s->dnorm + (int64_t)l * 4 * HA; /* attn_norm, ffn_norm, res_attn, res_mlp */
+        const float *nv = p->s->dnorm + (int64_t)l * 4 * HA; /* attn_norm, ffn_norm, res_attn, res_mlp */
         if ((st = model_enter(e, l, err)) != DF_OK) break;
         pt = prof_now(e);
         const int restart = m->block > 0 && l % m->block == 0;
-        st = dev_step(e, m, s, ffn_out, 0, restart, na, nv + 2 * HA, y->res_attn, nv, n, err);
+        st = dev_step(e, m, p, ffn_out, 0, restart, na, nv + 2 * HA, y->res_attn, nv, n, err);
         na += restart;
         prof_add(e, DF_PROF_NORMS, &pt);
-        if (st == DF_OK) st = dev_attention(e, m, s, y, seg, nseg, err);
+        if (st == DF_OK) st = dev_attention(e, m, p, y, seg, nseg, err);
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
-        if (st == DF_OK) st = dev_step(e, m, s, s->dy, restart, 0, na, nv + 3 * HA, y->res_mlp, nv + HA, n, err);
+        if (st == DF_OK) st = dev_step(e, m, p, d->dy, restart, 0, na, nv + 3 * HA, y->res_mlp, nv + HA, n, err);
         prof_add(e, DF_PROF_NORMS, &pt);
         if (st != DF_OK) break;
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
-        moe_dev dv = {n, s->dxn, s->dxl, s->dy, s->dxg, NULL, 0, DF_OK};
-        st = ffn_block_dev(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, &dv, s->xn, seg[0].pos,
-                           s->y, &pt, err);
-        ffn_out = s->dy;
+        moe_dev dv = {n, d->dxn, d->dxl, d->dy, d->dxg, NULL, 0, DF_OK};
+        st = ffn_block_dev(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, p->moe, &dv, p->xn, seg[0].pos,
+                           p->y, &pt, err);
+        ffn_out = d->dy;
     }
-    s->moe.rpos = NULL;
-    s->moe.rseg = NULL;
-    return st == DF_OK ? dev_head(e, m, s, seg, nseg, n, ffn_out, na, err) : st;
+    p->moe->rpos = NULL;
+    p->moe->rseg = NULL;
+    return st == DF_OK ? dev_head(e, m, p, seg, nseg, n, ffn_out, na, err) : st;
 }
 
 /* Rows of several sessions in one pass (seg[0]'s scratch holds them all):
@@ -636,7 +675,10 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
         n += seg[i].n;
     }
     if (n > DF_CHUNK || nseg > DF_CHUNK) return DF_ERR_ARG;
-    if (s->dv) return km_forward_dev(e, seg, nseg, n, err);
+    if (s->dv) {
+        const km_pass p = {s, &s->dev, s->h, s->xin, s->xn, s->y, s->anchors, &s->moe};
+        return km_pass_dev(e, &p, seg, nseg, n, err);
+    }
     size_t nh = (size_t)n * H;
     int64_t kstride = kda_state_floats(&m->kda);
     kda_seg ks[DF_CHUNK];
@@ -650,7 +692,7 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
         if (keep && si->rw_mode == DF_REWIND_REPLAY)
             memcpy(si->rw_keep, si->kda_state, (size_t)m->n_kda * kstride * sizeof(float));
         trail[i] = keep && si->rw_mode == DF_REWIND_TRAIL ? si->rw_keep : NULL;
-        embed_rows(m, s, &seg[i], i, off, rpos, rseg);
+        embed_rows(m, s->h, &seg[i], i, off, rpos, rseg);
     }
     s->moe.rpos = nseg > 1 ? rpos : NULL;
     s->moe.rseg = nseg > 1 ? rseg : NULL;
@@ -770,15 +812,57 @@ static df_status km_prompt_block(df_engine *e, void *state, prompt_buf *b, int p
     return model_batch_head(e, m->L, &m->head, xn, n - t0, &seg, 1, err);
 }
 
+/* A block of a layer-major prompt on the device: km_pass_dev over the
+ * block's rows in a device block of as many (km_forward_prompt's), so
+ * every product sees all of them at once. */
+typedef struct {
+    km_state *s;
+    km_dev d;
+} km_prompt_dev;
+
+static df_status km_prompt_block_dev(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
+                                     float *out, int all_rows, char *err) {
+    km_prompt_dev *c = ctx;
+    const km_pass p = {c->s, &c->d, b->h, b->xin, b->xn, b->y, b->anchors, &b->moe};
+    const df_fwd_seg seg = {c->s, pos, tokens, n, out, all_rows};
+    return km_pass_dev(e, &p, &seg, 1, n, err);
+}
+
+/* With an accelerator the prompt runs layer by layer only on the device
+ * (the session's states live there): a session with a device pass. */
+static int km_prompt_takes(df_engine *e, void *state) {
+    const km_state *s = state;
+    return !e->acc || s->dv != NULL;
+}
+
 static df_status km_forward_prompt(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
                                    int all_rows, char *err) {
     km_model *m = e->prog;
-    const km_state *s = state;
+    km_state *s = state;
     const df_config *c = &e->cfg;
-    if (n < 1 || pos + n > s->max_ctx) return DF_ERR_ARG;
-    int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
-    return prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, all_rows, km_prompt_block, state,
-                      err);
+    if (n < 1 || pos + n > s->max_ctx || !km_prompt_takes(e, state)) return DF_ERR_ARG;
+    const int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
+    if (!e->acc)
+        return prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, all_rows, km_prompt_block, state,
+                          err);
+    const int rows = n < DF_PROMPT_BLOCK ? n : DF_PROMPT_BLOCK, K = c->num_experts_per_tok;
+    km_prompt_dev pd = {s, {0}};
+    float *blk = acc_dev_alloc(e->acc, km_dev_floats(m, rows, dl, K));
+    if (!blk) { /* no room for the block: passes of the session's DF_CHUNK rows */
+        const int V = c->vocab_size;
+        for (int i = 0; i < n; i += DF_CHUNK) {
+            const int cn = n - i < DF_CHUNK ? n - i : DF_CHUNK;
+            float *o = all_rows ? out + (size_t)i * V : i + cn == n ? out : NULL;
+            df_status st = km_forward(e, state, pos + i, tokens + i, cn, o, all_rows, err);
+            if (st != DF_OK) return st;
+        }
+        return DF_OK;
+    }
+    km_dev_place(&pd.d, m, blk, rows, dl, K);
+    df_status st = prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, all_rows,
+                              km_prompt_block_dev, &pd, err);
+    acc_dev_free(e->acc, blk);
+    return st;
 }
 
 /* ---- describe ---- */
@@ -825,6 +909,7 @@ const df_program_ops kimi_program = {
     .forward = km_forward,
     .forward_batch = km_forward_batch,
     .forward_prompt = km_forward_prompt,
+    .prompt_takes = km_prompt_takes,
     .describe = km_describe,
     .rewind_setup = km_rewind_setup,
     .rewind_to = km_rewind_to,

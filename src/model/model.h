@@ -59,10 +59,14 @@ typedef struct {
      * blocks of DF_PROMPT_BLOCK positions, so a block reads each routed
      * expert it uses once per layer; logits rows for every token if
      * all_rows, else only for the last into out[0]; bit-identical to
-     * chunked forwards. The engine calls it only on the CPU path (no
-     * accelerator) unless df_engine_opts.prompt_chunks. */
+     * chunked forwards. The engine calls it unless
+     * df_engine_opts.prompt_chunks, and with an accelerator only when
+     * prompt_takes says so. */
     df_status (*forward_prompt)(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
                                 int all_rows, char *err);
+    /* Optional: 1 when forward_prompt takes this session's prompt (NULL:
+     * only without an accelerator, whose states may live on the device). */
+    int (*prompt_takes)(df_engine *e, void *state);
     /* Appends program-specific lines to the describe text. */
     void (*describe)(df_engine *e, char *buf, size_t cap);
     /* Rewinding (NULL when positions alone define the timeline: caches are

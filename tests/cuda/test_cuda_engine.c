@@ -363,3 +363,65 @@ TEST(cuda_engine_decode_step_on_device) {
         CHECK(passes >= 1.0, "%s: decode did not run with its activations on the device: %s", arch[i], out);
     }
 }
+
+/* A long prompt on the device, layer by layer (km_forward_prompt: blocks
+ * of up to 256 rows in a device block of as many, every product over all
+ * of them, MLA attention in pieces of 32): 300 tokens of synth's tiny
+ * Kimi K3 and Kimi-Linear in one call (`eval --chunk 300`: two blocks)
+ * give bit-identical logits to one token at a time (--chunk 1) and to
+ * 32-row passes (--prefill chunks), also across --gpu-mem and with bf16 on
+ * the tensor cores (--bf16-tc-rows 1, against its own --chunk 1), within
+ * 1e-4 max|logit| of the CPU's layer-major prompt; bench says the prompt
+ * ran as layer-major blocks. */
+TEST(cuda_engine_prompt_on_device) {
+    if (!have_gpu()) return;
+    const char *tmp = t_tmpdir("cuda_prompt");
+    static const char *arch[2] = {"kimi_k3", "kimi_linear"};
+    char toks[600];
+    snprintf(toks, sizeof toks, "%s/toks.i32", tmp);
+    FILE *f = fopen(toks, "wb");
+    REQUIRE(f != NULL, "%s", toks);
+    for (int i = 0; i < 300; i++) {
+        int32_t id = (int32_t)((i * 7919 + 13) % 1000);
+        fwrite(&id, 4, 1, f);
+    }
+    fclose(f);
+    enum { NV = 7 };
+    const char *dev[NV] = {"cpu --chunk 300", "cuda --chunk 1", "cuda --chunk 300", "cuda --chunk 300 --prefill chunks",
+                           "cuda --chunk 300 --gpu-mem 1M", "cuda --bf16-tc-rows 1 --chunk 1",
+                           "cuda --bf16-tc-rows 1 --chunk 300"};
+    for (int i = 0; i < 2; i++) {
+        char model[600], out[16384];
+        int rc = synth_tiny(tmp, arch[i], model, out, sizeof out);
+        REQUIRE(rc == 0, "synth %s: %s", arch[i], out);
+        float *lg[NV] = {0};
+        size_t nl[NV] = {0};
+        int ok = 1;
+        for (int d = 0; d < NV; d++) {
+            char path[900];
+            snprintf(path, sizeof path, "%.600s/pr%d.lg", model, d);
+            rc = t_sh(out, sizeof out, "%s eval --model %s --tokens-file %s --ctx 300 --save-logits %s --device %s",
+                      bin(), model, toks, path, dev[d]);
+            CHECK(rc == 0, "%s eval %s: %s", arch[i], dev[d], out);
+            lg[d] = eval_rows(path, &nl[d]);
+            ok = ok && lg[d] && nl[d] && nl[d] == nl[0];
+        }
+        if (ok) {
+            float *a[3] = {lg[0], lg[1], lg[2]};
+            check_three(arch[i], "prompt on the device, layer by layer", a, nl[0]);
+            CHECK(!memcmp(lg[1], lg[3], nl[0] * 4), "%s: 32-row passes differ from one token at a time", arch[i]);
+            CHECK(!memcmp(lg[1], lg[4], nl[0] * 4), "%s: the layer-major prompt depends on --gpu-mem", arch[i]);
+            float *b[3] = {lg[0], lg[5], lg[6]};
+            check_three(arch[i], "prompt with bf16 on the tensor cores", b, nl[0]);
+        } else {
+            CHECK(0, "%s: eval logits missing", arch[i]);
+        }
+        for (int d = 0; d < NV; d++) free(lg[d]);
+        rc = t_sh(out, sizeof out, "%s bench --decode --model %s --tokens 2 --prompt-tokens 300 --device cuda --json",
+                  bin(), model);
+        const char *w = strstr(out, "\"prefill_layer_major_blocks\"");
+        int blocks = w && (w = strchr(w, ':')) ? atoi(w + 1) : -1;
+        CHECK(rc == 0 && blocks == 2, "%s: a 300-token prompt on the device ran %d layer-major blocks: %s", arch[i],
+              blocks, out);
+    }
+}
