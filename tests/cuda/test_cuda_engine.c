@@ -290,6 +290,19 @@ static float *eval_rows(const char *path, size_t *n) {
     return v;
 }
 
+/* n token ids ((i * 7919 + 13) mod 1000) as int32 into dir/toks.i32 (the
+ * path into path); 0 on success. */
+static int write_ids(const char *dir, int n, char path[600]) {
+    snprintf(path, 600, "%.500s/toks.i32", dir);
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    for (int i = 0; i < n; i++) {
+        int32_t id = (int32_t)((i * 7919 + 13) % 1000);
+        if (fwrite(&id, 4, 1, f) != 1) { fclose(f); return -1; }
+    }
+    return fclose(f) == 0 ? 0 : -1;
+}
+
 /* The decode step with its activations on the device (km_forward_dev over
  * the dev_ hooks: norms, attention residuals and the residual stream on the
  * device, one host wait per MoE layer): synth's tiny Kimi K3 and
@@ -305,14 +318,7 @@ TEST(cuda_engine_decode_step_on_device) {
     const char *tmp = t_tmpdir("cuda_step");
     static const char *arch[2] = {"kimi_k3", "kimi_linear"};
     char toks[600];
-    snprintf(toks, sizeof toks, "%s/toks.i32", tmp);
-    FILE *f = fopen(toks, "wb");
-    REQUIRE(f != NULL, "%s", toks);
-    for (int i = 0; i < 24; i++) {
-        int32_t id = (int32_t)((i * 7919 + 13) % 1000);
-        fwrite(&id, 4, 1, f);
-    }
-    fclose(f);
+    REQUIRE(write_ids(tmp, 24, toks) == 0, "%s", toks);
     for (int i = 0; i < 2; i++) {
         char model[600], out[16384];
         int rc = synth_tiny(tmp, arch[i], model, out, sizeof out);
@@ -378,14 +384,7 @@ TEST(cuda_engine_prompt_on_device) {
     const char *tmp = t_tmpdir("cuda_prompt");
     static const char *arch[2] = {"kimi_k3", "kimi_linear"};
     char toks[600];
-    snprintf(toks, sizeof toks, "%s/toks.i32", tmp);
-    FILE *f = fopen(toks, "wb");
-    REQUIRE(f != NULL, "%s", toks);
-    for (int i = 0; i < 300; i++) {
-        int32_t id = (int32_t)((i * 7919 + 13) % 1000);
-        fwrite(&id, 4, 1, f);
-    }
-    fclose(f);
+    REQUIRE(write_ids(tmp, 300, toks) == 0, "%s", toks);
     enum { NV = 7 };
     const char *dev[NV] = {"cpu --chunk 300", "cuda --chunk 1", "cuda --chunk 300", "cuda --chunk 300 --prefill chunks",
                            "cuda --chunk 300 --gpu-mem 1M", "cuda --bf16-tc-rows 1 --chunk 1",
