@@ -91,6 +91,14 @@ done:
     return rc;
 }
 
+/* The parts of a prefill profile that took time: seconds and share. */
+static void print_parts(const double part[DF_PROF_N]) {
+    double sum = 0;
+    for (int i = 0; i < DF_PROF_N; i++) sum += part[i];
+    for (int i = 0; i < DF_PROF_N; i++)
+        if (part[i] > 0) printf("  %-22s %8.3f s   %5.1f%%\n", df_prof_name(i), part[i], sum > 0 ? 100 * part[i] / sum : 0);
+}
+
 /* --prefill-again: the prompt once more in a new session of the same
  * engine, its weights now in place (caches, device copies), so the time is
  * the compute, not the first reads and uploads. 0 on failure; *same: its
@@ -436,21 +444,12 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                        "                            where the host waits for it: the router, the head)\n",
                        (double)(ac.device_passes - ac0.device_passes) / ntok);
         }
-        double psum = 0;
-        for (int i = 0; i < DF_PROF_N; i++) psum += pre1[i];
         printf("prefill by part (%d tokens, s; the parts' own time, the rest is chunking and logits):\n", nprompt);
-        for (int i = 0; i < DF_PROF_N; i++)
-            if (pre1[i] > 0)
-                printf("  %-22s %8.3f s   %5.1f%%\n", df_prof_name(i), pre1[i], psum > 0 ? 100 * pre1[i] / psum : 0);
+        print_parts(pre1);
         if (again) {
-            double asum = 0;
-            for (int i = 0; i < DF_PROF_N; i++) asum += again_part[i];
             printf("prefill again by part (s; host time: on the device, the parts where the host waits\n"
                    "for it, or all of them under CUDA_LAUNCH_BLOCKING=1):\n");
-            for (int i = 0; i < DF_PROF_N; i++)
-                if (again_part[i] > 0)
-                    printf("  %-22s %8.3f s   %5.1f%%\n", df_prof_name(i), again_part[i],
-                           asum > 0 ? 100 * again_part[i] / asum : 0);
+            print_parts(again_part);
         }
         printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads;\n"
                "floor: the part's weight bytes per token at the %s rate):\n", ntok,
