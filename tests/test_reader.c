@@ -128,6 +128,7 @@ static struct {
     int eintr;               /* every other call fails with EINTR */
     int shorten;             /* reads return half (whole blocks on O_DIRECT fds) */
     int sleep_us;            /* each read takes this much longer */
+    atomic_int gate_shut;    /* pool reads wait while this is set */
     int64_t eio_off;         /* reads covering this byte fail with EIO; -1 none */
     atomic_uint calls, rcalls, scalls, faults;
     int64_t tag_off[64];     /* io_uring: range and fd kind of each queued tag */
@@ -138,6 +139,7 @@ static struct {
 static void fx_reset(void) {
     fx.eintr = fx.shorten = fx.sleep_us = 0;
     fx.eio_off = -1;
+    atomic_store(&fx.gate_shut, 0);
     atomic_store(&fx.calls, 0);
     atomic_store(&fx.rcalls, 0);
     atomic_store(&fx.scalls, 0);
@@ -172,6 +174,7 @@ static ssize_t fx_pread(void *ctx, int fd, void *buf, size_t n, off_t off) {
         return -1;
     }
     if (fx.sleep_us) usleep((useconds_t)fx.sleep_us);
+    while (atomic_load(&fx.gate_shut)) usleep(1000);
     if (fx.shorten && half(n, is_direct(fd)) < n) {
         atomic_fetch_add(&fx.faults, 1);
         n = half(n, is_direct(fd));
@@ -600,18 +603,24 @@ TEST(xr_submit_first_jumps_the_queue) {
     REQUIRE(d && make_file(d, "f", 6 * MAX_SPAN, path, sizeof path) == 0, "fixture");
     xr_kind k[2];
     int ne = engines(k);
+    fx_reset();
+    df_io io = fx_io();
     for (int ei = 0; ei < ne; ei++) {
         xs_reader *r = NULL;
         char err[DF_ERRMSG];
-        REQUIRE(xr_open(NULL, k[ei], 1, 1, &r, err) == DF_OK, "%s", err);
+        REQUIRE(xr_open(&io, k[ei], 1, 1, &r, err) == DF_OK, "%s", err);
         int direct = 0, fd = open_for(path, &direct);
         REQUIRE(fd >= 0, "open");
         uint8_t *arena = aligned_alloc(XR_ALIGN, 8 * MAX_SPAN);
         REQUIRE(arena, "memory");
-        /* 0 may already be in flight; 1..4 wait; 5 goes ahead of them */
+        /* 0 may already be in flight; 1..4 wait; 5 goes ahead of them. The pool's
+         * reads wait at a gate until all six are queued: otherwise its worker can
+         * finish 0 and take 1 before 5 arrives (seen under qemu) */
+        atomic_store(&fx.gate_shut, 1);
         for (int i = 0; i < 5; i++)
             CHECK(xr_submit(r, fd, direct, arena + (size_t)i * MAX_SPAN, MAX_SPAN, (int64_t)i * MAX_SPAN, (uint64_t)i) == 0);
         CHECK(xr_submit_first(r, fd, direct, arena + (size_t)5 * MAX_SPAN, MAX_SPAN, 5 * MAX_SPAN, 5) == 0);
+        atomic_store(&fx.gate_shut, 0);
         int order[6], n = 0, got;
         xr_done dn[8];
         while (n < 6 && (got = xr_wait(r, dn, 8)) > 0)
