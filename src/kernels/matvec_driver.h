@@ -18,7 +18,8 @@
  * block's vectors pass over it; inside a row block, vectors in groups of mv
  * through the mr-row "many" tile (weights decoded once per group of
  * vectors: prefill), the vectors left over one at a time through the nr-row
- * "one" tile (decode). Leftover rows take the 1-row variants.
+ * "one" tile (decode). Leftover rows take the 1-row variants. A level that
+ * reorders x (prep) has each vector of a block prepared once per call.
  */
 #ifndef DF_KERNELS_MATVEC_DRIVER_H
 #define DF_KERNELS_MATVEC_DRIVER_H
