@@ -19,7 +19,8 @@
  * (see matvec.c for the value computed).
  *
  * Streaming: each row's stream is prefetched PF bytes ahead, once per 64
- * bytes read (see matvec_avx512.c).
+ * bytes read, and each tile prefetches the head of the next tile's rows
+ * (pf_rows; see matvec_avx512.c).
  *
  * Sections: 1. helpers  2. dense (f32 bf16 f16 i8)  3. fp8 block
  *           4. int4 / mxfp4  5. tiles per type
@@ -60,6 +61,16 @@ AI void pf(const void *p, int bytes) {
     UNROLL for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PF + o, _MM_HINT_T0);
 }
 
+/* The first PF bytes of rows [r, r + nr) (the next tile's: a tile's rows are
+ * short streams, and without this each tile began with its rows cold). */
+AI void pf_rows(const void *base, int64_t row_bytes, int64_t r, int nr, int64_t rows) {
+    UNROLL for (int j = 0; j < nr; j++) {
+        if (r + j >= rows) break;
+        const char *p = (const char *)base + (r + j) * row_bytes;
+        UNROLL for (int o = 0; o < PF; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    }
+}
+
 /* ---- 2. dense (f32 bf16 f16 i8) -------------------------------------------- */
 
 enum { E_F32, E_BF16, E_F16, E_I8 };
@@ -92,6 +103,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         row[j] = (const char *)w->data + (r + j) * cols * es;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
+    pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
         /* 16 columns are 16-64 bytes: one prefetch per 64 */
@@ -170,6 +182,7 @@ AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, 
         sc[j] = (const float *)w->scale + ((r + j) / w->block_rows) * nbc;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
+    pf_rows(w->data, cols, r + nr, nr, w->rows);
     for (int64_t cb = 0; cb < nbc; cb++) {
         const int64_t c0 = cb * bc, c1 = c0 + bc < cols ? c0 + bc : cols;
         __m256 p0[TR][TV], p1[TR][TV];
@@ -297,6 +310,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         si[j] = (r + j) * ng;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
+    pf_rows(w->data, cols / 2, r + nr, nr, w->rows);
     /* bf16 of the 16 code values: high bytes, low bytes */
     const __m256i thi = k == N_MX
         ? _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, /* 0 .5 1 1.5 2 3 4 6 */
@@ -320,6 +334,8 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
     const __m256i zero = _mm256_setzero_si256();
     float sbuf[TR][8];
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
+    UNROLL for (int j = 0; j < nr; j++) /* and their scales' first line */
+        if (r + nr + j < w->rows) _mm_prefetch((const char *)w->scale + (si[j] + nr * ng) * ssz, _MM_HINT_T0);
     for (int64_t g = 0; g < ng; g++) {
         const int64_t c = g * 32;
         if ((g & 7) == 0)
