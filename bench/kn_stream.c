@@ -1,0 +1,103 @@
+/* kn_stream.c — one kernel on one thread, steadier than `bench --kernels` on
+ * a shared machine: a random matrix of one weight type, kn_matmul at one
+ * SIMD level, the best of many timed calls. Two copies pinned to two CPUs
+ * (bench/kn_pair.sh) load the memory as two engine threads do.
+ *
+ *   make && cc -std=c17 -O2 -D_GNU_SOURCE -Iinclude -pthread bench/kn_stream.c \
+ *       build/libdeltafin.a -lm -lpthread -o build/kn_stream
+ *   build/kn_stream TYPE LEVEL ROWS COLS [N [REPS]]
+ *     TYPE mxfp4 | bf16 | fp8; LEVEL scalar | avx2 | avx512 | neon;
+ *     N vectors (default 1: a matvec), REPS calls per timing (default 1)
+ *
+ * Prints GB/s of weights (data + scales) and GFLOP/s of the best timing of
+ * 40 (5 when the matrix exceeds 256 MB, which comes from DRAM anyway), and
+ * y[0] (the same for two builds whose bits agree). Matrices of a few MB sit
+ * in L2 / L3 and measure the kernel's arithmetic; of hundreds of MB, its
+ * streaming.
+ */
+#include "../src/kernels/kernels.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static uint64_t rs = 88172645463325252ull;
+static uint32_t rnd(void) {
+    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+    return (uint32_t)(rs >> 32);
+}
+static float frand(void) { return (float)rnd() * 0x1p-32f - 0.5f; }
+
+static int level_of(const char *s, kn_level *lv) {
+    static const kn_level all[] = {KN_SCALAR, KN_AVX2, KN_AVX512, KN_NEON};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, kn_level_name(all[i]))) return *lv = all[i], kn_level_available(all[i]);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    kn_level lv;
+    if (argc < 5 || !level_of(argv[2], &lv)) {
+        fprintf(stderr, "usage: kn_stream mxfp4|bf16|fp8 LEVEL ROWS COLS [N [REPS]] (LEVEL available here)\n");
+        return 2;
+    }
+    const char *type = argv[1];
+    const int64_t rows = atoll(argv[3]), cols = atoll(argv[4]);
+    const int n = argc > 5 ? atoi(argv[5]) : 1, reps = argc > 6 ? atoi(argv[6]) : 1;
+    df_weight w;
+    memset(&w, 0, sizeof w);
+    w.rows = rows, w.cols = cols;
+    int64_t dbytes, sbytes;
+    if (!strcmp(type, "mxfp4")) {
+        w.type = WT_MXFP4, dbytes = rows * cols / 2, sbytes = rows * (cols / 32);
+    } else if (!strcmp(type, "bf16")) {
+        w.type = WT_BF16, dbytes = rows * cols * 2, sbytes = 0;
+    } else if (!strcmp(type, "fp8")) {
+        w.type = WT_FP8_BLOCK, w.block_rows = w.block_cols = 128, dbytes = rows * cols;
+        sbytes = (rows + 127) / 128 * ((cols + 127) / 128) * 4;
+    } else {
+        fprintf(stderr, "kn_stream: type %s: mxfp4, bf16 or fp8\n", type);
+        return 2;
+    }
+    if (rows < 1 || cols < 32 || cols % 32 || n < 1 || reps < 1) {
+        fprintf(stderr, "kn_stream: ROWS >= 1, COLS a multiple of 32, N >= 1, REPS >= 1\n");
+        return 2;
+    }
+    uint8_t *d = malloc((size_t)dbytes), *s = malloc((size_t)sbytes + 4);
+    float *x = malloc((size_t)(n * cols) * sizeof *x), *y = malloc((size_t)(n * rows) * sizeof *y);
+    if (!d || !s || !x || !y) {
+        fprintf(stderr, "kn_stream: out of memory\n");
+        return 1;
+    }
+    for (int64_t i = 0; i < dbytes; i++) {
+        uint8_t b = (uint8_t)rnd();
+        if (w.type == WT_BF16 && (i & 1)) b = (uint8_t)(0x3c + (b & 3)); /* bf16 high bytes: |v| ~ 0.01-1 */
+        if (w.type == WT_FP8_BLOCK) b &= 0x6f;                             /* no NaN codes */
+        d[i] = b;
+    }
+    if (w.type == WT_MXFP4)
+        for (int64_t i = 0; i < sbytes; i++) s[i] = (uint8_t)(118 + rnd() % 12);
+    if (w.type == WT_FP8_BLOCK)
+        for (int64_t i = 0; i < sbytes / 4; i++) ((float *)s)[i] = 0.01f;
+    w.data = d, w.scale = sbytes ? s : NULL;
+    for (int64_t i = 0; i < n * cols; i++) x[i] = frand();
+    const int tries = dbytes + sbytes > (256 << 20) ? 5 : 40;
+    double best = 1e30;
+    kn_matmul(lv, &w, x, n, y, rows, 0, rows); /* warm-up */
+    for (int t = 0; t < tries; t++) {
+        double t0 = now();
+        for (int r = 0; r < reps; r++) kn_matmul(lv, &w, x, n, y, rows, 0, rows);
+        double dt = (now() - t0) / reps;
+        if (dt < best) best = dt;
+    }
+    printf("%s %s %lld x %lld n=%d: %.2f GB/s %.1f GFLOP/s (y0 %.9g)\n", type, kn_level_name(lv), (long long)rows,
+           (long long)cols, n, (double)(dbytes + sbytes) / best / 1e9, 2.0 * (double)rows * (double)cols * n / best / 1e9,
+           (double)y[0]);
+    free(d), free(s), free(x), free(y);
+    return 0;
+}
