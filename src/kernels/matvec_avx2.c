@@ -310,7 +310,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         si[j] = (r + j) * ng;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
-    pf_rows(w->data, cols / 2, r + nr, nr, w->rows);
+    if (nv == 1) pf_rows(w->data, cols / 2, r + nr, nr, w->rows); /* many vectors: compute-bound, -5% with it */
     /* bf16 of the 16 code values: high bytes, low bytes */
     const __m256i thi = k == N_MX
         ? _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, /* 0 .5 1 1.5 2 3 4 6 */
@@ -334,7 +334,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
     const __m256i zero = _mm256_setzero_si256();
     float sbuf[TR][8];
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
-    UNROLL for (int j = 0; j < nr; j++) /* and their scales' first line */
+    if (nv == 1) UNROLL for (int j = 0; j < nr; j++) /* and their scales' first line */
         if (r + nr + j < w->rows) _mm_prefetch((const char *)w->scale + (si[j] + nr * ng) * ssz, _MM_HINT_T0);
     for (int64_t g = 0; g < ng; g++) {
         const int64_t c = g * 32;
