@@ -18,25 +18,23 @@
  * the same two-lane-set pattern and multiply them by the scale once per block
  * (see matvec.c for the value computed).
  *
- * Streaming: each row's stream is prefetched PF bytes ahead, once per 64
+ * Streaming: each row's stream is prefetched KN_PF bytes ahead, once per 64
  * bytes read, and each tile prefetches the head of the next tile's rows
- * (pf_rows; see matvec_avx512.c).
+ * (matvec_prefetch.h, shared with matvec_avx512.c).
  *
  * Sections: 1. helpers  2. dense (f32 bf16 f16 i8)  3. fp8 block
  *           4. int4 / mxfp4  5. tiles per type
  */
 #include "kernels.h"
 #include "matvec_driver.h"
+#include "matvec_prefetch.h"
 #include <immintrin.h>
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
 /* NR rows for one vector (decode); each type's table sets its own rows x
  * vectors for several vectors (prefill), within TR x TV */
-#ifndef KN_PF
-#define KN_PF 256 /* bytes ahead; 256-512 measured best on a 16-core Xeon (bench --kernels) */
-#endif
-enum { NR = 4, TR = 4, TV = 4, PF = KN_PF, PF_SCALES = 64 /* groups ahead */ };
+enum { NR = 4, TR = 4, TV = 4, PF_SCALES = 64 /* groups ahead */ };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
 
@@ -54,21 +52,6 @@ AI float hsum8(__m256 v) {
 AI void pad_x(const float *x, int64_t n, float *xt) {
     memset(xt, 0, 16 * sizeof *xt);
     memcpy(xt, x, (size_t)n * sizeof *xt);
-}
-
-/* Prefetch the next `bytes` of a row stream, PF bytes ahead (one per line). */
-AI void pf(const void *p, int bytes) {
-    UNROLL for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PF + o, _MM_HINT_T0);
-}
-
-/* The first PF bytes of rows [r, r + nr) (the next tile's: a tile's rows are
- * short streams, and without this each tile began with its rows cold). */
-AI void pf_rows(const void *base, int64_t row_bytes, int64_t r, int nr, int64_t rows) {
-    UNROLL for (int j = 0; j < nr; j++) {
-        if (r + j >= rows) break;
-        const char *p = (const char *)base + (r + j) * row_bytes;
-        UNROLL for (int o = 0; o < PF; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-    }
 }
 
 /* ---- 2. dense (f32 bf16 f16 i8) -------------------------------------------- */
@@ -103,12 +86,12 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         row[j] = (const char *)w->data + (r + j) * cols * es;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
-    pf_rows(w->data, cols * es, r + nr, nr, w->rows);
+    kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
         /* 16 columns are 16-64 bytes: one prefetch per 64 */
         if (es == 4 || (c & (es == 2 ? 16 : 48)) == 0)
-            UNROLL for (int j = 0; j < nr; j++) pf(row[j] + c * es, 64);
+            UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 64);
         __m256 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {
             x0[v] = _mm256_loadu_ps(X + v * ldx + c);
@@ -182,7 +165,7 @@ AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, 
         sc[j] = (const float *)w->scale + ((r + j) / w->block_rows) * nbc;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
-    pf_rows(w->data, cols, r + nr, nr, w->rows);
+    kn_pf_rows(w->data, cols, r + nr, nr, w->rows);
     for (int64_t cb = 0; cb < nbc; cb++) {
         const int64_t c0 = cb * bc, c1 = c0 + bc < cols ? c0 + bc : cols;
         __m256 p0[TR][TV], p1[TR][TV];
@@ -193,7 +176,7 @@ AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, 
         }
         int64_t c = c0;
         for (; c + 16 <= c1; c += 16) {
-            if ((c & 48) == 0) UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c, 64);
+            if ((c & 48) == 0) UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c, 64);
             __m256 x0[TV], x1[TV];
             UNROLL for (int v = 0; v < nv; v++) {
                 x0[v] = _mm256_loadu_ps(X + v * ldx + c);
@@ -310,7 +293,6 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         si[j] = (r + j) * ng;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
-    if (nv == 1) pf_rows(w->data, cols / 2, r + nr, nr, w->rows); /* many vectors: compute-bound, -5% with it */
     /* bf16 of the 16 code values: high bytes, low bytes */
     const __m256i thi = k == N_MX
         ? _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, /* 0 .5 1 1.5 2 3 4 6 */
@@ -334,8 +316,8 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
     const __m256i zero = _mm256_setzero_si256();
     float sbuf[TR][8];
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
-    if (nv == 1) UNROLL for (int j = 0; j < nr; j++) /* and their scales' first line */
-        if (r + nr + j < w->rows) _mm_prefetch((const char *)w->scale + (si[j] + nr * ng) * ssz, _MM_HINT_T0);
+    /* the next tile's rows; not for many vectors, whose decode is the limit (-5% with it) */
+    if (nv == 1) kn_pf_nib_rows(w, r + nr, nr, ssz);
     for (int64_t g = 0; g < ng; g++) {
         const int64_t c = g * 32;
         if ((g & 7) == 0)
@@ -344,7 +326,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
                 /* the scales are a stream too (one line per 4-16 blocks of them) */
                 _mm_prefetch((const char *)w->scale + (si[j] + g + PF_SCALES) * ssz, _MM_HINT_T0);
             }
-        if ((g & 3) == 0) UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c / 2, 64);
+        if ((g & 3) == 0) UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
         __m256 x0[TV], x1[TV], x2[TV], x3[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {
             const float *x = X + v * ldx + c;

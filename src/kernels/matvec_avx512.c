@@ -16,13 +16,11 @@
  * that computed it. Masked loads zero the lanes past the end, so tails need
  * no copies.
  *
- * Streaming: each row's stream is prefetched PF bytes ahead, once per 64
+ * Streaming: each row's stream is prefetched KN_PF bytes ahead, once per 64
  * bytes read; the hardware prefetcher alone left the 4-bit and int8 kernels
  * at half the DRAM bandwidth (their rows are read slowly, so it ramps late).
- * A tile's rows are short streams (3.6 KB for a 7168-column MXFP4 row), so
- * each tile also prefetches the first PF bytes of the next tile's rows
- * (pf_rows): without it every tile began with its rows cold (2 cores of a
- * 2-vCPU Zen 5 VM, MXFP4 matvec from DRAM: 24-27 -> 30-32 GB/s).
+ * Each tile also prefetches the head of the next tile's rows
+ * (matvec_prefetch.h says why).
  *
  * Nibble types: one 32-column group is 16 bytes; vpmovzxbd puts byte k in
  * lane k, vpermps (which reads only the low 4 index bits) looks the low nibble
@@ -35,16 +33,14 @@
  */
 #include "kernels.h"
 #include "matvec_driver.h"
+#include "matvec_prefetch.h"
 #include <immintrin.h>
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
 /* NR rows for one vector (decode); each type's tile table sets its own rows x
  * vectors for several vectors (prefill), within TR x TV */
-#ifndef KN_PF
-#define KN_PF 256 /* bytes ahead; 256-512 measured best on a 16-core Xeon (bench --kernels) */
-#endif
-enum { NR = 4, TR = 4, TV = 4, PF = KN_PF, PF_SCALES = 64 /* groups ahead */ };
+enum { NR = 4, TR = 4, TV = 4, PF_SCALES = 64 /* groups ahead */ };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
 
@@ -59,21 +55,6 @@ AI float hsum16(__m512 v) {
 }
 
 AI __mmask16 tailmask(int64_t n) { return (__mmask16)((1u << n) - 1u); } /* 0 < n < 16 */
-
-/* Prefetch the next `bytes` of a row stream, PF bytes ahead (one per line). */
-AI void pf(const void *p, int bytes) {
-    UNROLL for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PF + o, _MM_HINT_T0);
-}
-
-/* The first PF bytes of rows [r, r + nr) (the next tile's: a tile's rows are
- * short streams, and without this each tile began with its rows cold). */
-AI void pf_rows(const void *base, int64_t row_bytes, int64_t r, int nr, int64_t rows) {
-    UNROLL for (int j = 0; j < nr; j++) {
-        if (r + j >= rows) break;
-        const char *p = (const char *)base + (r + j) * row_bytes;
-        UNROLL for (int o = 0; o < PF; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-    }
-}
 
 /* ---- 2. dense (f32 bf16 f16 i8) -------------------------------------------- */
 
@@ -116,10 +97,10 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         row[j] = (const char *)w->data + (r + j) * cols * es;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
     }
-    pf_rows(w->data, cols * es, r + nr, nr, w->rows);
+    kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
-        if (es == 1 ? (c & 32) == 0 : 1) UNROLL for (int j = 0; j < nr; j++) pf(row[j] + c * es, 32 * es < 64 ? 64 : 32 * es);
+        if (es == 1 ? (c & 32) == 0 : 1) UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 32 * es < 64 ? 64 : 32 * es);
         __m512 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {
             x0[v] = _mm512_loadu_ps(X + v * ldx + c);
@@ -184,7 +165,7 @@ AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, 
         sc[j] = (const float *)w->scale + ((r + j) / w->block_rows) * nbc;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
     }
-    pf_rows(w->data, cols, r + nr, nr, w->rows);
+    kn_pf_rows(w->data, cols, r + nr, nr, w->rows);
     for (int64_t cb = 0; cb < nbc; cb++) {
         const int64_t c0 = cb * bc, c1 = c0 + bc < cols ? c0 + bc : cols;
         __m512 p0[TR][TV], p1[TR][TV];
@@ -195,7 +176,7 @@ AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, 
         }
         int64_t c = c0;
         for (; c + 32 <= c1; c += 32) {
-            if ((c & 32) == 0) UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c, 64);
+            if ((c & 32) == 0) UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c, 64);
             __m512 x0[TV], x1[TV];
             UNROLL for (int v = 0; v < nv; v++) {
                 x0[v] = _mm512_loadu_ps(X + v * ldx + c);
@@ -292,7 +273,6 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         si[j] = (r + j) * ng;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
     }
-    if (nv == 1) pf_rows(w->data, cols / 2, r + nr, nr, w->rows); /* many vectors: compute-bound, -5% with it */
     /* values of the 16 codes before scaling: int4 q - 8, or e2m1 */
     const __m512 base = k == N_MX
         ? _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
@@ -300,8 +280,8 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     float sbuf[TR][16];
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
-    if (nv == 1) UNROLL for (int j = 0; j < nr; j++) /* and their scales' first line */
-        if (r + nr + j < w->rows) _mm_prefetch((const char *)w->scale + (si[j] + nr * ng) * ssz, _MM_HINT_T0);
+    /* the next tile's rows; not for many vectors, whose decode is the limit (-5% with it) */
+    if (nv == 1) kn_pf_nib_rows(w, r + nr, nr, ssz);
     for (int64_t g = 0; g < ng; g++) {
         const int64_t c = g * 32;
         if ((g & 15) == 0) {
@@ -312,7 +292,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
             }
         }
         /* every group (16 bytes), not once per line: measured faster here */
-        UNROLL for (int j = 0; j < nr; j++) pf(q[j] + c / 2, 64);
+        UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
         __m512 xe[TV], xo[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {
             xe[v] = _mm512_loadu_ps(X + v * ldx + c);

@@ -1,0 +1,51 @@
+/* matvec_prefetch.h — the software prefetches the x86 tiles share
+ * (matvec_avx2.c, matvec_avx512.c): SSE instructions, so one copy serves
+ * both levels.
+ *
+ * Owns: the distance (KN_PF), the within-row stream prefetch (kn_pf) and the
+ * head of the next tile's rows (kn_pf_rows, kn_pf_nib_rows). Refuses: any
+ * arithmetic on weights. A tile's rows are short streams (3.6 KB for a
+ * 7168-column MXFP4 row): the within-row prefetch only runs KN_PF bytes
+ * ahead of the tile, so without the next tile's heads every tile began with
+ * its rows cold (two cores of a 2-vCPU Zen 5 VM, MXFP4 matvec from DRAM:
+ * 23-26 -> 31-33 GB/s, bench/kn_pair.sh).
+ */
+#ifndef DF_KERNELS_MATVEC_PREFETCH_H
+#define DF_KERNELS_MATVEC_PREFETCH_H
+#include "../format/weight.h"
+#include <stdint.h>
+#include <xmmintrin.h>
+
+#ifndef KN_PF
+#define KN_PF 256 /* bytes ahead; 256-512 measured best on a 16-core Xeon (bench --kernels) */
+#endif
+
+#define KN_PF_AI static inline __attribute__((always_inline))
+
+/* The next `bytes` of a row stream at p, KN_PF bytes ahead (one per line). */
+KN_PF_AI void kn_pf(const void *p, int bytes) {
+    _Pragma("GCC unroll 8") for (int o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)p + KN_PF + o, _MM_HINT_T0);
+}
+
+/* The first KN_PF bytes of rows [r, r + nr) that exist. */
+KN_PF_AI void kn_pf_rows(const void *base, int64_t row_bytes, int64_t r, int nr, int64_t rows) {
+    _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) {
+        if (r + j >= rows) break;
+        const char *p = (const char *)base + (r + j) * row_bytes;
+        _Pragma("GCC unroll 8") for (int o = 0; o < KN_PF; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    }
+}
+
+/* kn_pf_rows for a 4-bit matrix (cols / 2 bytes a row), and the first line
+ * of those rows' group scales (cols / 32 of ssz bytes each). */
+KN_PF_AI void kn_pf_nib_rows(const df_weight *w, int64_t r, int nr, int ssz) {
+    const int64_t ng = w->cols / 32;
+    kn_pf_rows(w->data, w->cols / 2, r, nr, w->rows);
+    _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) {
+        if (r + j >= w->rows) break;
+        _mm_prefetch((const char *)w->scale + (r + j) * ng * ssz, _MM_HINT_T0);
+    }
+}
+#undef KN_PF_AI
+#endif
