@@ -273,6 +273,43 @@ kernels:
                    t == WT_BF16 ? "bf16-tc" : "mxfp4-tc", (long long)rows, bytes / 1e9, bytes / c1 / 1e9, 100 * bytes / c1 / 1e9 / copy_gbps,
                    100 * bytes / c1 / 1e9 / read_gbps, bytes / c8 / 1e9, fl * 8 / c8 / 1e12, bytes / c64 / 1e9,
                    fl * 64 / c64 / 1e12, bytes / c4 / 1e9);
+            if (t == WT_MXFP4) { /* the fragment layout: same bits, its speed */
+                void *fr;
+                CK(cudaMalloc(&fr, (size_t)gpu_mx_frag_bytes(rows, cols)));
+                DK(gpu_mx_frag_pack(&g, fr, NULL));
+                float *dZ;
+                CK(cudaMalloc(&dZ, rows * 64 * 4));
+                int same = 1;
+                const int nn[] = {1, 3, 4, 37};
+                for (int nv : nn) { /* whole matrix, then an unaligned row range */
+                    DK(gpu_matmul_tc(&g, dX, nv, dY, rows, 0, rows, &ws, NULL));
+                    g.frag = fr;
+                    DK(gpu_matmul_tc(&g, dX, nv, dZ, rows, 0, rows, &ws, NULL));
+                    g.frag = NULL;
+                    CK(cudaDeviceSynchronize());
+                    std::vector<float> h1((size_t)rows * nv), h2((size_t)rows * nv);
+                    CK(cudaMemcpy(h1.data(), dY, h1.size() * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(h2.data(), dZ, h2.size() * 4, cudaMemcpyDeviceToHost));
+                    same &= memcmp(h1.data(), h2.data(), h1.size() * 4) == 0;
+                    DK(gpu_matmul_tc(&g, dX, nv, dY, 1000, 37, 1037, &ws, NULL));
+                    g.frag = fr;
+                    DK(gpu_matmul_tc(&g, dX, nv, dZ, 1000, 37, 1037, &ws, NULL));
+                    g.frag = NULL;
+                    CK(cudaDeviceSynchronize());
+                    CK(cudaMemcpy(h1.data(), dY, (size_t)1000 * nv * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(h2.data(), dZ, (size_t)1000 * nv * 4, cudaMemcpyDeviceToHost));
+                    same &= memcmp(h1.data(), h2.data(), (size_t)1000 * nv * 4) == 0;
+                }
+                g.frag = fr;
+                double f1 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 1, dZ, rows, 0, rows, &ws, NULL)); }, 3, 21);
+                double f4 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 4, dZ, rows, 0, rows, &ws, NULL)); }, 1, 7);
+                g.frag = NULL;
+                printf("%-10s %9lld %9.3f | %9.1f %5.1f%% %5.1f%% | n=4: %.1f GB/s  (fragment layout; bits %s)\n",
+                       "mxfp4-frag", (long long)rows, bytes / 1e9, bytes / f1 / 1e9, 100 * bytes / f1 / 1e9 / copy_gbps,
+                       100 * bytes / f1 / 1e9 / read_gbps, bytes / f4 / 1e9, same ? "equal" : "DIFFER");
+                CK(cudaFree(dZ));
+                CK(cudaFree(fr));
+            }
             gpu_ws_free(&ws);
         }
         CK(cudaFree(dY));
@@ -375,6 +412,44 @@ kernels:
                    te / NE * 1e6, ebytes * NE / te / 1e9, 100 * ebytes * NE / te / 1e9 / copy_gbps,
                    100 * ebytes * NE / te / 1e9 / read_gbps);
         }
+        /* the same batches on the fragment layout: bits against the above, speed */
+        std::vector<void *> fr;
+        for (int e = 0; e < NE; e++)
+            for (gpu_weight *w : {&eg[e], &eu[e], &ed[e]}) {
+                void *p;
+                CK(cudaMalloc(&p, (size_t)gpu_mx_frag_bytes(w->rows, w->cols)));
+                DK(gpu_mx_frag_pack(w, p, NULL));
+                fr.push_back(p);
+            }
+        float *dOF;
+        CK(cudaMalloc(&dOF, (size_t)B * 16 * HID * 4));
+        for (int n : ens) {
+            std::vector<gpu_expert_job> jobs(B);
+            for (int e = 0; e < B; e++) jobs[e] = {&eg[e], &eu[e], &ed[e], dX, n, dOB + (size_t)e * 16 * HID};
+            DK(gpu_experts(jobs.data(), B, &act, &ws, NULL));
+            for (int e = 0; e < NE; e++) eg[e].frag = fr[3 * e], eu[e].frag = fr[3 * e + 1], ed[e].frag = fr[3 * e + 2];
+            for (int e = 0; e < B; e++) jobs[e].out = dOF + (size_t)e * 16 * HID;
+            DK(gpu_experts(jobs.data(), B, &act, &ws, NULL));
+            CK(cudaDeviceSynchronize());
+            std::vector<float> h1((size_t)B * 16 * HID), h2(h1.size());
+            CK(cudaMemcpy(h1.data(), dOB, h1.size() * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(h2.data(), dOF, h2.size() * 4, cudaMemcpyDeviceToHost));
+            int same = 1;
+            for (int e = 0; e < B; e++)
+                same &= memcmp(&h1[(size_t)e * 16 * HID], &h2[(size_t)e * 16 * HID], (size_t)n * HID * 4) == 0;
+            std::vector<gpu_expert_job> all(NE);
+            for (int e = 0; e < NE; e++)
+                all[e] = {&eg[e], &eu[e], &ed[e], dX, n, dOB + (size_t)(e % B) * 16 * HID};
+            double te = time_it([&] {
+                for (int l = 0; l < NE / B; l++) DK(gpu_experts(&all[l * B], B, &act, &ws, NULL));
+            }, 1, 7);
+            printf("  batch of %d, n=%-3d %8.1f us/expert  %7.1f GB/s  %5.1f%% of copy  (fragment layout; bits %s)\n",
+                   B, n, te / NE * 1e6, ebytes * NE / te / 1e9, 100 * ebytes * NE / te / 1e9 / copy_gbps,
+                   same ? "equal" : "DIFFER");
+            for (int e = 0; e < NE; e++) eg[e].frag = eu[e].frag = ed[e].frag = NULL;
+        }
+        for (void *p : fr) CK(cudaFree(p));
+        CK(cudaFree(dOF));
         gpu_ws_free(&ws);
         CK(cudaFree(dOB));
     }

@@ -219,17 +219,85 @@ extern "C" void gpu_weight_free(gpu_weight *g) {
     if (!g) return;
     cudaFree(g->data);
     cudaFree(g->scale);
+    cudaFree(g->frag);
     memset(g, 0, sizeof *g);
+}
+
+extern "C" int gpu_mx_frag_takes(const df_weight *w) {
+    return w && w->type == WT_MXFP4 && w->rows > 0 && w->cols > 0 && w->cols % 32 == 0;
+}
+
+extern "C" df_status gpu_weight_alloc_frag(const df_weight *shape, gpu_weight *g, char *err) {
+    memset(g, 0, sizeof *g);
+    if (!gpu_mx_frag_takes(shape)) return fail(err, DF_ERR_UNSUPPORTED, "gpu: the fragment layout takes MXFP4 with cols %% 32 == 0");
+    gpu_weight t;
+    memset(&t, 0, sizeof t);
+    take_shape(&t, shape);
+    t.data_bytes = gpu_mx_frag_bytes(shape->rows, shape->cols);
+    cudaError_t e = cudaMalloc(&t.frag, (size_t)t.data_bytes);
+    if (e != cudaSuccess)
+        return fail(err, cuda_status(e, "cudaMalloc"), "gpu: cannot allocate %lld bytes for a %lldx%lld mxfp4 matrix: %s",
+                    (long long)t.data_bytes, (long long)t.rows, (long long)t.cols, cudaGetErrorString(e));
+    *g = t;
+    return DF_OK;
+}
+
+/* w's data bytes, rounded up so its scales start 256-byte aligned in a stage */
+static int64_t stage_data_bytes(const df_weight *w) { return (w->rows * (w->cols / 2) + 255) & ~(int64_t)255; }
+
+extern "C" int64_t gpu_mx_frag_stage_bytes(const df_weight *w) {
+    return gpu_mx_frag_takes(w) ? stage_data_bytes(w) + w->rows * (w->cols / 32) : 0;
 }
 
 extern "C" int gpu_weight_fits(const df_weight *w, const gpu_weight *g) {
     int64_t d, s;
-    if (!w || !g || !g->data || gpu_weight_check(w, NULL) != DF_OK) return 0;
+    if (!w || !g || gpu_weight_check(w, NULL) != DF_OK) return 0;
+    if (g->frag && !g->data)
+        return gpu_mx_frag_takes(w) && gpu_mx_frag_bytes(w->rows, w->cols) == g->data_bytes;
+    if (!g->data) return 0;
     sizes(w, &d, &s);
     return d == g->data_bytes && s == g->scale_bytes;
 }
 
+extern "C" df_status gpu_weight_refill_frag_async(const df_weight *w, gpu_weight *g, void *stage, void *stream,
+                                                  char *err) {
+    if (!stage || !g || !g->frag || g->data || !gpu_weight_fits(w, g))
+        return fail(err, DF_ERR_ARG, "gpu: fragment refill with a matrix of another size or kind");
+    take_shape(g, w);
+    cudaStream_t s = (cudaStream_t)stream;
+    int64_t d, sc;
+    sizes(w, &d, &sc);
+    /* a raw view of the stage: the re-layout kernel reads it */
+    gpu_weight raw = *g;
+    raw.frag = NULL;
+    raw.data = stage;
+    raw.scale = (uint8_t *)stage + stage_data_bytes(w);
+    raw.data_bytes = d;
+    raw.scale_bytes = sc;
+    cudaError_t e = cudaMemcpyAsync(raw.data, w->data, (size_t)d, cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(raw.scale, w->scale, (size_t)sc, cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) return fail(err, cuda_status(e, "cudaMemcpyAsync"), "gpu: upload failed: %s", cudaGetErrorString(e));
+    df_status st = gpu_mx_frag_pack(&raw, g->frag, stream);
+    if (st) return fail(err, st, "gpu: re-laying an upload failed: %s", gpu_last_error());
+    return DF_OK;
+}
+
+extern "C" df_status gpu_weight_upload_frag(const df_weight *w, gpu_weight *g, char *err) {
+    df_status st = gpu_weight_alloc_frag(w, g, err);
+    if (st) return st;
+    void *stage = NULL;
+    cudaError_t e = cudaMalloc(&stage, (size_t)gpu_mx_frag_stage_bytes(w));
+    if (e != cudaSuccess) st = fail(err, cuda_status(e, "cudaMalloc"), "gpu: upload stage: %s", cudaGetErrorString(e));
+    if (!st) st = gpu_weight_refill_frag_async(w, g, stage, NULL, err);
+    if (!st && (e = cudaStreamSynchronize(NULL)) != cudaSuccess)
+        st = fail(err, cuda_status(e, "cudaMemcpy"), "gpu: upload failed: %s", cudaGetErrorString(e));
+    cudaFree(stage);
+    if (st) gpu_weight_free(g);
+    return st;
+}
+
 extern "C" df_status gpu_weight_refill_async(const df_weight *w, gpu_weight *g, void *stream, char *err) {
+    if (g && g->frag && !g->data) return fail(err, DF_ERR_ARG, "gpu: a fragment-layout matrix refills through a stage");
     if (!gpu_weight_fits(w, g)) return fail(err, DF_ERR_ARG, "gpu: refill with a matrix of another size");
     take_shape(g, w);
     cudaStream_t s = (cudaStream_t)stream;
@@ -626,6 +694,7 @@ static df_status matmul_t(const kw &k, int64_t rows, int64_t cols, const float *
 
 extern "C" df_status gpu_matmul(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy,
                                 int64_t row0, int64_t row1, void *stream) {
+    if (w && !w->data && w->frag) return DF_ERR_UNSUPPORTED; /* gpu_matmul_tc reads the fragment layout */
     if (!w || !w->data || !X || !Y || n < 1 || row0 < 0 || row1 > w->rows || row1 <= row0 ||
         ldy < row1 - row0)
         return DF_ERR_ARG;
@@ -741,6 +810,8 @@ extern "C" df_status gpu_expert(const gpu_weight *gate, const gpu_weight *up,
                                 const gpu_weight *down, const gpu_act *act, const float *X, int n,
                                 float *H, float *out, void *stream) {
     if (!gate || !up || !down || !act || !X || !H || !out || n < 1) return DF_ERR_ARG;
+    if (!gate->data || !up->data || !down->data) /* fragment-layout matrices: gpu_experts */
+        return gate->frag || up->frag || down->frag ? DF_ERR_UNSUPPORTED : DF_ERR_ARG;
     if (!same_layout(gate, up) || down->rows != gate->cols || down->cols != gate->rows)
         return DF_ERR_ARG;
     cudaStream_t s = (cudaStream_t)stream;

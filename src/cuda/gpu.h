@@ -76,6 +76,12 @@ typedef struct {
     st_dtype scale_dtype;       /* WT_INT4_G32 */
     int block_rows, block_cols; /* WT_FP8_BLOCK */
     int64_t data_bytes, scale_bytes;
+    /* MXFP4: the matrix in the fragment layout (gpu_mx_frag_pack), or NULL;
+     * when set, gpu_matmul_tc and the expert batches read it instead of data
+     * and scale. gpu_weight_alloc_frag makes a weight that holds only this
+     * (data and scale NULL, data_bytes its size): gpu_matmul and gpu_expert
+     * refuse it (DF_ERR_UNSUPPORTED). Freed by gpu_weight_free. */
+    void *frag;
 } gpu_weight;
 
 /* DF_OK if the GPU kernels take w's type and shape; else the reason in err. */
@@ -86,11 +92,29 @@ df_status gpu_weight_check(const df_weight *w, char *err);
 df_status gpu_weight_alloc(const df_weight *shape, gpu_weight *g, char *err);
 /* gpu_weight_alloc + copies w's bytes (synchronous). On error *g is zeroed. */
 df_status gpu_weight_upload(const df_weight *w, gpu_weight *g, char *err);
+/* The fragment layout (MXFP4, cols % 32 == 0: gpu_mx_frag_takes): device
+ * memory for it alone, shaped like `shape` (see gpu_weight.frag); on error
+ * *g is zeroed. The same matrix in less time per product than data + scale
+ * (bench/cuda_bench.cu), the same bits. */
+int gpu_mx_frag_takes(const df_weight *w);
+df_status gpu_weight_alloc_frag(const df_weight *shape, gpu_weight *g, char *err);
+/* Device bytes a refill of w into a fragment-layout weight stages through
+ * (w's data and scale, each 256-byte aligned). */
+int64_t gpu_mx_frag_stage_bytes(const df_weight *w);
+/* Copies w into g (gpu_weight_alloc_frag, gpu_weight_fits) through `stage`
+ * (device, gpu_mx_frag_stage_bytes(w)), re-laying it on the device, all on
+ * `stream`: stage is busy until the stream passes this point; w's bytes
+ * must stay in place until then. */
+df_status gpu_weight_refill_frag_async(const df_weight *w, gpu_weight *g, void *stage, void *stream, char *err);
+/* gpu_weight_alloc_frag + the refill through a stage of its own (synchronous). */
+df_status gpu_weight_upload_frag(const df_weight *w, gpu_weight *g, char *err);
 void gpu_weight_free(gpu_weight *g); /* NULL-safe; leaves *g zeroed */
-/* 1 if w's data and scale need exactly g's allocation sizes. */
+/* 1 if w's data and scale need exactly g's allocation sizes (for a
+ * fragment-layout g: w's fragment layout does). */
 int gpu_weight_fits(const df_weight *w, const gpu_weight *g);
-/* Copies w into g's existing allocation (gpu_weight_fits), taking w's shape
- * fields (synchronous). On error g keeps its memory, contents undefined. */
+/* Copies w into g's existing allocation (gpu_weight_fits; not a
+ * fragment-layout g), taking w's shape fields (synchronous). On error g
+ * keeps its memory, contents undefined. */
 df_status gpu_weight_refill(const df_weight *w, gpu_weight *g, char *err);
 /* The same on `stream`, asynchronous: w's bytes must stay in place until the
  * copies are done (page-locked sources make them truly asynchronous). */
@@ -121,6 +145,13 @@ void gpu_ws_free(gpu_ws *ws); /* NULL-safe; leaves it empty */
 
 /* 1 if gpu_matmul_tc runs w on the tensor cores as MXFP4, else 0. */
 int gpu_matmul_tc_takes(const gpu_weight *w);
+/* The fragment layout of an MXFP4 matrix (gpu_mma.cu): its codes and scales
+ * re-laid per 16-row tile so each lane loads its mma operands straight from
+ * global memory. gpu_mx_frag_bytes: its size; gpu_mx_frag_pack: w's bytes
+ * (device, gpu_matmul_tc_takes) into out (device, that many bytes),
+ * asynchronous on stream. Products through it are bit-equal to w's. */
+int64_t gpu_mx_frag_bytes(int64_t rows, int64_t cols);
+df_status gpu_mx_frag_pack(const gpu_weight *w, void *out, void *stream);
 /* 1 if gpu_matmul_tc can run w on the tensor cores as bf16 (cols a
  * multiple of 64; gpu_bf16_tc.cu; it does for n >= ws->bf16_tc_rows > 0),
  * else 0. */

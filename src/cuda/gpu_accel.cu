@@ -54,6 +54,8 @@ struct acc {
     float *hh, *dh;      /* an expert's hidden activations (device; hh unused) */
     size_t cap_h;
     gpu_ws ws;           /* tensor-core scratch (MXFP4) */
+    void *stage;         /* device: MXFP4 uploads land here, then are re-laid into their copy (copy stream) */
+    size_t cap_stage;    /* bytes */
     /* released expert-sized copies kept for the next upload of the same
      * size: no cudaMalloc / cudaFree (which synchronises) per expert swap */
     handle *spare[SPARE_MAX];
@@ -165,7 +167,25 @@ df_status handle_fill(acc *a, handle *h, const df_weight *w, char *err) {
         if (e != cudaSuccess) return cerr(err, e, "waiting for a released copy");
         h->was_freed = 0;
     }
-    df_status st = gpu_weight_refill_async(w, &h->g, a->copy, err);
+    df_status st;
+    if (h->g.frag && !h->g.data) { /* the fragment layout: staged, then re-laid on the copy stream */
+        const size_t need = (size_t)gpu_mx_frag_stage_bytes(w);
+        if (a->cap_stage < need) {
+            cudaError_t e = cudaStreamSynchronize(a->copy); /* the old stage may still be read */
+            cudaFree(a->stage);
+            a->stage = NULL;
+            a->cap_stage = 0;
+            if (e == cudaSuccess) e = cudaMalloc(&a->stage, need);
+            if (e != cudaSuccess) {
+                a->stage = NULL;
+                return cerr(err, e, "upload stage");
+            }
+            a->cap_stage = need;
+        }
+        st = gpu_weight_refill_frag_async(w, &h->g, a->stage, a->copy, err);
+    } else {
+        st = gpu_weight_refill_async(w, &h->g, a->copy, err);
+    }
     if (st) return st;
     h->settled = 0;
     cudaError_t e = cudaEventRecord(h->ready, a->copy);
@@ -250,10 +270,13 @@ void *acc_upload(void *ctx, const void *weight, int *refused, char *err) {
         handle_free(h);
         return NULL;
     }
-    st = gpu_weight_alloc(w, &h->g, err);
+    /* MXFP4 in the fragment layout (gpu.h): the same products, faster */
+    df_status (*alloc)(const df_weight *, gpu_weight *, char *) =
+        gpu_mx_frag_takes(w) ? gpu_weight_alloc_frag : gpu_weight_alloc;
+    st = alloc(w, &h->g, err);
     if (st == DF_ERR_NOMEM && a->nspare) { /* the spares hold the memory: give it back, retry */
         spares_free(a);
-        st = gpu_weight_alloc(w, &h->g, err);
+        st = alloc(w, &h->g, err);
     }
     if (st == DF_OK) st = handle_fill(a, h, w, err);
     if (st != DF_OK) {
@@ -1339,6 +1362,7 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     for (int i = 0; i < 64; i++) cudaFree(a->dblk[i]);
     gpu_ws_free(&a->mla_ws);
     gpu_ws_free(&a->ws);
+    cudaFree(a->stage);
     spares_free(a);
     cudaStreamDestroy(a->copy);
     cudaStreamDestroy(a->stream);

@@ -38,10 +38,17 @@
  * even and the odd nibbles four at a time, then four byte permutes against
  * zero (e2m1_quad).
  *
- * Measured (bench/cuda_NOTES.md, H200): 2.2 TB/s at n = 1 on a 2 GB matrix,
- * 52-53% of the device's copy bandwidth (1.7 TB/s, 40%, on the CUDA cores);
- * more loads in flight (deeper stages, more warps) did not help, fewer
- * instructions per code did: the decode and per-block work bound it.
+ * The fragment layout (gpu_mx_frag_pack; what the engine uploads): the same
+ * matrix re-laid once on the device so each lane loads its operands of a
+ * group straight from global memory (2 x 16 bytes of codes, 8 of scales),
+ * no cp.async stage, no shared memory but the partial sums. Same warps per
+ * tile, same groups per warp, same sums in the same order: bit-equal to
+ * the staged kernel (tests compare them).
+ *
+ * Measured (bench/cuda_NOTES.md, H200, n = 1, 2 GB matrix): staged 2.2 TB/s,
+ * 53% of the device's copy bandwidth (1.7 TB/s, 40%, on the CUDA cores);
+ * the fragment layout 3.1 TB/s, 72-74%; a layer's 16 experts in one batch
+ * 38% -> 55%.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -271,6 +278,13 @@ __device__ __forceinline__ bool plain_e8m0(uint32_t s) {
     return (z | f) == 0;
 }
 
+/* 1 if every lane's scales are plain: the choice of group_sum must be
+ * warp-uniform, its mma.sync runs on all 32 lanes (a 0 or 255 byte in one
+ * row of a tile and not in another split the warp around it: a hang) */
+__device__ __forceinline__ bool plain_warp(uint32_t sca, uint32_t scb) {
+    return __all_sync(0xffffffffu, plain_e8m0(sca) && plain_e8m0(scb));
+}
+
 template <int SC>
 __device__ __forceinline__ float block_scale(const uint8_t *sr, int64_t b, uint32_t s4, int k) {
     if (SC == SC_BYTES) return e8m0(__ldg(sr + b));
@@ -282,16 +296,15 @@ __device__ __forceinline__ float block_scale(const uint8_t *sr, int64_t b, uint3
  * for the nvg groups of four vectors v (their splits gstride uint4 apart):
  * the weights are decoded once for all of them. */
 template <int SC, int VG>
-__device__ __forceinline__ void group_sum(float (&acc)[VG][4], const uint8_t *cur, int g, int t, int64_t m,
-                                          int64_t nblk, const bool (&xcol)[VG], const uint4 *xp, int64_t gstride,
-                                          const float (&f)[VG], int nvg, const uint8_t *sa, const uint8_t *sb,
-                                          uint32_t sca, uint32_t scb) {
+__device__ __forceinline__ void group_sum_w(float (&acc)[VG][4], const uint32_t (&wa4)[4], const uint32_t (&wb4)[4],
+                                            int64_t m, int64_t nblk, const bool (&xcol)[VG], const uint4 *xp,
+                                            int64_t gstride, const float (&f)[VG], int nvg, const uint8_t *sa,
+                                            const uint8_t *sb, uint32_t sca, uint32_t scb) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const int64_t b = m * 4 + k;
         if (b >= nblk) break;
-        const uint32_t wa = *(const uint32_t *)(cur + g * ROWB + 16 * k + 4 * t);
-        const uint32_t wb = *(const uint32_t *)(cur + (g + 8) * ROWB + 16 * k + 4 * t);
+        const uint32_t wa = wa4[k], wb = wb4[k];
         const float sfa = block_scale<SC>(sa, b, sca, k), sfb = block_scale<SC>(sb, b, scb, k);
 #if GPU_TC_QUAD
         uint32_t ha[4], hb[4];
@@ -323,7 +336,52 @@ __device__ __forceinline__ void group_sum(float (&acc)[VG][4], const uint8_t *cu
     }
 }
 
+/* group_sum_w with the group's codes staged at cur (rows g and g + 8 of ROWB bytes) */
+template <int SC, int VG>
+__device__ __forceinline__ void group_sum(float (&acc)[VG][4], const uint8_t *cur, int g, int t, int64_t m,
+                                          int64_t nblk, const bool (&xcol)[VG], const uint4 *xp, int64_t gstride,
+                                          const float (&f)[VG], int nvg, const uint8_t *sa, const uint8_t *sb,
+                                          uint32_t sca, uint32_t scb) {
+    uint32_t wa[4], wb[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        wa[k] = *(const uint32_t *)(cur + g * ROWB + 16 * k + 4 * t);
+        wb[k] = *(const uint32_t *)(cur + (g + 8) * ROWB + 16 * k + 4 * t);
+    }
+    group_sum_w<SC, VG>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, sa, sb, sca, scb);
+}
 
+
+
+
+/* The KS warps' partial sums of a tile meet in shared memory in warp order;
+ * warp 0 writes the rows r0 + g, r0 + g + 8 of each vector that lie in
+ * [row0, row1). */
+template <int KS, int VG>
+__device__ __forceinline__ void tile_sums(float (*part)[32][4], const float (&acc)[VG][4], int n, int nvg,
+                                          float *__restrict__ Y, int64_t ldy, int64_t r0, int64_t row0,
+                                          int64_t row1) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int v = 0; v < VG; v++) {
+        if (v >= nvg) break;
+        if (v) __syncthreads(); /* warp 0 has read the previous group's sums */
+#pragma unroll
+        for (int c = 0; c < 4; c++) part[warp][lane][c] = acc[v][c];
+        __syncthreads();
+        if (warp != 0 || t >= n - v * TC_VEC) continue;
+        float s[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            s[c] = part[0][lane][c];
+            for (int w = 1; w < KS; w++) s[c] = __fadd_rn(s[c], part[w][lane][c]);
+        }
+        float *y = Y + (int64_t)(v * TC_VEC + t) * ldy;
+        if (r0 + g >= row0 && r0 + g < row1) y[r0 + g - row0] = __fadd_rn(s[0], s[1]);
+        if (r0 + g + 8 >= row0 && r0 + g + 8 < row1) y[r0 + g + 8 - row0] = __fadd_rn(s[2], s[3]);
+    }
+}
 
 /* Stages group m (blocks 4m .. 4m+3, 64 bytes of each of the 16 rows):
  * lane l copies 32 bytes of row l / 2, whole sectors, nothing past a row. */
@@ -400,31 +458,14 @@ __device__ __forceinline__ void mx_tc_tile(uint8_t (*stage)[P][16 * ROWB], float
         }
         if (!S4)
             group_sum<SC_BYTES, VG>(acc, cur, g, t, m, nblk, xcol, xp, gstride, f, nvg, sa, sb, 0, 0);
-        else if (plain_e8m0(sca) && plain_e8m0(scb))
+        else if (plain_warp(sca, scb))
             group_sum<SC_PLAIN, VG>(acc, cur, g, t, m, nblk, xcol, xp, gstride, f, nvg, sa, sb, sca, scb);
         else
             group_sum<SC_PACKED, VG>(acc, cur, g, t, m, nblk, xcol, xp, gstride, f, nvg, sa, sb, sca, scb);
         __syncwarp(); /* every lane has read stage i % P before it is refilled */
     }
     cp_wait<0>();
-#pragma unroll
-    for (int v = 0; v < VG; v++) {
-        if (v >= nvg) break;
-        if (v) __syncthreads(); /* warp 0 has read the previous group's sums */
-#pragma unroll
-        for (int c = 0; c < 4; c++) part[warp][lane][c] = acc[v][c];
-        __syncthreads();
-        if (warp != 0 || t >= n - v * TC_VEC) continue;
-        float s[4];
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            s[c] = part[0][lane][c];
-            for (int w = 1; w < KS; w++) s[c] = __fadd_rn(s[c], part[w][lane][c]);
-        }
-        float *y = Y + (int64_t)(v * TC_VEC + t) * ldy;
-        if (r0 + g < row1) y[r0 + g - row0] = __fadd_rn(s[0], s[1]);
-        if (r0 + g + 8 < row1) y[r0 + g + 8 - row0] = __fadd_rn(s[2], s[3]);
-    }
+    tile_sums<KS, VG>(part, acc, n, nvg, Y, ldy, r0, row0, row1);
 }
 
 template <int KS, int P, bool S4, int VG>
@@ -437,11 +478,131 @@ k_mx_tc(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int
     mx_tc_tile<KS, P, S4, VG>(stage, part, data, scale, cols, xb, inv, n, Y, ldy, row0, row1, blockIdx.x);
 }
 
+/* ---- the fragment layout (gpu_mx_frag_pack) ----
+ * A matrix re-laid once on the device so that each lane loads what it feeds
+ * the mma straight from global memory, whole lines, no staging: per 16-row
+ * tile and group m of four 32-value blocks a chunk of FRAG_BYTES: lane
+ * l = 4 g + t's eight code words as two uint4, at 16 l and 512 + 16 l,
+ * {wa0, wb0, wa1, wb1} and {wa2, wb2, wa3, wb3} (wa_k: bytes 4t .. 4t+3 of
+ * block 4m + k of row g; wb_k: of row g + 8), then 8 scale bytes per g (row
+ * g's four, row g + 8's four). Rows past the matrix repeat its last row,
+ * blocks past it are zero codes under scale 127 (never summed). The sums
+ * are the staged kernel's, in its order: the same bits. */
+enum { FRAG_CODES = 1024, FRAG_BYTES = FRAG_CODES + 64 };
+#ifndef GPU_FRAG_D
+#define GPU_FRAG_D 1 /* groups a warp holds in registers ahead of the one it sums (1, 2, 4 measured: 1 best, bench/cuda_NOTES.md) */
+#endif
+
+__host__ __device__ inline int64_t frag_groups(int64_t cols) { return (cols / 32 + 3) / 4; }
+
+/* One thread per (tile, group, lane): its 32 code bytes, and lanes t = 0
+ * their row pair's 8 scale bytes. */
+__global__ void __launch_bounds__(256) k_mx_frag_pack(const uint8_t *__restrict__ data,
+                                                      const uint8_t *__restrict__ scale, int64_t rows,
+                                                      int64_t cols, uint8_t *__restrict__ out, int64_t units) {
+    const int64_t u = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    if (u >= units) return;
+    const int lane = (int)(u & 31), g = lane >> 2, t = lane & 3;
+    const int64_t ng = frag_groups(cols), chunk = u >> 5, m = chunk % ng, tile = chunk / ng;
+    const int64_t nblk = cols / 32, rowb = cols / 2;
+    const int64_t ra = min(tile * 16 + g, rows - 1), rb = min(tile * 16 + g + 8, rows - 1);
+    uint32_t w[8];
+    uint8_t sc[8];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int64_t b = m * 4 + k;
+        const bool in = b < nblk;
+        w[2 * k] = in ? *(const uint32_t *)(data + ra * rowb + b * 16 + 4 * t) : 0u;
+        w[2 * k + 1] = in ? *(const uint32_t *)(data + rb * rowb + b * 16 + 4 * t) : 0u;
+        sc[k] = in ? scale[ra * nblk + b] : 127;
+        sc[4 + k] = in ? scale[rb * nblk + b] : 127;
+    }
+    uint8_t *c = out + chunk * FRAG_BYTES;
+    *(uint4 *)(c + 16 * lane) = make_uint4(w[0], w[1], w[2], w[3]);
+    *(uint4 *)(c + 512 + 16 * lane) = make_uint4(w[4], w[5], w[6], w[7]);
+    if (t == 0)
+#pragma unroll
+        for (int k = 0; k < 8; k++) c[FRAG_CODES + 8 * g + k] = sc[k];
+}
+
+__device__ __forceinline__ uint4 ld_stream16(const uint8_t *p) { return __ldcs((const uint4 *)p); }
+__device__ __forceinline__ uint2 ld_stream8(const uint8_t *p) { return __ldcs((const uint2 *)p); }
+
+/* mx_tc_tile on the fragment layout: the same groups per warp, the same
+ * sums; each warp keeps GPU_FRAG_D groups in flight in registers. */
+template <int KS, int VG>
+__device__ __forceinline__ void mx_tc_tile_frag(float (*part)[32][4], const uint8_t *__restrict__ frag,
+                                                int64_t cols, const uint4 *__restrict__ xb,
+                                                const float *__restrict__ inv, int n, float *__restrict__ Y,
+                                                int64_t ldy, int64_t row0, int64_t row1, int64_t tile) {
+    enum { D = GPU_FRAG_D };
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t r0 = (row0 & ~(int64_t)15) + tile * 16; /* the layout's tiles start at row 0 */
+    const int64_t nblk = cols / 32, ngrp = frag_groups(cols), gstride = nblk * 32;
+    const uint8_t *base = frag + (r0 >> 4) * ngrp * FRAG_BYTES;
+    const int nvg = VG == 1 ? 1 : min(VG, (n + TC_VEC - 1) / TC_VEC);
+    const uint4 *xp = xb + g * 4 + t;
+    bool xcol[VG];
+    float f[VG];
+    float acc[VG][4];
+#pragma unroll
+    for (int v = 0; v < VG; v++) {
+        const int nv = n - v * TC_VEC;
+        xcol[v] = g < 2 * nv;
+        f[v] = (v < nvg && t < nv ? inv[v * TC_VEC + t] : 1.0f) * E2M1_UNDO;
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[v][c] = 0.0f;
+    }
+    uint4 c0[D], c1[D];
+    uint2 sc[D];
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        const int64_t m = warp + (int64_t)d * KS;
+        if (m < ngrp) {
+            const uint8_t *c = base + m * FRAG_BYTES;
+            c0[d] = ld_stream16(c + 16 * lane);
+            c1[d] = ld_stream16(c + 512 + 16 * lane);
+            sc[d] = ld_stream8(c + FRAG_CODES + 8 * g);
+        }
+    }
+    for (int64_t m0 = warp; m0 < ngrp; m0 += (int64_t)D * KS) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int64_t m = m0 + (int64_t)d * KS;
+            if (m >= ngrp) break;
+            const uint32_t wa[4] = {c0[d].x, c0[d].z, c1[d].x, c1[d].z};
+            const uint32_t wb[4] = {c0[d].y, c0[d].w, c1[d].y, c1[d].w};
+            const uint32_t sca = sc[d].x, scb = sc[d].y;
+            const int64_t mn = m + (int64_t)D * KS;
+            if (mn < ngrp) {
+                const uint8_t *c = base + mn * FRAG_BYTES;
+                c0[d] = ld_stream16(c + 16 * lane);
+                c1[d] = ld_stream16(c + 512 + 16 * lane);
+                sc[d] = ld_stream8(c + FRAG_CODES + 8 * g);
+            }
+            if (plain_warp(sca, scb))
+                group_sum_w<SC_PLAIN, VG>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, NULL, NULL, sca, scb);
+            else
+                group_sum_w<SC_PACKED, VG>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, NULL, NULL, sca, scb);
+        }
+    }
+    tile_sums<KS, VG>(part, acc, n, nvg, Y, ldy, r0, row0, row1);
+}
+
+template <int KS, int VG>
+__global__ void __launch_bounds__(KS * 32)
+k_mx_tc_frag(const uint8_t *__restrict__ frag, int64_t cols, const uint4 *__restrict__ xb,
+             const float *__restrict__ inv, int n, float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1) {
+    __shared__ float part[KS][32][4];
+    mx_tc_tile_frag<KS, VG>(part, frag, cols, xb, inv, n, Y, ldy, row0, row1, blockIdx.x);
+}
+
 /* A batch's products (gpu_tc_batch): block (tile, i) runs tile `tile` of
  * item i, all items of one shape; an item is up to TC_PASS vectors of one job. */
 enum { TCB_MAX = 64 };
 struct tc_item {
-    const uint8_t *data, *scale;
+    const uint8_t *data, *scale, *frag; /* frag: the fragment layout, or NULL */
     const uint4 *xb;
     const float *inv;
     float *Y;
@@ -451,14 +612,25 @@ struct tc_item {
 struct tc_tab {
     tc_item it[TCB_MAX];
 };
+/* k_mx_tc_batch when every item is in the fragment layout: no stage */
+template <int KS, int VG>
+__global__ void __launch_bounds__(KS * 32) k_mx_frag_batch(const __grid_constant__ tc_tab t, int64_t cols, int64_t rows) {
+    __shared__ float part[KS][32][4];
+    const tc_item &it = t.it[blockIdx.y];
+    mx_tc_tile_frag<KS, VG>(part, it.frag, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows, blockIdx.x);
+}
+
 template <int KS, int P, bool S4, int VG>
 __global__ void __launch_bounds__(KS * 32)
 k_mx_tc_batch(const __grid_constant__ tc_tab t, int64_t cols, int64_t rows) {
     __shared__ __align__(16) uint8_t stage[KS][P][16 * ROWB];
     __shared__ float part[KS][32][4];
     const tc_item &it = t.it[blockIdx.y];
-    mx_tc_tile<KS, P, S4, VG>(stage, part, it.data, it.scale, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows,
-                              blockIdx.x);
+    if (it.frag)
+        mx_tc_tile_frag<KS, VG>(part, it.frag, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows, blockIdx.x);
+    else
+        mx_tc_tile<KS, P, S4, VG>(stage, part, it.data, it.scale, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows,
+                                  blockIdx.x);
 }
 
 } // namespace
@@ -476,11 +648,13 @@ extern "C" int gpu_matmul_tc_takes(const gpu_weight *w) {
 
 extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy,
                                    int64_t row0, int64_t row1, gpu_ws *ws, void *stream) {
-    if (!w || !w->data || !X || !Y || !ws || n < 1 || row0 < 0 || row1 > w->rows || row1 <= row0 ||
+    if (!w || (!w->data && !w->frag) || !X || !Y || !ws || n < 1 || row0 < 0 || row1 > w->rows || row1 <= row0 ||
         ldy < row1 - row0)
         return DF_ERR_ARG;
-    const bool bf = ws->bf16_tc_rows > 0 && n >= ws->bf16_tc_rows && gpu_bf16_tc_takes(w) && ((uintptr_t)X & 15) == 0;
+    const bool bf = ws->bf16_tc_rows > 0 && n >= ws->bf16_tc_rows && gpu_bf16_tc_takes(w) &&
+                    ((uintptr_t)X & 15) == 0;
     if (!bf && !gpu_matmul_tc_takes(w)) return gpu_matmul(w, X, n, Y, ldy, row0, row1, stream);
+    const uint8_t *frag = bf ? NULL : (const uint8_t *)w->frag;
     const int vg = n > TC_VEC ? TC_VG : 1; /* groups per pass */
     const size_t need = bf ? gpu_bf16_tc_bytes(n, w->cols) : (size_t)vg * ws_bytes(w->cols);
     if (ws->cap < need) {
@@ -496,7 +670,7 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
     if (bf) return gpu_bf16_tc(w, NULL, NULL, X, n, Y, ldy, row0, row1, need ? ws->buf : NULL, s);
     uint4 *xb = (uint4 *)ws->buf;
     float *inv = (float *)((char *)ws->buf + (size_t)vg * (ws_bytes(w->cols) - TC_VEC * sizeof(float)));
-    const int64_t tiles = (row1 - row0 + 15) / 16;
+    const int64_t tiles = frag ? (row1 + 15) / 16 - row0 / 16 : (row1 - row0 + 15) / 16;
     if (tiles > 0x7fffffff) return DF_ERR_UNSUPPORTED;
     const int pass = vg * TC_VEC;
     for (int v0 = 0; v0 < n; v0 += pass) {
@@ -509,7 +683,13 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
         /* the layout follows the matrix, not the row range: same sums for any range */
         st = tc_layout(w->rows, w->cols, [&](auto c) {
             using C = decltype(c);
-            if (nv > TC_VEC)
+            if (frag && nv > TC_VEC)
+                k_mx_tc_frag<C::KS, TC_VG><<<(unsigned)tiles, C::KS * 32, 0, s>>>(frag, w->cols, xb, inv, nv, y, ldy,
+                                                                                row0, row1);
+            else if (frag)
+                k_mx_tc_frag<C::KS, 1><<<(unsigned)tiles, C::KS * 32, 0, s>>>(frag, w->cols, xb, inv, nv, y, ldy,
+                                                                            row0, row1);
+            else if (nv > TC_VEC)
                 k_mx_tc<C::KS, C::P, C::S4, TC_VG><<<(unsigned)tiles, C::KS * 32, 0, s>>>(d, sc, w->cols, xb, inv, nv,
                                                                                        y, ldy, row0, row1);
             else
@@ -521,6 +701,23 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
     }
     return DF_OK;
 }
+
+
+/* ---- the fragment layout (gpu_internal.h) ---- */
+
+extern "C" int64_t gpu_mx_frag_bytes(int64_t rows, int64_t cols) {
+    return (rows + 15) / 16 * frag_groups(cols) * FRAG_BYTES;
+}
+
+extern "C" df_status gpu_mx_frag_pack(const gpu_weight *w, void *out, void *stream) {
+    if (!w || !w->data || !w->scale || !out || !gpu_matmul_tc_takes(w)) return DF_ERR_ARG;
+    const int64_t units = (w->rows + 15) / 16 * frag_groups(w->cols) * 32;
+    if ((units + 255) / 256 > 0x7fffffff) return DF_ERR_UNSUPPORTED;
+    k_mx_frag_pack<<<(unsigned)((units + 255) / 256), 256, 0, (cudaStream_t)stream>>>(
+        (const uint8_t *)w->data, (const uint8_t *)w->scale, w->rows, w->cols, (uint8_t *)out, units);
+    return gpu_cuda_status(cudaGetLastError(), "k_mx_frag_pack");
+}
+
 
 /* ---- batches (gpu_internal.h) ----
  * Scratch layout: the splits of every (job, group of TC_VEC vectors) one
@@ -540,13 +737,17 @@ size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs) {
 
 static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, cudaStream_t s) {
     if (!count) return DF_OK;
-    int wide = 0; /* an item of more than one group: the many-group kernel */
-    for (int i = 0; i < count; i++) wide |= t.it[i].nv > TC_VEC;
+    int wide = 0, frag = 1; /* an item of more than one group: the many-group kernel */
+    for (int i = 0; i < count; i++) wide |= t.it[i].nv > TC_VEC, frag &= t.it[i].frag != NULL;
     /* gpu_matmul_tc's layout, so every row is bit-equal to it */
     return tc_layout(rows, cols, [&](auto c) {
         using C = decltype(c);
         const dim3 grid((unsigned)((rows + 15) / 16), (unsigned)count);
-        if (wide)
+        if (frag && wide)
+            k_mx_frag_batch<C::KS, TC_VG><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
+        else if (frag)
+            k_mx_frag_batch<C::KS, 1><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
+        else if (wide)
             k_mx_tc_batch<C::KS, C::P, C::S4, TC_VG><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
         else
             k_mx_tc_batch<C::KS, C::P, C::S4, 1><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
@@ -562,7 +763,7 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStr
         for (int k = 0; k < 2; k++) {
             const gpu_weight *w = k ? jobs[j].w1 : jobs[j].w0;
             if (k && !w) continue;
-            if (!w || !w->data || !gpu_matmul_tc_takes(w) || w->rows != rows || w->cols != cols || !jobs[j].X ||
+            if (!w || (!w->data && !w->frag) || !gpu_matmul_tc_takes(w) || w->rows != rows || w->cols != cols || !jobs[j].X ||
                 !(k ? jobs[j].Y1 : jobs[j].Y0) || jobs[j].n < 1 || jobs[j].ldy < rows)
                 return DF_ERR_ARG;
         }
@@ -602,6 +803,7 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStr
                 tc_item &it = tt.it[nt++];
                 it.data = (const uint8_t *)w->data;
                 it.scale = (const uint8_t *)w->scale;
+                it.frag = (const uint8_t *)w->frag;
                 const int64_t g0 = gi + v0 / TC_VEC; /* the pass's first group */
                 it.xb = (const uint4 *)(base + (size_t)g0 * xbytes);
                 it.inv = inv0 + g0 * TC_VEC;

@@ -137,6 +137,8 @@ static df_status mm(gpu_ws *ws, const gpu_weight *g, const float *dX, int n, flo
     return ws ? gpu_matmul_tc(g, dX, n, dY, ldy, r0, r1, ws, NULL) : gpu_matmul(g, dX, n, dY, ldy, r0, r1, NULL);
 }
 
+/* tc: 0 gpu_matmul, 1 gpu_matmul_tc, 2 gpu_matmul_tc on the fragment layout
+ * (gpu_weight_upload_frag; its rows also bit-equal to 1's) */
 static void check_kernel(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, const char *tag, int tc) {
     if (!need_gpu()) return;
     gpu_ws wsv = {0}, *ws = tc ? &wsv : NULL;
@@ -147,8 +149,9 @@ static void check_kernel(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, co
     const df_weight *w = &m.w;
     gpu_weight g;
     char err[DF_ERRMSG] = "";
-    df_status st = gpu_weight_upload(w, &g, err);
+    df_status st = tc == 2 ? gpu_weight_upload_frag(w, &g, err) : gpu_weight_upload(w, &g, err);
     REQUIRE(st == DF_OK, "upload: %s", err);
+    if (tc == 2) REQUIRE(g.frag && !g.data && !g.scale, "%s: a fragment-layout weight holds only that", tag);
 
     float *deq = malloc((size_t)(rows * cols) * 4);
     float *X = malloc((size_t)(NMAX * cols) * 4);
@@ -167,6 +170,19 @@ static void check_kernel(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, co
         REQUIRE(gpu_get(Yv + i * rows, dY, (size_t)rows * 4) == DF_OK, "%s", gpu_last_error());
     }
     kn_matmul(KN_SCALAR, w, X, NMAX, Ys, rows, 0, rows);
+    if (tc == 2) { /* the staged layout's bits, vector by vector and all at once */
+        gpu_weight raw;
+        REQUIRE(gpu_weight_upload(w, &raw, err) == DF_OK, "%s", err);
+        for (int i = 0; i < NMAX; i++) {
+            REQUIRE(mm(ws, &raw, dX + i * cols, 1, dY, rows, 0, rows) == DF_OK, "%s", gpu_last_error());
+            REQUIRE(gpu_get(Y, dY, (size_t)rows * 4) == DF_OK);
+            CHECK(memcmp(Y, Yv + i * rows, (size_t)rows * 4) == 0, "%s vec %d: fragment layout != staged", tag, i);
+        }
+        REQUIRE(mm(ws, &raw, dX, NMAX, dY, rows, 0, rows) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_get(Y, dY, (size_t)(NMAX * rows) * 4) == DF_OK);
+        CHECK(memcmp(Y, Yv, (size_t)(NMAX * rows) * 4) == 0, "%s: staged n=%d != fragment matvecs", tag, NMAX);
+        gpu_weight_free(&raw);
+    }
 
     double worst_exact = 0, worst_scalar = 0;
     int bad = 0;
@@ -279,6 +295,11 @@ TEST(cuda_tc_mxfp4_wide) { check_kernel(WT_MXFP4, DT_UNKNOWN, 67, 7168, "tc-mxfp
 TEST(cuda_tc_mxfp4_tall) { check_kernel(WT_MXFP4, DT_UNKNOWN, 16389, 128, "tc-mxfp4-tall", 1); }
 TEST(cuda_tc_mxfp4_narrow) { check_kernel(WT_MXFP4, DT_UNKNOWN, 40, 32, "tc-mxfp4-32", 1); }
 /* other types pass through gpu_matmul_tc to gpu_matmul unchanged */
+TEST(cuda_frag_mxfp4) { check_kernel(WT_MXFP4, DT_UNKNOWN, 263, 2144, "frag-mxfp4", 2); }
+TEST(cuda_frag_mxfp4_wide) { check_kernel(WT_MXFP4, DT_UNKNOWN, 67, 7168, "frag-mxfp4-7168", 2); }
+TEST(cuda_frag_mxfp4_tall) { check_kernel(WT_MXFP4, DT_UNKNOWN, 16389, 128, "frag-mxfp4-tall", 2); }
+TEST(cuda_frag_mxfp4_narrow) { check_kernel(WT_MXFP4, DT_UNKNOWN, 40, 32, "frag-mxfp4-32", 2); }
+TEST(cuda_frag_mxfp4_odd_blocks) { check_kernel(WT_MXFP4, DT_UNKNOWN, 45, 160, "frag-mxfp4-160", 2); }
 TEST(cuda_tc_passthrough_bf16) { check_kernel(WT_BF16, DT_UNKNOWN, 301, 1000, "tc-bf16", 1); }
 /* bf16 with cols % 64 == 0 on the tensor cores (gpu_bf16_tc.cu): the one-
  * vector kernel for n <= 8, the tiled one above (n = 17, 64), several
@@ -417,19 +438,21 @@ TEST(cuda_tc_mxfp4_range) {
 /* e8m0 edges (2^-127, 2^-126, 2^0, 2^127) and every e2m1 code, one-hot
  * decoded; then a NaN scale (255) makes its whole row NaN, as kn_matvec.
  * Both the CUDA-core and the tensor-core paths. */
-static void check_edge_scales(int tc) {
+static void check_edge_scales(int tc, int C) { /* tc as check_kernel's; C 64 or 128 */
     if (!need_gpu()) return;
     gpu_ws wsv = {0}, *ws = tc ? &wsv : NULL;
-    enum { R = 4, C = 64 };
-    uint8_t data[R * C / 2], sc[R * C / 32];
+    df_status (*upload)(const df_weight *, gpu_weight *, char *) = tc == 2 ? gpu_weight_upload_frag : gpu_weight_upload;
+    enum { R = 4, CMAX = 128 };
+    uint8_t data[R * CMAX / 2], sc[R * CMAX / 32];
     for (int i = 0; i < R * C / 2; i++) data[i] = (uint8_t)(i * 37 + 11);
     static const uint8_t edge[] = {0, 127, 254, 1, 128, 200, 60, 2};
     for (int i = 0; i < R * C / 32; i++) sc[i] = edge[i % 8];
     df_weight w = {.type = WT_MXFP4, .rows = R, .cols = C, .data = data, .scale = sc};
     gpu_weight g;
     char err[DF_ERRMSG] = "";
-    REQUIRE(gpu_weight_upload(&w, &g, err) == DF_OK, "%s", err);
-    float X[C * C], Y[C * R], deq[C];
+    REQUIRE(upload(&w, &g, err) == DF_OK, "%s", err);
+    static float X[CMAX * CMAX], Y[CMAX * R];
+    float deq[CMAX];
     memset(X, 0, sizeof X);
     for (int i = 0; i < C; i++) X[i * C + i] = 1.0f;
     float *dX = gpu_malloc(sizeof X), *dY = gpu_malloc(sizeof Y);
@@ -442,16 +465,16 @@ static void check_edge_scales(int tc) {
         for (int c = 0; c < C; c++) {
             float a = Y[c * R + r], b = deq[c];
             int same = f32_bits(a) == f32_bits(b) || (a == 0 && b == 0);
-            CHECK(same, "row %d col %d scale %d: gpu %a dequant %a", r, c, sc[r * 2 + c / 32], a, b);
+            CHECK(same, "row %d col %d scale %d: gpu %a dequant %a", r, c, sc[r * (C / 32) + c / 32], a, b);
         }
     }
     /* NaN scale in row 1 */
     gpu_weight_free(&g);
-    sc[2] = 255;
-    REQUIRE(gpu_weight_upload(&w, &g, err) == DF_OK, "%s", err);
-    float x[C], ys[R];
+    sc[C / 32] = 255; /* row 1, block 0 */
+    REQUIRE(upload(&w, &g, err) == DF_OK, "%s", err);
+    float x[CMAX], ys[R];
     for (int c = 0; c < C; c++) x[c] = 0.25f * (float)(c % 7) - 0.5f;
-    REQUIRE(gpu_put(dX, x, sizeof x) == DF_OK);
+    REQUIRE(gpu_put(dX, x, (size_t)C * sizeof(float)) == DF_OK);
     REQUIRE(mm(ws, &g, dX, 1, dY, R, 0, R) == DF_OK);
     REQUIRE(gpu_get(Y, dY, R * sizeof(float)) == DF_OK);
     kn_matvec(KN_SCALAR, &w, x, ys, 0, R);
@@ -462,8 +485,67 @@ static void check_edge_scales(int tc) {
     gpu_weight_free(&g);
     gpu_ws_free(ws);
 }
-TEST(cuda_mxfp4_edge_scales) { check_edge_scales(0); }
-TEST(cuda_tc_mxfp4_edge_scales) { check_edge_scales(1); }
+/* 128 columns: four blocks a row, so the tensor-core kernels take a row's
+ * scales as one word, and rows of one tile differ in whether a 0 or 255
+ * byte is among them (a warp must not split around its mma there) */
+TEST(cuda_mxfp4_edge_scales) { check_edge_scales(0, 64); check_edge_scales(0, 128); }
+TEST(cuda_tc_mxfp4_edge_scales) { check_edge_scales(1, 64); check_edge_scales(1, 128); }
+TEST(cuda_frag_mxfp4_edge_scales) { check_edge_scales(2, 64); check_edge_scales(2, 128); }
+
+/* The fragment layout's contract: refills through a stage, sizes, and the
+ * CUDA-core entry points refusing it (they read data + scale). */
+TEST(cuda_frag_refill_refused) {
+    if (!need_gpu()) return;
+    hmat a, b, c;
+    hmat_make(&a, WT_MXFP4, 50, 288, DT_UNKNOWN, seed_of("frag-refill-a"));
+    hmat_make(&b, WT_MXFP4, 50, 288, DT_UNKNOWN, seed_of("frag-refill-b"));
+    hmat_make(&c, WT_MXFP4, 48, 288, DT_UNKNOWN, seed_of("frag-refill-c"));
+    gpu_weight ga, gb, graw;
+    char err[DF_ERRMSG] = "";
+    REQUIRE(gpu_weight_upload_frag(&a.w, &ga, err) == DF_OK && gpu_weight_upload_frag(&b.w, &gb, err) == DF_OK &&
+                gpu_weight_upload(&a.w, &graw, err) == DF_OK,
+            "%s", err);
+    CHECK(ga.data_bytes == gpu_mx_frag_bytes(50, 288) && ga.scale_bytes == 0);
+    CHECK(gpu_weight_fits(&b.w, &ga) && !gpu_weight_fits(&c.w, &ga), "fits: same shape only");
+    CHECK(gpu_weight_fits(&a.w, &graw) && gpu_weight_fits(&a.w, &gb), "raw fits raw, fragment fits fragment");
+    CHECK(gpu_weight_refill_async(&b.w, &ga, NULL, err) == DF_ERR_ARG && strstr(err, "stage"), "%s", err);
+    void *stage = gpu_malloc((size_t)gpu_mx_frag_stage_bytes(&b.w));
+    REQUIRE(stage);
+    CHECK(gpu_weight_refill_frag_async(&c.w, &ga, stage, NULL, err) == DF_ERR_ARG, "another shape refused");
+    CHECK(gpu_weight_refill_frag_async(&b.w, &graw, stage, NULL, err) == DF_ERR_ARG, "a raw weight refused");
+    REQUIRE(gpu_weight_refill_frag_async(&b.w, &ga, stage, NULL, err) == DF_OK, "%s", err);
+    static float x[288], y1[50], y2[50];
+    uint64_t s = seed_of("frag-refill-x");
+    for (int i = 0; i < 288; i++) x[i] = frand(&s);
+    float *dX = gpu_malloc(sizeof x), *dY = gpu_malloc(2 * sizeof y1), *dH = gpu_malloc(50 * 4);
+    REQUIRE(dX && dY && dH && gpu_put(dX, x, sizeof x) == DF_OK);
+    gpu_ws ws = {0};
+    REQUIRE(gpu_matmul_tc(&ga, dX, 1, dY, 50, 0, 50, &ws, NULL) == DF_OK && gpu_matmul_tc(&gb, dX, 1, dY + 50, 50, 0, 50, &ws, NULL) == DF_OK);
+    REQUIRE(gpu_get(y1, dY, sizeof y1) == DF_OK && gpu_get(y2, dY + 50, sizeof y2) == DF_OK);
+    CHECK(memcmp(y1, y2, sizeof y1) == 0, "refilled fragment copy differs from a fresh upload");
+    CHECK(gpu_matmul(&ga, dX, 1, dY, 50, 0, 50, NULL) == DF_ERR_UNSUPPORTED, "gpu_matmul refuses the fragment layout");
+    CHECK(gpu_matvec(&ga, dX, dY, NULL) == DF_ERR_UNSUPPORTED);
+    const gpu_act act = {0, 0, 0};
+    CHECK(gpu_expert(&ga, &ga, &ga, &act, dX, 1, dH, dY, NULL) == DF_ERR_UNSUPPORTED, "gpu_expert refuses it");
+    df_weight bad = a.w;
+    bad.cols = 48;
+    gpu_weight gz;
+    CHECK(gpu_weight_alloc_frag(&bad, &gz, err) == DF_ERR_UNSUPPORTED && !gz.frag, "%s", err);
+    bad = a.w;
+    bad.type = WT_INT4_G32;
+    CHECK(!gpu_mx_frag_takes(&bad) && gpu_mx_frag_stage_bytes(&bad) == 0);
+    gpu_ws_free(&ws);
+    gpu_free(stage);
+    gpu_free(dX);
+    gpu_free(dY);
+    gpu_free(dH);
+    gpu_weight_free(&ga);
+    gpu_weight_free(&gb);
+    gpu_weight_free(&graw);
+    hmat_free(&a);
+    hmat_free(&b);
+    hmat_free(&c);
+}
 
 /* A device copy refilled with another matrix of the same size computes
  * exactly what a fresh upload of that matrix does; other sizes are refused. */
@@ -668,6 +750,28 @@ TEST(cuda_experts_batch) {
             }
         }
     }
+    /* the MXFP4 experts in the fragment layout: all of them, then every
+     * other one (batches of both layouts in one launch): the same bits */
+    gpu_weight gf[NJ][3];
+    memset(gf, 0, sizeof gf);
+    for (int j = 0; j < NJ; j++)
+        for (int k = 0; k < 3 && type_of[j] == WT_MXFP4; k++)
+            REQUIRE(gpu_weight_upload_frag(&m[j][k].w, &gf[j][k], err) == DF_OK, "%s", err);
+    for (int mix = 0; mix < 2; mix++) {
+        gpu_expert_job fj[NJ];
+        for (int j = 0; j < NJ; j++) {
+            fj[j] = jobs[j];
+            if (type_of[j] == WT_MXFP4 && (!mix || j % 2)) fj[j] = (gpu_expert_job){&gf[j][0], &gf[j][1], &gf[j][2], dX[j], n_of[j], dO[j]};
+            REQUIRE(gpu_fill(dO[j], 0xff, (size_t)n_of[j] * HID * sizeof(float)) == DF_OK);
+        }
+        REQUIRE(gpu_experts(fj, NJ, &acts[1], &ws, NULL) == DF_OK, "%s", gpu_last_error());
+        for (int j = 0; j < NJ; j++) {
+            REQUIRE(gpu_get(one[j], dO[j], (size_t)n_of[j] * HID * sizeof(float)) == DF_OK);
+            CHECK(memcmp(one[j], out[j], (size_t)n_of[j] * HID * sizeof(float)) == 0, "job %d mix %d: fragment layout != staged", j, mix);
+        }
+    }
+    for (int j = 0; j < NJ; j++)
+        for (int k = 0; k < 3; k++) gpu_weight_free(&gf[j][k]);
     gpu_expert_job bad = jobs[0];
     bad.down = &g[4][2]; /* down of another shape */
     CHECK(gpu_experts(&bad, 1, &acts[0], &ws, NULL) == DF_ERR_ARG, "mismatched shapes refused");
