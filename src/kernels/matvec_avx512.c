@@ -33,6 +33,16 @@
  */
 #include "kernels.h"
 #include "matvec_driver.h"
+/* 512 bytes ahead (AVX2 keeps 256): the GPU machine's 16-core Xeon, bench
+ * --kernels, three alternating rounds, medians, % of the DRAM probe, 256 ->
+ * 512: 16 threads mxfp4 71.1 -> 76.4, int4 75.2 -> 79.7, int8 94 -> 103;
+ * 2 threads mxfp4 68.0 -> 75.0, int4 63.0 -> 69.3, bf16 92.6 -> 102.3; this
+ * 2-vCPU Zen 5 VM, two pinned copies of bench/kn_stream.c, mxfp4 31-32 ->
+ * 35-35.5 GB/s in one session, 35.8-36.3 -> 34.1-35.1 in the next (its
+ * drift). The VM's AVX2 was slower at 512 (18.2-20.0 -> 16.8-18.9). */
+#ifndef KN_PF
+#define KN_PF 512
+#endif
 #include "matvec_prefetch.h"
 #include <immintrin.h>
 #include <string.h>

@@ -2,7 +2,8 @@
  * (matvec_avx2.c, matvec_avx512.c): SSE instructions, so one copy serves
  * both levels.
  *
- * Owns: the distance (KN_PF), the within-row stream prefetch (kn_pf) and the
+ * Owns: the default distance (KN_PF: AVX2 256 bytes; matvec_avx512.c sets
+ * 512, see there), the within-row stream prefetch (kn_pf) and the
  * head of the next tile's rows (kn_pf_rows, kn_pf_nib_rows). Refuses: any
  * arithmetic on weights. A tile's rows are short streams (3.6 KB for a
  * 7168-column MXFP4 row): the within-row prefetch only runs KN_PF bytes
@@ -17,7 +18,7 @@
 #include <xmmintrin.h>
 
 #ifndef KN_PF
-#define KN_PF 256 /* bytes ahead; 256-512 measured best on a 16-core Xeon (bench --kernels) */
+#define KN_PF 256 /* bytes ahead (a level may set its own before including this) */
 #endif
 
 #define KN_PF_AI static inline __attribute__((always_inline))
