@@ -528,6 +528,14 @@ __global__ void __launch_bounds__(256) k_mx_frag_pack(const uint8_t *__restrict_
 __device__ __forceinline__ uint4 ld_stream16(const uint8_t *p) { return __ldcs((const uint4 *)p); }
 __device__ __forceinline__ uint2 ld_stream8(const uint8_t *p) { return __ldcs((const uint2 *)p); }
 
+/* lane's part of the group chunk at c: its two code uint4s and its row
+ * pair's scale bytes (the layout above) */
+__device__ __forceinline__ void frag_load(const uint8_t *c, int lane, uint4 &c0, uint4 &c1, uint2 &sc) {
+    c0 = ld_stream16(c + 16 * lane);
+    c1 = ld_stream16(c + 512 + 16 * lane);
+    sc = ld_stream8(c + FRAG_CODES + 8 * (lane >> 2));
+}
+
 /* mx_tc_tile on the fragment layout: the same groups per warp, the same
  * sums; each warp keeps GPU_FRAG_D groups in flight in registers. */
 template <int KS, int VG>
@@ -559,12 +567,7 @@ __device__ __forceinline__ void mx_tc_tile_frag(float (*part)[32][4], const uint
 #pragma unroll
     for (int d = 0; d < D; d++) {
         const int64_t m = warp + (int64_t)d * KS;
-        if (m < ngrp) {
-            const uint8_t *c = base + m * FRAG_BYTES;
-            c0[d] = ld_stream16(c + 16 * lane);
-            c1[d] = ld_stream16(c + 512 + 16 * lane);
-            sc[d] = ld_stream8(c + FRAG_CODES + 8 * g);
-        }
+        if (m < ngrp) frag_load(base + m * FRAG_BYTES, lane, c0[d], c1[d], sc[d]);
     }
     for (int64_t m0 = warp; m0 < ngrp; m0 += (int64_t)D * KS) {
 #pragma unroll
@@ -575,12 +578,7 @@ __device__ __forceinline__ void mx_tc_tile_frag(float (*part)[32][4], const uint
             const uint32_t wb[4] = {c0[d].y, c0[d].w, c1[d].y, c1[d].w};
             const uint32_t sca = sc[d].x, scb = sc[d].y;
             const int64_t mn = m + (int64_t)D * KS;
-            if (mn < ngrp) {
-                const uint8_t *c = base + mn * FRAG_BYTES;
-                c0[d] = ld_stream16(c + 16 * lane);
-                c1[d] = ld_stream16(c + 512 + 16 * lane);
-                sc[d] = ld_stream8(c + FRAG_CODES + 8 * g);
-            }
+            if (mn < ngrp) frag_load(base + mn * FRAG_BYTES, lane, c0[d], c1[d], sc[d]);
             if (plain_warp(sca, scb))
                 group_sum_w<SC_PLAIN, VG>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, NULL, NULL, sca, scb);
             else
