@@ -24,7 +24,7 @@ LDLIBS  += -lmicrohttpd -lpcre2-8 -ljansson $(URING_LIB) -lcurl -lnettle -lm -lp
 # machine only the scalar reference.
 TARGET  := $(shell $(CC) -dumpmachine 2>/dev/null)
 ARCH    := $(firstword $(subst -, ,$(TARGET)))
-X86_SIMD_SRC := $(wildcard src/kernels/*_avx2.c src/kernels/*_avx512.c)
+X86_SIMD_SRC := $(wildcard src/kernels/*_avx2.c src/kernels/*_avx512.c src/kernels/*_amx.c)
 ARM_SIMD_SRC := $(wildcard src/kernels/*_neon.c)
 ifneq (,$(filter x86_64 i386 i486 i586 i686 amd64,$(ARCH)))
 SIMD_SRC := $(X86_SIMD_SRC)
@@ -75,6 +75,7 @@ FUZZ_CC      ?= clang
 # SIMD variants get their ISA flags per file; everything else stays portable.
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mavx2
+AMX_FLAGS    := -mamx-tile -mamx-bf16
 
 LIB_SRC  := $(filter-out $(filter-out $(SIMD_SRC),$(X86_SIMD_SRC) $(ARM_SIMD_SRC)), \
             $(sort $(wildcard src/base/*.c src/format/*.c src/kernels/*.c src/model/*.c src/synth/*.c src/experts/*.c src/text/*.c src/hub/*.c src/server/*.c src/spine8/*.c)))
@@ -132,6 +133,10 @@ $(BUILD)/src/kernels/%_avx2.o: src/kernels/%_avx2.c
 $(BUILD)/src/kernels/%_avx512.o: src/kernels/%_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/src/kernels/%_amx.o: src/kernels/%_amx.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) $(AMX_FLAGS) -MMD -MP -c $< -o $@
 
 # NEON (AArch64 Advanced SIMD) is part of the base ISA: no flags needed.
 $(BUILD)/src/kernels/%_neon.o: src/kernels/%_neon.c

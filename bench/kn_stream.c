@@ -6,7 +6,7 @@
  *   make && cc -std=c17 -O2 -D_GNU_SOURCE -Iinclude -pthread bench/kn_stream.c \
  *       build/libdeltafin.a -lm -lpthread -o build/kn_stream
  *   build/kn_stream TYPE LEVEL ROWS COLS [N [REPS]]
- *     TYPE mxfp4 | bf16 | fp8; LEVEL scalar | avx2 | avx512 | neon;
+ *     TYPE mxfp4 | bf16 | fp8; LEVEL scalar | avx2 | avx512 | amx | neon;
  *     N vectors (default 1: a matvec), REPS calls per timing (default 1)
  *
  * Prints GB/s of weights (data + scales) and GFLOP/s of the best timing of
@@ -34,8 +34,8 @@ static uint32_t rnd(void) {
 static float frand(void) { return (float)rnd() * 0x1p-32f - 0.5f; }
 
 static int level_of(const char *s, kn_level *lv) {
-    static const kn_level all[] = {KN_SCALAR, KN_AVX2, KN_AVX512, KN_NEON};
-    for (int i = 0; i < 4; i++)
+    static const kn_level all[] = {KN_SCALAR, KN_AVX2, KN_AVX512, KN_NEON, KN_AMX};
+    for (int i = 0; i < 5; i++)
         if (!strcmp(s, kn_level_name(all[i]))) return *lv = all[i], kn_level_available(all[i]);
     return 0;
 }

@@ -140,7 +140,6 @@ static int same_bits(float a, float b) { return f32_bits(a) == f32_bits(b); }
 static void check_matrix(const tmat *m, uint64_t seed) {
     const df_weight *w = &m->w;
     const int64_t rows = w->rows, cols = w->cols;
-    const kn_level top = kn_detect();
     float *x = rand_vec(cols, seed);
     float *deq = malloc((size_t)cols * sizeof *deq);
     double *ref = malloc((size_t)rows * sizeof *ref), *mag = malloc((size_t)rows * sizeof *mag);
@@ -159,7 +158,7 @@ static void check_matrix(const tmat *m, uint64_t seed) {
     float *yp = malloc((size_t)rows * sizeof *yp);
     kn_matvec(KN_SCALAR, w, x, ys, 0, rows);
     const char *tn = wt_type_name(w->type);
-    for (int lv = KN_SCALAR; lv <= (int)top; lv++) {
+    for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
         if (!kn_level_available((kn_level)lv)) continue;
         const char *ln = kn_level_name((kn_level)lv);
         kn_matvec((kn_level)lv, w, x, y, 0, rows);
@@ -263,23 +262,24 @@ static void suite(wt_type t, st_dtype sdt, int br, int bc) {
 }
 
 int t_simd_level_available(int lv) {
-    return lv >= KN_SCALAR && lv <= KN_NEON && kn_level_available((kn_level)lv);
+    return lv >= KN_SCALAR && lv <= KN_AMX && kn_level_available((kn_level)lv);
 }
 
 /* ---- the tests --------------------------------------------------------------- */
 
 TEST(kn_detect_level) {
     kn_level l = kn_detect();
-    CHECK(l >= KN_SCALAR && l <= KN_NEON, "level %d", (int)l);
+    CHECK(l >= KN_SCALAR && l <= KN_AMX, "level %d", (int)l);
     CHECK(kn_level_available(l) && kn_level_available(KN_SCALAR));
     CHECK(strcmp(kn_level_name(KN_SCALAR), "scalar") == 0);
     CHECK(strcmp(kn_level_name(KN_AVX2), "avx2") == 0);
     CHECK(strcmp(kn_level_name(KN_AVX512), "avx512") == 0);
     CHECK(strcmp(kn_level_name(KN_NEON), "neon") == 0);
+    CHECK(strcmp(kn_level_name(KN_AMX), "amx") == 0);
 #if defined(__aarch64__)
     /* every AArch64 CPU has Advanced SIMD; the x86 levels never exist here */
     CHECK(l == KN_NEON, "level %s", kn_level_name(l));
-    CHECK(!kn_level_available(KN_AVX2) && !kn_level_available(KN_AVX512));
+    CHECK(!kn_level_available(KN_AVX2) && !kn_level_available(KN_AVX512) && !kn_level_available(KN_AMX));
 #elif defined(__x86_64__)
     CHECK(!kn_level_available(KN_NEON));
 #endif
@@ -403,12 +403,21 @@ TEST(kn_matmul_vector_blocks) {
     for (int k = 0; k < 2; k++) {
         tmat m;
         tmat_make(&m, types[k], rows, cols, DT_UNKNOWN, 0, 0, 11 + (uint64_t)k);
-        for (int lv = KN_SCALAR; lv <= KN_NEON; lv++) {
+        for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
             if (!kn_level_available((kn_level)lv)) continue;
             kn_matmul((kn_level)lv, &m.w, X, n, Y, rows, 0, rows);
             int diff = 0;
             for (int i = 0; i < n; i++) {
-                kn_matvec((kn_level)lv, &m.w, X + (size_t)i * cols, yv, 0, rows);
+                /* AMX: 40 vectors run on the tiles, as every product of at
+                 * least KN_AMX_MIN_N; compare with such a product */
+                if (lv == KN_AMX) {
+                    float Z[KN_AMX_MIN_N * 9];
+                    const int i0 = i < n - KN_AMX_MIN_N ? i : n - KN_AMX_MIN_N;
+                    kn_matmul((kn_level)lv, &m.w, X + (size_t)i0 * cols, KN_AMX_MIN_N, Z, rows, 0, rows);
+                    memcpy(yv, Z + (size_t)(i - i0) * rows, sizeof yv);
+                } else {
+                    kn_matvec((kn_level)lv, &m.w, X + (size_t)i * cols, yv, 0, rows);
+                }
                 for (int64_t r = 0; r < rows; r++) diff += !same_bits(Y[(size_t)i * rows + r], yv[r]);
             }
             CHECK(diff == 0, "%s %s: %d of %d outputs of a %d-vector matmul differ from matvec",
@@ -418,6 +427,131 @@ TEST(kn_matmul_vector_blocks) {
     }
     free(X);
     free(Y);
+}
+
+/* ---- the AMX level's layouts (matvec_amx.c) ----------------------------------
+ * kn_matmul_amx_emu runs the AMX level's walk, limb packing and MXFP4 decode
+ * over a plain-C model of the tile unit, so these checks run on any AVX-512
+ * CPU; on a CPU with AMX the real tiles get them too. For bf16 and MXFP4:
+ * within the bound of a float64 reference; row i of n vectors (groups of 10,
+ * blocks of groups, leftovers) bit-equal to vector i alone; any split of the
+ * rows the same bits; one-hot x exact; MXFP4 rows whose scales leave bf16's
+ * normal range equal to the AVX-512 level (which computes them). */
+typedef int (*amx_fn)(const df_weight *, const float *, int, float *, int64_t, int64_t, int64_t);
+
+static void amx_check(const char *ln, amx_fn run, const tmat *m, int n, uint64_t seed) {
+    const df_weight *w = &m->w;
+    const int64_t rows = w->rows, cols = w->cols, r0 = rows > 2 ? 1 : 0, ldy = rows + 3;
+    const char *tn = wt_type_name(w->type);
+    float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * ldy * sizeof *Y);
+    float *y1 = malloc((size_t)rows * sizeof *y1), *deq = malloc((size_t)cols * sizeof *deq);
+    for (int i = 0; i < n; i++) {
+        float *xi = rand_vec(cols, seed * 131 + (uint64_t)i);
+        memcpy(X + (size_t)i * cols, xi, (size_t)cols * sizeof *xi);
+        free(xi);
+    }
+    CHECK(run(w, X, n, Y, ldy, r0, rows) == 1, "%s %s: declined", tn, ln);
+    int diff = 0, bad = 0;
+    for (int i = 0; i < n; i++) {
+        const float *x = X + (size_t)i * cols;
+        CHECK(run(w, x, 1, y1, rows, r0, rows) == 1);
+        for (int64_t r = r0; r < rows; r++) {
+            diff += !same_bits(Y[(size_t)i * ldy + (r - r0)], y1[r - r0]);
+            kn_dequant_row(w, r, deq);
+            double acc = 0, mag = 0;
+            for (int64_t c = 0; c < cols; c++) acc += (double)deq[c] * x[c], mag += fabs((double)deq[c] * x[c]);
+            const double tol = (double)(cols + 2) * 0x1p-24 * mag + 1e-35, got = y1[r - r0];
+            if (!(fabs(got - acc) <= tol) && bad++ < 3)
+                CHECK(0, "%s %s %lldx%lld row %lld vector %d: %.9g vs ref %.9g (tol %.3g)", tn, ln, (long long)rows,
+                      (long long)cols, (long long)r, i, got, acc, tol);
+        }
+    }
+    CHECK(diff == 0, "%s %s %lldx%lld: %d outputs of %d vectors differ from one vector at a time", tn, ln,
+          (long long)rows, (long long)cols, diff, n);
+    /* rows cut anywhere: the same bits */
+    uint64_t s = seed;
+    for (int64_t a = r0; a < rows;) {
+        const int64_t len = 1 + (int64_t)(rng_next(&s) % 40), b = a + len > rows ? rows : a + len;
+        CHECK(run(w, X, n, Y + (a - r0), ldy, a, b) == 1);
+        a = b;
+    }
+    for (int64_t r = r0; r < rows; r++) {
+        CHECK(run(w, X + (size_t)(n - 1) * cols, 1, y1, 1, r, r + 1) == 1);
+        diff += !same_bits(Y[(size_t)(n - 1) * ldy + (r - r0)], y1[0]);
+    }
+    CHECK(diff == 0, "%s %s %lldx%lld: %d outputs differ when the rows are cut", tn, ln, (long long)rows,
+          (long long)cols, diff);
+    if (cols <= 96) { /* one-hot x: the weight itself */
+        float *e = calloc((size_t)cols, sizeof *e);
+        int wrong = 0;
+        for (int64_t c = 0; c < cols; c++) {
+            e[c] = 1.0f;
+            run(w, e, 1, y1, rows, 0, rows);
+            e[c] = 0.0f;
+            for (int64_t r = 0; r < rows; r++) {
+                kn_dequant_row(w, r, deq);
+                wrong += !(y1[r] == deq[c]);
+            }
+        }
+        CHECK(wrong == 0, "%s %s %lldx%lld: %d one-hot outputs are not the weight", tn, ln, (long long)rows,
+              (long long)cols, wrong);
+        free(e);
+    }
+    free(X), free(Y), free(y1), free(deq);
+}
+
+TEST(kn_amx_layouts) {
+    amx_fn runs[2] = {NULL, NULL};
+    const char *names[2] = {"amx-model", "amx"};
+#if defined(__x86_64__)
+    if (kn_level_available(KN_AVX512)) runs[0] = kn_matmul_amx_emu;
+    if (kn_level_available(KN_AMX)) runs[1] = kn_matmul_amx;
+#endif
+    if (!runs[0] && !runs[1]) SKIP("no AVX-512 here");
+    static const int64_t rows[] = {1, 5, 16, 31, 32, 33, 67};
+    static const int64_t cols[] = {32, 64, 96, 1024};
+    static const int ns[] = {1, 3, 10, 23};
+    const wt_type types[] = {WT_BF16, WT_MXFP4};
+    uint64_t seed = 1;
+    for (int k = 0; k < 2; k++)
+        for (int f = 0; f < 2; f++) {
+            if (!runs[f]) continue;
+            for (int i = 0; i < N(rows); i++)
+                for (int j = 0; j < N(cols); j++) {
+                    tmat m;
+                    tmat_make(&m, types[k], rows[i], cols[j], DT_UNKNOWN, 0, 0, seed);
+                    amx_check(names[f], runs[f], &m, ns[(i + j) % N(ns)], seed++);
+                    tmat_free(&m);
+                }
+            /* wide rows: several blocks of groups (packed B over 1 MB) */
+            tmat m;
+            tmat_make(&m, types[k], 33, 17472, DT_UNKNOWN, 0, 0, seed);
+            amx_check(names[f], runs[f], &m, 23, seed++);
+            tmat_free(&m);
+        }
+    /* MXFP4 rows with scales outside bf16's range go to the AVX-512 tiles */
+    for (int f = 0; f < 2; f++) {
+        if (!runs[f]) continue;
+        tmat m;
+        tmat_make(&m, WT_MXFP4, 40, 128, DT_UNKNOWN, 0, 0, 77);
+        uint8_t *sc = m.scale;
+        sc[1 * 4 + 0] = 0, sc[2 * 4 + 3] = 1, sc[17 * 4 + 2] = 253, sc[33 * 4 + 1] = 255;
+        const int n = 12;
+        float *X = malloc((size_t)n * 128 * sizeof *X), *Y = malloc((size_t)n * 40 * sizeof *Y);
+        float *Z = malloc((size_t)n * 40 * sizeof *Z);
+        for (int i = 0; i < n * 128; i++) X[i] = 0.01f * (float)((i * 37) % 101) - 0.5f;
+        CHECK(runs[f](&m.w, X, n, Y, 40, 0, 40) == 1);
+#if defined(__x86_64__)
+        kn_matmul(KN_AVX512, &m.w, X, n, Z, 40, 0, 40);
+#endif
+        static const int odd[] = {1, 2, 17, 33};
+        int diff = 0;
+        for (int i = 0; i < n; i++)
+            for (int q = 0; q < 4; q++) diff += memcmp(&Y[i * 40 + odd[q]], &Z[i * 40 + odd[q]], 4) != 0;
+        CHECK(diff == 0, "%s: %d outputs of out-of-range rows differ from AVX-512", names[f], diff);
+        free(X), free(Y), free(Z);
+        tmat_free(&m);
+    }
 }
 
 TEST(kn_level_capped_to_cpu) {

@@ -238,7 +238,7 @@ TEST(model_simd_levels_agree_with_scalar) {
         CHECK(ref != NULL, "%s scalar", f.dir);
         size_t n = (size_t)f.n_tokens * f.vocab;
         double scale = ref ? max_abs(ref, n) : 1;
-        for (int lv = 1; lv <= 3 && ref; lv++) { /* AVX2, AVX-512, NEON: those this CPU has */
+        for (int lv = 1; lv <= 4 && ref; lv++) { /* AVX2, AVX-512, NEON, AMX: those this CPU has */
             if (!t_simd_level_available(lv)) continue;
             df_engine *e = open_with(f.dir, 2, 1, lv);
             float *lg = e ? all_logits(e, &f) : NULL;

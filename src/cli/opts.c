@@ -19,7 +19,10 @@ const char cli_model_opts_help[] =
     "  --threads N        worker threads (default: all CPUs)\n"
     "  --ctx N            context limit of the session (default: min(model, 4096))\n"
     "  --no-mmap          read weights with pread into RAM instead of mapping them\n"
-    "  --simd LEVEL       kernel level: scalar, avx2, avx512, neon (default: best available)\n"
+    "  --simd LEVEL       kernel level: scalar, avx2, avx512, neon (default: the best available;\n"
+    "                     never amx), amx: avx512 with the bf16 and MXFP4 products of 8 or more\n"
+    "                     vectors (prefill) on Intel AMX tiles, faster, and a row's last bits\n"
+    "                     then depend on which side of 8 its pass was (within the same bound)\n"
     "  --io MODE          routed experts: direct (O_DIRECT reads into the expert cache, default),\n"
     "                     pread (buffered reads into the cache), mmap (page cache, for comparison)\n"
     "  --ram SIZE         memory budget of the whole process, e.g. 8G: spine, expert cache, session\n"
@@ -237,6 +240,7 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
             else if (!strcmp(val, "avx2")) o->simd = 1;
             else if (!strcmp(val, "avx512")) o->simd = 2;
             else if (!strcmp(val, "neon")) o->simd = 3;
+            else if (!strcmp(val, "amx")) o->simd = 4;
             else goto bad;
         }
         return 1;

@@ -81,6 +81,7 @@ void kn_mla_rowsum(kn_level lv, const float *A, int64_t lda, const float *B, int
     if (m <= 0 || R <= 0) return;
     ASSERT(k0 >= 0 && (inc == 0 || inc == 1));
     if (!kn_level_available(lv)) lv = kn_detect(); /* never run instructions the CPU lacks */
+    if (lv == KN_AMX) lv = KN_AVX512;               /* AMX changes the weight products only */
 #if KN_X86
     if (lv == KN_AVX512) { kn_mla_rowsum_avx512(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
     if (lv == KN_AVX2) { kn_mla_rowsum_avx2(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
@@ -181,6 +182,7 @@ void kn_mla_attend(kn_level lv, const float *cache, int R, int dr, float scale, 
     if (n <= 0) return;
     ASSERT(R > 0 && dr >= 0 && pos >= 0 && nscratch >= kn_mla_attend_floats(R, dr, 1, pos + n));
     if (!kn_level_available(lv)) lv = kn_detect(); /* never run instructions the CPU lacks */
+    if (lv == KN_AMX) lv = KN_AVX512;               /* AMX changes the weight products only */
 #if KN_X86
     if (lv == KN_AVX512 || lv == KN_AVX2) {
         attend_simd(lv == KN_AVX512 ? &k512 : &k2, cache, R, dr, scale, ql, qp, ldqp, pos, n, O, scratch, nscratch);
@@ -201,6 +203,7 @@ void kn_mla_attend_heads(kn_level lv, const float *cache, int R, int dr, float s
     if (m <= 0) return;
     ASSERT(R > 0 && dr >= 0 && p >= 0 && nscratch >= kn_mla_attend_floats(R, dr, 1, p + 1));
     if (!kn_level_available(lv)) lv = kn_detect(); /* never run instructions the CPU lacks */
+    if (lv == KN_AMX) lv = KN_AVX512;               /* AMX changes the weight products only */
 #if KN_X86
     if (lv == KN_AVX512 || lv == KN_AVX2) {
         heads_simd(lv == KN_AVX512 ? &k512 : &k2, cache, R, dr, scale, ql, ldql, qp, ldqp, p, m, O, ldo, scratch,

@@ -333,7 +333,8 @@ int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, d
     df_pool *pool = pool_new(n_threads);
     if (!pool) return 0;
     kn_level lv = kn_detect();
-    if (simd_level >= 0 && simd_level < (int)lv) lv = (kn_level)simd_level;
+    if (simd_level >= 0 && simd_level <= KN_AMX && kn_level_available((kn_level)simd_level))
+        lv = (kn_level)simd_level;
     int n = kn_bench(pool, lv, mb, seconds, rows, probe_gbps, fma_gflops);
     pool_free(pool);
     return n;

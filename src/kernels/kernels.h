@@ -12,6 +12,14 @@
  *    to kn_matvec(X + i*cols).
  *  - activations are fp32; products and sums are fp32 (SIMD variants sum in
  *    a fixed lane order, so they differ from scalar only by rounding).
+ *  - exception, KN_AMX: a bf16 or MXFP4 product of at least KN_AMX_MIN_N
+ *    vectors runs on the AMX tile unit, whose sums round differently from
+ *    the AVX-512 tiles that run smaller products. Row i of such a product is
+ *    bit-equal to vector i in any other product of at least KN_AMX_MIN_N
+ *    vectors (any n, row range or thread), and within the same bound of
+ *    kn_matvec's value. So at KN_AMX a row's last bits depend on which side
+ *    of KN_AMX_MIN_N its pass was (as the GPU's --bf16-tc-rows); the level is
+ *    asked for, never the default.
  */
 #ifndef DF_KERNELS_H
 #define DF_KERNELS_H
@@ -19,8 +27,11 @@
 #include <stdint.h>
 
 /* KN_NEON (AArch64 Advanced SIMD) is not above the x86 levels: a level this
- * CPU lacks (kn_level_available 0) runs as kn_detect()'s level instead. */
-typedef enum { KN_SCALAR = 0, KN_AVX2 = 1, KN_AVX512 = 2, KN_NEON = 3 } kn_level;
+ * CPU lacks (kn_level_available 0) runs as kn_detect()'s level instead.
+ * KN_AMX (x86) is KN_AVX512 with the bf16 and MXFP4 products on Intel AMX
+ * tiles (matvec_amx.c): every other type and kernel runs as KN_AVX512. */
+typedef enum { KN_SCALAR = 0, KN_AVX2 = 1, KN_AVX512 = 2, KN_NEON = 3, KN_AMX = 4 } kn_level;
+enum { KN_AMX_MIN_N = 8 }; /* vectors from which KN_AMX runs a product on the tiles */
 
 kn_level kn_detect(void);              /* best level this CPU supports */
 const char *kn_level_name(kn_level l);
@@ -43,6 +54,13 @@ int kn_matmul_avx2(const df_weight *w, const float *X, int n, float *Y, int64_t 
                    int64_t row0, int64_t row1);
 int kn_matmul_avx512(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
                      int64_t row0, int64_t row1);
+/* bf16 and MXFP4 only (matvec_amx.c; the caller guarantees AMX). _emu: the
+ * same code over a plain-C model of the tile unit (needs AVX-512 only), for
+ * the tests of its layouts on machines without AMX. */
+int kn_matmul_amx(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                  int64_t row0, int64_t row1);
+int kn_matmul_amx_emu(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                      int64_t row0, int64_t row1);
 
 /* fp32 FMA throughput probe at level lv (the compute ceiling prefill is
  * measured against): `iters` rounds of independent FMA chains; returns the

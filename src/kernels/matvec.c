@@ -3,7 +3,7 @@
  * Owns: kn_detect / kn_level_name, kn_dequant_row (the exact decode every
  * other kernel is measured against), the plain C matvec per weight type (the
  * KN_SCALAR level and the oracle of the SIMD variants), and the dispatch that
- * sends kn_matvec / kn_matmul to matvec_avx512.c or matvec_avx2.c (x86) or
+ * sends kn_matvec / kn_matmul to matvec_amx.c, matvec_avx512.c or matvec_avx2.c (x86) or
  * matvec_neon.c (AArch64), falling back one level whenever a variant declines
  * a type.
  * Refuses: any ISA-specific code (this file is compiled without -m flags) and
@@ -31,6 +31,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define KN_X86 1
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__aarch64__)
 #define KN_ARM64 1
 #if defined(__linux__)
@@ -46,6 +50,22 @@ static uint64_t xcr0(void) {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t)hi << 32) | lo;
+}
+
+/* AMX-TILE and AMX-BF16 (CPUID 7.0 EDX bits 24, 22), the tile state enabled
+ * (XCR0 bits 17, 18) and, on Linux, the process's permission to use the
+ * tile data (arch_prctl ARCH_REQ_XCOMP_PERM, which every thread inherits). */
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((d >> 24) & 1) || !((d >> 22) & 1)) return 0;
+    if (((xcr0() >> 17) & 3) != 3) return 0;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;
+#endif
 }
 
 /* CPUID + XGETBV rather than __builtin_cpu_supports: clang 14 does not know
@@ -72,8 +92,8 @@ static kn_level detect_once(void) {
         bf16 = (a >> 5) & 1;
     }
     int zmm_state = (xcr & 0xe0) == 0xe0; /* opmask, ZMM_Hi256, Hi16_ZMM */
-    if (f512 && dq && bw && vl && vnni && bf16 && zmm_state) return KN_AVX512;
-    return KN_AVX2;
+    if (!(f512 && dq && bw && vl && vnni && bf16 && zmm_state)) return KN_AVX2;
+    return amx_usable() ? KN_AMX : KN_AVX512;
 }
 #elif KN_ARM64
 /* AArch64: Advanced SIMD is architectural (every AArch64 CPU has it; macOS
@@ -91,7 +111,8 @@ static kn_level detect_once(void) {
 static kn_level detect_once(void) { return KN_SCALAR; }
 #endif
 
-kn_level kn_detect(void) {
+/* The best level this CPU runs (KN_AMX included). */
+static kn_level best_level(void) {
     static int cached = -1; /* benign race: every thread computes the same value */
     int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (v < 0) {
@@ -101,12 +122,20 @@ kn_level kn_detect(void) {
     return (kn_level)v;
 }
 
+/* A CPU with AMX defaults to KN_AVX512: KN_AMX trades the bit-equality of
+ * passes of different sizes for prefill speed (kernels.h), so it is asked for. */
+kn_level kn_detect(void) {
+    const kn_level b = best_level();
+    return b == KN_AMX ? KN_AVX512 : b;
+}
+
 const char *kn_level_name(kn_level l) {
     switch (l) {
     case KN_SCALAR: return "scalar";
     case KN_AVX2: return "avx2";
     case KN_AVX512: return "avx512";
     case KN_NEON: return "neon";
+    case KN_AMX: return "amx";
     }
     return "unknown";
 }
@@ -115,7 +144,7 @@ const char *kn_level_name(kn_level l) {
  * AVX2), KN_NEON exists only on AArch64. */
 int kn_level_available(kn_level l) {
     if (l == KN_SCALAR) return 1;
-    kn_level best = kn_detect();
+    kn_level best = best_level();
     if (l == KN_NEON || best == KN_NEON) return l == best;
     return (int)l <= (int)best;
 }
@@ -263,6 +292,7 @@ void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y,
     ASSERT(row0 >= 0 && row1 <= w->rows);
     if (!kn_level_available(lv)) lv = kn_detect(); /* never run instructions the CPU lacks */
 #if KN_X86
+    if (lv == KN_AMX && n >= KN_AMX_MIN_N && kn_matmul_amx(w, X, n, Y, ldy, row0, row1)) return;
     if (lv >= KN_AVX512 && kn_matmul_avx512(w, X, n, Y, ldy, row0, row1)) return;
     if (lv >= KN_AVX2 && kn_matmul_avx2(w, X, n, Y, ldy, row0, row1)) return;
 #elif KN_ARM64

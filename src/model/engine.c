@@ -144,8 +144,8 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     e->pool = pool_new(nt);
     if (!e->pool) { st = df_fail(err, DF_ERR_NOMEM, "cannot start %d threads", nt); goto fail; }
     e->level = kn_detect();
-    /* a level this CPU lacks (avx512 on an AVX2 CPU, neon on x86) keeps the best */
-    if (opts->simd_level >= 0 && opts->simd_level <= KN_NEON && kn_level_available((kn_level)opts->simd_level))
+    /* a level this CPU lacks (avx512 on an AVX2 CPU, neon on x86, amx without AMX) keeps the best */
+    if (opts->simd_level >= 0 && opts->simd_level <= KN_AMX && kn_level_available((kn_level)opts->simd_level))
         e->level = (kn_level)opts->simd_level;
     e->opts = *opts;
     if (opts->accel && !(e->acc = acc_new(opts->accel))) {
