@@ -438,8 +438,40 @@ TEST(kn_matmul_vector_blocks) {
  * rows the same bits; one-hot x exact; MXFP4 rows whose scales leave bf16's
  * normal range equal to the AVX-512 level (which computes them). */
 typedef int (*amx_fn)(const df_weight *, const float *, int, float *, int64_t, int64_t, int64_t);
+typedef struct {
+    int64_t (*init)(kn_amx_x *, const df_weight *, int);
+    void (*pack)(const kn_amx_x *, const float *, int, int);
+    void (*rows)(const kn_amx_x *, const float *, float *, int64_t, int64_t, int64_t);
+} amx_parts;
 
-static void amx_check(const char *ln, amx_fn run, const tmat *m, int n, uint64_t seed) {
+/* x packed once (its groups in two calls), rows in pieces: the bits of run */
+static void amx_parts_check(const char *ln, const amx_parts *p, const df_weight *w, const float *X, int n,
+                            const float *Y, int64_t ldy, int64_t r0) {
+    kn_amx_x px;
+    const int64_t bytes = p->init(&px, w, n);
+    CHECK(bytes > 0);
+    if (bytes <= 0) return;
+    px.B = aligned_alloc(64, (size_t)bytes);
+    p->pack(&px, X, px.groups / 2, px.groups);
+    p->pack(&px, X, 0, px.groups / 2);
+    float *Z = malloc((size_t)n * ldy * sizeof *Z);
+    for (int64_t a = r0; a < w->rows; a += 37) {
+        const int64_t b = a + 37 < w->rows ? a + 37 : w->rows;
+        p->rows(&px, X, Z + (a - r0), ldy, a, b);
+    }
+    int diff = 0;
+    for (int i = 0; i < n; i++)
+        for (int64_t r = r0; r < w->rows; r++) {
+            const size_t o = (size_t)i * ldy + (size_t)(r - r0);
+            diff += !same_bits(Z[o], Y[o]);
+        }
+    CHECK(diff == 0, "%s %s %lldx%lld: x packed once differs in %d outputs", wt_type_name(w->type), ln,
+          (long long)w->rows, (long long)w->cols, diff);
+    free(Z);
+    free(px.B);
+}
+
+static void amx_check(const char *ln, amx_fn run, const amx_parts *parts, const tmat *m, int n, uint64_t seed) {
     const df_weight *w = &m->w;
     const int64_t rows = w->rows, cols = w->cols, r0 = rows > 2 ? 1 : 0, ldy = rows + 3;
     const char *tn = wt_type_name(w->type);
@@ -468,6 +500,7 @@ static void amx_check(const char *ln, amx_fn run, const tmat *m, int n, uint64_t
     }
     CHECK(diff == 0, "%s %s %lldx%lld: %d outputs of %d vectors differ from one vector at a time", tn, ln,
           (long long)rows, (long long)cols, diff, n);
+    amx_parts_check(ln, parts, w, X, n, Y, ldy, r0);
     /* rows cut anywhere: the same bits */
     uint64_t s = seed;
     for (int64_t a = r0; a < rows;) {
@@ -503,9 +536,17 @@ static void amx_check(const char *ln, amx_fn run, const tmat *m, int n, uint64_t
 TEST(kn_amx_layouts) {
     amx_fn runs[2] = {NULL, NULL};
     const char *names[2] = {"amx-model", "amx"};
+    amx_parts parts[2];
+    memset(parts, 0, sizeof parts);
 #if defined(__x86_64__)
-    if (kn_level_available(KN_AVX512)) runs[0] = kn_matmul_amx_emu;
-    if (kn_level_available(KN_AMX)) runs[1] = kn_matmul_amx;
+    if (kn_level_available(KN_AVX512)) {
+        runs[0] = kn_matmul_amx_emu;
+        parts[0] = (amx_parts){kn_amx_x_init_emu, kn_amx_x_pack_emu, kn_matmul_amx_x_emu};
+    }
+    if (kn_level_available(KN_AMX)) {
+        runs[1] = kn_matmul_amx;
+        parts[1] = (amx_parts){kn_amx_x_init, kn_amx_x_pack, kn_matmul_amx_x};
+    }
 #endif
     if (!runs[0] && !runs[1]) SKIP("no AVX-512 here");
     static const int64_t rows[] = {1, 5, 16, 31, 32, 33, 67};
@@ -520,13 +561,13 @@ TEST(kn_amx_layouts) {
                 for (int j = 0; j < N(cols); j++) {
                     tmat m;
                     tmat_make(&m, types[k], rows[i], cols[j], DT_UNKNOWN, 0, 0, seed);
-                    amx_check(names[f], runs[f], &m, ns[(i + j) % N(ns)], seed++);
+                    amx_check(names[f], runs[f], &parts[f], &m, ns[(i + j) % N(ns)], seed++);
                     tmat_free(&m);
                 }
             /* wide rows: several blocks of groups (packed B over 1 MB) */
             tmat m;
             tmat_make(&m, types[k], 33, 17472, DT_UNKNOWN, 0, 0, seed);
-            amx_check(names[f], runs[f], &m, 23, seed++);
+            amx_check(names[f], runs[f], &parts[f], &m, 23, seed++);
             tmat_free(&m);
         }
     /* MXFP4 rows with scales outside bf16's range go to the AVX-512 tiles */

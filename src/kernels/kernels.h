@@ -61,6 +61,24 @@ int kn_matmul_amx(const df_weight *w, const float *X, int n, float *Y, int64_t l
                   int64_t row0, int64_t row1);
 int kn_matmul_amx_emu(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
                       int64_t row0, int64_t row1);
+/* The same in parts, so a product packs x once and its threads share it
+ * (engine.c's mm): init says how many bytes B needs (0: w is not for the
+ * tiles) and fills the sizes; the caller allocates B (64-byte aligned) and
+ * packs groups [0, groups), in any split; then kn_matmul_amx_x computes any
+ * row range. Values bit-equal to kn_matmul_amx's. x86 only (elsewhere init
+ * returns 0). */
+typedef struct {
+    const df_weight *w;
+    int n, nv, groups, nc0, nc1; /* vectors, per group, groups, B tile columns */
+    int64_t gbytes;              /* packed bytes per group */
+    uint8_t *B;                  /* groups x gbytes; the caller's */
+} kn_amx_x;
+int64_t kn_amx_x_init(kn_amx_x *px, const df_weight *w, int n);
+void kn_amx_x_pack(const kn_amx_x *px, const float *X, int g0, int g1);
+void kn_matmul_amx_x(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1);
+int64_t kn_amx_x_init_emu(kn_amx_x *px, const df_weight *w, int n);
+void kn_amx_x_pack_emu(const kn_amx_x *px, const float *X, int g0, int g1);
+void kn_matmul_amx_x_emu(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1);
 
 /* fp32 FMA throughput probe at level lv (the compute ceiling prefill is
  * measured against): `iters` rounds of independent FMA chains; returns the

@@ -323,3 +323,16 @@ double kn_fma_loop(kn_level lv, int64_t iters, float *sink) {
     *sink = t;
     return 16.0 * (double)iters;
 }
+
+#if !KN_X86
+/* AMX exists only on x86: no product is ever for the tiles here. */
+int64_t kn_amx_x_init(kn_amx_x *px, const df_weight *w, int n) {
+    (void)w, (void)n;
+    memset(px, 0, sizeof *px);
+    return 0;
+}
+void kn_amx_x_pack(const kn_amx_x *px, const float *X, int g0, int g1) { (void)px, (void)X, (void)g0, (void)g1; }
+void kn_matmul_amx_x(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1) {
+    (void)px, (void)X, (void)Y, (void)ldy, (void)row0, (void)row1;
+}
+#endif

@@ -1,8 +1,10 @@
 /* matvec_amx.c — bf16 and MXFP4 products on Intel AMX tiles (level KN_AMX).
  *
- * Owns: kn_matmul_amx (with -DKN_AMX_EMU, built as matvec_amxemu_avx512.c:
- * kn_matmul_amx_emu, the same code over a plain-C model of the tile unit, so
- * the layouts are tested on any AVX-512 machine). Every other weight type,
+ * Owns: kn_matmul_amx, and its parts for callers that pack x once per
+ * product and split the rows over threads (kn_amx_x_init, kn_amx_x_pack,
+ * kn_matmul_amx_x). With -DKN_AMX_EMU (matvec_amxemu_avx512.c) the same code
+ * is built as *_emu over a plain-C model of the tile unit, so the layouts
+ * are tested on any AVX-512 machine. Every other weight type,
  * and every other kernel, runs as KN_AVX512 (the dispatcher falls back when
  * this returns 0). Compiled with the Makefile's AVX512_FLAGS plus AMX_FLAGS;
  * only reached when matvec.c found AMX-TILE, AMX-BF16 and the kernel's
@@ -71,7 +73,7 @@ typedef struct {
 /* ---- the tile operations (real, or a plain-C model for tests) ------------- */
 
 #ifdef KN_AMX_EMU
-#define ENTRY kn_matmul_amx_emu
+#define NAME(f) f##_emu
 typedef struct {
     amx_cfg cfg;
     uint8_t t[8][16][64];
@@ -113,7 +115,7 @@ static void t_release(tiles *T) { (void)T; }
 #define T_ZERO(t) t_zero(T, t)
 #define T_DP(c, a, b) t_dp(T, c, a, b)
 #else
-#define ENTRY kn_matmul_amx
+#define NAME(f) f
 typedef struct {
     int unused;
 } tiles;
@@ -325,30 +327,45 @@ static void fill_panel(const walk *k, int64_t r, int rows, int64_t s0, int64_t s
     }
 }
 
-int ENTRY(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0, int64_t row1) {
-    if (w->type != WT_BF16 && w->type != WT_MXFP4) return 0;
-    if (w->cols % KSTEP) return 0; /* per matrix: the same for every call */
-    const int mx = w->type == WT_MXFP4;
-    walk k = {.w = w, .cols = w->cols, .steps = w->cols / KSTEP};
-    const int nv = n < GV ? n : GV, nc = 3 * nv;
-    k.nc0 = nc < 16 ? nc : 16;
-    k.nc1 = nc - k.nc0;
-    k.sb = 64 * (int64_t)nc;
-    const int groups = (n + nv - 1) / nv;
-    const int64_t gbytes = k.sb * k.steps;
+/* ---- x packed once per product, then the rows -------------------------------- */
+
+int64_t NAME(kn_amx_x_init)(kn_amx_x *px, const df_weight *w, int n) {
+    memset(px, 0, sizeof *px);
+    if ((w->type != WT_BF16 && w->type != WT_MXFP4) || w->cols % KSTEP || n < 1) return 0;
+    px->w = w;
+    px->n = n;
+    px->nv = n < GV ? n : GV;
+    px->groups = (n + px->nv - 1) / px->nv;
+    px->nc0 = 3 * px->nv < 16 ? 3 * px->nv : 16;
+    px->nc1 = 3 * px->nv - px->nc0;
+    px->gbytes = 64 * (int64_t)(3 * px->nv) * (w->cols / KSTEP);
+    return px->gbytes * px->groups;
+}
+
+void NAME(kn_amx_x_pack)(const kn_amx_x *px, const float *X, int g0, int g1) {
+    const int64_t cols = px->w->cols;
+    for (int g = g0; g < g1; g++) {
+        const int v0 = g * px->nv, m = px->n - v0 < px->nv ? px->n - v0 : px->nv;
+        pack_group(X + (int64_t)v0 * cols, cols, m, px->nc0, px->nc1, px->w->type == WT_MXFP4, px->B + g * px->gbytes);
+    }
+}
+
+void NAME(kn_matmul_amx_x)(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1) {
+    const df_weight *w = px->w;
+    const int mx = w->type == WT_MXFP4, n = px->n, nv = px->nv, groups = px->groups;
+    walk k = {.w = w, .cols = w->cols, .steps = w->cols / KSTEP, .nc0 = px->nc0, .nc1 = px->nc1};
+    k.sb = 64 * (int64_t)(px->nc0 + px->nc1);
     /* groups per block: their B for one chunk of KC columns within KN_AMX_L2_B
      * (the weights stream once per block); blocks of equal size */
     int64_t most = KN_AMX_L2_B / (k.sb * (KC / KSTEP));
     if (most < 1) most = 1;
     const int blocks = (int)((groups + most - 1) / most), per_block = (groups + blocks - 1) / blocks;
-
-    uint8_t *B = aligned_alloc(64, (size_t)(gbytes * per_block));
     /* the panel only where rows are decoded or copied: MXFP4, or a bf16
      * range that is not a whole number of 32-row tiles */
     const int need_panel = mx || (row1 - row0) % 32;
     k.panel = need_panel ? aligned_alloc(64, (size_t)32 * KC * 2) : NULL;
     k.cst = aligned_alloc(64, (size_t)per_block * 32 * 32 * sizeof(float));
-    ASSERT(B && (k.panel || !need_panel) && k.cst);
+    ASSERT((k.panel || !need_panel) && k.cst);
 
     amx_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -368,10 +385,6 @@ int ENTRY(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int6
     const int64_t kc = KC / KSTEP;
     for (int g0 = 0; g0 < groups; g0 += per_block) {
         const int g1 = g0 + per_block < groups ? g0 + per_block : groups, keep = g1 - g0 == 1;
-        for (int g = g0; g < g1; g++) {
-            const int v0 = g * nv, m = n - v0 < nv ? n - v0 : nv;
-            pack_group(X + (int64_t)v0 * k.cols, k.cols, m, k.nc0, k.nc1, mx, B + (int64_t)(g - g0) * gbytes);
-        }
         for (int64_t r = row0; r < row1; r += 32) {
             const int rows = row1 - r < 32 ? (int)(row1 - r) : 32, direct = !mx && rows == 32;
             if (keep) tg_begin(T, &k); /* one group: C stays in the tiles */
@@ -391,7 +404,7 @@ int ENTRY(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int6
                         else
                             tg_load(T, &k, c);
                     }
-                    tg_steps(T, &k, A, lda, direct && g == g0, B + (int64_t)(g - g0) * gbytes, s0, s1);
+                    tg_steps(T, &k, A, lda, direct && g == g0, px->B + g * px->gbytes, s0, s1);
                     if (!keep) tg_save(T, &k, c);
                 }
             }
@@ -408,8 +421,19 @@ int ENTRY(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int6
     if (mx)
         for (int64_t r = row0; r < row1; r++)
             if (!mx_row_ok(w, r)) kn_matmul_avx512(w, X, n, Y + (r - row0), ldy, r, r + 1);
-    free(B);
     free(k.panel);
     free(k.cst);
+}
+
+int NAME(kn_matmul_amx)(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+                        int64_t row1) {
+    kn_amx_x px;
+    const int64_t bytes = NAME(kn_amx_x_init)(&px, w, n);
+    if (!bytes) return 0;
+    px.B = aligned_alloc(64, (size_t)bytes);
+    ASSERT(px.B);
+    NAME(kn_amx_x_pack)(&px, X, 0, px.groups);
+    NAME(kn_matmul_amx_x)(&px, X, Y, ldy, row0, row1);
+    free(px.B);
     return 1;
 }
