@@ -21,6 +21,7 @@
 #include "test.h"
 #include "../src/kernels/kernels.h"
 #include "../src/kernels/ops.h"
+#include "../src/base/pool.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -564,12 +565,35 @@ TEST(kn_amx_layouts) {
                     amx_check(names[f], runs[f], &parts[f], &m, ns[(i + j) % N(ns)], seed++);
                     tmat_free(&m);
                 }
-            /* wide rows: several blocks of groups (packed B over 1 MB) */
+            /* wide rows (several column chunks), many rows (several panels
+             * of 8 tiles), many vectors (several blocks of groups) */
+            static const int64_t big[][3] = {{33, 17472, 23}, {300, 64, 23}, {40, 64, 200}};
+            for (int b = 0; b < N(big); b++) {
+                tmat m;
+                tmat_make(&m, types[k], big[b][0], big[b][1], DT_UNKNOWN, 0, 0, seed);
+                amx_check(names[f], runs[f], &parts[f], &m, (int)big[b][2], seed++);
+                tmat_free(&m);
+            }
+        }
+    /* on a pool (the engine's products): the bits of one call */
+    if (runs[1]) {
+        df_pool *pool = pool_new(3);
+        for (int k = 0; k < 2 && pool; k++) {
             tmat m;
-            tmat_make(&m, types[k], 33, 17472, DT_UNKNOWN, 0, 0, seed);
-            amx_check(names[f], runs[f], &parts[f], &m, 23, seed++);
+            tmat_make(&m, types[k], 97, 1024, DT_UNKNOWN, 0, 0, 90 + (uint64_t)k);
+            const int n = 23;
+            float *X = malloc((size_t)n * 1024 * sizeof *X), *Y = malloc((size_t)n * 97 * sizeof *Y);
+            float *Z = malloc((size_t)n * 97 * sizeof *Z);
+            for (int i = 0; i < n * 1024; i++) X[i] = 0.001f * (float)((i * 53) % 997) - 0.5f;
+            CHECK(kn_matmul_amx_pool(pool, &m.w, X, n, Y, 97) == 1);
+            kn_matmul(KN_AMX, &m.w, X, n, Z, 97, 0, 97);
+            CHECK(memcmp(Y, Z, (size_t)n * 97 * sizeof *Y) == 0, "%s: the pool's product differs",
+                  wt_type_name(types[k]));
+            free(X), free(Y), free(Z);
             tmat_free(&m);
         }
+        pool_free(pool);
+    }
     /* MXFP4 rows with scales outside bf16's range go to the AVX-512 tiles */
     for (int f = 0; f < 2; f++) {
         if (!runs[f]) continue;

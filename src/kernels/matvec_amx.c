@@ -56,6 +56,7 @@ enum {
     SC_LO = 2, SC_HI = 252, /* e8m0 bytes whose values stay normal bf16 */
     PF_STEPS = 8,           /* bf16 rows from memory: prefetched 8 steps (512 bytes) ahead */
     KC = 1024,              /* columns per chunk (32 rows of bf16: 64 KB) */
+    RP = 8,                 /* row tiles per panel (their C: RP x groups x 4 KB, in L2) */
 };
 
 /* packed B bytes of one column chunk for a block of groups (kept in L2
@@ -211,29 +212,41 @@ static int mx_row_ok(const df_weight *w, int64_t r) {
  * table gets the pair's two scales in its even and odd entries (one masked
  * add), and each code looks up entry 2c (first block) or 2c + 1. */
 static void mx_decode_row(const df_weight *w, int64_t r, int64_t b0, int64_t b1, uint16_t *out) {
-    const int64_t nb = b1 - b0;
-    const uint8_t *q = (const uint8_t *)w->data + r * (w->cols / 2) + 16 * b0;
-    const uint8_t *s = (const uint8_t *)w->scale + r * (w->cols / 32) + b0;
+    const uint8_t *q = (const uint8_t *)w->data + r * (w->cols / 2);
+    const uint8_t *sc = (const uint8_t *)w->scale + r * (w->cols / 32);
     const __m512i tab = _mm512_loadu_si512(E2M1_BF16_2), m30 = _mm512_set1_epi16(30), one = _mm512_set1_epi16(1);
+    const __m512i bias = _mm512_set1_epi16(127);
     const __mmask32 nonzero = ~(__mmask32)0x00030003u; /* entries of codes 0 and 8 (+-0) stay 0 */
-    int64_t b = 0;
-    for (; b < nb; b += 2) {
-        const int pair = b + 1 < nb;
-        __m512i bytes;
-        if (pair)
-            bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(q + 16 * b)));
-        else /* an odd last block */
-            bytes = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * b))));
-        /* 2 x code: low nibble (even column), high nibble (odd column) */
-        const __m512i lo = _mm512_and_si512(_mm512_slli_epi16(bytes, 1), m30);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 3), m30);
-        const int e0 = ((int)s[b] - 127) * 128, e1 = pair ? ((int)s[b + 1] - 127) * 128 : 0;
-        const __m512i ev = _mm512_set1_epi32((int)(((uint32_t)e0 & 0xffffu) | ((uint32_t)e1 << 16)));
-        const __m512i t = _mm512_mask_add_epi16(tab, nonzero, tab, ev);
-        _mm512_storeu_si512(out + 32 * b, _mm512_permutexvar_epi16(_mm512_shuffle_i64x2(lo, hi, 0x44), t));
-        if (pair)
-            _mm512_storeu_si512(out + 32 * b + 32,
+    for (int64_t c0 = b0; c0 < b1; c0 += 32) {
+        const int64_t c1 = c0 + 32 < b1 ? c0 + 32 : b1, nb = c1 - c0;
+        /* the blocks' exponent offsets, (s - 127) * 128, as 16-bit words */
+        uint16_t ew[32];
+        const __mmask32 km = nb >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << nb) - 1u);
+        const __m512i s16 = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(km, sc + c0));
+        _mm512_storeu_si512(ew, _mm512_slli_epi16(_mm512_sub_epi16(s16, bias), 7));
+        uint16_t *o = out + 32 * (c0 - b0);
+        const uint8_t *qb = q + 16 * c0;
+        int64_t b = 0;
+        for (; b + 2 <= nb; b += 2) {
+            const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qb + 16 * b)));
+            /* 2 x code: low nibble (even column), high nibble (odd column) */
+            const __m512i lo = _mm512_and_si512(_mm512_slli_epi16(bytes, 1), m30);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 3), m30);
+            int32_t e2;
+            memcpy(&e2, ew + b, 4); /* the pair's offsets: even entries, odd entries */
+            const __m512i t = _mm512_mask_add_epi16(tab, nonzero, tab, _mm512_set1_epi32(e2));
+            _mm512_storeu_si512(o + 32 * b, _mm512_permutexvar_epi16(_mm512_shuffle_i64x2(lo, hi, 0x44), t));
+            _mm512_storeu_si512(o + 32 * b + 32,
                                 _mm512_permutexvar_epi16(_mm512_or_si512(_mm512_shuffle_i64x2(lo, hi, 0xee), one), t));
+        }
+        if (b < nb) { /* an odd last block */
+            const __m512i bytes =
+                _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qb + 16 * b))));
+            const __m512i lo = _mm512_and_si512(_mm512_slli_epi16(bytes, 1), m30);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 3), m30);
+            const __m512i t = _mm512_mask_add_epi16(tab, nonzero, tab, _mm512_set1_epi16((short)ew[b]));
+            _mm512_storeu_si512(o + 32 * b, _mm512_permutexvar_epi16(_mm512_shuffle_i64x2(lo, hi, 0x44), t));
+        }
     }
 }
 
@@ -244,7 +257,7 @@ typedef struct {
     int64_t cols, steps, sb;  /* sb: packed B bytes per step of a group */
     int nc0, nc1;             /* columns of B tiles 0 and 1 (nc1 may be 0) */
     uint16_t *panel;          /* 32 rows x KC columns, bf16 */
-    float *cst;               /* per group of a block: its C tiles, [32][32] floats */
+    float *cst;               /* per tile of a panel and group of a block: C, [32][32] floats */
 } walk;
 
 /* One 32-row tile against one packed group, in parts: C zeroed (begin);
@@ -364,7 +377,7 @@ void NAME(kn_matmul_amx_x)(const kn_amx_x *px, const float *X, float *Y, int64_t
      * range that is not a whole number of 32-row tiles */
     const int need_panel = mx || (row1 - row0) % 32;
     k.panel = need_panel ? aligned_alloc(64, (size_t)32 * KC * 2) : NULL;
-    k.cst = aligned_alloc(64, (size_t)per_block * 32 * 32 * sizeof(float));
+    k.cst = aligned_alloc(64, (size_t)RP * per_block * 32 * 32 * sizeof(float));
     ASSERT((k.panel || !need_panel) && k.cst);
 
     amx_cfg cfg;
@@ -378,41 +391,55 @@ void NAME(kn_matmul_amx_x)(const kn_amx_x *px, const float *X, float *Y, int64_t
     tiles T_, *T = &T_;
     t_config(T, &cfg);
 
-    /* Per 32-row tile, columns in chunks of KC: the chunk's rows (straight
-     * from a whole bf16 tile, else decoded or copied into the panel) pass
-     * every group of the block, whose C tiles wait in cst between chunks
-     * (stored and reloaded exactly: the sums of one unbroken pass). */
+    /* One group: per 32-row tile, C stays in the tiles while the columns
+     * pass in chunks of KC (rows straight from a whole bf16 tile, else
+     * decoded or copied into the panel). Several: per panel of RP tiles and
+     * chunk, every tile's rows pass every group of the block, so the block's
+     * B for the chunk stays in L2; C tiles wait in cst between chunks (saved
+     * and reloaded exactly: the sums of one unbroken pass, so the same bits). */
     const int64_t kc = KC / KSTEP;
     for (int g0 = 0; g0 < groups; g0 += per_block) {
-        const int g1 = g0 + per_block < groups ? g0 + per_block : groups, keep = g1 - g0 == 1;
-        for (int64_t r = row0; r < row1; r += 32) {
-            const int rows = row1 - r < 32 ? (int)(row1 - r) : 32, direct = !mx && rows == 32;
-            if (keep) tg_begin(T, &k); /* one group: C stays in the tiles */
-            for (int64_t s0 = 0; s0 < k.steps; s0 += kc) {
-                const int64_t s1 = s0 + kc < k.steps ? s0 + kc : k.steps;
-                const uint8_t *A = (const uint8_t *)w->data + (r * k.cols + s0 * KSTEP) * 2;
-                int64_t lda = k.cols * 2;
-                if (!direct) {
-                    fill_panel(&k, r, rows, s0, s1, k.panel, KC);
-                    A = (const uint8_t *)k.panel, lda = KC * 2;
-                }
-                for (int g = g0; g < g1; g++) {
-                    float *c = k.cst + (int64_t)(g - g0) * 32 * 32;
-                    if (!keep) {
-                        if (s0 == 0)
-                            tg_begin(T, &k);
-                        else
-                            tg_load(T, &k, c);
+        const int g1 = g0 + per_block < groups ? g0 + per_block : groups, ng = g1 - g0;
+        for (int64_t p0 = row0; p0 < row1; p0 += 32 * RP) {
+            const int64_t p1 = p0 + 32 * RP < row1 ? p0 + 32 * RP : row1;
+            const int ntile = (int)((p1 - p0 + 31) / 32);
+            for (int t = 0; t < (ng == 1 ? ntile : 1); t++) {
+                const int t0 = ng == 1 ? t : 0, t1 = ng == 1 ? t + 1 : ntile;
+                if (ng == 1) tg_begin(T, &k);
+                for (int64_t s0 = 0; s0 < k.steps; s0 += kc) {
+                    const int64_t s1 = s0 + kc < k.steps ? s0 + kc : k.steps;
+                    for (int ti = t0; ti < t1; ti++) {
+                        const int64_t r = p0 + 32 * (int64_t)ti;
+                        const int rows = p1 - r < 32 ? (int)(p1 - r) : 32, direct = !mx && rows == 32;
+                        const uint8_t *A = (const uint8_t *)w->data + (r * k.cols + s0 * KSTEP) * 2;
+                        int64_t lda = k.cols * 2;
+                        if (!direct) {
+                            fill_panel(&k, r, rows, s0, s1, k.panel, KC);
+                            A = (const uint8_t *)k.panel, lda = KC * 2;
+                        }
+                        for (int g = g0; g < g1; g++) {
+                            float *c = k.cst + ((int64_t)ti * per_block + (g - g0)) * 32 * 32;
+                            if (ng > 1) {
+                                if (s0 == 0)
+                                    tg_begin(T, &k);
+                                else
+                                    tg_load(T, &k, c);
+                            }
+                            tg_steps(T, &k, A, lda, direct && g == g0, px->B + g * px->gbytes, s0, s1);
+                            if (ng > 1) tg_save(T, &k, c);
+                        }
                     }
-                    tg_steps(T, &k, A, lda, direct && g == g0, px->B + g * px->gbytes, s0, s1);
-                    if (!keep) tg_save(T, &k, c);
                 }
-            }
-            for (int g = g0; g < g1; g++) {
-                const int v0 = g * nv, m = n - v0 < nv ? n - v0 : nv;
-                float *c = k.cst + (int64_t)(g - g0) * 32 * 32;
-                if (keep) tg_save(T, &k, c);
-                tg_combine(c, m, rows, Y + (int64_t)v0 * ldy, ldy, r - row0);
+                for (int ti = t0; ti < t1; ti++) {
+                    const int64_t r = p0 + 32 * (int64_t)ti;
+                    const int rows = p1 - r < 32 ? (int)(p1 - r) : 32;
+                    for (int g = g0; g < g1; g++) {
+                        const int v0 = g * nv, m = n - v0 < nv ? n - v0 : nv;
+                        float *c = k.cst + ((int64_t)ti * per_block + (g - g0)) * 32 * 32;
+                        if (ng == 1) tg_save(T, &k, c);
+                        tg_combine(c, m, rows, Y + (int64_t)v0 * ldy, ldy, r - row0);
+                    }
+                }
             }
         }
     }

@@ -476,47 +476,14 @@ static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
     else kn_matmul(j->e->level, j->w, j->X, j->n, j->Y + r0, j->ldy, r0, r1);
 }
 
-/* KN_AMX: x packed once (groups over the pool), then the rows over the pool;
- * the values of kn_matmul at KN_AMX, without each thread packing x again for
- * every chunk of rows it claims. */
-typedef struct {
-    const kn_amx_x *px;
-    const float *X;
-    float *Y;
-    int64_t ldy;
-} amx_job;
-
-static void amx_pack(void *ctx, int64_t g0, int64_t g1, int tid) {
-    (void)tid;
-    const amx_job *a = ctx;
-    kn_amx_x_pack(a->px, a->X, (int)g0, (int)g1);
-}
-
-static void amx_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
-    (void)tid;
-    const amx_job *a = ctx;
-    kn_matmul_amx_x(a->px, a->X, a->Y + r0, a->ldy, r0, r1);
-}
-
-static int mm_amx(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
-    kn_amx_x px;
-    if (e->level != KN_AMX || n < KN_AMX_MIN_N) return 0;
-    const int64_t bytes = kn_amx_x_init(&px, w, n);
-    if (bytes <= 0 || !(px.B = aligned_alloc(64, (size_t)bytes))) return 0;
-    amx_job a = {&px, X, Y, ldy};
-    pool_for(e->pool, px.groups, 1, amx_pack, &a);
-    pool_for(e->pool, w->rows, 32, amx_rows, &a);
-    free(px.B);
-    return 1;
-}
-
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
     if (e->acc && acc_mm(e->acc, w, X, n, Y, ldy)) return;
     if (!model_host(e, w)) { /* the step fails (df_session_eval): no bytes to compute from */
         for (int i = 0; i < n; i++) memset(Y + (size_t)i * ldy, 0, (size_t)w->rows * sizeof(float));
         return;
     }
-    if (mm_amx(e, w, X, n, Y, ldy)) return;
+    /* KN_AMX: x packed once for all threads (kernels.h) */
+    if (e->level == KN_AMX && kn_matmul_amx_pool(e->pool, w, X, n, Y, ldy)) return;
     mm_job j = {e, w, X, n, Y, ldy};
     pool_for(e->pool, w->rows, 16, mm_rows, &j);
 }
