@@ -1,6 +1,6 @@
 /* amx_pool.c — kn_matmul_amx_pool: a product at KN_AMX with x packed once
- * for all threads (its groups split over the pool), then the rows split over
- * the pool. kn_matmul called from each thread would pack x again for every
+ * for all threads (its groups split over the pool), then rows [0, rows) split
+ * over the pool. kn_matmul called from each thread would pack x again for every
  * chunk of rows a thread claims. Owns the packed x for the call.
  */
 #include "kernels.h"
@@ -20,20 +20,21 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1, int tid) {
     kn_amx_x_pack(a->px, a->X, (int)g0, (int)g1);
 }
 
-static void rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+static void row_range(void *ctx, int64_t r0, int64_t r1, int tid) {
     (void)tid;
     const amx_job *a = ctx;
     kn_matmul_amx_x(a->px, a->X, a->Y + r0, a->ldy, r0, r1);
 }
 
-int kn_matmul_amx_pool(struct df_pool *pool, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
+int kn_matmul_amx_pool(struct df_pool *pool, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                       int64_t rows) {
     kn_amx_x px;
     if (n < KN_AMX_MIN_N || !kn_level_available(KN_AMX)) return 0;
     const int64_t bytes = kn_amx_x_init(&px, w, n);
     if (bytes <= 0 || !(px.B = aligned_alloc(64, (size_t)bytes))) return 0;
     amx_job a = {&px, X, Y, ldy};
     pool_for(pool, px.groups, 1, pack_groups, &a);
-    pool_for(pool, w->rows, 32, rows, &a);
+    pool_for(pool, rows, 32, row_range, &a);
     free(px.B);
     return 1;
 }

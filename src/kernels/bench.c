@@ -238,7 +238,7 @@ static void mv_part(void *vctx, int64_t i0, int64_t i1, int tid) {
 static void mv_once(void *vctx) {
     mv_ctx *m = vctx;
     /* as the engine's products run (engine.c's mm): at KN_AMX x packed once */
-    if (m->lv == KN_AMX && kn_matmul_amx_pool(m->pool, m->w, m->x, m->n, m->y, m->rows)) return;
+    if (m->lv == KN_AMX && kn_matmul_amx_pool(m->pool, m->w, m->x, m->n, m->y, m->rows, m->rows)) return;
     pool_for(m->pool, m->rows, 16, mv_part, m);
 }
 

@@ -76,11 +76,13 @@ typedef struct {
 int64_t kn_amx_x_init(kn_amx_x *px, const df_weight *w, int n);
 void kn_amx_x_pack(const kn_amx_x *px, const float *X, int g0, int g1);
 void kn_matmul_amx_x(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1);
-/* The whole product on a pool (amx_pool.c): x packed once, then the rows;
- * 0 (nothing written) when w is not for the tiles, n < KN_AMX_MIN_N, this
- * CPU has no AMX or memory is short (the caller then runs kn_matmul). */
+/* Rows [0, rows) of a product on a pool (amx_pool.c): x packed once, then
+ * the rows; 0 (nothing written) when w is not for the tiles, n <
+ * KN_AMX_MIN_N, this CPU has no AMX or memory is short (the caller then
+ * runs kn_matmul). */
 struct df_pool;
-int kn_matmul_amx_pool(struct df_pool *pool, const df_weight *w, const float *X, int n, float *Y, int64_t ldy);
+int kn_matmul_amx_pool(struct df_pool *pool, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                       int64_t rows);
 int64_t kn_amx_x_init_emu(kn_amx_x *px, const df_weight *w, int n);
 void kn_amx_x_pack_emu(const kn_amx_x *px, const float *X, int g0, int g1);
 void kn_matmul_amx_x_emu(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1);

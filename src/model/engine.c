@@ -483,7 +483,7 @@ void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64
         return;
     }
     /* KN_AMX: x packed once for all threads (kernels.h) */
-    if (e->level == KN_AMX && kn_matmul_amx_pool(e->pool, w, X, n, Y, ldy)) return;
+    if (e->level == KN_AMX && kn_matmul_amx_pool(e->pool, w, X, n, Y, ldy, w->rows)) return;
     mm_job j = {e, w, X, n, Y, ldy};
     pool_for(e->pool, w->rows, 16, mm_rows, &j);
 }

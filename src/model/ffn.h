@@ -114,6 +114,8 @@ void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const f
                  float *out, float *g, float *u);
 /* g = act(g, u) elementwise over n values (SiLU or SiTU gate times up). */
 void ffn_act_apply(const ffn_act *act, float *g, const float *u, int64_t n);
+/* ffn_act_apply split over the engine's pool (the same bits). */
+void ffn_act_pool(df_engine *e, const ffn_act *act, float *g, const float *u, int64_t n);
 /* The CPU batch (moe_batch.c): moe_batch_add gathers the rows (the (token,
  * slot) pairs of the pass that chose expert x, as moe_forward grouped them:
  * ptok / pslot, poff / pcnt), 0 when they do not fit

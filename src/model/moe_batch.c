@@ -117,19 +117,12 @@ static void down_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
     }
 }
 
-/* Elements [i0, i1) of g = act(g, u) over the batch's rows. */
-static void act_elems(void *ctx, int64_t i0, int64_t i1, int tid) {
-    (void)tid;
-    batch_job *j = ctx;
-    ffn_act_apply(j->act, j->b->g + i0, j->b->u + i0, i1 - i0);
-}
-
 void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s) {
     moe_batch *b = &s->batch;
     if (!b->n) return;
     batch_job j = {e, b, act};
     pool_for(e->pool, (int64_t)b->n * 2 * b->inter, 16, gateup_rows, &j);
-    pool_for(e->pool, (int64_t)b->rows * b->inter, 1024, act_elems, &j);
+    ffn_act_pool(e, act, b->g, b->u, (int64_t)b->rows * b->inter);
     pool_for(e->pool, (int64_t)b->n * b->dl, 16, down_rows, &j);
     for (int r = 0; r < b->rows; r++)
         memcpy(s->ys + ((size_t)b->tok[r] * m->K + b->slot[r]) * b->dl, b->out + (size_t)r * b->dl,
