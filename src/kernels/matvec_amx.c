@@ -296,25 +296,26 @@ static void tg_steps(tiles *T, const walk *k, const uint8_t *A, int64_t lda, int
     }
 }
 
-/* C tiles to and from c ([32][32] floats: rows, limb columns) */
+/* C tiles to and from c ([32][32] floats: rows, limb columns); OP is
+ * T_STORE or T_LOAD (the tile numbers must be constants) */
+#define TG_C_TILES(OP, c)                                                                                            \
+    do {                                                                                                             \
+        OP(0, (c), 128);                                                                                             \
+        OP(2, (c) + 16 * 32, 128);                                                                                   \
+        if (k->nc1) {                                                                                                \
+            OP(1, (c) + 16, 128);                                                                                    \
+            OP(3, (c) + 16 * 32 + 16, 128);                                                                          \
+        }                                                                                                            \
+    } while (0)
+
 static void tg_save(tiles *T, const walk *k, float *c) {
     (void)T;
-    T_STORE(0, c, 128);
-    T_STORE(2, c + 16 * 32, 128);
-    if (k->nc1) {
-        T_STORE(1, c + 16, 128);
-        T_STORE(3, c + 16 * 32 + 16, 128);
-    }
+    TG_C_TILES(T_STORE, c);
 }
 
 static void tg_load(tiles *T, const walk *k, const float *c) {
     (void)T;
-    T_LOAD(0, c, 128);
-    T_LOAD(2, c + 16 * 32, 128);
-    if (k->nc1) {
-        T_LOAD(1, c + 16, 128);
-        T_LOAD(3, c + 16 * 32 + 16, 128);
-    }
+    TG_C_TILES(T_LOAD, c);
 }
 
 static void tg_combine(const float *c, int nv, int rows, float *Y, int64_t ldy, int64_t yoff) {
