@@ -28,8 +28,9 @@
 
 /* KN_NEON (AArch64 Advanced SIMD) is not above the x86 levels: a level this
  * CPU lacks (kn_level_available 0) runs as kn_detect()'s level instead.
- * KN_AMX (x86) is KN_AVX512 with the bf16 and MXFP4 products on Intel AMX
- * tiles (matvec_amx.c): every other type and kernel runs as KN_AVX512. */
+ * KN_AMX (x86) is KN_AVX512 with the bf16 and MXFP4 products of at least
+ * KN_AMX_MIN_N vectors on Intel AMX tiles (matvec_amx.c): every other
+ * product and kernel runs as KN_AVX512; kn_detect() never picks it. */
 typedef enum { KN_SCALAR = 0, KN_AVX2 = 1, KN_AVX512 = 2, KN_NEON = 3, KN_AMX = 4 } kn_level;
 enum { KN_AMX_MIN_N = 8 }; /* vectors from which KN_AMX runs a product on the tiles */
 

@@ -10,7 +10,7 @@
  * only reached when matvec.c found AMX-TILE, AMX-BF16 and the kernel's
  * permission to use the tile data (arch_prctl).
  *
- * Exactness (the GPU's tensor-core argument, bf16_tc.cu): x is split into
+ * Exactness (the GPU's tensor-core argument, gpu_bf16_tc.cu): x is split into
  * three bf16 limbs, hi = rn(x), mid = rn(x - hi), lo = rn(x - hi - mid), each
  * difference exact, which carry x whole for normal x; a bf16 weight, and an
  * MXFP4 value (e2m1 times its e8m0 scale, folded into the bf16 exponent), is
@@ -21,9 +21,11 @@
  * The tile unit's own accumulation is not plain fp32 round-to-nearest per
  * product (bench/amx_probe.c: no simple model matches all of its bits), but
  * an element's sum depends only on its row of A and its column of B, so
- * row i of n vectors is bit-equal to vector i alone, whatever the row range,
- * the thread or the group a vector lands in (kernels.h's contract; the tests
- * check it). The tile unit treats bf16 subnormals as zero and flushes
+ * row i of n vectors is bit-equal to vector i in any other call of this
+ * code, whatever n, the row range, the thread or the group a vector lands
+ * in (the tests check it). The AVX-512 tiles round differently, which is
+ * why the dispatcher sends only products of KN_AMX_MIN_N or more vectors
+ * here (kernels.h's exception for KN_AMX). The tile unit treats bf16 subnormals as zero and flushes
  * subnormal sums (DAZ, FTZ): a term below 2^-126 in magnitude is lost, which
  * only matters when |x| or a weight is that small. The bound of the tests,
  * (cols + 2) 2^-24 sum |w x|, holds with room.
@@ -35,10 +37,14 @@
  *
  * Work layout. Vectors in groups of up to GV = 10 (30 limb columns: B tile 0
  * holds columns 0-15, tile 1 the rest; column 3v + L is limb L of vector v),
- * groups in blocks whose packed B stays in L2. Rows in tiles of 32 (A tiles
- * 0 and 1, rows 0-15 and 16-31): bf16 weights load straight from the matrix
- * when all 32 rows are there; MXFP4 rows (and a short bf16 tile) are decoded
- * into a panel of 32 rows x cols bf16 first (rows past the range are zero).
+ * groups in blocks whose packed B for one column chunk stays in L2. Rows in
+ * tiles of 32 (A tiles 0 and 1, rows 0-15 and 16-31), columns in chunks of
+ * KC: bf16 weights load straight from the matrix when all 32 rows are there;
+ * MXFP4 rows (and a short bf16 tile) are decoded into a panel of 32 rows x
+ * KC bf16 first (rows past the range are zero). Measured on a 16-core Xeon
+ * (bench/cpu_NOTES.md, fifteenth session), one thread: MXFP4 1536 x 7168 at
+ * 8 / 18 / 32 vectors 124 / 173 / 185 GFLOP/s (AVX-512 70), bf16 12288 x
+ * 7168 at 256 vectors 200 (AVX-512 70).
  * An MXFP4 step of 32 columns holds the block's even columns then its odd
  * ones (the decode's natural order); B's rows follow the same order.
  * C tiles 0-3 = (A tile, B tile) (0,0) (0,1) (1,0) (1,1); A 4, 5; B 6, 7.
