@@ -508,10 +508,14 @@ typedef struct {
 
 enum { DF_BENCH_GEMM_N = 32 };
 
+/* The name of the kernel level simd_level runs as on this CPU (-1: the
+ * default; 0 scalar, 1 AVX2, 2 AVX-512, 3 NEON, 4 AMX; a level the CPU
+ * lacks runs as the default), e.g. "avx512". */
+const char *df_simd_level_name(int simd_level);
+
 /* Measures a DRAM read probe, a matvec and a DF_BENCH_GEMM_N-vector matmul
  * per weight type on matrices of about `mb` MB each, with n_threads threads
- * at kernel level simd_level (-1: the best this CPU has; 0 scalar, 1 AVX2,
- * 2 AVX-512; capped at what the CPU has). rows must hold 16 entries;
+ * at kernel level simd_level (as df_simd_level_name resolves it). rows must hold 16 entries;
  * returns the number filled; probe_gbps receives the probe's bandwidth and
  * fma_gflops the fp32 FMA rate of all threads at that level (prefill's
  * compute ceiling). */

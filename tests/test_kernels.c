@@ -277,6 +277,12 @@ TEST(kn_detect_level) {
     CHECK(strcmp(kn_level_name(KN_AVX512), "avx512") == 0);
     CHECK(strcmp(kn_level_name(KN_NEON), "neon") == 0);
     CHECK(strcmp(kn_level_name(KN_AMX), "amx") == 0);
+    /* what bench --kernels prints: the level that runs */
+    CHECK(strcmp(df_simd_level_name(-1), kn_level_name(l)) == 0);
+    CHECK(strcmp(df_simd_level_name(KN_SCALAR), "scalar") == 0);
+    for (int lv = KN_AVX2; lv <= KN_AMX; lv++)
+        CHECK(strcmp(df_simd_level_name(lv), kn_level_name(kn_level_available((kn_level)lv) ? (kn_level)lv : l)) == 0,
+              "level %d", lv);
 #if defined(__aarch64__)
     /* every AArch64 CPU has Advanced SIMD; the x86 levels never exist here */
     CHECK(l == KN_NEON, "level %s", kn_level_name(l));

@@ -325,6 +325,15 @@ int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_be
     return n;
 }
 
+/* The level simd_level runs as: it if this CPU has it, else the default. */
+static kn_level resolve_level(int simd_level) {
+    if (simd_level >= 0 && simd_level <= KN_AMX && kn_level_available((kn_level)simd_level))
+        return (kn_level)simd_level;
+    return kn_detect();
+}
+
+const char *df_simd_level_name(int simd_level) { return kn_level_name(resolve_level(simd_level)); }
+
 int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, df_bench_row *rows,
                      double *probe_gbps, double *fma_gflops) {
     if (n_threads <= 0) {
@@ -334,10 +343,7 @@ int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, d
     *probe_gbps = *fma_gflops = 0;
     df_pool *pool = pool_new(n_threads);
     if (!pool) return 0;
-    kn_level lv = kn_detect();
-    if (simd_level >= 0 && simd_level <= KN_AMX && kn_level_available((kn_level)simd_level))
-        lv = (kn_level)simd_level;
-    int n = kn_bench(pool, lv, mb, seconds, rows, probe_gbps, fma_gflops);
+    int n = kn_bench(pool, resolve_level(simd_level), mb, seconds, rows, probe_gbps, fma_gflops);
     pool_free(pool);
     return n;
 }
