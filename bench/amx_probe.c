@@ -69,12 +69,11 @@ static uint16_t rbf(int lo, int hi) {
     return (uint16_t)((s << 15) | ((uint32_t)(e + 127) << 7) | m);
 }
 
-static void config(int k32) {
+static void config(void) {
     tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
-    (void)k32;
     _tile_loadconfig(&c);
 }
 
@@ -147,7 +146,7 @@ typedef struct {
 
 static void *peak(void *arg) {
     job *j = arg;
-    config(32);
+    config();
     static __thread uint16_t z[16][32];
     _tile_loadd(4, z, 64);
     _tile_loadd(5, z, 64);
@@ -219,7 +218,7 @@ int main(int argc, char **argv) {
         perror("arch_prctl(ARCH_REQ_XCOMP_PERM): no AMX here");
         return 1;
     }
-    config(32);
+    config();
     rounding(0);
     rounding(1);
     _tile_release();
