@@ -5,9 +5,11 @@
  *
  *   make && cc -std=c17 -O2 -D_GNU_SOURCE -Iinclude -pthread bench/kn_stream.c \
  *       build/libdeltafin.a -lm -lpthread -o build/kn_stream
- *   build/kn_stream TYPE LEVEL ROWS COLS [N [REPS]]
+ *   build/kn_stream TYPE LEVEL ROWS COLS [N [REPS [THREADS]]]
  *     TYPE mxfp4 | bf16 | fp8; LEVEL scalar | avx2 | avx512 | amx | neon;
- *     N vectors (default 1: a matvec), REPS calls per timing (default 1)
+ *     N vectors (default 1: a matvec), REPS calls per timing (default 1),
+ *     THREADS > 1: the rows split over a pool as the engine's mm() splits
+ *     them (chunks of 16 rows; at amx, x packed once by kn_matmul_amx_pool)
  *
  * Prints GB/s of weights (data + scales) and GFLOP/s of the best timing of
  * 40 (5 when the matrix exceeds 256 MB, which comes from DRAM anyway), and
@@ -16,6 +18,7 @@
  * streaming.
  */
 #include "../src/kernels/kernels.h"
+#include "../src/base/pool.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +43,32 @@ static int level_of(const char *s, kn_level *lv) {
     return 0;
 }
 
+typedef struct {
+    kn_level lv;
+    const df_weight *w;
+    const float *x;
+    int n;
+    float *y;
+    int64_t ldy;
+} mm_job;
+
+static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const mm_job *j = ctx;
+    kn_matmul(j->lv, j->w, j->x, j->n, j->y + r0, j->ldy, r0, r1);
+}
+
+/* One product: on the pool the way engine.c's mm() runs it, else one call. */
+static void product(df_pool *pool, kn_level lv, const df_weight *w, const float *x, int n, float *y) {
+    if (!pool) {
+        kn_matmul(lv, w, x, n, y, w->rows, 0, w->rows);
+        return;
+    }
+    if (lv == KN_AMX && kn_matmul_amx_pool(pool, w, x, n, y, w->rows, w->rows)) return;
+    mm_job j = {lv, w, x, n, y, w->rows};
+    pool_for(pool, w->rows, 16, mm_rows, &j);
+}
+
 int main(int argc, char **argv) {
     kn_level lv;
     if (argc < 5 || !level_of(argv[2], &lv)) {
@@ -49,6 +78,7 @@ int main(int argc, char **argv) {
     const char *type = argv[1];
     const int64_t rows = atoll(argv[3]), cols = atoll(argv[4]);
     const int n = argc > 5 ? atoi(argv[5]) : 1, reps = argc > 6 ? atoi(argv[6]) : 1;
+    const int threads = argc > 7 ? atoi(argv[7]) : 1;
     df_weight w;
     memset(&w, 0, sizeof w);
     w.rows = rows, w.cols = cols;
@@ -64,8 +94,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kn_stream: type %s: mxfp4, bf16 or fp8\n", type);
         return 2;
     }
-    if (rows < 1 || cols < 32 || cols % 32 || n < 1 || reps < 1) {
-        fprintf(stderr, "kn_stream: ROWS >= 1, COLS a multiple of 32, N >= 1, REPS >= 1\n");
+    if (rows < 1 || cols < 32 || cols % 32 || n < 1 || reps < 1 || threads < 1) {
+        fprintf(stderr, "kn_stream: ROWS >= 1, COLS a multiple of 32, N >= 1, REPS >= 1, THREADS >= 1\n");
         return 2;
     }
     uint8_t *d = malloc((size_t)dbytes), *s = malloc((size_t)sbytes + 4);
@@ -86,18 +116,26 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < sbytes / 4; i++) ((float *)s)[i] = 0.01f;
     w.data = d, w.scale = sbytes ? s : NULL;
     for (int64_t i = 0; i < n * cols; i++) x[i] = frand();
+    df_pool *pool = threads > 1 ? pool_new(threads) : NULL;
+    if (threads > 1 && !pool) {
+        fprintf(stderr, "kn_stream: cannot start %d threads\n", threads);
+        return 1;
+    }
+    /* 40 timings (5 for a matrix past 256 MB), fewer when they pass ~2 s, at least 3 */
     const int tries = dbytes + sbytes > (256 << 20) ? 5 : 40;
-    double best = 1e30;
-    kn_matmul(lv, &w, x, n, y, rows, 0, rows); /* warm-up */
-    for (int t = 0; t < tries; t++) {
+    double best = 1e30, spent = 0;
+    product(pool, lv, &w, x, n, y); /* warm-up */
+    for (int t = 0; t < tries && (t < 3 || spent < 2.0); t++) {
         double t0 = now();
-        for (int r = 0; r < reps; r++) kn_matmul(lv, &w, x, n, y, rows, 0, rows);
+        for (int r = 0; r < reps; r++) product(pool, lv, &w, x, n, y);
         double dt = (now() - t0) / reps;
+        spent += dt * reps;
         if (dt < best) best = dt;
     }
-    printf("%s %s %lld x %lld n=%d: %.2f GB/s %.1f GFLOP/s (y0 %.9g)\n", type, kn_level_name(lv), (long long)rows,
-           (long long)cols, n, (double)(dbytes + sbytes) / best / 1e9, 2.0 * (double)rows * (double)cols * n / best / 1e9,
-           (double)y[0]);
+    printf("%s %s %lld x %lld n=%d t=%d: %.2f GB/s %.1f GFLOP/s (y0 %.9g)\n", type, kn_level_name(lv),
+           (long long)rows, (long long)cols, n, threads, (double)(dbytes + sbytes) / best / 1e9,
+           2.0 * (double)rows * (double)cols * n / best / 1e9, (double)y[0]);
+    pool_free(pool);
     free(d), free(s), free(x), free(y);
     return 0;
 }
