@@ -6,6 +6,7 @@
 #include "kernels.h"
 #include "../base/pool.h"
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     const kn_amx_x *px;
@@ -26,11 +27,16 @@ static void row_range(void *ctx, int64_t r0, int64_t r1, int tid) {
     kn_matmul_amx_x(a->px, a->X, a->Y + r0, a->ldy, r0, r1);
 }
 
+int64_t kn_amx_x_plan(kn_amx_x *px, const df_weight *w, int n) {
+    memset(px, 0, sizeof *px);
+    if (n < KN_AMX_MIN_N || !kn_level_available(KN_AMX)) return 0;
+    return kn_amx_x_init(px, w, n);
+}
+
 int kn_matmul_amx_pool(struct df_pool *pool, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
                        int64_t rows) {
     kn_amx_x px;
-    if (n < KN_AMX_MIN_N || !kn_level_available(KN_AMX)) return 0;
-    const int64_t bytes = kn_amx_x_init(&px, w, n);
+    const int64_t bytes = kn_amx_x_plan(&px, w, n);
     if (bytes <= 0 || !(px.B = aligned_alloc(64, (size_t)bytes))) return 0;
     amx_job a = {&px, X, Y, ldy};
     pool_for(pool, px.groups, 1, pack_groups, &a);

@@ -77,6 +77,11 @@ typedef struct {
 int64_t kn_amx_x_init(kn_amx_x *px, const df_weight *w, int n);
 void kn_amx_x_pack(const kn_amx_x *px, const float *X, int g0, int g1);
 void kn_matmul_amx_x(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1);
+/* kn_amx_x_init where the product would run on the tiles at KN_AMX (n >=
+ * KN_AMX_MIN_N, AMX here, w bf16 or MXFP4), else 0 with *px zeroed
+ * (amx_pool.c). A packed x also serves another weight of the same type and
+ * cols: copy px and set w. */
+int64_t kn_amx_x_plan(kn_amx_x *px, const df_weight *w, int n);
 /* Rows [0, rows) of a product on a pool (amx_pool.c): x packed once, then
  * the rows; 0 (nothing written) when w is not for the tiles, n <
  * KN_AMX_MIN_N, this CPU has no AMX or memory is short (the caller then

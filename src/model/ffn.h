@@ -60,6 +60,11 @@ typedef struct {
     int *tok, *slot;            /* [cap] each row's (token, slot) */
     float *in, *out;            /* [cap][dl] gathered inputs, outputs */
     float *g, *u;               /* [cap][inter] */
+    /* KN_AMX: each expert's input packed once for the batch's threads */
+    kn_amx_x *px;               /* [E]; px[i].B NULL: expert i runs kn_matmul */
+    uint8_t *pxb;               /* the packed inputs, pxb_bytes */
+    int64_t pxb_bytes;
+    int *unit_x, *unit_g;       /* [cap] the (expert, group) of each packing unit */
 } moe_batch;
 
 /* One row of a decode step whose activations stay on the device

@@ -11,6 +11,12 @@
  * one-expert path (kernels.h: a row's value depends only on its weights and
  * x), so the bits do not change.
  *
+ * At KN_AMX the input rows of each expert with KN_AMX_MIN_N or more rows
+ * are packed once per pass over the pool (gate and up share them), as mm()
+ * does for one product: kn_matmul at KN_AMX packs its x for every chunk of
+ * rows a thread claims, and a batch's chunks are ~150 rows of ~18-row
+ * experts. Same bits (kn_amx_x_plan / kn_matmul_amx_x are kn_matmul's).
+ *
  * Refuses: the device (experts queued there keep their own path), experts
  * with more rows than the batch holds (they run alone).
  */
@@ -36,7 +42,11 @@ df_status moe_batch_new(moe_batch *b, int E, int dl, int inter) {
     b->out = malloc(R * (size_t)dl * F);
     b->g = malloc(R * (size_t)inter * F);
     b->u = malloc(R * (size_t)inter * F);
-    if (!b->x || !b->w || !b->off || !b->tok || !b->slot || !b->in || !b->out || !b->g || !b->u) {
+    b->px = calloc((size_t)E, sizeof *b->px);
+    b->unit_x = malloc(R * sizeof *b->unit_x);
+    b->unit_g = malloc(R * sizeof *b->unit_g);
+    if (!b->x || !b->w || !b->off || !b->tok || !b->slot || !b->in || !b->out || !b->g || !b->u || !b->px ||
+        !b->unit_x || !b->unit_g) {
         moe_batch_free(b);
         return DF_ERR_NOMEM;
     }
@@ -48,6 +58,7 @@ void moe_batch_free(moe_batch *b) {
     if (!b) return;
     free(b->x); free(b->w); free(b->off); free(b->tok); free(b->slot);
     free(b->in); free(b->out); free(b->g); free(b->u);
+    free(b->px); free(b->pxb); free(b->unit_x); free(b->unit_g);
     memset(b, 0, sizeof *b);
 }
 
@@ -79,7 +90,67 @@ typedef struct {
     df_engine *e;
     moe_batch *b;
     const ffn_act *act;
+    const float *pin;  /* what the packing reads: b->in or b->g */
+    int64_t pld;       /* its row length */
 } batch_job;
+
+/* ---- KN_AMX: the inputs packed once per pass ---- */
+
+static void pack_units(void *ctx, int64_t u0, int64_t u1, int tid) {
+    (void)tid;
+    const batch_job *j = ctx;
+    const moe_batch *b = j->b;
+    for (int64_t u = u0; u < u1; u++) {
+        const int x = b->unit_x[u], g = b->unit_g[u];
+        kn_amx_x_pack(&b->px[x], j->pin + (size_t)b->off[x] * (size_t)j->pld, g, g + 1);
+    }
+}
+
+/* Packs every expert's input for the pass (down: the down projection's,
+ * from b->g; else gate's and up's, from b->in). Experts left with
+ * px[x].B == NULL (too few rows, other weight types, not KN_AMX, no memory)
+ * run kn_matmul. */
+static void amx_pack(df_engine *e, moe_batch *b, int down) {
+    for (int x = 0; x < b->n; x++) b->px[x].B = NULL;
+    if (e->level != KN_AMX) return;
+    int64_t total = 0;
+    int units = 0;
+    for (int x = 0; x < b->n; x++) {
+        const df_weight *w = down ? &b->w[x].down : &b->w[x].gate;
+        kn_amx_x_plan(&b->px[x], w, b->off[x + 1] - b->off[x]);
+        total += (b->px[x].gbytes * b->px[x].groups + 63) / 64 * 64;
+    }
+    if (!total) return;
+    if (total > b->pxb_bytes) {
+        free(b->pxb);
+        b->pxb_bytes = 0;
+        if (!(b->pxb = aligned_alloc(64, (size_t)total))) return;
+        b->pxb_bytes = total;
+    }
+    uint8_t *B = b->pxb;
+    for (int x = 0; x < b->n; x++) {
+        const int64_t bytes = b->px[x].gbytes * b->px[x].groups;
+        if (bytes <= 0) continue;
+        b->px[x].B = B;
+        B += (bytes + 63) / 64 * 64;
+        for (int g = 0; g < b->px[x].groups; g++, units++) b->unit_x[units] = x, b->unit_g[units] = g;
+    }
+    batch_job j = {e, b, NULL, down ? b->g : b->in, down ? b->inter : b->dl};
+    pool_for(e->pool, units, 1, pack_units, &j);
+}
+
+/* Rows [lo, hi) of w for expert x: on its packed input when there is one. */
+static void expert_rows(const batch_job *j, int x, const df_weight *w, const float *X, int n, float *Y,
+                        int64_t ldy, int64_t lo, int64_t hi) {
+    const kn_amx_x *px = &j->b->px[x];
+    if (px->B && px->w->type == w->type && px->w->cols == w->cols) {
+        kn_amx_x p = *px;
+        p.w = w;
+        kn_matmul_amx_x(&p, X, Y, ldy, lo, hi);
+    } else {
+        kn_matmul(j->e->level, w, X, n, Y, ldy, lo, hi);
+    }
+}
 
 /* Rows [i0, i1) of the gate+up pass: expert i / (2 I), then gate rows, then up rows. */
 static void gateup_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
@@ -95,7 +166,7 @@ static void gateup_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
         const df_weight *w = up ? &b->w[x].up : &b->w[x].gate;
         float *Y = (up ? b->u : b->g) + (size_t)b->off[x] * I;
         const int64_t lo = r - (up ? I : 0), hi = r1 - (up ? I : 0);
-        if (n) kn_matmul(j->e->level, w, b->in + (size_t)b->off[x] * b->dl, n, Y + lo, I, lo, hi);
+        if (n) expert_rows(j, x, w, b->in + (size_t)b->off[x] * b->dl, n, Y + lo, I, lo, hi);
         i += r1 - r;
     }
 }
@@ -111,8 +182,8 @@ static void down_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
         const int64_t r = i % D, r1 = r + (i1 - i) < D ? r + (i1 - i) : D;
         const int n = b->off[x + 1] - b->off[x];
         if (n)
-            kn_matmul(j->e->level, &b->w[x].down, b->g + (size_t)b->off[x] * b->inter, n,
-                      b->out + (size_t)b->off[x] * D + r, D, r, r1);
+            expert_rows(j, x, &b->w[x].down, b->g + (size_t)b->off[x] * b->inter, n,
+                        b->out + (size_t)b->off[x] * D + r, D, r, r1);
         i += r1 - r;
     }
 }
@@ -120,10 +191,14 @@ static void down_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
 void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s) {
     moe_batch *b = &s->batch;
     if (!b->n) return;
-    batch_job j = {e, b, act};
-    pool_for(e->pool, (int64_t)b->n * 2 * b->inter, 16, gateup_rows, &j);
+    batch_job j = {e, b, act, NULL, 0};
+    /* at KN_AMX chunks of whole 32-row tiles (a partial tile costs a whole one) */
+    const int64_t grain = e->level == KN_AMX ? 32 : 16;
+    amx_pack(e, b, 0);
+    pool_for(e->pool, (int64_t)b->n * 2 * b->inter, grain, gateup_rows, &j);
     ffn_act_pool(e, act, b->g, b->u, (int64_t)b->rows * b->inter);
-    pool_for(e->pool, (int64_t)b->n * b->dl, 16, down_rows, &j);
+    amx_pack(e, b, 1);
+    pool_for(e->pool, (int64_t)b->n * b->dl, grain, down_rows, &j);
     for (int r = 0; r < b->rows; r++)
         memcpy(s->ys + ((size_t)b->tok[r] * m->K + b->slot[r]) * b->dl, b->out + (size_t)r * b->dl,
                (size_t)b->dl * sizeof(float));
