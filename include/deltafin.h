@@ -64,6 +64,9 @@ typedef struct {
     int prefetch;    /* 1: router lookahead prefetch (default); never changes the output */
     int prompt_chunks; /* 1: prompts in 32-position passes through every layer; 0 (default): prompts
                         * longer than that layer by layer in blocks (CPU path); never changes the output */
+    int prompt_block;  /* positions per block of a layer-major prompt (0: 512; at most 65536); each
+                        * routed expert is read once per layer per block; never changes the output
+                        * (except at simd level amx: kernels.h) */
     int io_depth;    /* expert reads in flight (default 32) */
     int top_k;       /* LOSSY when > 0 and below the model's: route to only this many experts */
     const char *heat_path; /* expert heat statistics: loaded at open if present, saved at close */

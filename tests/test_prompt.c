@@ -8,6 +8,7 @@
  */
 #include "test.h"
 #include "deltafin.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,7 @@ static df_engine *open_model(const char *dir, int io, int threads, int64_t cache
     o.expert_io = io;
     o.expert_cache_bytes = cache;
     o.prompt_chunks = chunks;
+    o.prompt_block = 256; /* the cases below cross 256-position boundaries */
     o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
     df_engine *e = NULL;
     char err[DF_ERRMSG];
@@ -25,7 +27,7 @@ static df_engine *open_model(const char *dir, int io, int threads, int64_t cache
     return e;
 }
 
-enum { STEPS = 3 };
+enum { STEPS = 3, DF_PROMPT_BLOCK_MAX_TEST = 65537 /* one past the engine's limit */ };
 
 /* The prompt (n tokens) on engine e (layer by layer) and on c (chunks):
  * the last logits alone, then every row's, then STEPS single steps. */
@@ -150,4 +152,100 @@ TEST(prompt_cli_prefill_flag) {
     CHECK(!strcmp(a, b), "--prefill layers '%s' vs chunks '%s'", a, b);
     int rc = t_sh(c, sizeof c, "%s run --model models/kimi-k3-tiny --tokens 1,2 --prefill sideways", t_bin());
     CHECK(rc != 0 && strstr(c, "--prefill must be layers or chunks"), "rc %d: %s", rc, c);
+    rc = t_sh(c, sizeof c, "%s run --model models/kimi-k3-tiny --tokens 1,2 --prefill-block 0", t_bin());
+    CHECK(rc == 2 && strstr(c, "--prefill-block needs a count of positions"), "rc %d: %s", rc, c);
+    rb = t_sh(b, sizeof b, "%s run --model models/kimi-k3-tiny --tokens %s --max-new 4 --ids --prefill-block 33",
+              t_bin(), toks);
+    CHECK(rb == 0 && !strcmp(a, b), "--prefill-block 33 '%s' vs the default '%s'", b, a);
+}
+
+/* Every row of an n-token prompt, layer by layer in blocks of `block`
+ * positions (0: the default), at kernel level lv (-1: the best). */
+static float *prompt_rows(const char *dir, int threads, int lv, int block, int n) {
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.n_threads = threads;
+    o.simd_level = lv;
+    o.prompt_block = block;
+    o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
+    df_engine *e = NULL;
+    char err[DF_ERRMSG];
+    if (df_engine_open(dir, &o, &e, err) != DF_OK) { fprintf(stderr, "%s: %s\n", dir, err); return NULL; }
+    const int V = df_engine_vocab_size(e);
+    int32_t *tok = malloc((size_t)n * sizeof *tok);
+    float *rows = malloc((size_t)n * V * sizeof(float));
+    df_session *s = NULL;
+    if (!tok || !rows || df_session_new(e, n + 1, &s) != DF_OK) {
+        free(tok), free(rows), df_engine_close(e);
+        return NULL;
+    }
+    uint32_t r = 99u + (uint32_t)n;
+    for (int t = 0; t < n; t++) { r = r * 1664525u + 1013904223u; tok[t] = (int32_t)((r >> 8) % (uint32_t)V); }
+    if (df_session_eval(s, tok, n, rows) != DF_OK) free(rows), rows = NULL;
+    df_session_free(s);
+    df_engine_close(e);
+    free(tok);
+    return rows;
+}
+
+/* The block size never changes the output: one block of the default 512,
+ * blocks of 100 and of 37 (across a DF_CHUNK piece), Kimi and DeepSeek-V3. */
+TEST(prompt_block_sizes_agree) {
+    const char *dirs[] = {"tests/fixtures/kimi_k3_a", "tests/fixtures/dsv3_qlora"};
+    for (size_t d = 0; d < sizeof dirs / sizeof *dirs; d++) {
+        const int n = 230;
+        float *a = prompt_rows(dirs[d], 2, -1, 0, n), *b = prompt_rows(dirs[d], 2, -1, 100, n),
+              *c = prompt_rows(dirs[d], 1, -1, 37, n);
+        CHECK(a && b && c, "%s", dirs[d]);
+        if (a && b && c) {
+            df_engine *e = NULL;
+            char err[DF_ERRMSG];
+            REQUIRE(df_engine_open(dirs[d], NULL, &e, err) == DF_OK, "%s", err);
+            const size_t bytes = (size_t)n * df_engine_vocab_size(e) * sizeof(float);
+            df_engine_close(e);
+            CHECK(!memcmp(a, b, bytes), "%s: blocks of 100 differ from one block", dirs[d]);
+            CHECK(!memcmp(a, c, bytes), "%s: blocks of 37 differ from one block", dirs[d]);
+        }
+        free(a), free(b), free(c);
+    }
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.prompt_block = DF_PROMPT_BLOCK_MAX_TEST;
+    df_engine *e = NULL;
+    char err[DF_ERRMSG] = "";
+    CHECK(df_engine_open("tests/fixtures/kimi_k3_a", &o, &e, err) == DF_ERR_ARG && strstr(err, "prompt block"),
+          "a block of %d positions: '%s'", o.prompt_block, err);
+    df_engine_close(e);
+}
+
+/* KN_AMX (where the CPU has it): the layer-major prompt's experts run on
+ * packed inputs shared by the threads (moe_batch.c, mm()): every row
+ * bit-equal at 1 and 3 threads, and within the kernels' bound of AVX-512. */
+TEST(prompt_amx_threads_bit_equal) {
+    if (!t_simd_level_available(4)) SKIP("no AMX on this CPU");
+    const struct { const char *dir; int n; } cases[] = {{"tests/fixtures/kimi_k3_mxfp4", 129},
+                                                        {"models/kimi-k3-tiny", 260}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const char *dir = cases[c].dir;
+        const int n = cases[c].n;
+        float *a = prompt_rows(dir, 1, 4, 0, n), *b = prompt_rows(dir, 3, 4, 0, n), *v = prompt_rows(dir, 3, 2, 0, n);
+        CHECK(a && b && v, "%s", dir);
+        if (a && b && v) {
+            df_engine_opts o;
+            df_engine_opts_default(&o);
+            df_engine *e = NULL;
+            char err[DF_ERRMSG];
+            REQUIRE(df_engine_open(dir, &o, &e, err) == DF_OK, "%s", err);
+            const size_t cnt = (size_t)n * df_engine_vocab_size(e);
+            df_engine_close(e);
+            CHECK(!memcmp(a, b, cnt * sizeof(float)), "%s: AMX rows differ between 1 and 3 threads", dir);
+            double scale = 0, worst = 0;
+            for (size_t i = 0; i < cnt; i++) {
+                if (fabs(v[i]) > scale) scale = fabs(v[i]);
+                if (fabs((double)a[i] - v[i]) > worst) worst = fabs((double)a[i] - v[i]);
+            }
+            CHECK(worst <= 1e-4 * scale, "%s: AMX %.3g from AVX-512 (scale %.3g)", dir, worst, scale);
+        }
+        free(a), free(b), free(v);
+    }
 }

@@ -17,6 +17,7 @@ typedef struct {
     int64_t expert_cache; /* --expert-cache: the expert cache alone, 0 = what the budget leaves */
     int no_prefetch;
     int prefill_chunks; /* --prefill chunks */
+    int prefill_block;  /* --prefill-block: positions per layer-major block, 0 = the engine's */
     int io_depth;
     int top_k;              /* LOSSY override, 0 = the model's */
     const char *trace_path; /* router trace, JSON lines */

@@ -37,7 +37,7 @@ static const char help[] =
     "  --ctx N           window length in tokens (default 512)\n"
     "  --windows W       at most W windows (default: all)\n"
     "  --chunk N         positions per evaluation call, 1..4096 (default 32; 1 routes as decode does;\n"
-    "                    above 32 a call runs layer by layer in blocks of 256 positions, as a long\n"
+    "                    above 32 a call runs layer by layer in blocks of --prefill-block positions, as a long\n"
     "                    prompt does; the numbers do not depend on it, the expert cache's behaviour does)\n"
     "  --json            one JSON object on stdout\n\n%s";
 

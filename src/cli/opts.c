@@ -36,8 +36,12 @@ const char cli_model_opts_help[] =
     "                     (the checkpoint's own matrices) or int8 (LOSSY: labelled in every stats line)\n"
     "  --no-prefetch      turn off router-lookahead prefetch (the output never changes)\n"
     "  --prefill MODE     layers (default: a prompt over 32 tokens runs layer by layer in blocks of\n"
-    "                     256, each routed expert read once per layer per block) or chunks (32\n"
-    "                     positions through every layer at a time); the output never changes\n"
+    "                     --prefill-block positions, each routed expert read once per layer per\n"
+    "                     block) or chunks (32 positions through every layer at a time); the output\n"
+    "                     never changes\n"
+    "  --prefill-block N  positions per block of a layer-by-layer prompt (default 512): larger blocks\n"
+    "                     read each expert fewer times and give the kernels more rows, at ~1 MB of\n"
+    "                     buffers per position for K3 widths; the output never changes (but see amx)\n"
     "  --evict POLICY     expert cache eviction: lru (default) or heat (lowest decayed use count)\n"
     "  --heat FILE        expert heat statistics: loaded at start if present, saved at exit\n"
     "  --pin SIZE         keep the hottest experts (by --heat) resident, up to SIZE\n"
@@ -112,6 +116,15 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         }
         (*i)++;
         o->prefill_chunks = !strcmp(val, "chunks");
+        return 1;
+    }
+    if (!strcmp(a, "--prefill-block")) {
+        if (!val || parse_int(val, &o->prefill_block) || o->prefill_block < 1 || o->prefill_block > 65536) {
+            fprintf(stderr, "deltafin: --prefill-block needs a count of positions, 1 to 65536 (got '%s')\n",
+                    val ? val : "nothing");
+            return -1;
+        }
+        (*i)++;
         return 1;
     }
     if (!strcmp(a, "--trace") || !strcmp(a, "--heat") || !strcmp(a, "--pin") || !strcmp(a, "--top-k")) {
@@ -274,6 +287,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     eo->plan_ctx = o->ctx;
     eo->prefetch = !o->no_prefetch;
     eo->prompt_chunks = o->prefill_chunks;
+    eo->prompt_block = o->prefill_block;
     if (o->io_depth > 0) eo->io_depth = o->io_depth;
     eo->top_k = o->top_k;
     eo->heat_path = o->heat_path;

@@ -148,6 +148,12 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     if (opts->simd_level >= 0 && opts->simd_level <= KN_AMX && kn_level_available((kn_level)opts->simd_level))
         e->level = (kn_level)opts->simd_level;
     e->opts = *opts;
+    if (opts->prompt_block < 0 || opts->prompt_block > DF_PROMPT_BLOCK_MAX) {
+        st = df_fail(err, DF_ERR_ARG, "prompt block of %d positions: give 1 to %d (0: %d)", opts->prompt_block,
+                     DF_PROMPT_BLOCK_MAX, DF_PROMPT_BLOCK);
+        goto fail;
+    }
+    if (!e->opts.prompt_block) e->opts.prompt_block = DF_PROMPT_BLOCK;
     if (opts->accel && !(e->acc = acc_new(opts->accel))) {
         st = df_fail(err, DF_ERR_NOMEM, "out of memory");
         goto fail;
@@ -581,7 +587,7 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
             s, e->ops->forward_prompt(e, s->state, pos, tokens, n, logits ? logits : s->logits, logits != NULL, s->err),
             pos);
         if (st != DF_OK) return st;
-        passes = (uint64_t)((n + DF_PROMPT_BLOCK - 1) / DF_PROMPT_BLOCK);
+        passes = (uint64_t)((n + e->opts.prompt_block - 1) / e->opts.prompt_block);
         e->bstats.prompt_blocks += passes;
     } else {
         for (int i = 0; i < n; i += DF_CHUNK) {

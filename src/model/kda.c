@@ -110,9 +110,10 @@ void kda_free(kda_layer *k) {
 
 /* ---- scratch ---- */
 
-df_status kda_scratch_new(const kda_shape *sh, kda_scratch *s) {
+df_status kda_scratch_new(const kda_shape *sh, int rows, kda_scratch *s) {
     memset(s, 0, sizeof *s);
-    size_t C = DF_CHUNK, F = sizeof(float), P = (size_t)sh->H * sh->D;
+    s->rows = rows;
+    size_t C = (size_t)rows, F = sizeof(float), P = (size_t)sh->H * sh->D;
     s->qr = malloc(C * P * F);
     s->kr = malloc(C * P * F);
     s->vr = malloc(C * P * F);
@@ -187,6 +188,7 @@ df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *
     int64_t P = (int64_t)sh->H * sh->D;
     int n = 0;
     for (int i = 0; i < nseg; i++) n += seg[i].n;
+    ASSERT(n <= s->rows);
     if (nseg == 1 && seg[0].dev_state) { /* the whole layer on the device, one host wait */
         int r = kda_layer_on_device(e, sh, k, seg[0].dev_state, n, xn, out, err);
         if (r < 0) return DF_ERR_IO;

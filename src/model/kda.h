@@ -43,13 +43,15 @@ typedef struct {
 } kda_layer;
 
 typedef struct {
-    float *qr, *kr, *vr, *f, *fa, *gate, *gl, *braw, *o; /* per-chunk scratch */
-    float *decay;               /* [DF_CHUNK][P]: the recurrence's decay factors (kda_fast.h) */
+    int rows;                   /* the rows a pass may have (DF_CHUNK for a session) */
+    float *qr, *kr, *vr, *f, *fa, *gate, *gl, *braw, *o; /* [rows][...] per-pass scratch */
+    float *decay;               /* [rows][P]: the recurrence's decay factors (kda_fast.h) */
 } kda_scratch;
 
 df_status kda_bind(df_engine *e, const kda_shape *sh, const char *base, kda_layer *k, char *err);
 void kda_free(kda_layer *k);
-df_status kda_scratch_new(const kda_shape *sh, kda_scratch *s);
+/* Scratch for passes of up to `rows` rows (~8 H D floats a row). */
+df_status kda_scratch_new(const kda_shape *sh, int rows, kda_scratch *s);
 void kda_scratch_free(kda_scratch *s);
 /* n tokens: xn [n][hidden] normalised input, state of this layer (host
  * floats, or with dev_state non-NULL the device state from acc_state_new:
@@ -63,7 +65,7 @@ df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, flo
  * xn / out with its own state (host, device, trail as in kda_forward).
  * The projections run once over all rows (each weight read once); each row
  * is bit-identical to running its segment alone (kn_matmul's row contract).
- * Total rows <= DF_CHUNK. */
+ * Total rows <= s->rows. */
 typedef struct {
     float *state;
     void *dev_state;

@@ -279,7 +279,7 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
     int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
     if (!s->mla_cache || !s->kda_state || !s->h || !s->xin || !s->xn || !s->y || !s->anchors ||
         (m->n_mla && mla_scratch_new(&m->mla, pool_size(e->pool), max_ctx, &s->mla) != DF_OK) ||
-        (m->n_kda && kda_scratch_new(&m->kda, &s->kda) != DF_OK) ||
+        (m->n_kda && kda_scratch_new(&m->kda, DF_CHUNK, &s->kda) != DF_OK) ||
         moe_scratch_new(DF_CHUNK, m->H, m->inter, c->n_routed_experts, c->num_experts_per_tok, dl, &s->moe) != DF_OK) {
         km_state_free(s);
         return DF_ERR_NOMEM;
@@ -471,10 +471,19 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
  * GEMM tiles of several rows. Every row's values are those of the chunked
  * passes (per-row operations; products whose rows do not depend on their
  * neighbours). */
-static df_status km_prompt_block(df_engine *e, void *state, prompt_buf *b, int pos, const int32_t *tokens, int n,
+/* A host block's session, and KDA scratch for all of the block's rows (rows
+ * 0 when it could not be had: the KDA layers then run in DF_CHUNK pieces
+ * like MLA). */
+typedef struct {
+    km_state *s;
+    kda_scratch kda;
+} km_prompt_host;
+
+static df_status km_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
                                  float *out, int all_rows, char *err) {
     km_model *m = e->prog;
-    km_state *s = state;
+    km_prompt_host *ph = ctx;
+    km_state *s = ph->s;
     const int H = m->H;
     const int64_t kstride = kda_state_floats(&m->kda);
     const int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
@@ -491,12 +500,17 @@ static df_status km_prompt_block(df_engine *e, void *state, prompt_buf *b, int p
         pt = prof_now(e);
         int restart = layer_in(m, y, l, n, h, anc, &na, xin, xn);
         prof_add(e, DF_PROF_NORMS, &pt);
-        for (int c0 = 0; c0 < n; c0 += DF_CHUNK) {
-            int cn = n - c0 < DF_CHUNK ? n - c0 : DF_CHUNK;
+        /* KDA over the block's rows at once when its scratch holds them (each
+         * projection sees every row: the same bits, kn_matmul's row contract;
+         * the recurrence runs the rows in order either way); MLA, whose
+         * scores grow with the rows, in DF_CHUNK pieces */
+        const int piece = y->kda && ph->kda.rows >= n ? n : DF_CHUNK;
+        for (int c0 = 0; c0 < n; c0 += piece) {
+            int cn = n - c0 < piece ? n - c0 : piece;
             const float *xc = xn + (size_t)c0 * H;
             float *yc = yv + (size_t)c0 * H;
-            st = y->kda ? kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, NULL, NULL, &s->kda, cn, xc,
-                                      yc, err)
+            st = y->kda ? kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, NULL, NULL,
+                                      piece > DF_CHUNK ? &ph->kda : &s->kda, cn, xc, yc, err)
                         : mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, NULL, &s->mla, pos + c0, cn,
                                       xc, yc, err);
             if (st != DF_OK) return st;
@@ -549,10 +563,16 @@ static df_status km_forward_prompt(df_engine *e, void *state, int pos, const int
     const df_config *c = &e->cfg;
     if (n < 1 || pos + n > s->max_ctx || !km_prompt_takes(e, state)) return DF_ERR_ARG;
     const int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
-    if (!e->acc)
-        return prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, all_rows, km_prompt_block, state,
-                          err);
-    const int rows = n < DF_PROMPT_BLOCK ? n : DF_PROMPT_BLOCK, K = c->num_experts_per_tok;
+    if (!e->acc) {
+        km_prompt_host ph = {s, {0}};
+        const int rows = n < e->opts.prompt_block ? n : e->opts.prompt_block;
+        if (m->n_kda && rows > DF_CHUNK && kda_scratch_new(&m->kda, rows, &ph.kda) != DF_OK) ph.kda.rows = 0;
+        df_status st = prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, all_rows,
+                                  km_prompt_block, &ph, err);
+        kda_scratch_free(&ph.kda);
+        return st;
+    }
+    const int rows = n < e->opts.prompt_block ? n : e->opts.prompt_block, K = c->num_experts_per_tok;
     km_prompt_dev pd = {s, {0}};
     float *blk = acc_dev_alloc(e->acc, km_dev_floats(m, rows, dl, K));
     if (!blk) { /* no room for the block: passes of the session's DF_CHUNK rows */

@@ -35,7 +35,7 @@ typedef struct {
 } km_model;
 
 /* Device rows of a pass whose activations stay on the device: a session's
- * (DF_CHUNK rows) or a layer-major prompt block's (DF_PROMPT_BLOCK). */
+ * (DF_CHUNK rows) or a layer-major prompt block's (df_engine_opts.prompt_block). */
 typedef struct {
     int rows;                    /* capacity */
     float *dh, *dxin, *dxn, *dy; /* [rows][H] */

@@ -16,7 +16,11 @@
 #include "../kernels/kernels.h"
 
 enum { DF_CHUNK = 32 }; /* positions per forward pass during prefill */
-enum { DF_PROMPT_BLOCK = 256 }; /* positions per block of a layer-major prompt (forward_prompt) */
+/* positions per block of a layer-major prompt (forward_prompt) unless
+ * df_engine_opts.prompt_block says otherwise: 512 routed rows of a 448-expert
+ * top-16 layer give ~18 rows an expert (256 gave ~9, below the rows from which
+ * the AMX tiles pay off), at ~0.5 GB of block buffers for K3 widths */
+enum { DF_PROMPT_BLOCK = 512, DF_PROMPT_BLOCK_MAX = 65536 };
 
 typedef struct df_program df_program;
 
@@ -56,7 +60,7 @@ typedef struct {
      * bit-identical to its forward alone. seg[0]'s state lends the scratch. */
     df_status (*forward_batch)(df_engine *e, const df_fwd_seg *seg, int nseg, char *err);
     /* Optional: a prompt of n > DF_CHUNK tokens run layer by layer over
-     * blocks of DF_PROMPT_BLOCK positions, so a block reads each routed
+     * blocks of df_engine_opts.prompt_block positions, so a block reads each routed
      * expert it uses once per layer; logits rows for every token if
      * all_rows, else only for the last into out[0]; bit-identical to
      * chunked forwards. The engine calls it unless

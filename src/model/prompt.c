@@ -14,7 +14,7 @@ df_status prompt_run(df_engine *e, int hidden, int anchors, int inter, int dl, i
     const df_config *c = &e->cfg;
     prompt_buf b;
     memset(&b, 0, sizeof b);
-    b.rows = n < DF_PROMPT_BLOCK ? n : DF_PROMPT_BLOCK;
+    b.rows = n < e->opts.prompt_block ? n : e->opts.prompt_block;
     const size_t act = (size_t)b.rows * hidden * sizeof(float);
     b.h = malloc(act);
     b.xin = malloc(act);

@@ -23,7 +23,7 @@ typedef struct {
 typedef df_status (*prompt_block_fn)(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
                                      float *out, int all_rows, char *err);
 
-/* Runs tokens [0, n) in blocks of DF_PROMPT_BLOCK through fn (buffers for
+/* Runs tokens [0, n) in blocks of df_engine_opts.prompt_block through fn (buffers for
  * hidden, anchors per row, and the MoE widths inter / dl): with all_rows
  * every block writes its rows' logits at their place in out (vocab floats
  * each), else the last block writes the last row's into out.
