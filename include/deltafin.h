@@ -64,7 +64,8 @@ typedef struct {
     int prefetch;    /* 1: router lookahead prefetch (default); never changes the output */
     int prompt_chunks; /* 1: prompts in 32-position passes through every layer; 0 (default): prompts
                         * longer than that layer by layer in blocks (CPU path); never changes the output */
-    int prompt_block;  /* positions per block of a layer-major prompt (0: 512; at most 65536); each
+    int prompt_block;  /* positions per block of a layer-major prompt (0: 512, 256 with an accelerator;
+                        * at most 65536); each
                         * routed expert is read once per layer per block; never changes the output
                         * (except at simd level amx: kernels.h) */
     int io_depth;    /* expert reads in flight (default 32) */
@@ -321,6 +322,8 @@ void df_engine_close(df_engine *e);
 int df_engine_vocab_size(const df_engine *e);
 int df_engine_max_context(const df_engine *e);
 int df_engine_n_threads(const df_engine *e);
+/* Positions per block of a layer-major prompt (df_engine_opts.prompt_block, resolved). */
+int df_engine_prompt_block(const df_engine *e);
 /* Human-readable description (architecture, tensor and byte totals, experts,
  * per-token bytes, memory per context token). Owned by the engine. */
 const char *df_engine_describe(df_engine *e);
@@ -358,7 +361,8 @@ df_status df_session_eval_batch(df_batch_item *items, int count);
 typedef struct {
     uint64_t passes, rows;        /* forward passes of df_session_eval(_batch), rows they computed */
     uint64_t multi_passes;        /* passes with rows of more than one session */
-    uint64_t prompt_blocks;       /* passes that were layer-major blocks of a long prompt (up to 256 rows) */
+    uint64_t prompt_blocks;       /* passes that were layer-major blocks of a long prompt
+                                     (df_engine_prompt_block positions each) */
     uint64_t union_experts;       /* routed experts the passes used, summed over MoE layers */
     uint64_t solo_experts;        /* what the sessions would have used running alone (>= union) */
 } df_batch_stats;

@@ -329,6 +329,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "prefill_tokens_per_s", json_real(prefill_s > 0 ? nprompt / prefill_s : 0));
         json_object_set_new(o, "prefill_passes", json_integer((json_int_t)prefill_passes));
         json_object_set_new(o, "prefill_layer_major_blocks", json_integer((json_int_t)prefill_blocks));
+        json_object_set_new(o, "prefill_block_positions", json_integer(df_engine_prompt_block(e)));
         json_object_set_new(o, "fma_gflops", json_real(fma));
         json_object_set_new(o, "prefill_gflop", json_real(prefill_flops / 1e9));
         json_object_set_new(o, "prefill_compute_floor_s", json_real(prefill_compute));
@@ -383,7 +384,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                prefill_best > 0 ? prefill_s / prefill_best : 0);
         if (prefill_blocks)
             printf("prefill passes              %llu, layer by layer (blocks of up to %d positions)\n",
-                   (unsigned long long)prefill_passes, 256);
+                   (unsigned long long)prefill_passes, df_engine_prompt_block(e));
         else
             printf("prefill passes              %llu of up to 32 positions\n", (unsigned long long)prefill_passes);
         if (again)

@@ -220,7 +220,7 @@ static df_status ds_state_new(df_engine *e, int max_ctx, void **out) {
     s->xn = malloc(C * m->H * F);
     s->y = malloc(C * m->H * F);
     if (!s->cache || !s->x || !s->xn || !s->y ||
-        mla_scratch_new(&m->mla, pool_size(e->pool), max_ctx, &s->mla) != DF_OK ||
+        mla_scratch_new(&m->mla, pool_size(e->pool), max_ctx, DF_CHUNK, &s->mla) != DF_OK ||
         moe_scratch_new(DF_CHUNK, m->H, m->inter, c->n_routed_experts, c->num_experts_per_tok, m->H, &s->moe) != DF_OK) {
         ds_state_free(s);
         return DF_ERR_NOMEM;

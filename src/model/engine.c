@@ -153,11 +153,11 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
                      DF_PROMPT_BLOCK_MAX, DF_PROMPT_BLOCK);
         goto fail;
     }
-    if (!e->opts.prompt_block) e->opts.prompt_block = DF_PROMPT_BLOCK;
     if (opts->accel && !(e->acc = acc_new(opts->accel))) {
         st = df_fail(err, DF_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    if (!e->opts.prompt_block) e->opts.prompt_block = e->acc ? DF_PROMPT_BLOCK_DEVICE : DF_PROMPT_BLOCK;
     /* The memory plan (plan.c): the spine resident when it fits beside the
      * expert cache in the budget, else streamed per layer; decided before
      * the program binds, the cache sized after. */
@@ -241,6 +241,7 @@ void df_engine_close(df_engine *e) {
 int df_engine_vocab_size(const df_engine *e) { return e->cfg.vocab_size; }
 int df_engine_max_context(const df_engine *e) { return e->cfg.max_position_embeddings; }
 int df_engine_n_threads(const df_engine *e) { return pool_size(e->pool); }
+int df_engine_prompt_block(const df_engine *e) { return e->opts.prompt_block; }
 
 /* ---- describe ---- */
 

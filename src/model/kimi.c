@@ -278,7 +278,7 @@ static df_status km_state_new(df_engine *e, int max_ctx, void **out) {
     s->anchors = malloc(C * (m->max_anchors ? m->max_anchors : 1) * m->H * F);
     int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
     if (!s->mla_cache || !s->kda_state || !s->h || !s->xin || !s->xn || !s->y || !s->anchors ||
-        (m->n_mla && mla_scratch_new(&m->mla, pool_size(e->pool), max_ctx, &s->mla) != DF_OK) ||
+        (m->n_mla && mla_scratch_new(&m->mla, pool_size(e->pool), max_ctx, DF_CHUNK, &s->mla) != DF_OK) ||
         (m->n_kda && kda_scratch_new(&m->kda, DF_CHUNK, &s->kda) != DF_OK) ||
         moe_scratch_new(DF_CHUNK, m->H, m->inter, c->n_routed_experts, c->num_experts_per_tok, dl, &s->moe) != DF_OK) {
         km_state_free(s);
@@ -309,44 +309,77 @@ void km_early_lookahead(df_engine *e, const km_model *m, moe_scratch *ms, const 
     }
 }
 
+/* The per-row work around a layer, rows split over the pool (each row's
+ * values depend on that row alone: the same bits for any split). */
+typedef struct {
+    const km_model *m;
+    const km_layer *y;
+    int l, na, restart;
+    float *h, *anchors, *xin, *xn;
+    const float *yv;
+} rows_job;
+
+/* Rows [t0, t1) of layer_in: the attention residual (or h) into xin, the
+ * block's anchor, the attention norm. */
+static void in_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const rows_job *j = ctx;
+    const km_model *m = j->m;
+    const int H = m->H, A = m->max_anchors;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *ht = j->h + (size_t)t * H;
+        float *xt = j->xin + (size_t)t * H;
+        if (m->block > 0) {
+            float *anc = j->anchors + (size_t)t * A * H;
+            if (j->na > 0) op_attn_res(anc, j->na, ht, j->y->res_attn, H, m->eps, xt);
+            else memcpy(xt, ht, (size_t)H * sizeof(float));
+            if (j->l % m->block == 0) memcpy(anc + (size_t)j->na * H, ht, (size_t)H * sizeof(float));
+        } else {
+            memcpy(xt, ht, (size_t)H * sizeof(float));
+        }
+        op_rmsnorm(j->xn + (size_t)t * H, xt, j->y->attn_norm, H, m->eps);
+    }
+}
+
+/* Rows [t0, t1) of layer_mid: h = yv (restart) or h + yv, the MLP residual's
+ * input, its norm. */
+static void mid_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const rows_job *j = ctx;
+    const km_model *m = j->m;
+    const int H = m->H, A = m->max_anchors;
+    for (int64_t t = t0; t < t1; t++) {
+        float *ht = j->h + (size_t)t * H, *xt = j->xin + (size_t)t * H;
+        const float *yt = j->yv + (size_t)t * H;
+        if (j->restart) memcpy(ht, yt, (size_t)H * sizeof(float));
+        else for (int i = 0; i < H; i++) ht[i] += yt[i];
+        if (m->block > 0) op_attn_res(j->anchors + (size_t)t * A * H, j->na, ht, j->y->res_mlp, H, m->eps, xt);
+        else memcpy(xt, ht, (size_t)H * sizeof(float));
+        op_rmsnorm(j->xn + (size_t)t * H, xt, j->y->ffn_norm, H, m->eps);
+    }
+}
+
 /* A layer's input for rows [0, n) of h: K3's attention residual over the
  * anchors so far (or h itself) into xin, an anchor saved at each block's
  * first layer, then the attention norm into xn. Returns 1 when layer l
  * starts a block (the attention output then replaces h). */
-static int layer_in(const km_model *m, const km_layer *y, int l, int n, const float *h, float *anchors, int *na,
-                    float *xin, float *xn) {
-    int H = m->H, A = m->max_anchors, restart = 0;
-    if (m->block > 0) {
-        for (int t = 0; t < n; t++) {
-            const float *ht = h + (size_t)t * H;
-            float *anc = anchors + (size_t)t * A * H;
-            if (*na > 0) op_attn_res(anc, *na, ht, y->res_attn, H, m->eps, xin + (size_t)t * H);
-            else memcpy(xin + (size_t)t * H, ht, (size_t)H * sizeof(float));
-            if (l % m->block == 0) memcpy(anc + (size_t)*na * H, ht, (size_t)H * sizeof(float));
-        }
-        if (l % m->block == 0) { (*na)++; restart = 1; }
-    } else {
-        memcpy(xin, h, (size_t)n * H * sizeof(float));
+static int layer_in(df_engine *e, const km_model *m, const km_layer *y, int l, int n, float *h, float *anchors,
+                    int *na, float *xin, float *xn) {
+    rows_job j = {m, y, l, *na, 0, h, anchors, xin, xn, NULL};
+    pool_for(e->pool, n, 8, in_rows, &j);
+    if (m->block > 0 && l % m->block == 0) {
+        (*na)++;
+        return 1;
     }
-    for (int t = 0; t < n; t++) op_rmsnorm(xn + (size_t)t * H, xin + (size_t)t * H, y->attn_norm, H, m->eps);
-    return restart;
+    return 0;
 }
 
 /* After the attention output yv: h = yv (restart) or h + yv, then the MLP
  * residual's input into xin and its norm into xn. */
-static void layer_mid(const km_model *m, const km_layer *y, int n, float *h, const float *yv, const float *anchors,
-                      int na, int restart, float *xin, float *xn) {
-    int H = m->H, A = m->max_anchors;
-    size_t nh = (size_t)n * H;
-    if (restart) memcpy(h, yv, nh * sizeof(float));
-    else for (size_t i = 0; i < nh; i++) h[i] += yv[i];
-    if (m->block > 0) {
-        for (int t = 0; t < n; t++)
-            op_attn_res(anchors + (size_t)t * A * H, na, h + (size_t)t * H, y->res_mlp, H, m->eps, xin + (size_t)t * H);
-    } else {
-        memcpy(xin, h, nh * sizeof(float));
-    }
-    for (int t = 0; t < n; t++) op_rmsnorm(xn + (size_t)t * H, xin + (size_t)t * H, y->ffn_norm, H, m->eps);
+static void layer_mid(df_engine *e, const km_model *m, const km_layer *y, int n, float *h, const float *yv,
+                      float *anchors, int na, int restart, float *xin, float *xn) {
+    rows_job j = {m, y, 0, na, restart, h, anchors, xin, xn, yv};
+    pool_for(e->pool, n, 8, mid_rows, &j);
 }
 
 /* The head's input for one row: the output attention residual (or x), then
@@ -411,7 +444,7 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
         df_status est = model_enter(e, l, err);
         if (est != DF_OK) return est;
         pt = prof_now(e);
-        int restart = layer_in(m, y, l, n, s->h, s->anchors, &na, s->xin, s->xn);
+        int restart = layer_in(e, m, y, l, n, s->h, s->anchors, &na, s->xin, s->xn);
         prof_add(e, DF_PROF_NORMS, &pt);
         if (y->kda) {
             for (int i = 0; i < nseg; i++) {
@@ -432,7 +465,7 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
             if (ast != DF_OK) return ast;
         }
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
-        layer_mid(m, y, n, s->h, s->y, s->anchors, na, restart, s->xin, s->xn);
+        layer_mid(e, m, y, n, s->h, s->y, s->anchors, na, restart, s->xin, s->xn);
         prof_add(e, DF_PROF_NORMS, &pt);
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
         df_status st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &s->moe, s->xn, n, seg[0].pos,
@@ -471,12 +504,13 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
  * GEMM tiles of several rows. Every row's values are those of the chunked
  * passes (per-row operations; products whose rows do not depend on their
  * neighbours). */
-/* A host block's session, and KDA scratch for all of the block's rows (rows
- * 0 when it could not be had: the KDA layers then run in DF_CHUNK pieces
- * like MLA). */
+/* A host block's session, and KDA and MLA scratch for all of the block's
+ * rows (rows 0 when it could not be had or the block is one session pass:
+ * that attention then runs in DF_CHUNK pieces on the session's scratch). */
 typedef struct {
     km_state *s;
     kda_scratch kda;
+    mla_scratch mla;
 } km_prompt_host;
 
 static df_status km_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
@@ -498,25 +532,31 @@ static df_status km_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
         df_status st = model_enter(e, l, err);
         if (st != DF_OK) return st;
         pt = prof_now(e);
-        int restart = layer_in(m, y, l, n, h, anc, &na, xin, xn);
+        int restart = layer_in(e, m, y, l, n, h, anc, &na, xin, xn);
         prof_add(e, DF_PROF_NORMS, &pt);
-        /* KDA over the block's rows at once when its scratch holds them (each
-         * projection sees every row: the same bits, kn_matmul's row contract;
-         * the recurrence runs the rows in order either way); MLA, whose
-         * scores grow with the rows, in DF_CHUNK pieces */
-        const int piece = y->kda && ph->kda.rows >= n ? n : DF_CHUNK;
+        /* attention over the block's rows at once when the block's scratch
+         * holds them (each projection sees every row: the same bits,
+         * kn_matmul's row contract; the KDA recurrence runs the rows in order
+         * and MLA's heads in DF_CHUNK pieces either way), else in DF_CHUNK
+         * pieces on the session's scratch */
+        const int whole = (y->kda ? ph->kda.rows : ph->mla.rows) >= n;
+        const int piece = whole ? n : DF_CHUNK;
         for (int c0 = 0; c0 < n; c0 += piece) {
             int cn = n - c0 < piece ? n - c0 : piece;
             const float *xc = xn + (size_t)c0 * H;
             float *yc = yv + (size_t)c0 * H;
-            st = y->kda ? kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, NULL, NULL,
-                                      piece > DF_CHUNK ? &ph->kda : &s->kda, cn, xc, yc, err)
-                        : mla_forward(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, NULL, &s->mla, pos + c0, cn,
-                                      xc, yc, err);
+            if (y->kda) {
+                st = kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, NULL, NULL,
+                                 whole ? &ph->kda : &s->kda, cn, xc, yc, err);
+            } else {
+                /* the session's scratch lends the per-thread attention rows */
+                mla_seg seg = {s->mla_cache + y->slot * cstride, NULL, &s->mla, pos + c0, cn};
+                st = mla_forward_batch(e, &m->mla, &y->a, &seg, 1, whole ? &ph->mla : &s->mla, xc, yc, err);
+            }
             if (st != DF_OK) return st;
         }
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
-        layer_mid(m, y, n, h, yv, anc, na, restart, xin, xn);
+        layer_mid(e, m, y, n, h, yv, anc, na, restart, xin, xn);
         prof_add(e, DF_PROF_NORMS, &pt);
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
         st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &b->moe, xn, n, pos, yv, &pt, err);
@@ -564,12 +604,15 @@ static df_status km_forward_prompt(df_engine *e, void *state, int pos, const int
     if (n < 1 || pos + n > s->max_ctx || !km_prompt_takes(e, state)) return DF_ERR_ARG;
     const int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
     if (!e->acc) {
-        km_prompt_host ph = {s, {0}};
+        km_prompt_host ph = {s, {0}, {0}};
         const int rows = n < e->opts.prompt_block ? n : e->opts.prompt_block;
         if (m->n_kda && rows > DF_CHUNK && kda_scratch_new(&m->kda, rows, &ph.kda) != DF_OK) ph.kda.rows = 0;
+        if (m->n_mla && rows > DF_CHUNK && mla_scratch_new(&m->mla, 0, s->max_ctx, rows, &ph.mla) != DF_OK)
+            ph.mla.rows = 0;
         df_status st = prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, all_rows,
                                   km_prompt_block, &ph, err);
         kda_scratch_free(&ph.kda);
+        mla_scratch_free(&ph.mla);
         return st;
     }
     const int rows = n < e->opts.prompt_block ? n : e->opts.prompt_block, K = c->num_experts_per_tok;

@@ -53,19 +53,20 @@ void mla_free(mla_layer *a) {
 
 /* ---- scratch ---- */
 
-df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, mla_scratch *s) {
-    const size_t C = DF_CHUNK, F = sizeof(float);
+df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, int rows, mla_scratch *s) {
+    const size_t C = (size_t)rows, P = rows < DF_CHUNK ? (size_t)rows : DF_CHUNK, F = sizeof(float);
     memset(s, 0, sizeof *s);
+    s->rows = rows;
     s->tstride = mla_head_scratch_floats(sh, max_ctx);
     s->qa = malloc(C * (sh->qlr ? sh->qlr : 1) * F);
     s->q = malloc(C * sh->nh * sh->dq * F);
     s->kva = malloc(C * (sh->R + sh->dr) * F);
-    s->qlat = malloc(C * sh->nh * sh->R * F);
-    s->olat = malloc(C * sh->nh * sh->R * F);
+    s->qlat = malloc(P * sh->nh * sh->R * F);
+    s->olat = malloc(P * sh->nh * sh->R * F);
     s->attn = malloc(C * sh->nh * sh->dv * F);
     s->gate = malloc(C * sh->nh * sh->dv * F);
-    s->tscratch = malloc((size_t)threads * s->tstride * F);
-    if (!s->qa || !s->q || !s->kva || !s->qlat || !s->olat || !s->attn || !s->gate || !s->tscratch) {
+    s->tscratch = threads > 0 ? malloc((size_t)threads * s->tstride * F) : NULL;
+    if (!s->qa || !s->q || !s->kva || !s->qlat || !s->olat || !s->attn || !s->gate || (threads > 0 && !s->tscratch)) {
         mla_scratch_free(s);
         return DF_ERR_NOMEM;
     }
@@ -155,6 +156,18 @@ static void heads(void *ctx, int64_t h0, int64_t h1, int tid) {
               j->s->olat, j->attn, j->tscratch + (size_t)tid * j->tstride);
 }
 
+/* attn[i] *= sigmoid(gate[i]) for i in [i0, i1) (the output gate) */
+typedef struct {
+    float *attn;
+    const float *gate;
+} gate_job;
+
+static void gate_part(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    const gate_job *g = ctx;
+    for (int64_t i = i0; i < i1; i++) g->attn[i] *= op_sigmoid(g->gate[i]);
+}
+
 /* ---- forward ---- */
 
 int mla_layer_on_device(df_engine *e, const mla_shape *sh, const mla_layer *a, void *dev_cache, int pos, int n,
@@ -171,6 +184,7 @@ df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *
     int64_t stride = sh->R + sh->dr;
     int n = 0;
     for (int i = 0; i < nseg; i++) n += seg[i].n;
+    ASSERT(n <= s->rows);
     if (nseg == 1 && seg[0].dev_cache) { /* the whole layer on the device, one host wait */
         int r = mla_layer_on_device(e, sh, a, seg[0].dev_cache, seg[0].pos, n, xn, out, err);
         if (r < 0) return DF_ERR_IO;
@@ -198,15 +212,23 @@ df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *
                 mla_write_row(sh, a->kv_a_norm, kva + (size_t)t * stride, g->pos + t,
                               g->cache + (size_t)(g->pos + t) * stride, q + (size_t)t * sh->nh * sh->dq);
             const mla_scratch *ts = g->scratch ? g->scratch : s;
-            job j = {e, sh, a, g->cache, s, g->pos, g->n, q, attn, ts->tscratch, ts->tstride};
-            /* decode: blocks of up to 16 heads (the lanes) per item, a share per thread */
-            int grain = (sh->nh + pool_size(e->pool) - 1) / pool_size(e->pool);
-            if (g->n >= MLA_HEADS_IN_LANES_BELOW) grain = 1;
-            pool_for(e->pool, sh->nh, grain < 16 ? grain : 16, heads, &j);
+            ASSERT(ts->tscratch);
+            /* the heads over pieces of up to DF_CHUNK rows (qlat / olat hold
+             * that many; every row's bits are the same in any piece) */
+            for (int p0 = 0; p0 < g->n; p0 += DF_CHUNK) {
+                const int pn = g->n - p0 < DF_CHUNK ? g->n - p0 : DF_CHUNK;
+                job j = {e, sh, a, g->cache, s, g->pos + p0, pn, q + (size_t)p0 * qdim, attn + (size_t)p0 * vdim,
+                         ts->tscratch, ts->tstride};
+                /* decode: blocks of up to 16 heads (the lanes) per item, a share per thread */
+                int grain = (sh->nh + pool_size(e->pool) - 1) / pool_size(e->pool);
+                if (pn >= MLA_HEADS_IN_LANES_BELOW) grain = 1;
+                pool_for(e->pool, sh->nh, grain < 16 ? grain : 16, heads, &j);
+            }
         }
     }
     if (a->has_gate) {
-        for (size_t i = 0; i < (size_t)n * vdim; i++) s->attn[i] *= op_sigmoid(s->gate[i]);
+        gate_job g = {s->attn, s->gate};
+        pool_for(e->pool, (int64_t)n * vdim, 4096, gate_part, &g);
     }
     mm(e, &a->o, s->attn, n, out, sh->hidden);
     return DF_OK;

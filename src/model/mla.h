@@ -25,10 +25,14 @@ typedef struct {
     df_accel_mla dev;           /* the same layer for an accelerator's mla hook */
 } mla_layer;
 
-/* Per-chunk scratch shared by every MLA layer of a session. */
+/* Per-pass scratch shared by every MLA layer of a session (rows DF_CHUNK),
+ * or of a layer-major prompt's block (more rows; the attention then runs in
+ * pieces of DF_CHUNK rows, so qlat and olat hold DF_CHUNK rows). */
 typedef struct {
-    float *qa, *q, *kva, *qlat, *olat, *attn, *gate;
-    float *tscratch;            /* [threads][tstride] */
+    int rows;                   /* the rows a pass may have */
+    float *qa, *q, *kva, *attn, *gate; /* [rows][...] */
+    float *qlat, *olat;         /* [nh][min(rows, DF_CHUNK)][R] */
+    float *tscratch;            /* [threads][tstride]; NULL when made for 0 threads */
     int64_t tstride;
 } mla_scratch;
 
@@ -56,7 +60,9 @@ void mla_heads(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const fl
 df_status mla_bind(df_engine *e, const mla_shape *sh, const char *base, int gate, mla_layer *a,
                    char *err);
 void mla_free(mla_layer *a);
-df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, mla_scratch *s);
+/* threads 0: no per-thread attention rows (the passes' segments then name
+ * a session scratch that has them, mla_seg.scratch). */
+df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, int rows, mla_scratch *s);
 void mla_scratch_free(mla_scratch *s);
 /* Runs n positions pos..pos+n-1: xn [n][hidden] normalised input, cache
  * [max_ctx][R+dr] of this layer (host floats, or with dev_cache non-NULL
@@ -69,7 +75,7 @@ df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, flo
  * xn / out at positions pos.. of its own cache (host or device); scratch:
  * the segment's session scratch for the per-thread attention rows (sized
  * for its context; NULL: s). Projections run once over all rows; each row
- * is bit-identical to running its segment alone. Total rows <= DF_CHUNK. */
+ * is bit-identical to running its segment alone. Total rows <= s->rows. */
 typedef struct {
     float *cache;
     void *dev_cache;

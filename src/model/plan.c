@@ -111,17 +111,21 @@ static int64_t meta_bytes(const df_engine *e) {
 /* Scratch and code: 64 MB, plus a session's per-chunk buffers, which grow
  * with the widths (the chunk's logits rows, projections and MLP rows), plus
  * a layer-major prompt's block (forward_prompt: activations and anchors,
- * the MoE rows of every slot, the MLP rows, router logits, and the KDA
- * projections of the block's rows, ~10 H D floats a row). */
+ * the MoE rows of every slot, the MLP rows, router logits, and the KDA and
+ * MLA projections of the block's rows: ~10 H D floats a row, and MLA's q,
+ * latents, gate and output). */
 static int64_t scratch_bytes(const df_engine *e) {
     const df_config *c = &e->cfg;
     int64_t wide = (int64_t)c->vocab_size + 16 * (int64_t)c->hidden_size + 4 * (int64_t)c->intermediate_size;
     int64_t dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : c->hidden_size;
+    const int64_t heads = c->num_attention_heads,
+                  mla_row = c->q_lora_rank + heads * (c->qk_nope_head_dim + c->qk_rope_head_dim) + c->kv_lora_rank +
+                            c->qk_rope_head_dim + 2 * heads * c->v_head_dim;
     int64_t block = e->ops->forward_prompt
                         ? (int64_t)e->opts.prompt_block * 4 *
                               (16 * (int64_t)c->hidden_size + (int64_t)c->num_experts_per_tok * dl +
                                2 * (int64_t)c->intermediate_size + 2 * (int64_t)c->n_routed_experts +
-                              10 * (int64_t)c->kda_num_heads * c->kda_head_dim)
+                              10 * (int64_t)c->kda_num_heads * c->kda_head_dim + mla_row)
                         : 0;
     return 64 * MIB + (int64_t)DF_CHUNK * 4 * wide + block;
 }
