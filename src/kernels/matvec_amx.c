@@ -56,12 +56,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Column chunks (-D to try others; bits do not depend on them). Sixteenth
+ * session, 16-core Xeon, bench/kn_stream.c at 1 and 16 threads: panels of
+ * 256 or 512 columns and in-place chunks of 512 or 2048 were no faster than
+ * 1024 on MXFP4 3072 x 3584 / 3584 x 3072 (18 vectors) and bf16 12288 x 7168
+ * (512) / 2048 x 18432 (256), mostly slower. */
+#ifndef KN_AMX_KC
+#define KN_AMX_KC 1024
+#endif
+#ifndef KN_AMX_KC_PANEL
+#define KN_AMX_KC_PANEL 1024
+#endif
+
 enum {
     GV = 10,                /* vectors per group */
     KSTEP = 32,             /* columns per tile step */
     SC_LO = 2, SC_HI = 252, /* e8m0 bytes whose values stay normal bf16 */
     PF_STEPS = 8,           /* bf16 rows from memory: prefetched 8 steps (512 bytes) ahead */
-    KC = 1024,              /* columns per chunk (32 rows of bf16: 64 KB) */
+    KC = KN_AMX_KC,         /* columns per chunk of bf16 rows read in place (32 rows: 64 KB) */
+    KC_PANEL = KN_AMX_KC_PANEL, /* ... of rows decoded into the panel (MXFP4) */
     RP = 8,                 /* row tiles per panel (their C: RP x groups x 4 KB, in L2) */
 };
 
@@ -262,7 +275,8 @@ typedef struct {
     const df_weight *w;
     int64_t cols, steps, sb;  /* sb: packed B bytes per step of a group */
     int nc0, nc1;             /* columns of B tiles 0 and 1 (nc1 may be 0) */
-    uint16_t *panel;          /* 32 rows x KC columns, bf16 */
+    uint16_t *panel;          /* 32 rows x kc columns, bf16 */
+    int64_t kc;               /* columns per chunk: KC, or KC_PANEL where rows go through the panel */
     float *cst;               /* per tile of a panel and group of a block: C, [32][32] floats */
 } walk;
 
@@ -377,13 +391,14 @@ void NAME(kn_matmul_amx_x)(const kn_amx_x *px, const float *X, float *Y, int64_t
     k.sb = 64 * (int64_t)(px->nc0 + px->nc1);
     /* groups per block: their B for one chunk of KC columns within KN_AMX_L2_B
      * (the weights stream once per block); blocks of equal size */
-    int64_t most = KN_AMX_L2_B / (k.sb * (KC / KSTEP));
+    k.kc = mx ? KC_PANEL : KC;
+    int64_t most = KN_AMX_L2_B / (k.sb * (k.kc / KSTEP));
     if (most < 1) most = 1;
     const int blocks = (int)((groups + most - 1) / most), per_block = (groups + blocks - 1) / blocks;
     /* the panel only where rows are decoded or copied: MXFP4, or a bf16
      * range that is not a whole number of 32-row tiles */
     const int need_panel = mx || (row1 - row0) % 32;
-    k.panel = need_panel ? aligned_alloc(64, (size_t)32 * KC * 2) : NULL;
+    k.panel = need_panel ? aligned_alloc(64, (size_t)32 * k.kc * 2) : NULL;
     k.cst = aligned_alloc(64, (size_t)RP * per_block * 32 * 32 * sizeof(float));
     ASSERT((k.panel || !need_panel) && k.cst);
 
@@ -404,7 +419,7 @@ void NAME(kn_matmul_amx_x)(const kn_amx_x *px, const float *X, float *Y, int64_t
      * chunk, every tile's rows pass every group of the block, so the block's
      * B for the chunk stays in L2; C tiles wait in cst between chunks (saved
      * and reloaded exactly: the sums of one unbroken pass, so the same bits). */
-    const int64_t kc = KC / KSTEP;
+    const int64_t kc = k.kc / KSTEP;
     for (int g0 = 0; g0 < groups; g0 += per_block) {
         const int g1 = g0 + per_block < groups ? g0 + per_block : groups, ng = g1 - g0;
         for (int64_t p0 = row0; p0 < row1; p0 += 32 * RP) {
@@ -421,8 +436,8 @@ void NAME(kn_matmul_amx_x)(const kn_amx_x *px, const float *X, float *Y, int64_t
                         const uint8_t *A = (const uint8_t *)w->data + (r * k.cols + s0 * KSTEP) * 2;
                         int64_t lda = k.cols * 2;
                         if (!direct) {
-                            fill_panel(&k, r, rows, s0, s1, k.panel, KC);
-                            A = (const uint8_t *)k.panel, lda = KC * 2;
+                            fill_panel(&k, r, rows, s0, s1, k.panel, k.kc);
+                            A = (const uint8_t *)k.panel, lda = k.kc * 2;
                         }
                         for (int g = g0; g < g1; g++) {
                             float *c = k.cst + ((int64_t)ti * per_block + (g - g0)) * 32 * 32;

@@ -314,10 +314,19 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
 /* One block of a prompt (prompt.h; the same contract as kimi.c's): every
  * layer over all of its rows, MLA in DF_CHUNK-row pieces, the MoE block over
  * every row at once. */
-static df_status ds_prompt_block(df_engine *e, void *state, prompt_buf *b, int pos, const int32_t *tokens, int n,
+/* A block's session, and MLA scratch for all of the block's rows (rows 0
+ * when it could not be had or the block is one session pass: attention then
+ * runs in DF_CHUNK pieces on the session's scratch). */
+typedef struct {
+    ds_state *s;
+    mla_scratch mla;
+} ds_prompt_host;
+
+static df_status ds_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
                                  float *out, int all_rows, char *err) {
     ds_model *m = e->prog;
-    ds_state *s = state;
+    ds_prompt_host *ph = ctx;
+    ds_state *s = ph->s;
     const int H = m->H;
     const int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
     const size_t nh = (size_t)n * H;
@@ -331,10 +340,16 @@ static df_status ds_prompt_block(df_engine *e, void *state, prompt_buf *b, int p
         if (st != DF_OK) return st;
         for (int t = 0; t < n; t++) op_rmsnorm(xn + (size_t)t * H, x + (size_t)t * H, y->attn_norm, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
-        for (int c0 = 0; c0 < n; c0 += DF_CHUNK) {
-            int cn = n - c0 < DF_CHUNK ? n - c0 : DF_CHUNK;
-            st = mla_forward(e, &m->mla, &y->attn, s->cache + l * cstride, NULL, &s->mla, pos + c0, cn,
-                             xn + (size_t)c0 * H, yv + (size_t)c0 * H, err);
+        /* the block's rows at once when its scratch holds them (the
+         * projections see every row, the heads run in DF_CHUNK pieces: the
+         * same bits), else DF_CHUNK pieces; the session's scratch lends the
+         * per-thread attention rows */
+        const int whole = ph->mla.rows >= n, piece = whole ? n : DF_CHUNK;
+        for (int c0 = 0; c0 < n; c0 += piece) {
+            int cn = n - c0 < piece ? n - c0 : piece;
+            mla_seg seg = {s->cache + l * cstride, NULL, &s->mla, pos + c0, cn};
+            st = mla_forward_batch(e, &m->mla, &y->attn, &seg, 1, whole ? &ph->mla : &s->mla, xn + (size_t)c0 * H,
+                                   yv + (size_t)c0 * H, err);
             if (st != DF_OK) return st;
         }
         prof_add(e, DF_PROF_MLA, &pt);
@@ -357,9 +372,13 @@ static df_status ds_prompt_block(df_engine *e, void *state, prompt_buf *b, int p
 static df_status ds_forward_prompt(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
                                    int all_rows, char *err) {
     ds_model *m = e->prog;
-    const ds_state *s = state;
-    if (n < 1 || pos + n > s->max_ctx) return DF_ERR_ARG;
-    return prompt_run(e, m->H, 0, m->inter, m->H, pos, tokens, n, out, all_rows, ds_prompt_block, state, err);
+    ds_prompt_host ph = {state, {0}};
+    if (n < 1 || pos + n > ph.s->max_ctx) return DF_ERR_ARG;
+    const int rows = n < e->opts.prompt_block ? n : e->opts.prompt_block;
+    if (rows > DF_CHUNK && mla_scratch_new(&m->mla, 0, ph.s->max_ctx, rows, &ph.mla) != DF_OK) ph.mla.rows = 0;
+    df_status st = prompt_run(e, m->H, 0, m->inter, m->H, pos, tokens, n, out, all_rows, ds_prompt_block, &ph, err);
+    mla_scratch_free(&ph.mla);
+    return st;
 }
 
 /* ---- describe ---- */
