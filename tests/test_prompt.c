@@ -12,6 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* dir opened with o (NULL on failure, the reason on stderr) */
+static df_engine *open_opts(const char *dir, const df_engine_opts *o) {
+    df_engine *e = NULL;
+    char err[DF_ERRMSG];
+    if (df_engine_open(dir, o, &e, err) != DF_OK) fprintf(stderr, "%s: %s\n", dir, err);
+    return e;
+}
+
 static df_engine *open_model(const char *dir, int io, int threads, int64_t cache, int chunks) {
     df_engine_opts o;
     df_engine_opts_default(&o);
@@ -21,10 +29,7 @@ static df_engine *open_model(const char *dir, int io, int threads, int64_t cache
     o.prompt_chunks = chunks;
     o.prompt_block = 256; /* the cases below cross 256-position boundaries */
     o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
-    df_engine *e = NULL;
-    char err[DF_ERRMSG];
-    if (df_engine_open(dir, &o, &e, err) != DF_OK) fprintf(stderr, "%s: %s\n", dir, err);
-    return e;
+    return open_opts(dir, &o);
 }
 
 enum { STEPS = 3, DF_PROMPT_BLOCK_MAX_TEST = 65537 /* one past the engine's limit */ };
@@ -168,9 +173,8 @@ static float *prompt_rows(const char *dir, int threads, int lv, int block, int n
     o.simd_level = lv;
     o.prompt_block = block;
     o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
-    df_engine *e = NULL;
-    char err[DF_ERRMSG];
-    if (df_engine_open(dir, &o, &e, err) != DF_OK) { fprintf(stderr, "%s: %s\n", dir, err); return NULL; }
+    df_engine *e = open_opts(dir, &o);
+    if (!e) return NULL;
     const int V = df_engine_vocab_size(e);
     int32_t *tok = malloc((size_t)n * sizeof *tok);
     float *rows = malloc((size_t)n * V * sizeof(float));
