@@ -214,6 +214,13 @@ TEST(prompt_block_sizes_agree) {
     }
     df_engine_opts o;
     df_engine_opts_default(&o);
+    df_engine *d = open_opts("tests/fixtures/kimi_k3_a", &o);
+    CHECK(d && df_engine_prompt_block(d) == 512, "the CPU's default block: %d", d ? df_engine_prompt_block(d) : -1);
+    df_engine_close(d);
+    o.prompt_block = 100;
+    d = open_opts("tests/fixtures/kimi_k3_a", &o);
+    CHECK(d && df_engine_prompt_block(d) == 100, "a block of 100 asked for: %d", d ? df_engine_prompt_block(d) : -1);
+    df_engine_close(d);
     o.prompt_block = DF_PROMPT_BLOCK_MAX_TEST;
     df_engine *e = NULL;
     char err[DF_ERRMSG] = "";
