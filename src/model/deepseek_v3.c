@@ -314,6 +314,32 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
 /* One block of a prompt (prompt.h; the same contract as kimi.c's): every
  * layer over all of its rows, MLA in DF_CHUNK-row pieces, the MoE block over
  * every row at once. */
+/* Rows [t0, t1) of a block: x += add (when add), then xn = rmsnorm(x) with
+ * norm (the rows split over the pool: each row depends on itself alone). */
+typedef struct {
+    float *x, *xn;
+    const float *add, *norm;
+    int H;
+    float eps;
+} ds_rows_job;
+
+static void norm_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const ds_rows_job *j = ctx;
+    for (int64_t t = t0; t < t1; t++) {
+        float *xt = j->x + (size_t)t * j->H;
+        if (j->add)
+            for (int i = 0; i < j->H; i++) xt[i] += j->add[(size_t)t * j->H + i];
+        op_rmsnorm(j->xn + (size_t)t * j->H, xt, j->norm, j->H, j->eps);
+    }
+}
+
+static void block_norms(df_engine *e, int n, float *x, const float *add, const float *norm, float *xn, int H,
+                        float eps) {
+    ds_rows_job j = {x, xn, add, norm, H, eps};
+    pool_for(e->pool, n, 8, norm_rows, &j);
+}
+
 /* A block's session, and MLA scratch for all of the block's rows (rows 0
  * when it could not be had or the block is one session pass: attention then
  * runs in DF_CHUNK pieces on the session's scratch). */
@@ -338,7 +364,7 @@ static df_status ds_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
         ds_layer *y = &m->layers[l];
         df_status st = model_enter(e, l, err);
         if (st != DF_OK) return st;
-        for (int t = 0; t < n; t++) op_rmsnorm(xn + (size_t)t * H, x + (size_t)t * H, y->attn_norm, H, m->eps);
+        block_norms(e, n, x, NULL, y->attn_norm, xn, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
         /* the block's rows at once when its scratch holds them (the
          * projections see every row, the heads run in DF_CHUNK pieces: the
@@ -353,8 +379,7 @@ static df_status ds_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
             if (st != DF_OK) return st;
         }
         prof_add(e, DF_PROF_MLA, &pt);
-        for (size_t i = 0; i < nh; i++) x[i] += yv[i];
-        for (int t = 0; t < n; t++) op_rmsnorm(xn + (size_t)t * H, x + (size_t)t * H, y->ffn_norm, H, m->eps);
+        block_norms(e, n, x, yv, y->ffn_norm, xn, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
         const moe_layer *next = l + 1 < m->L && m->layers[l + 1].moe ? &m->layers[l + 1].experts : NULL;
         st = ffn_block(e, y->moe ? &y->experts : NULL, &y->mlp, next, &m->act, &b->moe, xn, n, pos, yv, &pt, err);
