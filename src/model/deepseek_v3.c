@@ -366,18 +366,9 @@ static df_status ds_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
         if (st != DF_OK) return st;
         block_norms(e, n, x, NULL, y->attn_norm, xn, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
-        /* the block's rows at once when its scratch holds them (the
-         * projections see every row, the heads run in DF_CHUNK pieces: the
-         * same bits), else DF_CHUNK pieces; the session's scratch lends the
-         * per-thread attention rows */
-        const int whole = ph->mla.rows >= n, piece = whole ? n : DF_CHUNK;
-        for (int c0 = 0; c0 < n; c0 += piece) {
-            int cn = n - c0 < piece ? n - c0 : piece;
-            mla_seg seg = {s->cache + l * cstride, NULL, &s->mla, pos + c0, cn};
-            st = mla_forward_batch(e, &m->mla, &y->attn, &seg, 1, whole ? &ph->mla : &s->mla, xn + (size_t)c0 * H,
-                                   yv + (size_t)c0 * H, err);
-            if (st != DF_OK) return st;
-        }
+        /* the block's rows at once where the block's scratch holds them */
+        st = mla_forward_block(e, &m->mla, &y->attn, s->cache + l * cstride, &ph->mla, &s->mla, pos, n, xn, yv, err);
+        if (st != DF_OK) return st;
         prof_add(e, DF_PROF_MLA, &pt);
         block_norms(e, n, x, yv, y->ffn_norm, xn, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);

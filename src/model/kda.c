@@ -224,6 +224,18 @@ df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *
     return DF_OK;
 }
 
+df_status kda_forward_block(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, kda_scratch *blk,
+                            kda_scratch *s, int n, const float *xn, float *out, char *err) {
+    const int piece = blk && blk->rows >= n ? n : DF_CHUNK;
+    for (int c0 = 0; c0 < n; c0 += piece) {
+        const int cn = n - c0 < piece ? n - c0 : piece;
+        df_status st = kda_forward(e, sh, k, state, NULL, NULL, piece > DF_CHUNK ? blk : s, cn,
+                                   xn + (size_t)c0 * sh->hidden, out + (size_t)c0 * sh->hidden, err);
+        if (st != DF_OK) return st;
+    }
+    return DF_OK;
+}
+
 df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
                       float *trail, kda_scratch *s, int n, const float *xn, float *out, char *err) {
     kda_seg seg = {state, dev_state, trail, n};

@@ -61,6 +61,12 @@ void kda_scratch_free(kda_scratch *s);
  * Fails only on the device (err says why; the state is then undefined). */
 df_status kda_forward(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, void *dev_state,
                       float *trail, kda_scratch *s, int n, const float *xn, float *out, char *err);
+/* n rows of a layer-major prompt block on the host state: at once on blk
+ * when it holds them (blk->rows >= n: every projection sees every row, the
+ * recurrence runs them in order), else in DF_CHUNK pieces on the session's
+ * scratch s. The same bits as DF_CHUNK passes. blk may be NULL. */
+df_status kda_forward_block(df_engine *e, const kda_shape *sh, const kda_layer *k, float *state, kda_scratch *blk,
+                            kda_scratch *s, int n, const float *xn, float *out, char *err);
 /* Several timelines in one pass: segment i is seg[i].n consecutive rows of
  * xn / out with its own state (host, device, trail as in kda_forward).
  * The projections run once over all rows (each weight read once); each row

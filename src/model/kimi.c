@@ -497,13 +497,6 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
 
 /* ---- a long prompt, layer by layer ---- */
 
-/* One block of a prompt (prompt.h): every layer over all of its rows before
- * the next layer starts, the attention in DF_CHUNK-row pieces exactly as
- * chunked passes cut it, the feed-forward block over every row at once, so
- * each routed expert the block uses is read and decoded once per layer, in
- * GEMM tiles of several rows. Every row's values are those of the chunked
- * passes (per-row operations; products whose rows do not depend on their
- * neighbours). */
 /* A host block's session, and KDA and MLA scratch for all of the block's
  * rows (rows 0 when it could not be had or the block is one session pass:
  * that attention then runs in DF_CHUNK pieces on the session's scratch). */
@@ -512,6 +505,14 @@ typedef struct {
     kda_scratch kda;
     mla_scratch mla;
 } km_prompt_host;
+
+/* One block of a prompt (prompt.h): every layer over all of its rows before
+ * the next layer starts (attention's projections over the block's rows,
+ * kda_forward_block / mla_forward_block), the feed-forward block over every
+ * row at once, so each routed expert the block uses is read and decoded once
+ * per layer, in GEMM tiles of several rows. Every row's values are those of
+ * the chunked passes (per-row operations; products whose rows do not depend
+ * on their neighbours). */
 
 static df_status km_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
                                  float *out, int all_rows, char *err) {
@@ -534,27 +535,12 @@ static df_status km_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
         pt = prof_now(e);
         int restart = layer_in(e, m, y, l, n, h, anc, &na, xin, xn);
         prof_add(e, DF_PROF_NORMS, &pt);
-        /* attention over the block's rows at once when the block's scratch
-         * holds them (each projection sees every row: the same bits,
-         * kn_matmul's row contract; the KDA recurrence runs the rows in order
-         * and MLA's heads in DF_CHUNK pieces either way), else in DF_CHUNK
-         * pieces on the session's scratch */
-        const int whole = (y->kda ? ph->kda.rows : ph->mla.rows) >= n;
-        const int piece = whole ? n : DF_CHUNK;
-        for (int c0 = 0; c0 < n; c0 += piece) {
-            int cn = n - c0 < piece ? n - c0 : piece;
-            const float *xc = xn + (size_t)c0 * H;
-            float *yc = yv + (size_t)c0 * H;
-            if (y->kda) {
-                st = kda_forward(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, NULL, NULL,
-                                 whole ? &ph->kda : &s->kda, cn, xc, yc, err);
-            } else {
-                /* the session's scratch lends the per-thread attention rows */
-                mla_seg seg = {s->mla_cache + y->slot * cstride, NULL, &s->mla, pos + c0, cn};
-                st = mla_forward_batch(e, &m->mla, &y->a, &seg, 1, whole ? &ph->mla : &s->mla, xc, yc, err);
-            }
-            if (st != DF_OK) return st;
-        }
+        /* attention over the block's rows at once where the block's scratch holds them */
+        st = y->kda ? kda_forward_block(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, &ph->kda, &s->kda, n,
+                                        xn, yv, err)
+                    : mla_forward_block(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, &ph->mla, &s->mla, pos,
+                                        n, xn, yv, err);
+        if (st != DF_OK) return st;
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
         layer_mid(e, m, y, n, h, yv, anc, na, restart, xin, xn);
         prof_add(e, DF_PROF_NORMS, &pt);

@@ -234,6 +234,19 @@ df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *
     return DF_OK;
 }
 
+df_status mla_forward_block(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache, mla_scratch *blk,
+                            mla_scratch *s, int pos, int n, const float *xn, float *out, char *err) {
+    const int piece = blk && blk->rows >= n ? n : DF_CHUNK;
+    for (int c0 = 0; c0 < n; c0 += piece) {
+        const int cn = n - c0 < piece ? n - c0 : piece;
+        mla_seg seg = {cache, NULL, s, pos + c0, cn}; /* s lends the per-thread attention rows */
+        df_status st = mla_forward_batch(e, sh, a, &seg, 1, piece > DF_CHUNK ? blk : s, xn + (size_t)c0 * sh->hidden,
+                                         out + (size_t)c0 * sh->hidden, err);
+        if (st != DF_OK) return st;
+    }
+    return DF_OK;
+}
+
 df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache, void *dev_cache,
                       mla_scratch *s, int pos, int n, const float *xn, float *out, char *err) {
     mla_seg seg = {cache, dev_cache, NULL, pos, n};

@@ -71,6 +71,13 @@ void mla_scratch_free(mla_scratch *s);
  * device (err says why; the cache is then undefined). */
 df_status mla_forward(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache, void *dev_cache,
                       mla_scratch *s, int pos, int n, const float *xn, float *out, char *err);
+/* n rows of a layer-major prompt block on the host cache: at once on blk
+ * when it holds them (blk->rows >= n: every projection sees every row, the
+ * heads run in DF_CHUNK pieces), else in DF_CHUNK pieces on the session's
+ * scratch s; s lends the per-thread attention rows either way. The same
+ * bits as DF_CHUNK passes (kn_matmul's row contract). blk may be NULL. */
+df_status mla_forward_block(df_engine *e, const mla_shape *sh, const mla_layer *a, float *cache, mla_scratch *blk,
+                            mla_scratch *s, int pos, int n, const float *xn, float *out, char *err);
 /* Several timelines in one pass: segment i is seg[i].n consecutive rows of
  * xn / out at positions pos.. of its own cache (host or device); scratch:
  * the segment's session scratch for the per-thread attention rows (sized
