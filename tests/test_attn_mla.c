@@ -5,11 +5,14 @@
  * against the absorb loop + mla_attend_one it replaced. Shapes include the
  * awkward ones: R not a multiple of 16 (or 4), dr 0 / odd / 64, n 1..33,
  * pos > 0, small scratch (blocks of fewer queries); and the heads-in-lanes
- * decode path (kn_mla_attend_heads, mla_heads) with 1..40 heads, pos 0..300. */
+ * decode path (kn_mla_attend_heads, mla_heads) with 1..40 heads, pos 0..300.
+ * kn_mla_rowsum_bf16 (B read as bf16) against the same reference over B's
+ * widened values, and mla_head / mla_heads over bf16 kv_b as well as f32. */
 #include "test.h"
 #include "../src/kernels/kernels.h"
 #include "../src/kernels/ops.h"
 #include "../src/model/mla.h"
+#include "../src/format/dtype.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,11 @@ static float frand(void) { /* values of mixed magnitude and sign, so roundings d
     uint32_t u = (uint32_t)(rng_state >> 32);
     float v = (float)(u & 0xffffff) / (float)0x1000000 - 0.5f;
     return (u >> 24) % 5 == 0 ? v * 37.0f : v;
+}
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
 }
 static float *rand_vec(size_t n) {
     float *p = malloc(n * sizeof(float));
@@ -56,8 +64,19 @@ TEST(mla_kernels_rowsum_bit_identical) {
                     kn_mla_rowsum((kn_level)lv, A, lda, B, ldb, m, k0, inc, R, Y, ldy);
                     if (memcmp(Y, Yr, (size_t)m * ldy * sizeof(float)) && bad++ < 3)
                         CHECK(0, "%s R=%d m=%d k0=%d inc=%d differs", kn_level_name((kn_level)lv), R, m, k0, inc);
-                    runs++;
-                    free(A); free(B); free(Y); free(Yr);
+                    /* B as bf16 read in place: the bits of B's widened values */
+                    uint16_t *B16 = malloc((size_t)kmax * ldb * sizeof *B16);
+                    for (size_t i = 0; i < (size_t)kmax * ldb; i++) {
+                        B16[i] = (uint16_t)(f32_bits(B[i]) >> 16);
+                        B[i] = bf16_to_f32(B16[i]);
+                    }
+                    rowsum_ref(A, lda, B, ldb, m, k0, inc, R, Yr, ldy);
+                    kn_mla_rowsum_bf16((kn_level)lv, A, lda, B16, ldb, m, k0, inc, R, Y, ldy);
+                    if (memcmp(Y, Yr, (size_t)m * ldy * sizeof(float)) && bad++ < 3)
+                        CHECK(0, "%s bf16 R=%d m=%d k0=%d inc=%d differs", kn_level_name((kn_level)lv), R, m, k0,
+                              inc);
+                    runs += 2;
+                    free(A); free(B); free(B16); free(Y); free(Yr);
                 }
     }
     CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);
@@ -144,12 +163,15 @@ TEST(mla_kernels_head_bit_identical) {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         mla_shape sh = head_shape(shapes[si]);
         int pos = si == 1 ? 0 : 70, n = si == 0 ? 17 : 33;
-        float *wdata = rand_vec((size_t)sh.nh * (sh.dn + sh.dv) * sh.R);
+        const size_t nw = (size_t)sh.nh * (sh.dn + sh.dv) * sh.R;
+        float *wdata = rand_vec(nw);
+        uint16_t *w16 = malloc(nw * sizeof *w16); /* a bf16 kv_b: absorb reads it in place */
+        for (size_t i = 0; i < nw; i++) w16[i] = (uint16_t)(f32_bits(wdata[i]) >> 16);
         df_weight kv_b = {0};
-        kv_b.type = WT_F32;
+        kv_b.type = si == 1 ? WT_BF16 : WT_F32;
         kv_b.rows = (int64_t)sh.nh * (sh.dn + sh.dv);
         kv_b.cols = sh.R;
-        kv_b.data = wdata;
+        kv_b.data = si == 1 ? (void *)w16 : (void *)wdata;
         int64_t stride = (int64_t)sh.R + sh.dr;
         float *cache = rand_vec((size_t)(pos + n) * stride), *q = rand_vec((size_t)n * sh.nh * sh.dq);
         size_t lat = (size_t)sh.nh * n * sh.R;
@@ -168,7 +190,8 @@ TEST(mla_kernels_head_bit_identical) {
                 runs++;
             }
         }
-        free(wdata); free(cache); free(q); free(ql); free(ol); free(qlr); free(olr); free(attn); free(scratch);
+        free(wdata); free(w16); free(cache); free(q); free(ql); free(ol); free(qlr); free(olr); free(attn);
+        free(scratch);
     }
     CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);
 }
@@ -228,12 +251,15 @@ TEST(mla_kernels_heads_bit_identical) {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         mla_shape sh = head_shape(shapes[si]);
         int pos = (int)si * 97 % 301, nmax = MLA_HEADS_IN_LANES_BELOW + 1;
-        float *wdata = rand_vec((size_t)sh.nh * (sh.dn + sh.dv) * sh.R);
+        const size_t nw = (size_t)sh.nh * (sh.dn + sh.dv) * sh.R;
+        float *wdata = rand_vec(nw);
+        uint16_t *w16 = malloc(nw * sizeof *w16); /* shapes 0 and 2: a bf16 kv_b, read in place */
+        for (size_t i = 0; i < nw; i++) w16[i] = (uint16_t)(f32_bits(wdata[i]) >> 16);
         df_weight kv_b = {0};
-        kv_b.type = WT_F32;
+        kv_b.type = si % 2 == 0 ? WT_BF16 : WT_F32;
         kv_b.rows = (int64_t)sh.nh * (sh.dn + sh.dv);
         kv_b.cols = sh.R;
-        kv_b.data = wdata;
+        kv_b.data = si % 2 == 0 ? (void *)w16 : (void *)wdata;
         int64_t stride = (int64_t)sh.R + sh.dr;
         float *cache = rand_vec((size_t)(pos + nmax) * stride), *q = rand_vec((size_t)nmax * sh.nh * sh.dq);
         size_t lat = (size_t)sh.nh * nmax * sh.R, na = (size_t)nmax * sh.nh * sh.dv;
@@ -263,7 +289,7 @@ TEST(mla_kernels_heads_bit_identical) {
                 }
             }
         }
-        free(wdata); free(cache); free(q); free(ql); free(ol); free(attn); free(ql1); free(ol1); free(attn1);
+        free(wdata); free(w16); free(cache); free(q); free(ql); free(ol); free(attn); free(ql1); free(ol1); free(attn1);
         free(qlr); free(olr); free(scratch);
     }
     CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);

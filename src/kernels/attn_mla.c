@@ -1,7 +1,7 @@
 /* attn_mla.c — the MLA attention kernels' dispatch point and scalar level.
  *
  * Owns: kn_mla_rowsum (the absorb W_UK^T q and the value sum P C, one
- * form), kn_mla_attend (scores, softmax, value sum for a block of queries of
+ * form; kn_mla_rowsum_bf16 the same over bf16 rows of B), kn_mla_attend (scores, softmax, value sum for a block of queries of
  * one head), kn_mla_attend_heads (the same for a block of heads at one
  * position: decode) and kn_mla_attend_floats (their scratch). The scalar level is the
  * plain C of mla_core.c's mla_attend_one and of mla.c's former absorb loop
@@ -31,6 +31,7 @@
  */
 #include "kernels.h"
 #include "ops.h"
+#include "../format/dtype.h"
 #include "../base/err.h"
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -49,6 +50,19 @@ static void rowsum_scalar(const float *A, int64_t lda, const float *B, int64_t l
         float *y = Y + (int64_t)j * ldy;
         memset(y, 0, (size_t)R * sizeof(float));
         for (int k = 0; k < k0 + j * inc; k++) op_axpy(y, A[(int64_t)j * lda + k], B + (int64_t)k * ldb, R);
+    }
+}
+
+static void rowsum_bf16_scalar(const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0, int inc,
+                               int R, float *Y, int64_t ldy) {
+    for (int j = 0; j < m; j++) {
+        float *y = Y + (int64_t)j * ldy;
+        memset(y, 0, (size_t)R * sizeof(float));
+        for (int k = 0; k < k0 + j * inc; k++) {
+            const float a = A[(int64_t)j * lda + k];
+            const uint16_t *b = B + (int64_t)k * ldb;
+            for (int r = 0; r < R; r++) y[r] += a * bf16_to_f32(b[r]); /* op_axpy's step */
+        }
     }
 }
 
@@ -89,6 +103,21 @@ void kn_mla_rowsum(kn_level lv, const float *A, int64_t lda, const float *B, int
     if (lv == KN_NEON) { kn_mla_rowsum_neon(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
 #endif
     rowsum_scalar(A, lda, B, ldb, m, k0, inc, R, Y, ldy);
+}
+
+void kn_mla_rowsum_bf16(kn_level lv, const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0,
+                        int inc, int R, float *Y, int64_t ldy) {
+    if (m <= 0 || R <= 0) return;
+    ASSERT(k0 >= 0 && (inc == 0 || inc == 1));
+    if (!kn_level_available(lv)) lv = kn_detect();
+    if (lv == KN_AMX) lv = KN_AVX512;
+#if KN_X86
+    if (lv == KN_AVX512) { kn_mla_rowsum_bf16_avx512(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
+    if (lv == KN_AVX2) { kn_mla_rowsum_bf16_avx2(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
+#elif KN_ARM64
+    if (lv == KN_NEON) { kn_mla_rowsum_bf16_neon(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
+#endif
+    rowsum_bf16_scalar(A, lda, B, ldb, m, k0, inc, R, Y, ldy);
 }
 
 #if KN_X86 || KN_ARM64

@@ -1,7 +1,8 @@
 /* attn_mla_avx2.c — AVX2 MLA attention kernels (see attn_mla.c).
  *
- * Owns: kn_mla_rowsum_avx2 and kn_mla_scores_avx2 (the AVX2 vector
- * operations for the shared body in attn_mla_simd.h, which says why it is
+ * Owns: kn_mla_rowsum_avx2, kn_mla_rowsum_bf16_avx2 and kn_mla_scores_avx2
+ * (the AVX2 vector operations for the shared body in attn_mla_simd.h, which
+ * says why it is
  * exact and how it tiles: 8 lanes, rowsum tiles of 4 queries x 16 columns,
  * 2 cache rows scored side by side, maskload/maskstore for the ragged end of
  * R), and kn_mla_scores1_avx2 (one query; the AVX-512 level uses it too):
@@ -35,7 +36,17 @@
 #define M_MASK_ALL _mm256_set1_epi32(-1)
 /* lane i takes part when i < n (maskload/maskstore read the sign bit) */
 #define M_MASK_TAIL(n) _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define M_LOADU_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define M_LOADN_BF16(p, n) loadn_bf16((p), (n))
+/* n < 8 bf16 widened to fp32, the lanes past n zero */
+AI __m256 loadn_bf16(const uint16_t *p, int n) {
+    uint16_t t[8] = {0};
+    for (int i = 0; i < n; i++) t[i] = p[i];
+    return M_LOADU_BF16(t);
+}
 #define MLA_ROWSUM kn_mla_rowsum_avx2
+#define MLA_ROWSUM_BF16 kn_mla_rowsum_bf16_avx2
 #define MLA_SCORES kn_mla_scores_avx2
 #include "attn_mla_simd.h"
 

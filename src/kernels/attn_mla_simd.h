@@ -3,12 +3,14 @@
  *
  * Owns: nothing by itself; attn_mla_avx2.c and attn_mla_avx512.c define the
  * vector type and operations below, then include this file, which defines
- * MLA_ROWSUM (kn_mla_rowsum's level form) and MLA_SCORES (kn_mla_scores's).
+ * MLA_ROWSUM (kn_mla_rowsum's level form), MLA_ROWSUM_BF16 (the same
+ * over bf16 rows of B: kn_mla_rowsum_bf16) and MLA_SCORES (kn_mla_scores's).
  *   MV, MMASK     vector of ML floats, a lane mask for the ragged end of R
  *   M_RS_V        vectors per rowsum tile (4 queries x M_RS_V vectors)
  *   M_SC_G        cache rows scored side by side
  *   M_ZERO M_SET1 M_ADD M_MUL M_LOADU M_STOREU M_MASKLOAD M_MASKSTORE
  *   M_MASK_ALL M_MASK_TAIL(n)
+ *   M_LOADU_BF16(p) M_LOADN_BF16(p, n)   ML (or n < ML) bf16 widened to fp32
  * Refuses anything that changes a bit against the scalar level: no FMA (a
  * multiply, then an add), no reassociation; each lane runs one scalar
  * sequence of op_dot / op_axpy.
@@ -26,13 +28,17 @@ enum { KB = 128 }; /* B rows per block: 128 x (512 + 64) floats = 288 KiB, in L2
 /* ---- rowsum ---- */
 
 /* Y rows 0..J-1 (at stride ldy), columns [0, ML V), terms
- * k in [kb, ke); query jj takes k < cnt0 + jj * inc. The last vector is
- * masked by `tail` when `masked` (the ragged end of R). */
-AI void rs_tile(const float *A, int64_t lda, const float *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
-                int cnt0, int inc, const int J, const int V, const int masked, MMASK tail) {
+ * k in [kb, ke); query jj takes k < cnt0 + jj * inc. B holds fp32, or bf16
+ * when bf (widened exactly as it is loaded: the same terms). The last
+ * vector holds `tailn` columns (mask `tail`) when `masked` (the ragged end
+ * of R). */
+AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
+                int cnt0, int inc, const int J, const int V, const int masked, MMASK tail, int tailn, const int bf) {
 #define LD(p) (masked && v == V - 1 ? M_MASKLOAD((p), tail) : M_LOADU(p))
+#define LDB(i) (bf ? (masked && v == V - 1 ? M_LOADN_BF16((const uint16_t *)B + (i), tailn) \
+                                            : M_LOADU_BF16((const uint16_t *)B + (i)))      \
+                   : LD((const float *)B + (i)))
     MV acc[4][4];
-    const float *b = B;
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; jj++)
 #pragma GCC unroll 4
@@ -45,7 +51,7 @@ AI void rs_tile(const float *A, int64_t lda, const float *B, int64_t ldb, float 
         MV bv[4];
 #pragma GCC unroll 4
         for (int v = 0; v < V; v++)
-            bv[v] = LD(b + k * ldb + ML * v);
+            bv[v] = LDB(k * ldb + ML * v);
 #pragma GCC unroll 4
         for (int jj = 0; jj < J; jj++) {
             MV a = M_SET1(A[jj * lda + k]);
@@ -57,7 +63,7 @@ AI void rs_tile(const float *A, int64_t lda, const float *B, int64_t ldb, float 
         MV bv[4];
 #pragma GCC unroll 4
         for (int v = 0; v < V; v++)
-            bv[v] = LD(b + k * ldb + ML * v);
+            bv[v] = LDB(k * ldb + ML * v);
 #pragma GCC unroll 4
         for (int jj = 0; jj < J; jj++) {
             if (k >= cnt0 + jj * inc) continue;
@@ -73,21 +79,26 @@ AI void rs_tile(const float *A, int64_t lda, const float *B, int64_t ldb, float 
             if (masked && v == V - 1) M_MASKSTORE(Y + jj * ldy + ML * v, tail, acc[jj][v]);
             else M_STOREU(Y + jj * ldy + ML * v, acc[jj][v]);
         }
+#undef LDB
 #undef LD
 }
 
 /* One tile of J queries over all columns, k in [kb, ke). */
-AI void rs_rows(const float *A, int64_t lda, const float *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
-                int cnt0, int inc, int R, const int J) {
+AI void rs_rows(const float *A, int64_t lda, const void *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
+                int cnt0, int inc, int R, const int J, const int bf) {
+    const size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+    const char *b = B;
     int r = 0;
     for (; r + ML * M_RS_V <= R; r += ML * M_RS_V)
-        rs_tile(A, lda, B + r, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, M_RS_V, 0, M_MASK_ALL);
-    for (; r + ML <= R; r += ML) rs_tile(A, lda, B + r, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 0, M_MASK_ALL);
-    if (r < R) rs_tile(A, lda, B + r, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 1, M_MASK_TAIL(R - r));
+        rs_tile(A, lda, b + r * esz, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, M_RS_V, 0, M_MASK_ALL, 0, bf);
+    for (; r + ML <= R; r += ML)
+        rs_tile(A, lda, b + r * esz, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 0, M_MASK_ALL, 0, bf);
+    if (r < R)
+        rs_tile(A, lda, b + r * esz, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 1, M_MASK_TAIL(R - r), R - r, bf);
 }
 
-void MLA_ROWSUM(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R, float *Y,
-                int64_t ldy) {
+AI void rowsum_body(const float *A, int64_t lda, const void *B, int64_t ldb, int m, int k0, int inc, int R, float *Y,
+                    int64_t ldy, const int bf) {
     for (int j = 0; j < m; j++)
         for (int r = 0; r < R; r++) Y[(int64_t)j * ldy + r] = 0.0f;
     int kend = k0 + (m - 1) * inc;
@@ -95,10 +106,20 @@ void MLA_ROWSUM(const float *A, int64_t lda, const float *B, int64_t ldb, int m,
         int ke = kb + KB < kend ? kb + KB : kend;
         int j = 0;
         for (; j + 4 <= m; j += 4)
-            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 4);
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 4, bf);
         for (; j < m; j++)
-            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 1);
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 1, bf);
     }
+}
+
+void MLA_ROWSUM(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R, float *Y,
+                int64_t ldy) {
+    rowsum_body(A, lda, B, ldb, m, k0, inc, R, Y, ldy, 0);
+}
+
+void MLA_ROWSUM_BF16(const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0, int inc, int R,
+                     float *Y, int64_t ldy) {
+    rowsum_body(A, lda, B, ldb, m, k0, inc, R, Y, ldy, 1);
 }
 
 /* ---- scores ---- */

@@ -124,6 +124,11 @@ int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_be
  * memset + op_axpy per k gives). */
 void kn_mla_rowsum(kn_level lv, const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc,
                    int R, float *Y, int64_t ldy);
+/* The same with B in bf16, widened as it is read (exact): bit-equal to
+ * kn_mla_rowsum over B's fp32 values, without writing them out (MLA's absorb
+ * reads W_UK straight from a bf16 kv_b). */
+void kn_mla_rowsum_bf16(kn_level lv, const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0,
+                        int inc, int R, float *Y, int64_t ldy);
 /* Scratch floats kn_mla_attend needs to run blocks of qb (1..16) queries
  * whose last position is ctx - 1 (kn_mla_attend_heads: qb heads). */
 int64_t kn_mla_attend_floats(int R, int dr, int qb, int ctx);
@@ -153,6 +158,10 @@ void kn_mla_rowsum_avx2(const float *A, int64_t lda, const float *B, int64_t ldb
                         float *Y, int64_t ldy);
 void kn_mla_rowsum_avx512(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R,
                           float *Y, int64_t ldy);
+void kn_mla_rowsum_bf16_avx2(const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0, int inc,
+                             int R, float *Y, int64_t ldy);
+void kn_mla_rowsum_bf16_avx512(const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0, int inc,
+                               int R, float *Y, int64_t ldy);
 void kn_mla_scores_avx2(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend, float *sc,
                         int64_t ldsc);
 void kn_mla_scores_avx512(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend,
@@ -162,6 +171,8 @@ void kn_mla_scores1_avx2(const float *cache, int R, int dr, float scale, const f
 /* AArch64 (attn_mla_neon.c, only compiled there): same contracts. */
 void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R,
                         float *Y, int64_t ldy);
+void kn_mla_rowsum_bf16_neon(const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0, int inc,
+                             int R, float *Y, int64_t ldy);
 void kn_mla_scores1_neon(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
                          float *sc);
 /* qT [R + dr][4]: 4 lanes. */
