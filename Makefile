@@ -28,6 +28,8 @@ X86_SIMD_SRC := $(wildcard src/kernels/*_avx2.c src/kernels/*_avx512.c src/kerne
 ARM_SIMD_SRC := $(wildcard src/kernels/*_neon.c)
 ifneq (,$(filter x86_64 i386 i486 i586 i686 amd64,$(ARCH)))
 SIMD_SRC := $(X86_SIMD_SRC)
+# glibc's vector expf / tanhf (libmvec, part of libc6) for the activations
+LDLIBS   += -lmvec
 else ifneq (,$(filter aarch64 arm64,$(ARCH)))
 SIMD_SRC := $(ARM_SIMD_SRC)
 # AArch64 always has FMA: keep clang from contracting the scalar reference

@@ -20,6 +20,7 @@
 #include "../src/kernels/ops.h"
 #include "../src/model/kda_core.h"
 #include "../src/model/mla.h"
+#include "../src/model/ffn.h"
 #include <math.h>
 #include "deltafin.h"
 #include <stdlib.h>
@@ -170,12 +171,8 @@ static df_status fake_queue(void *ctx, void *gate, void *up, void *down, int sit
     float *G = malloc((size_t)(n * I) * sizeof(float)), *U = malloc((size_t)(n * I) * sizeof(float));
     kn_matmul(*(kn_level *)ctx, &g->w, X, n, G, I, 0, I);
     kn_matmul(*(kn_level *)ctx, &u->w, X, n, U, I, 0, I);
-    if (!situ) op_silu_mul(G, U, (int)(n * I));
-    else
-        for (int64_t i = 0; i < n * I; i++) {
-            float a = beta * tanhf(G[i] / beta) * op_sigmoid(G[i]);
-            G[i] = a * (linear_beta > 0 ? linear_beta * tanhf(U[i] / linear_beta) : U[i]);
-        }
+    const ffn_act act = {situ, beta, linear_beta};
+    ffn_act_apply(*(kn_level *)ctx, &act, G, U, n * I);
     fake_pending *p = &fake_q[fake_nq++];
     p->y = malloc((size_t)n * d->w.rows * sizeof(float));
     p->rows = malloc((size_t)n * sizeof(int));

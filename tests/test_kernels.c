@@ -22,6 +22,7 @@
 #include "../src/kernels/kernels.h"
 #include "../src/kernels/ops.h"
 #include "../src/base/pool.h"
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -658,4 +659,70 @@ TEST(kn_op_axpy_same_bits_as_plain_c) {
         CHECK(memcmp(x, y2, (size_t)(n + 1) * sizeof *x) == 0, "in place, n %d", n);
         free(x), free(y), free(y2);
     }
+}
+
+/* ---- gated activations (act.c) ---- */
+
+/* Inputs of every kind an MLP can hand the activation: ordinary values,
+ * large and tiny magnitudes, signed zeros, a subnormal, exp's overflow edge,
+ * infinities and NaN. */
+static float act_input(uint64_t *s, int i) {
+    static const float special[] = {0.0f, -0.0f, 1e-42f, -1e-42f, 88.5f, -88.5f, 104.0f, -104.0f, 1e30f, -1e30f,
+                                    INFINITY, -INFINITY, NAN, 9.0f, -9.0f, 0.0625f};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    if (i % 13 == 5) return special[(i / 13) % ns];
+    const float mag[] = {1e-30f, 1e-6f, 0.01f, 0.5f, 1.0f, 3.0f, 12.0f, 60.0f, 300.0f};
+    return frand(s) * mag[rng_next(s) % (sizeof mag / sizeof mag[0])];
+}
+
+static int act_close(float v, float r) {
+    if (isnan(r) || isnan(v)) return isnan(r) && isnan(v);
+    if (isinf(r) || isinf(v)) return v == r;
+    return fabsf(v - r) <= 16.0f * 0x1p-23f * fabsf(r) + 1e-30f;
+}
+
+/* kind 0 SiLU, 1 SiTU (beta 4, linear beta 25), 2 SiTU without the up tanh */
+static void act_run(kn_level lv, int kind, float *g, const float *u, int64_t n) {
+    if (kind == 0) kn_act_silu_mul(lv, g, u, n);
+    else kn_act_situ_mul(lv, g, u, n, 4.0f, kind == 1 ? 25.0f : 0.0f);
+}
+
+TEST(kn_act_levels_within_bound_any_split) {
+    /* each SIMD level within kernels.h's bound of libm's scalar values, and
+     * an array computed in pieces (vector bodies and masked ends anywhere)
+     * bit-equal to the whole */
+    static const int lens[] = {1, 7, 8, 15, 16, 17, 31, 100, 1000, 4099};
+    uint64_t s = 77;
+    int bad = 0, runs = 0;
+    for (int kind = 0; kind < 3; kind++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const int n = lens[li];
+            float *g = malloc((size_t)n * sizeof *g), *u = malloc((size_t)n * sizeof *u);
+            float *ref = malloc((size_t)n * sizeof *ref), *y = malloc((size_t)n * sizeof *y),
+                  *yp = malloc((size_t)n * sizeof *yp);
+            for (int i = 0; i < n; i++) g[i] = act_input(&s, i), u[i] = act_input(&s, i + 7);
+            memcpy(ref, g, (size_t)n * sizeof *g);
+            act_run(KN_SCALAR, kind, ref, u, n);
+            for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
+                if (!kn_level_available((kn_level)lv)) continue;
+                memcpy(y, g, (size_t)n * sizeof *g);
+                act_run((kn_level)lv, kind, y, u, n);
+                for (int i = 0; i < n; i++)
+                    if (!act_close(y[i], ref[i]) && bad++ < 4)
+                        CHECK(0, "%s kind %d n %d: element %d (g %g u %g) %.9g vs scalar %.9g",
+                              kn_level_name((kn_level)lv), kind, n, i, g[i], u[i], y[i], ref[i]);
+                memcpy(yp, g, (size_t)n * sizeof *g);
+                for (int i0 = 0; i0 < n;) {
+                    int len = 1 + (int)(rng_next(&s) % 40);
+                    if (len > n - i0) len = n - i0;
+                    act_run((kn_level)lv, kind, yp + i0, u + i0, len);
+                    i0 += len;
+                }
+                if (memcmp(y, yp, (size_t)n * sizeof *y) && bad++ < 4)
+                    CHECK(0, "%s kind %d n %d: pieces differ from the whole", kn_level_name((kn_level)lv), kind, n);
+                runs++;
+            }
+            free(g), free(u), free(ref), free(y), free(yp);
+        }
+    CHECK(runs > 0 && bad == 0, "%d of %d runs wrong", bad, runs);
 }

@@ -117,6 +117,18 @@ int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_be
  * sums, op_softmax, op_axpy's multiply-then-add in ascending order): the
  * SIMD variants vectorise across queries or rows, never along a sum. */
 
+/* Gated activations over n elements, in place (act.c): g[i] = silu(g[i]) *
+ * u[i], or SiTU: beta * tanh(g/beta) * sigmoid(g) * (linear_beta * tanh(u /
+ * linear_beta), or u when linear_beta <= 0). KN_SCALAR is libm's expf and
+ * tanhf; the x86 levels use libmvec's vector forms, within 16 ulp (relative
+ * to the result, plus 1e-30 absolute) of the scalar level (tests). Each
+ * element's value depends on its g and u alone, at a given level. */
+void kn_act_silu_mul(kn_level lv, float *g, const float *u, int64_t n);
+void kn_act_situ_mul(kn_level lv, float *g, const float *u, int64_t n, float beta, float linear_beta);
+void kn_act_silu_mul_avx2(float *g, const float *u, int64_t n);
+void kn_act_silu_mul_avx512(float *g, const float *u, int64_t n);
+void kn_act_situ_mul_avx2(float *g, const float *u, int64_t n, float beta, float linear_beta);
+void kn_act_situ_mul_avx512(float *g, const float *u, int64_t n, float beta, float linear_beta);
 /* Weighted row sums in ascending order (MLA's absorb and its value sum):
  * for j < m, r < R, with cnt_j = k0 + j * inc (inc 0 or 1, k0 >= 0),
  *   Y[j*ldy + r] = sum_{k < cnt_j} A[j*lda + k] * B[k*ldb + r],

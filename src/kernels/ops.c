@@ -56,9 +56,6 @@ void op_softmax(float *x, int n) {
 
 float op_silu(float x) { return x / (1.0f + expf(-x)); }
 
-void op_silu_mul(float *gate, const float *up, int n) {
-    for (int i = 0; i < n; i++) gate[i] = op_silu(gate[i]) * up[i];
-}
 
 void op_rope(float *x, int d, const float *c, const float *s, int interleaved) {
     int h = d / 2;

@@ -21,8 +21,6 @@ void op_axpy_neon(float *y, float a, const float *x, int n);
 void op_softmax(float *x, int n);
 static inline float op_sigmoid(float x);
 float op_silu(float x);
-/* gate[i] = silu(gate[i]) * up[i] */
-void op_silu_mul(float *gate, const float *up, int n);
 /* Rotates pairs of x (length d) for one position. interleaved: pairs
  * (2i, 2i+1); otherwise (i, i + d/2). cos/sin hold d/2 values. */
 void op_rope(float *x, int d, const float *cos_, const float *sin_, int interleaved);

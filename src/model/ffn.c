@@ -12,17 +12,9 @@
 
 /* ---- activation ---- */
 
-void ffn_act_apply(const ffn_act *act, float *g, const float *u, int64_t n) {
-    if (!act->situ) {
-        op_silu_mul(g, u, (int)n);
-        return;
-    }
-    float b = act->beta, lb = act->linear_beta;
-    for (int64_t i = 0; i < n; i++) {
-        float a = b * tanhf(g[i] / b) * op_sigmoid(g[i]);
-        float up = lb > 0 ? lb * tanhf(u[i] / lb) : u[i];
-        g[i] = a * up;
-    }
+void ffn_act_apply(kn_level lv, const ffn_act *act, float *g, const float *u, int64_t n) {
+    if (act->situ) kn_act_situ_mul(lv, g, u, n, act->beta, act->linear_beta);
+    else kn_act_silu_mul(lv, g, u, n);
 }
 
 /* The same over the pool: elementwise, so the bits do not depend on the
@@ -30,6 +22,7 @@ void ffn_act_apply(const ffn_act *act, float *g, const float *u, int64_t n) {
  * a dense MLP is millions of values, which one thread took a large part of
  * the prefill's dense MLP time to do. */
 typedef struct {
+    kn_level lv;
     const ffn_act *act;
     float *g;
     const float *u;
@@ -38,11 +31,11 @@ typedef struct {
 static void act_part(void *ctx, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     const act_job *j = ctx;
-    ffn_act_apply(j->act, j->g + i0, j->u + i0, i1 - i0);
+    ffn_act_apply(j->lv, j->act, j->g + i0, j->u + i0, i1 - i0);
 }
 
 void ffn_act_pool(df_engine *e, const ffn_act *act, float *g, const float *u, int64_t n) {
-    act_job j = {act, g, u};
+    act_job j = {e->level, act, g, u};
     pool_for(e->pool, n, 1024, act_part, &j);
 }
 

@@ -117,8 +117,9 @@ df_status ffn_bind(df_engine *e, const char *base, const char *const names[3], i
                    int64_t hidden, ffn_weights *w, char *err);
 void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
                  float *out, float *g, float *u);
-/* g = act(g, u) elementwise over n values (SiLU or SiTU gate times up). */
-void ffn_act_apply(const ffn_act *act, float *g, const float *u, int64_t n);
+/* g = act(g, u) elementwise over n values (SiLU or SiTU gate times up) at
+ * kernel level lv (kn_act_*_mul). */
+void ffn_act_apply(kn_level lv, const ffn_act *act, float *g, const float *u, int64_t n);
 /* ffn_act_apply split over the engine's pool (the same bits). */
 void ffn_act_pool(df_engine *e, const ffn_act *act, float *g, const float *u, int64_t n);
 /* The CPU batch (moe_batch.c): moe_batch_add gathers the rows (the (token,
