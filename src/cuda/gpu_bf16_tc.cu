@@ -43,11 +43,13 @@
  *    fragment loads and 12 mma for 2 KB of weights, cost more issue slots
  *    than the CUDA cores' 8 FMAs per 16 bytes.
  *  - k_bt_gemm (n > 8): a block of 8 warps per 64 rows x 64 vectors (32 for
- *    gate + up), chunks of weights and limbs staged by cp.async through
- *    BT_STAGES buffers; a warp takes 32 rows x 16 vectors (8 for gate + up).
- *    One block per SM (188 registers; forcing two spilled and was no
- *    faster); ncu: 1.7 instructions per cycle, shared memory the busiest
- *    pipe.
+ *    gate + up; 128 for one matrix from BT_WIDE_N vectors), chunks of
+ *    weights and limbs staged by cp.async through BT_STAGES buffers; a warp
+ *    takes 32 rows x 16 vectors (8 for gate + up, 32 in the wide blocks:
+ *    each weight fragment loaded from shared memory serves twice the mma).
+ *    One block per SM (188 registers, 252 wide; forcing two blocks spilled
+ *    and was no faster); ncu: 1.7 instructions per cycle, shared memory the
+ *    busiest pipe.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -62,7 +64,7 @@
 
 namespace {
 
-enum { BT_CH = 64, BT_CHB = 128, BT_VEC_MAX = 8, BT_STAGES = 3, BT_BM = 64, BT_SLICES = 12 };
+enum { BT_CH = 64, BT_CHB = 128, BT_VEC_MAX = 8, BT_STAGES = 3, BT_BM = 64, BT_SLICES = 12, BT_WIDE_N = 128 };
 
 /* Slices per row, from the shape alone: enough (tile, slice) warps to keep
  * the device's loads in flight for one vector (about 4096), at most
@@ -271,19 +273,25 @@ __global__ void __launch_bounds__(256) k_bt_split(const float *__restrict__ X, i
 /* ---- n > 8: tiles of 64 rows x 64 (or 32) vectors ---- */
 
 
-template <int NM> struct gemm_cfg {
-    static constexpr int WN = NM == 1 ? 2 : 1;  /* 8-vector tiles per warp */
+/* WN: 8-vector tiles per warp. launch_gemm picks 4 for one matrix from
+ * BT_WIDE_N vectors (blocks of 128 vectors; cuda_bench prefill, H200, 512
+ * vectors: K3's 12288 x 7168 70.7 -> 83.3 TFLOP/s, 6144 x 7168 69.4 ->
+ * 81.4, 1536 x 7168 49.3 -> 57.4, 7168 x 12288 70.8 -> 72.9; at 64 vectors
+ * half such a block idles: 50 -> 28), else 2; gate + up take 1. The
+ * tiles never change a value (chunks and slices are the shape's). */
+template <int NM, int WN_> struct gemm_cfg {
+    static constexpr int WN = WN_;
     static constexpr int BN = 4 * WN * 8;       /* vectors per block */
     static constexpr int AROWS = NM * BT_BM;    /* staged weight rows */
     static constexpr int BROWS = 3 * BN;        /* staged limb rows */
     static constexpr int STAGE = (AROWS + BROWS) * BT_CHB;
 };
 
-template <int NM>
+template <int NM, int WN>
 __global__ void __launch_bounds__(256, GPU_BT_GEMM_BLOCKS)
 k_bt_gemm(const __grid_constant__ bt_mats mats, const gpu_act act, const uint8_t *__restrict__ Lg, int n, int64_t cols,
           float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1, int S) {
-    using C = gemm_cfg<NM>;
+    using C = gemm_cfg<NM, WN>;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -413,22 +421,23 @@ df_status split_limbs(const float *X, int n, int64_t cols, void *limbs, cudaStre
     return gpu_cuda_status(cudaGetLastError(), "k_bt_split");
 }
 
-template <int NM>
+template <int NM, int WN>
 df_status launch_gemm(const bt_mats &mats, const gpu_act &act, const float *X, int n, int64_t rows, int64_t cols,
                       float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s) {
-    using C = gemm_cfg<NM>;
+    using C = gemm_cfg<NM, WN>;
     df_status st = split_limbs(X, n, cols, limbs, s);
     if (st) return st;
     const size_t smem = (size_t)BT_STAGES * C::STAGE;
-    st = gpu_cuda_status(cudaFuncSetAttribute(k_bt_gemm<NM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                         "k_bt_gemm shared memory");
+    st = gpu_cuda_status(
+        cudaFuncSetAttribute(k_bt_gemm<NM, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        "k_bt_gemm shared memory");
     if (st) {
         (void)cudaGetLastError();
         return st;
     }
     const dim3 grid((unsigned)((n + C::BN - 1) / C::BN), (unsigned)((row1 - row0 + BT_BM - 1) / BT_BM));
-    k_bt_gemm<NM><<<grid, 256, smem, s>>>(mats, act, (const uint8_t *)limbs, n, cols, Y, ldy, row0, row1,
-                                           bf16_slices(rows, cols / BT_CH));
+    k_bt_gemm<NM, WN><<<grid, 256, smem, s>>>(mats, act, (const uint8_t *)limbs, n, cols, Y, ldy, row0, row1,
+                                               bf16_slices(rows, cols / BT_CH));
     return gpu_cuda_status(cudaGetLastError(), "k_bt_gemm");
 }
 
@@ -487,6 +496,7 @@ df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act 
     if (n <= BT_VEC_MAX)
         return w1 ? launch_vec<2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)
                   : launch_vec<1>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
-    return w1 ? launch_gemm<2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)
-              : launch_gemm<1>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
+    if (w1) return launch_gemm<2, 1>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
+    return n >= BT_WIDE_N ? launch_gemm<1, 4>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)
+                          : launch_gemm<1, 2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
 }
