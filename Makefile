@@ -28,8 +28,19 @@ X86_SIMD_SRC := $(wildcard src/kernels/*_avx2.c src/kernels/*_avx512.c src/kerne
 ARM_SIMD_SRC := $(wildcard src/kernels/*_neon.c)
 ifneq (,$(filter x86_64 i386 i486 i586 i686 amd64,$(ARCH)))
 SIMD_SRC := $(X86_SIMD_SRC)
-# glibc's vector expf / tanhf (libmvec, part of libc6) for the activations
+# glibc's vector expf / tanhf (libmvec: part of libc6, tanhf since glibc 2.35)
+# for the activations; without it (another libc, an older glibc: MVEC=0) the
+# x86 levels compute them as the scalar level does
+MVEC    ?= auto
+ifeq ($(MVEC),auto)
+MVEC    := $(shell printf '\043include <immintrin.h>\n__m256 _ZGVdN8v_tanhf(__m256);\nint main(void) { return (int)_ZGVdN8v_tanhf(_mm256_set1_ps(0.5f))[0]; }\n' | \
+             $(CC) -mavx2 -x c - -o /dev/null -lmvec -lm >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+ifeq ($(MVEC),1)
 LDLIBS   += -lmvec
+else
+CFLAGS   += -DDF_NO_MVEC
+endif
 else ifneq (,$(filter aarch64 arm64,$(ARCH)))
 SIMD_SRC := $(ARM_SIMD_SRC)
 # AArch64 always has FMA: keep clang from contracting the scalar reference

@@ -4,9 +4,11 @@
  * Owns: kn_act_silu_mul and kn_act_situ_mul. The scalar level is libm's
  * expf / tanhf element by element (the values ffn.c always computed); the
  * x86 levels (act_avx2.c, act_avx512.c) call glibc's vector forms of the
- * same functions (libmvec), within kernels.h's stated bound of it. Every
- * level computes each element by one formula whatever n or the element's
- * place in the array is, so a split over threads or rows never changes a bit.
+ * same functions (libmvec), within kernels.h's stated bound of it; a build
+ * without libmvec (DF_NO_MVEC: another libc, glibc < 2.35) runs the scalar
+ * level at every level. Every level computes each element by one formula
+ * whatever n or the element's place in the array is, so a split over
+ * threads or rows never changes a bit.
  */
 #include "kernels.h"
 #include "ops.h"
@@ -24,6 +26,10 @@ static void situ_scalar(float *g, const float *u, int64_t n, float b, float lb) 
     }
 }
 
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(DF_NO_MVEC)
+#define ACT_X86 1
+#endif
+
 static kn_level act_level(kn_level lv) {
     if (!kn_level_available(lv)) lv = kn_detect();
     return lv == KN_AMX ? KN_AVX512 : lv;
@@ -32,7 +38,7 @@ static kn_level act_level(kn_level lv) {
 void kn_act_silu_mul(kn_level lv, float *g, const float *u, int64_t n) {
     if (n <= 0) return;
     lv = act_level(lv);
-#if defined(__x86_64__) || defined(__i386__)
+#if ACT_X86
     if (lv == KN_AVX512) { kn_act_silu_mul_avx512(g, u, n); return; }
     if (lv == KN_AVX2) { kn_act_silu_mul_avx2(g, u, n); return; }
 #endif
@@ -42,7 +48,7 @@ void kn_act_silu_mul(kn_level lv, float *g, const float *u, int64_t n) {
 void kn_act_situ_mul(kn_level lv, float *g, const float *u, int64_t n, float beta, float linear_beta) {
     if (n <= 0) return;
     lv = act_level(lv);
-#if defined(__x86_64__) || defined(__i386__)
+#if ACT_X86
     if (lv == KN_AVX512) { kn_act_situ_mul_avx512(g, u, n, beta, linear_beta); return; }
     if (lv == KN_AVX2) { kn_act_situ_mul_avx2(g, u, n, beta, linear_beta); return; }
 #endif

@@ -3,6 +3,7 @@
  * _ZGVdN8v_tanhf (libmvec) for exp and tanh.
  */
 #include "kernels.h"
+#ifndef DF_NO_MVEC /* else act.c never calls this level (no libmvec) */
 #include <immintrin.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -33,3 +34,4 @@ AI __m256i lanes(int64_t n) {
 #define ACT_SILU kn_act_silu_mul_avx2
 #define ACT_SITU kn_act_situ_mul_avx2
 #include "act_simd.h"
+#endif

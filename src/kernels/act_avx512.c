@@ -3,6 +3,7 @@
  * _ZGVeN16v_expf / _ZGVeN16v_tanhf (libmvec) for exp and tanh.
  */
 #include "kernels.h"
+#ifndef DF_NO_MVEC /* else act.c never calls this level (no libmvec) */
 #include <immintrin.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -28,3 +29,4 @@ __m512 _ZGVeN16v_tanhf(__m512 x);
 #define ACT_SILU kn_act_silu_mul_avx512
 #define ACT_SITU kn_act_situ_mul_avx512
 #include "act_simd.h"
+#endif
