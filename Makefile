@@ -128,7 +128,8 @@ help:
 	@echo "  test-portable   PORTABLE=1 build (no io_uring, no O_DIRECT: the pread pool with"
 	@echo "                  nocache fds, as on macOS), runs PORTABLE_TESTS (the I/O suites)"
 	@echo "  clean           remove build outputs"
-	@echo "options: SAN=1 (ASan+UBSan in build-san/), CC=clang, OPT=-O3, URING=0 (no io_uring; give it"
+	@echo "options: SAN=1 (ASan+UBSan in build-san/), CC=clang, OPT=-O3, MVEC=0 (no libmvec: scalar expf/tanhf"
+	@echo "         in the activations), URING=0 (no io_uring; give it"
 	@echo "         its own BUILD=dir), PORTABLE=1 (no io_uring, no O_DIRECT; build-portable/),"
 	@echo "         CC=aarch64-linux-gnu-gcc BUILD=build-arm64 (cross-build; the NEON kernels)"
 

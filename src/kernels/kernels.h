@@ -120,7 +120,8 @@ int kn_bench(struct df_pool *pool, kn_level lv, double mb, double seconds, df_be
 /* Gated activations over n elements, in place (act.c): g[i] = silu(g[i]) *
  * u[i], or SiTU: beta * tanh(g/beta) * sigmoid(g) * (linear_beta * tanh(u /
  * linear_beta), or u when linear_beta <= 0). KN_SCALAR is libm's expf and
- * tanhf; the x86 levels use libmvec's vector forms, within 16 ulp (relative
+ * tanhf; the x86 levels use libmvec's vector forms (in builds that link it:
+ * the Makefile's MVEC, else they run the scalar level), within 16 ulp (relative
  * to the result, plus 1e-30 absolute) of the scalar level (tests). Each
  * element's value depends on its g and u alone, at a given level. */
 void kn_act_silu_mul(kn_level lv, float *g, const float *u, int64_t n);
