@@ -90,12 +90,19 @@ int64_t kn_mla_attend_floats(int R, int dr, int qb, int ctx) {
     return ((int64_t)R + dr) * QB_MAX + (int64_t)qb * score_ld(ctx);
 }
 
+/* The level a rowsum runs at (*lv capped to this CPU; AMX changes the
+ * weight products only), 0 when there is nothing to sum. */
+static int rowsum_level(kn_level *lv, int m, int k0, int inc, int R) {
+    if (m <= 0 || R <= 0) return 0;
+    ASSERT(k0 >= 0 && (inc == 0 || inc == 1));
+    if (!kn_level_available(*lv)) *lv = kn_detect(); /* never run instructions the CPU lacks */
+    if (*lv == KN_AMX) *lv = KN_AVX512;
+    return 1;
+}
+
 void kn_mla_rowsum(kn_level lv, const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc,
                    int R, float *Y, int64_t ldy) {
-    if (m <= 0 || R <= 0) return;
-    ASSERT(k0 >= 0 && (inc == 0 || inc == 1));
-    if (!kn_level_available(lv)) lv = kn_detect(); /* never run instructions the CPU lacks */
-    if (lv == KN_AMX) lv = KN_AVX512;               /* AMX changes the weight products only */
+    if (!rowsum_level(&lv, m, k0, inc, R)) return;
 #if KN_X86
     if (lv == KN_AVX512) { kn_mla_rowsum_avx512(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
     if (lv == KN_AVX2) { kn_mla_rowsum_avx2(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
@@ -107,10 +114,7 @@ void kn_mla_rowsum(kn_level lv, const float *A, int64_t lda, const float *B, int
 
 void kn_mla_rowsum_bf16(kn_level lv, const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0,
                         int inc, int R, float *Y, int64_t ldy) {
-    if (m <= 0 || R <= 0) return;
-    ASSERT(k0 >= 0 && (inc == 0 || inc == 1));
-    if (!kn_level_available(lv)) lv = kn_detect();
-    if (lv == KN_AMX) lv = KN_AVX512;
+    if (!rowsum_level(&lv, m, k0, inc, R)) return;
 #if KN_X86
     if (lv == KN_AVX512) { kn_mla_rowsum_bf16_avx512(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
     if (lv == KN_AVX2) { kn_mla_rowsum_bf16_avx2(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
