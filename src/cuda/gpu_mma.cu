@@ -73,6 +73,19 @@ enum { TC_VEC = 4 }; /* vectors per mma: 8 columns = 4 x (hi, lo) */
 #define GPU_TC_VG 8
 #endif
 enum { TC_VG = GPU_TC_VG, TC_PASS = TC_VEC * TC_VG };
+/* A batch's items (gpu_tc_batch: a layer's experts, ~9-18 vectors each in a
+ * prompt) take up to TCB_VG groups per pass, and in the fragment layout
+ * TC_MT 16-row tiles per block, so each x load serves that many tiles.
+ * cuda_bench experts, H200, a batch of 16 at n = 16 in the fragment layout:
+ * 23.3 -> 18.0 us an expert (staged: 39.3 -> 25.4 from the groups alone);
+ * 8 groups and 2 tiles took 188 registers against 128. */
+#ifndef GPU_TCB_VG
+#define GPU_TCB_VG 4
+#endif
+#ifndef GPU_TC_MT
+#define GPU_TC_MT 2
+#endif
+enum { TCB_VG = GPU_TCB_VG, TCB_PASS = TC_VEC * TCB_VG, TC_MT = GPU_TC_MT };
 /* From this many rows on, 4 warps per row tile (enough tiles to fill the
  * device); below, 8 warps share a tile (an expert's 1536 rows make only 96). */
 #ifndef GPU_TC_WIDE_ROWS
@@ -292,46 +305,52 @@ __device__ __forceinline__ float block_scale(const uint8_t *sr, int64_t b, uint3
     return __uint_as_float(((s4 >> (8 * k)) & 0xffu) << 23);
 }
 
-/* acc[v] += the four blocks of group m staged at cur (see the file comment),
- * for the nvg groups of four vectors v (their splits gstride uint4 apart):
- * the weights are decoded once for all of them. */
-template <int SC, int VG>
-__device__ __forceinline__ void group_sum_w(float (&acc)[VG][4], const uint32_t (&wa4)[4], const uint32_t (&wb4)[4],
-                                            int64_t m, int64_t nblk, const bool (&xcol)[VG], const uint4 *xp,
-                                            int64_t gstride, const float (&f)[VG], int nvg, const uint8_t *sa,
-                                            const uint8_t *sb, uint32_t sca, uint32_t scb) {
+/* acc[mt][v] += the four blocks of group m of tile mt (its code words wa4,
+ * wb4, scales sca, scb; see the file comment), for the nvg groups of four
+ * vectors v (their splits gstride uint4 apart): the weights are decoded
+ * once for all of them, and each block's x is loaded once for the MT tiles
+ * (a tile's sums are those of a one-tile call: the same bits). */
+template <int SC, int VG, int MT>
+__device__ __forceinline__ void group_sum_w(float (&acc)[MT][VG][4], const uint32_t (&wa4)[MT][4],
+                                            const uint32_t (&wb4)[MT][4], int64_t m, int64_t nblk,
+                                            const bool (&xcol)[VG], const uint4 *xp, int64_t gstride,
+                                            const float (&f)[VG], int nvg, const uint8_t *sa, const uint8_t *sb,
+                                            const uint32_t (&sca)[MT], const uint32_t (&scb)[MT]) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const int64_t b = m * 4 + k;
         if (b >= nblk) break;
-        const uint32_t wa = wa4[k], wb = wb4[k];
-        const float sfa = block_scale<SC>(sa, b, sca, k), sfb = block_scale<SC>(sb, b, scb, k);
-#if GPU_TC_QUAD
-        uint32_t ha[4], hb[4];
-        e2m1_quad(wa, ha);
-        e2m1_quad(wb, hb);
-#else
-        uint32_t ha[4], hb[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) ha[j] = e2m1_pair(wa, j), hb[j] = e2m1_pair(wb, j);
-#endif
         uint4 xs[VG]; /* every group's x first: their loads in flight together */
 #pragma unroll
         for (int v = 0; v < VG; v++)
             xs[v] = v < nvg && xcol[v] ? __ldg(xp + v * gstride + b * 32) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int v = 0; v < VG; v++) {
-            if (v >= nvg) break;
-            const uint4 xv = xs[v];
-            const float fa = __fmul_rn(sfa, f[v]);
-            const float fb = __fmul_rn(sfb, f[v]);
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_f16(d, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
-            mma_f16(d, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
-            acc[v][0] = __fmaf_rn(fa, d[0], acc[v][0]);
-            acc[v][1] = __fmaf_rn(fa, d[1], acc[v][1]);
-            acc[v][2] = __fmaf_rn(fb, d[2], acc[v][2]);
-            acc[v][3] = __fmaf_rn(fb, d[3], acc[v][3]);
+        for (int mt = 0; mt < MT; mt++) {
+            const uint32_t wa = wa4[mt][k], wb = wb4[mt][k];
+            const float sfa = block_scale<SC>(sa, b, sca[mt], k), sfb = block_scale<SC>(sb, b, scb[mt], k);
+#if GPU_TC_QUAD
+            uint32_t ha[4], hb[4];
+            e2m1_quad(wa, ha);
+            e2m1_quad(wb, hb);
+#else
+            uint32_t ha[4], hb[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) ha[j] = e2m1_pair(wa, j), hb[j] = e2m1_pair(wb, j);
+#endif
+#pragma unroll
+            for (int v = 0; v < VG; v++) {
+                if (v >= nvg) break;
+                const uint4 xv = xs[v];
+                const float fa = __fmul_rn(sfa, f[v]);
+                const float fb = __fmul_rn(sfb, f[v]);
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_f16(d, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
+                mma_f16(d, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
+                acc[mt][v][0] = __fmaf_rn(fa, d[0], acc[mt][v][0]);
+                acc[mt][v][1] = __fmaf_rn(fa, d[1], acc[mt][v][1]);
+                acc[mt][v][2] = __fmaf_rn(fb, d[2], acc[mt][v][2]);
+                acc[mt][v][3] = __fmaf_rn(fb, d[3], acc[mt][v][3]);
+            }
         }
     }
 }
@@ -342,13 +361,15 @@ __device__ __forceinline__ void group_sum(float (&acc)[VG][4], const uint8_t *cu
                                           int64_t nblk, const bool (&xcol)[VG], const uint4 *xp, int64_t gstride,
                                           const float (&f)[VG], int nvg, const uint8_t *sa, const uint8_t *sb,
                                           uint32_t sca, uint32_t scb) {
-    uint32_t wa[4], wb[4];
+    uint32_t wa[1][4], wb[1][4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        wa[k] = *(const uint32_t *)(cur + g * ROWB + 16 * k + 4 * t);
-        wb[k] = *(const uint32_t *)(cur + (g + 8) * ROWB + 16 * k + 4 * t);
+        wa[0][k] = *(const uint32_t *)(cur + g * ROWB + 16 * k + 4 * t);
+        wb[0][k] = *(const uint32_t *)(cur + (g + 8) * ROWB + 16 * k + 4 * t);
     }
-    group_sum_w<SC, VG>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, sa, sb, sca, scb);
+    const uint32_t sa1[1] = {sca}, sb1[1] = {scb};
+    group_sum_w<SC, VG, 1>(reinterpret_cast<float(&)[1][VG][4]>(acc), wa, wb, m, nblk, xcol, xp, gstride, f, nvg, sa,
+                           sb, sa1, sb1);
 }
 
 
@@ -537,55 +558,84 @@ __device__ __forceinline__ void frag_load(const uint8_t *c, int lane, uint4 &c0,
 }
 
 /* mx_tc_tile on the fragment layout: the same groups per warp, the same
- * sums; each warp keeps GPU_FRAG_D groups in flight in registers. */
-template <int KS, int VG>
+ * sums; each warp keeps GPU_FRAG_D groups in flight in registers. MT
+ * tiles from tile0 (those of the matrix): each warp's groups of all of them,
+ * so every x load serves MT tiles (an expert's ~9-18 vectors in a batch read
+ * their splits from L2 at twice the weight bytes per group of four vectors,
+ * once per tile); each tile's sums are a one-tile call's, in its order. */
+template <int KS, int VG, int MT>
 __device__ __forceinline__ void mx_tc_tile_frag(float (*part)[32][4], const uint8_t *__restrict__ frag,
                                                 int64_t cols, const uint4 *__restrict__ xb,
                                                 const float *__restrict__ inv, int n, float *__restrict__ Y,
-                                                int64_t ldy, int64_t row0, int64_t row1, int64_t tile) {
+                                                int64_t ldy, int64_t row0, int64_t row1, int64_t tile0) {
     enum { D = GPU_FRAG_D };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int64_t r0 = (row0 & ~(int64_t)15) + tile * 16; /* the layout's tiles start at row 0 */
+    const int64_t rb0 = row0 & ~(int64_t)15; /* the layout's tiles start at row 0 */
     const int64_t nblk = cols / 32, ngrp = frag_groups(cols), gstride = nblk * 32;
-    const uint8_t *base = frag + (r0 >> 4) * ngrp * FRAG_BYTES;
     const int nvg = VG == 1 ? 1 : min(VG, (n + TC_VEC - 1) / TC_VEC);
     const uint4 *xp = xb + g * 4 + t;
     bool xcol[VG];
     float f[VG];
-    float acc[VG][4];
+    float acc[MT][VG][4];
 #pragma unroll
     for (int v = 0; v < VG; v++) {
         const int nv = n - v * TC_VEC;
         xcol[v] = g < 2 * nv;
         f[v] = (v < nvg && t < nv ? inv[v * TC_VEC + t] : 1.0f) * E2M1_UNDO;
 #pragma unroll
-        for (int c = 0; c < 4; c++) acc[v][c] = 0.0f;
-    }
-    uint4 c0[D], c1[D];
-    uint2 sc[D];
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int d = 0; d < D; d++) {
-        const int64_t m = warp + (int64_t)d * KS;
-        if (m < ngrp) frag_load(base + m * FRAG_BYTES, lane, c0[d], c1[d], sc[d]);
+            for (int c = 0; c < 4; c++) acc[mt][v][c] = 0.0f;
     }
+    /* the tiles this block owns: a tile past the matrix's rows is never loaded or written */
+    int nt = 0;
+    const uint8_t *base[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int64_t r0 = rb0 + (tile0 + mt) * 16;
+        base[mt] = frag + (r0 >> 4) * ngrp * FRAG_BYTES;
+        if (r0 < row1) nt = mt + 1;
+    }
+    uint4 c0[MT][D], c1[MT][D];
+    uint2 sc[MT][D];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int64_t m = warp + (int64_t)d * KS;
+            if (mt < nt && m < ngrp) frag_load(base[mt] + m * FRAG_BYTES, lane, c0[mt][d], c1[mt][d], sc[mt][d]);
+            else c0[mt][d] = c1[mt][d] = make_uint4(0, 0, 0, 0), sc[mt][d] = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+        }
     for (int64_t m0 = warp; m0 < ngrp; m0 += (int64_t)D * KS) {
 #pragma unroll
         for (int d = 0; d < D; d++) {
             const int64_t m = m0 + (int64_t)d * KS;
             if (m >= ngrp) break;
-            const uint32_t wa[4] = {c0[d].x, c0[d].z, c1[d].x, c1[d].z};
-            const uint32_t wb[4] = {c0[d].y, c0[d].w, c1[d].y, c1[d].w};
-            const uint32_t sca = sc[d].x, scb = sc[d].y;
+            uint32_t wa[MT][4], wb[MT][4], sca[MT], scb[MT];
+            bool plain = true;
             const int64_t mn = m + (int64_t)D * KS;
-            if (mn < ngrp) frag_load(base + mn * FRAG_BYTES, lane, c0[d], c1[d], sc[d]);
-            if (plain_warp(sca, scb))
-                group_sum_w<SC_PLAIN, VG>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, NULL, NULL, sca, scb);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                wa[mt][0] = c0[mt][d].x, wa[mt][1] = c0[mt][d].z, wa[mt][2] = c1[mt][d].x, wa[mt][3] = c1[mt][d].z;
+                wb[mt][0] = c0[mt][d].y, wb[mt][1] = c0[mt][d].w, wb[mt][2] = c1[mt][d].y, wb[mt][3] = c1[mt][d].w;
+                sca[mt] = sc[mt][d].x, scb[mt] = sc[mt][d].y;
+                plain = plain && plain_warp(sca[mt], scb[mt]);
+                if (mt < nt && mn < ngrp) frag_load(base[mt] + mn * FRAG_BYTES, lane, c0[mt][d], c1[mt][d], sc[mt][d]);
+            }
+            /* the plain-scale form only when every tile's scales are plain
+             * (both forms give plain scales the same value) */
+            if (plain)
+                group_sum_w<SC_PLAIN, VG, MT>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, NULL, NULL, sca, scb);
             else
-                group_sum_w<SC_PACKED, VG>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, NULL, NULL, sca, scb);
+                group_sum_w<SC_PACKED, VG, MT>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, NULL, NULL, sca, scb);
         }
     }
-    tile_sums<KS, VG>(part, acc, n, nvg, Y, ldy, r0, row0, row1);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        if (mt) __syncthreads(); /* warp 0 has read the previous tile's sums */
+        tile_sums<KS, VG>(part, acc[mt], n, nvg, Y, ldy, rb0 + (tile0 + mt) * 16, row0, row1);
+    }
 }
 
 template <int KS, int VG>
@@ -593,11 +643,11 @@ __global__ void __launch_bounds__(KS * 32)
 k_mx_tc_frag(const uint8_t *__restrict__ frag, int64_t cols, const uint4 *__restrict__ xb,
              const float *__restrict__ inv, int n, float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1) {
     __shared__ float part[KS][32][4];
-    mx_tc_tile_frag<KS, VG>(part, frag, cols, xb, inv, n, Y, ldy, row0, row1, blockIdx.x);
+    mx_tc_tile_frag<KS, VG, 1>(part, frag, cols, xb, inv, n, Y, ldy, row0, row1, blockIdx.x);
 }
 
 /* A batch's products (gpu_tc_batch): block (tile, i) runs tile `tile` of
- * item i, all items of one shape; an item is up to TC_PASS vectors of one job. */
+ * item i, all items of one shape; an item is up to TCB_PASS vectors of one job. */
 enum { TCB_MAX = 64 };
 struct tc_item {
     const uint8_t *data, *scale, *frag; /* frag: the fragment layout, or NULL */
@@ -611,11 +661,12 @@ struct tc_tab {
     tc_item it[TCB_MAX];
 };
 /* k_mx_tc_batch when every item is in the fragment layout: no stage */
-template <int KS, int VG>
+template <int KS, int VG, int MT>
 __global__ void __launch_bounds__(KS * 32) k_mx_frag_batch(const __grid_constant__ tc_tab t, int64_t cols, int64_t rows) {
     __shared__ float part[KS][32][4];
     const tc_item &it = t.it[blockIdx.y];
-    mx_tc_tile_frag<KS, VG>(part, it.frag, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows, blockIdx.x);
+    mx_tc_tile_frag<KS, VG, MT>(part, it.frag, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows,
+                                (int64_t)blockIdx.x * MT);
 }
 
 template <int KS, int P, bool S4, int VG>
@@ -625,7 +676,7 @@ k_mx_tc_batch(const __grid_constant__ tc_tab t, int64_t cols, int64_t rows) {
     __shared__ float part[KS][32][4];
     const tc_item &it = t.it[blockIdx.y];
     if (it.frag)
-        mx_tc_tile_frag<KS, VG>(part, it.frag, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows, blockIdx.x);
+        mx_tc_tile_frag<KS, VG, 1>(part, it.frag, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows, blockIdx.x);
     else
         mx_tc_tile<KS, P, S4, VG>(stage, part, it.data, it.scale, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows,
                                   blockIdx.x);
@@ -741,12 +792,13 @@ static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t r
     return tc_layout(rows, cols, [&](auto c) {
         using C = decltype(c);
         const dim3 grid((unsigned)((rows + 15) / 16), (unsigned)count);
+        const dim3 grid_mt((unsigned)((rows + 16 * TC_MT - 1) / (16 * TC_MT)), (unsigned)count);
         if (frag && wide)
-            k_mx_frag_batch<C::KS, TC_VG><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
+            k_mx_frag_batch<C::KS, TCB_VG, TC_MT><<<grid_mt, C::KS * 32, 0, s>>>(t, cols, rows);
         else if (frag)
-            k_mx_frag_batch<C::KS, 1><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
+            k_mx_frag_batch<C::KS, 1, 1><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
         else if (wide)
-            k_mx_tc_batch<C::KS, C::P, C::S4, TC_VG><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
+            k_mx_tc_batch<C::KS, C::P, C::S4, TCB_VG><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
         else
             k_mx_tc_batch<C::KS, C::P, C::S4, 1><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
         return gpu_cuda_status(cudaGetLastError(), "k_mx_tc_batch");
@@ -794,7 +846,7 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStr
     int nt = 0;
     gi = 0;
     for (int j = 0; j < njobs; gi += (jobs[j].n + TC_VEC - 1) / TC_VEC, j++)
-        for (int v0 = 0; v0 < jobs[j].n; v0 += TC_PASS)
+        for (int v0 = 0; v0 < jobs[j].n; v0 += TCB_PASS)
             for (int k = 0; k < 2; k++) {
                 const gpu_weight *w = k ? jobs[j].w1 : jobs[j].w0;
                 if (!w) continue;
@@ -807,7 +859,7 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStr
                 it.inv = inv0 + g0 * TC_VEC;
                 it.Y = (k ? jobs[j].Y1 : jobs[j].Y0) + (int64_t)v0 * jobs[j].ldy;
                 it.ldy = jobs[j].ldy;
-                it.nv = jobs[j].n - v0 < TC_PASS ? jobs[j].n - v0 : TC_PASS;
+                it.nv = jobs[j].n - v0 < TCB_PASS ? jobs[j].n - v0 : TCB_PASS;
                 if (nt == TCB_MAX) {
                     if ((st = flush_items(tt, nt, cols, rows, s))) return st;
                     nt = 0;
