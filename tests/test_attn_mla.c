@@ -6,8 +6,9 @@
  * awkward ones: R not a multiple of 16 (or 4), dr 0 / odd / 64, n 1..33,
  * pos > 0, small scratch (blocks of fewer queries); and the heads-in-lanes
  * decode path (kn_mla_attend_heads, mla_heads) with 1..40 heads, pos 0..300.
- * kn_mla_rowsum_bf16 (B read as bf16) against the same reference over B's
- * widened values, and mla_head / mla_heads over bf16 kv_b as well as f32. */
+ * kn_mla_rowsum_bf16 / _i8 (B read as bf16, or int8 with row scales)
+ * against the same reference over B's values, and mla_head / mla_heads over
+ * bf16 and int8 kv_b as well as f32. */
 #include "test.h"
 #include "../src/kernels/kernels.h"
 #include "../src/kernels/ops.h"
@@ -75,8 +76,23 @@ TEST(mla_kernels_rowsum_bit_identical) {
                     if (memcmp(Y, Yr, (size_t)m * ldy * sizeof(float)) && bad++ < 3)
                         CHECK(0, "%s bf16 R=%d m=%d k0=%d inc=%d differs", kn_level_name((kn_level)lv), R, m, k0,
                               inc);
-                    runs += 2;
-                    free(A); free(B); free(B16); free(Y); free(Yr);
+                    /* B as int8 rows with a scale each: the bits of (float)q * s */
+                    int8_t *B8 = malloc((size_t)kmax * ldb);
+                    float *bs = malloc((size_t)kmax * sizeof *bs);
+                    for (int k = 0; k < kmax; k++) {
+                        bs[k] = 0.001f + 0.01f * frand() * frand();
+                        for (int64_t c = 0; c < ldb; c++) {
+                            B8[k * ldb + c] = (int8_t)(f32_bits(frand()) % 255 - 127);
+                            B[k * ldb + c] = (float)B8[k * ldb + c] * bs[k];
+                        }
+                    }
+                    rowsum_ref(A, lda, B, ldb, m, k0, inc, R, Yr, ldy);
+                    kn_mla_rowsum_i8((kn_level)lv, A, lda, B8, ldb, bs, m, k0, inc, R, Y, ldy);
+                    if (memcmp(Y, Yr, (size_t)m * ldy * sizeof(float)) && bad++ < 3)
+                        CHECK(0, "%s int8 R=%d m=%d k0=%d inc=%d differs", kn_level_name((kn_level)lv), R, m, k0,
+                              inc);
+                    runs += 3;
+                    free(A); free(B); free(B16); free(B8); free(bs); free(Y); free(Yr);
                 }
     }
     CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);
@@ -255,11 +271,16 @@ TEST(mla_kernels_heads_bit_identical) {
         float *wdata = rand_vec(nw);
         uint16_t *w16 = malloc(nw * sizeof *w16); /* shapes 0 and 2: a bf16 kv_b, read in place */
         for (size_t i = 0; i < nw; i++) w16[i] = (uint16_t)(f32_bits(wdata[i]) >> 16);
+        int8_t *w8 = malloc(nw); /* shape 3: an int8 kv_b with row scales (the int8 spine's) */
+        float *ws8 = malloc((size_t)sh.nh * (sh.dn + sh.dv) * sizeof *ws8);
+        for (size_t i = 0; i < nw; i++) w8[i] = (int8_t)(f32_bits(wdata[i]) % 255 - 127);
+        for (int64_t r = 0; r < (int64_t)sh.nh * (sh.dn + sh.dv); r++) ws8[r] = 0.002f + 0.0001f * (float)(r % 13);
         df_weight kv_b = {0};
-        kv_b.type = si % 2 == 0 ? WT_BF16 : WT_F32;
+        kv_b.type = si % 2 == 0 ? WT_BF16 : si == 3 ? WT_I8_ROW : WT_F32;
         kv_b.rows = (int64_t)sh.nh * (sh.dn + sh.dv);
         kv_b.cols = sh.R;
-        kv_b.data = si % 2 == 0 ? (void *)w16 : (void *)wdata;
+        kv_b.data = si % 2 == 0 ? (void *)w16 : si == 3 ? (void *)w8 : (void *)wdata;
+        kv_b.scale = ws8;
         int64_t stride = (int64_t)sh.R + sh.dr;
         float *cache = rand_vec((size_t)(pos + nmax) * stride), *q = rand_vec((size_t)nmax * sh.nh * sh.dq);
         size_t lat = (size_t)sh.nh * nmax * sh.R, na = (size_t)nmax * sh.nh * sh.dv;
@@ -289,7 +310,8 @@ TEST(mla_kernels_heads_bit_identical) {
                 }
             }
         }
-        free(wdata); free(w16); free(cache); free(q); free(ql); free(ol); free(attn); free(ql1); free(ol1); free(attn1);
+        free(wdata); free(w16); free(w8); free(ws8); free(cache); free(q); free(ql); free(ol); free(attn); free(ql1);
+        free(ol1); free(attn1);
         free(qlr); free(olr); free(scratch);
     }
     CHECK(runs > 0 && bad == 0, "%d of %d differ", bad, runs);

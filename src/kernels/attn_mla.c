@@ -1,7 +1,8 @@
 /* attn_mla.c — the MLA attention kernels' dispatch point and scalar level.
  *
  * Owns: kn_mla_rowsum (the absorb W_UK^T q and the value sum P C, one
- * form; kn_mla_rowsum_bf16 the same over bf16 rows of B), kn_mla_attend (scores, softmax, value sum for a block of queries of
+ * form; kn_mla_rowsum_bf16 / _i8 the same over bf16 rows of B or int8 rows
+ * with a scale each), kn_mla_attend (scores, softmax, value sum for a block of queries of
  * one head), kn_mla_attend_heads (the same for a block of heads at one
  * position: decode) and kn_mla_attend_floats (their scratch). The scalar level is the
  * plain C of mla_core.c's mla_attend_one and of mla.c's former absorb loop
@@ -66,6 +67,19 @@ static void rowsum_bf16_scalar(const float *A, int64_t lda, const uint16_t *B, i
     }
 }
 
+static void rowsum_i8_scalar(const float *A, int64_t lda, const int8_t *B, int64_t ldb, const float *bs, int m, int k0,
+                             int inc, int R, float *Y, int64_t ldy) {
+    for (int j = 0; j < m; j++) {
+        float *y = Y + (int64_t)j * ldy;
+        memset(y, 0, (size_t)R * sizeof(float));
+        for (int k = 0; k < k0 + j * inc; k++) {
+            const float a = A[(int64_t)j * lda + k], s = bs[k];
+            const int8_t *b = B + (int64_t)k * ldb;
+            for (int r = 0; r < R; r++) y[r] += a * ((float)b[r] * s); /* kn_dequant_row's value, op_axpy's step */
+        }
+    }
+}
+
 /* mla_attend_one's arithmetic, query by query. */
 static void attend_scalar(const float *cache, int R, int dr, float scale, const float *ql, const float *qp,
                           int64_t ldqp, int pos, int n, float *O, float *sc) {
@@ -122,6 +136,18 @@ void kn_mla_rowsum_bf16(kn_level lv, const float *A, int64_t lda, const uint16_t
     if (lv == KN_NEON) { kn_mla_rowsum_bf16_neon(A, lda, B, ldb, m, k0, inc, R, Y, ldy); return; }
 #endif
     rowsum_bf16_scalar(A, lda, B, ldb, m, k0, inc, R, Y, ldy);
+}
+
+void kn_mla_rowsum_i8(kn_level lv, const float *A, int64_t lda, const int8_t *B, int64_t ldb, const float *bs, int m,
+                      int k0, int inc, int R, float *Y, int64_t ldy) {
+    if (!rowsum_level(&lv, m, k0, inc, R)) return;
+#if KN_X86
+    if (lv == KN_AVX512) { kn_mla_rowsum_i8_avx512(A, lda, B, ldb, bs, m, k0, inc, R, Y, ldy); return; }
+    if (lv == KN_AVX2) { kn_mla_rowsum_i8_avx2(A, lda, B, ldb, bs, m, k0, inc, R, Y, ldy); return; }
+#elif KN_ARM64
+    if (lv == KN_NEON) { kn_mla_rowsum_i8_neon(A, lda, B, ldb, bs, m, k0, inc, R, Y, ldy); return; }
+#endif
+    rowsum_i8_scalar(A, lda, B, ldb, bs, m, k0, inc, R, Y, ldy);
 }
 
 #if KN_X86 || KN_ARM64

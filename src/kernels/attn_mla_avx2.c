@@ -1,8 +1,8 @@
 /* attn_mla_avx2.c — AVX2 MLA attention kernels (see attn_mla.c).
  *
- * Owns: kn_mla_rowsum_avx2, kn_mla_rowsum_bf16_avx2 and kn_mla_scores_avx2
- * (the AVX2 vector operations for the shared body in attn_mla_simd.h, which
- * says why it is
+ * Owns: kn_mla_rowsum_avx2, kn_mla_rowsum_bf16_avx2, kn_mla_rowsum_i8_avx2
+ * and kn_mla_scores_avx2 (the AVX2 vector operations for the shared body in
+ * attn_mla_simd.h, which says why it is
  * exact and how it tiles: 8 lanes, rowsum tiles of 4 queries x 16 columns,
  * 2 cache rows scored side by side, maskload/maskstore for the ragged end of
  * R), and kn_mla_scores1_avx2 (one query; the AVX-512 level uses it too):
@@ -45,7 +45,16 @@ AI __m256 loadn_bf16(const uint16_t *p, int n) {
     for (int i = 0; i < n; i++) t[i] = p[i];
     return M_LOADU_BF16(t);
 }
+#define M_LOADU_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define M_LOADN_I8(p, n) loadn_i8((p), (n))
+/* n < 8 int8 as fp32, the lanes past n zero */
+AI __m256 loadn_i8(const int8_t *p, int n) {
+    int8_t t[8] = {0};
+    for (int i = 0; i < n; i++) t[i] = p[i];
+    return M_LOADU_I8(t);
+}
 #define MLA_ROWSUM kn_mla_rowsum_avx2
+#define MLA_ROWSUM_I8 kn_mla_rowsum_i8_avx2
 #define MLA_ROWSUM_BF16 kn_mla_rowsum_bf16_avx2
 #define MLA_SCORES kn_mla_scores_avx2
 #include "attn_mla_simd.h"

@@ -1,7 +1,7 @@
 /* attn_mla_avx512.c — AVX-512 MLA attention kernels (see attn_mla.c).
  *
- * Owns: kn_mla_rowsum_avx512, kn_mla_rowsum_bf16_avx512 and
- * kn_mla_scores_avx512: the AVX-512 vector
+ * Owns: kn_mla_rowsum_avx512, kn_mla_rowsum_bf16_avx512, kn_mla_rowsum_i8_avx512
+ * and kn_mla_scores_avx512: the AVX-512 vector
  * operations for the shared body in attn_mla_simd.h (which says why it is
  * exact and how it tiles): 16 lanes, rowsum tiles of 4 queries x 64 columns,
  * 4 cache rows scored side by side, masks for the ragged end of R.
@@ -33,7 +33,10 @@
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define M_LOADN_BF16(p, n) \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(M_MASK_TAIL(n), (p))), 16))
+#define M_LOADU_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define M_LOADN_I8(p, n) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(M_MASK_TAIL(n), (p))))
 #define MLA_ROWSUM kn_mla_rowsum_avx512
+#define MLA_ROWSUM_I8 kn_mla_rowsum_i8_avx512
 #define MLA_ROWSUM_BF16 kn_mla_rowsum_bf16_avx512
 #define MLA_SCORES kn_mla_scores_avx512
 #include "attn_mla_simd.h"

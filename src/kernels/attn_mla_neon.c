@@ -1,7 +1,7 @@
 /* attn_mla_neon.c — AArch64 NEON MLA attention kernels (see attn_mla.c).
  *
- * Owns: kn_mla_rowsum_neon, kn_mla_rowsum_bf16_neon, kn_mla_scores_neon and
- * kn_mla_scores1_neon. Compiled only for AArch64 (the Makefile picks *_neon.c by target). Refuses anything that
+ * Owns: kn_mla_rowsum_neon, kn_mla_rowsum_bf16_neon, kn_mla_rowsum_i8_neon,
+ * kn_mla_scores_neon and kn_mla_scores1_neon. Compiled only for AArch64 (the Makefile picks *_neon.c by target). Refuses anything that
  * changes a bit against the scalar level: vmulq then vaddq, never fused
  * (the build has -ffp-contract=off there, so the plain C tails stay unfused
  * too), no reassociation.
@@ -27,13 +27,23 @@ enum { KB = 128 }; /* B rows per block: 128 x (512 + 64) floats = 288 KiB */
 
 /* ---- rowsum ---- */
 
-/* 4 values of B from element i: fp32, or bf16 widened exactly (bf). */
-AI float32x4_t ld4(const void *B, int64_t i, const int bf) {
-    return bf ? vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)B + i), 16))
-              : vld1q_f32((const float *)B + i);
+enum { B_F32, B_BF16, B_I8 }; /* what B holds (as attn_mla_simd.h) */
+
+/* 4 values of row k of B from element i: fp32, bf16 widened exactly, or
+ * int8 times the row's scale bs[k] (one rounding, as kn_dequant_row). */
+AI float32x4_t ld4(const void *B, const float *bs, int k, int64_t i, const int bt) {
+    if (bt == B_BF16) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)B + i), 16));
+    if (bt == B_I8) {
+        int8_t q[8] = {0};
+        memcpy(q, (const int8_t *)B + i, 4);
+        const float32x4_t f = vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vld1_s8(q)))));
+        return vmulq_f32(f, vdupq_n_f32(bs[k]));
+    }
+    return vld1q_f32((const float *)B + i);
 }
-AI float b1(const void *B, int64_t i, const int bf) {
-    if (!bf) return ((const float *)B)[i];
+AI float b1(const void *B, const float *bs, int k, int64_t i, const int bt) {
+    if (bt == B_F32) return ((const float *)B)[i];
+    if (bt == B_I8) return (float)((const int8_t *)B)[i] * bs[k];
     const uint32_t u = (uint32_t)((const uint16_t *)B)[i] << 16;
     float f;
     memcpy(&f, &u, sizeof f);
@@ -41,9 +51,9 @@ AI float b1(const void *B, int64_t i, const int bf) {
 }
 
 /* Y rows 0..J-1 (at stride ldy), columns [0, 4V), terms k in [kb, ke);
- * query jj takes k < cnt0 + jj * inc. B: fp32, or bf16 when bf. */
-AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
-                int cnt0, int inc, const int J, const int V, const int bf) {
+ * query jj takes k < cnt0 + jj * inc. B as bt says (ld4). */
+AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, const float *bs, float *Y, int64_t ldy,
+                int kb, int ke, int cnt0, int inc, const int J, const int V, const int bt) {
     float32x4_t acc[4][4];
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; jj++)
@@ -55,7 +65,7 @@ AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, float *
     for (; k < kfull; k++) { /* every query of the tile takes row k */
         float32x4_t bv[4];
 #pragma GCC unroll 4
-        for (int v = 0; v < V; v++) bv[v] = ld4(B, k * ldb + 4 * v, bf);
+        for (int v = 0; v < V; v++) bv[v] = ld4(B, bs, k, k * ldb + 4 * v, bt);
 #pragma GCC unroll 4
         for (int jj = 0; jj < J; jj++) {
             float32x4_t a = vdupq_n_f32(A[jj * lda + k]);
@@ -66,7 +76,7 @@ AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, float *
     for (; k < kmax; k++) { /* the causal edge: query jj stops at cnt0 + jj */
         float32x4_t bv[4];
 #pragma GCC unroll 4
-        for (int v = 0; v < V; v++) bv[v] = ld4(B, k * ldb + 4 * v, bf);
+        for (int v = 0; v < V; v++) bv[v] = ld4(B, bs, k, k * ldb + 4 * v, bt);
 #pragma GCC unroll 4
         for (int jj = 0; jj < J; jj++) {
             if (k >= cnt0 + jj * inc) continue;
@@ -81,21 +91,21 @@ AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, float *
         for (int v = 0; v < V; v++) vst1q_f32(Y + jj * ldy + 4 * v, acc[jj][v]);
 }
 
-AI void rs_rows(const float *A, int64_t lda, const void *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
-                int cnt0, int inc, int R, const int J, const int bf) {
-    const size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+AI void rs_rows(const float *A, int64_t lda, const void *B, int64_t ldb, const float *bs, float *Y, int64_t ldy,
+                int kb, int ke, int cnt0, int inc, int R, const int J, const int bt) {
+    const size_t esz = bt == B_BF16 ? sizeof(uint16_t) : bt == B_I8 ? 1 : sizeof(float);
     const char *b = B;
     int r = 0;
-    for (; r + 16 <= R; r += 16) rs_tile(A, lda, b + r * esz, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 4, bf);
-    for (; r + 4 <= R; r += 4) rs_tile(A, lda, b + r * esz, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1, bf);
+    for (; r + 16 <= R; r += 16) rs_tile(A, lda, b + r * esz, ldb, bs, Y + r, ldy, kb, ke, cnt0, inc, J, 4, bt);
+    for (; r + 4 <= R; r += 4) rs_tile(A, lda, b + r * esz, ldb, bs, Y + r, ldy, kb, ke, cnt0, inc, J, 1, bt);
     for (; r < R; r++) /* the ragged end of R: op_axpy's scalar step */
         for (int jj = 0; jj < J; jj++)
             for (int k = kb; k < ke && k < cnt0 + jj * inc; k++)
-                Y[jj * ldy + r] += A[jj * lda + k] * b1(B, k * ldb + r, bf);
+                Y[jj * ldy + r] += A[jj * lda + k] * b1(B, bs, k, k * ldb + r, bt);
 }
 
-AI void rowsum_body(const float *A, int64_t lda, const void *B, int64_t ldb, int m, int k0, int inc, int R, float *Y,
-                    int64_t ldy, const int bf) {
+AI void rowsum_body(const float *A, int64_t lda, const void *B, int64_t ldb, const float *bs, int m, int k0, int inc,
+                    int R, float *Y, int64_t ldy, const int bt) {
     for (int j = 0; j < m; j++)
         for (int r = 0; r < R; r++) Y[(int64_t)j * ldy + r] = 0.0f;
     int kend = k0 + (m - 1) * inc;
@@ -103,20 +113,27 @@ AI void rowsum_body(const float *A, int64_t lda, const void *B, int64_t ldb, int
         int ke = kb + KB < kend ? kb + KB : kend;
         int j = 0;
         for (; j + 4 <= m; j += 4)
-            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 4, bf);
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, bs, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 4,
+                    bt);
         for (; j < m; j++)
-            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 1, bf);
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, bs, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 1,
+                    bt);
     }
 }
 
 void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R,
                         float *Y, int64_t ldy) {
-    rowsum_body(A, lda, B, ldb, m, k0, inc, R, Y, ldy, 0);
+    rowsum_body(A, lda, B, ldb, NULL, m, k0, inc, R, Y, ldy, B_F32);
 }
 
 void kn_mla_rowsum_bf16_neon(const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0, int inc,
                              int R, float *Y, int64_t ldy) {
-    rowsum_body(A, lda, B, ldb, m, k0, inc, R, Y, ldy, 1);
+    rowsum_body(A, lda, B, ldb, NULL, m, k0, inc, R, Y, ldy, B_BF16);
+}
+
+void kn_mla_rowsum_i8_neon(const float *A, int64_t lda, const int8_t *B, int64_t ldb, const float *bs, int m, int k0,
+                           int inc, int R, float *Y, int64_t ldy) {
+    rowsum_body(A, lda, B, ldb, bs, m, k0, inc, R, Y, ldy, B_I8);
 }
 
 /* ---- scores ---- */

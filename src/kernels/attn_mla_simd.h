@@ -3,14 +3,16 @@
  *
  * Owns: nothing by itself; attn_mla_avx2.c and attn_mla_avx512.c define the
  * vector type and operations below, then include this file, which defines
- * MLA_ROWSUM (kn_mla_rowsum's level form), MLA_ROWSUM_BF16 (the same
- * over bf16 rows of B: kn_mla_rowsum_bf16) and MLA_SCORES (kn_mla_scores's).
+ * MLA_ROWSUM (kn_mla_rowsum's level form), MLA_ROWSUM_BF16 and
+ * MLA_ROWSUM_I8 (the same over bf16 rows of B, or int8 rows with a scale
+ * each: kn_mla_rowsum_bf16 / _i8) and MLA_SCORES (kn_mla_scores's).
  *   MV, MMASK     vector of ML floats, a lane mask for the ragged end of R
  *   M_RS_V        vectors per rowsum tile (4 queries x M_RS_V vectors)
  *   M_SC_G        cache rows scored side by side
  *   M_ZERO M_SET1 M_ADD M_MUL M_LOADU M_STOREU M_MASKLOAD M_MASKSTORE
  *   M_MASK_ALL M_MASK_TAIL(n)
  *   M_LOADU_BF16(p) M_LOADN_BF16(p, n)   ML (or n < ML) bf16 widened to fp32
+ *   M_LOADU_I8(p) M_LOADN_I8(p, n)       ML (or n < ML) int8 as fp32
  * Refuses anything that changes a bit against the scalar level: no FMA (a
  * multiply, then an add), no reassociation; each lane runs one scalar
  * sequence of op_dot / op_axpy.
@@ -23,21 +25,28 @@
  *
  * Sections: rowsum; scores.
  */
-enum { KB = 128 }; /* B rows per block: 128 x (512 + 64) floats = 288 KiB, in L2 */
+enum { KB = 128 };
+enum { B_F32, B_BF16, B_I8 }; /* what B holds */ /* B rows per block: 128 x (512 + 64) floats = 288 KiB, in L2 */
 
 /* ---- rowsum ---- */
 
 /* Y rows 0..J-1 (at stride ldy), columns [0, ML V), terms
- * k in [kb, ke); query jj takes k < cnt0 + jj * inc. B holds fp32, or bf16
- * when bf (widened exactly as it is loaded: the same terms). The last
- * vector holds `tailn` columns (mask `tail`) when `masked` (the ragged end
- * of R). */
-AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
-                int cnt0, int inc, const int J, const int V, const int masked, MMASK tail, int tailn, const int bf) {
+ * k in [kb, ke); query jj takes k < cnt0 + jj * inc. B holds fp32 (bt
+ * B_F32), bf16 (B_BF16: widened exactly as it is loaded) or int8 rows with a
+ * scale each (B_I8: (float)q * bs[k], one rounding, as kn_dequant_row):
+ * the same terms as fp32 B of those values. The last vector holds `tailn`
+ * columns (mask `tail`) when `masked` (the ragged end of R). */
+AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, const float *bs, float *Y, int64_t ldy,
+                int kb, int ke, int cnt0, int inc, const int J, const int V, const int masked, MMASK tail, int tailn,
+                const int bt) {
 #define LD(p) (masked && v == V - 1 ? M_MASKLOAD((p), tail) : M_LOADU(p))
-#define LDB(i) (bf ? (masked && v == V - 1 ? M_LOADN_BF16((const uint16_t *)B + (i), tailn) \
-                                            : M_LOADU_BF16((const uint16_t *)B + (i)))      \
-                   : LD((const float *)B + (i)))
+#define LDB(i)                                                                                                     \
+    (bt == B_BF16 ? (masked && v == V - 1 ? M_LOADN_BF16((const uint16_t *)B + (i), tailn)                          \
+                                          : M_LOADU_BF16((const uint16_t *)B + (i)))                                \
+     : bt == B_I8 ? M_MUL(masked && v == V - 1 ? M_LOADN_I8((const int8_t *)B + (i), tailn)                        \
+                                               : M_LOADU_I8((const int8_t *)B + (i)),                              \
+                          M_SET1(bs[k]))                                                                            \
+                  : LD((const float *)B + (i)))
     MV acc[4][4];
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; jj++)
@@ -84,21 +93,21 @@ AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, float *
 }
 
 /* One tile of J queries over all columns, k in [kb, ke). */
-AI void rs_rows(const float *A, int64_t lda, const void *B, int64_t ldb, float *Y, int64_t ldy, int kb, int ke,
-                int cnt0, int inc, int R, const int J, const int bf) {
-    const size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+AI void rs_rows(const float *A, int64_t lda, const void *B, int64_t ldb, const float *bs, float *Y, int64_t ldy,
+                int kb, int ke, int cnt0, int inc, int R, const int J, const int bt) {
+    const size_t esz = bt == B_BF16 ? sizeof(uint16_t) : bt == B_I8 ? 1 : sizeof(float);
     const char *b = B;
     int r = 0;
     for (; r + ML * M_RS_V <= R; r += ML * M_RS_V)
-        rs_tile(A, lda, b + r * esz, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, M_RS_V, 0, M_MASK_ALL, 0, bf);
+        rs_tile(A, lda, b + r * esz, ldb, bs, Y + r, ldy, kb, ke, cnt0, inc, J, M_RS_V, 0, M_MASK_ALL, 0, bt);
     for (; r + ML <= R; r += ML)
-        rs_tile(A, lda, b + r * esz, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 0, M_MASK_ALL, 0, bf);
+        rs_tile(A, lda, b + r * esz, ldb, bs, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 0, M_MASK_ALL, 0, bt);
     if (r < R)
-        rs_tile(A, lda, b + r * esz, ldb, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 1, M_MASK_TAIL(R - r), R - r, bf);
+        rs_tile(A, lda, b + r * esz, ldb, bs, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 1, M_MASK_TAIL(R - r), R - r, bt);
 }
 
-AI void rowsum_body(const float *A, int64_t lda, const void *B, int64_t ldb, int m, int k0, int inc, int R, float *Y,
-                    int64_t ldy, const int bf) {
+AI void rowsum_body(const float *A, int64_t lda, const void *B, int64_t ldb, const float *bs, int m, int k0, int inc,
+                    int R, float *Y, int64_t ldy, const int bt) {
     for (int j = 0; j < m; j++)
         for (int r = 0; r < R; r++) Y[(int64_t)j * ldy + r] = 0.0f;
     int kend = k0 + (m - 1) * inc;
@@ -106,20 +115,27 @@ AI void rowsum_body(const float *A, int64_t lda, const void *B, int64_t ldb, int
         int ke = kb + KB < kend ? kb + KB : kend;
         int j = 0;
         for (; j + 4 <= m; j += 4)
-            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 4, bf);
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, bs, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 4,
+                    bt);
         for (; j < m; j++)
-            rs_rows(A + (int64_t)j * lda, lda, B, ldb, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 1, bf);
+            rs_rows(A + (int64_t)j * lda, lda, B, ldb, bs, Y + (int64_t)j * ldy, ldy, kb, ke, k0 + j * inc, inc, R, 1,
+                    bt);
     }
 }
 
 void MLA_ROWSUM(const float *A, int64_t lda, const float *B, int64_t ldb, int m, int k0, int inc, int R, float *Y,
                 int64_t ldy) {
-    rowsum_body(A, lda, B, ldb, m, k0, inc, R, Y, ldy, 0);
+    rowsum_body(A, lda, B, ldb, NULL, m, k0, inc, R, Y, ldy, B_F32);
 }
 
 void MLA_ROWSUM_BF16(const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0, int inc, int R,
                      float *Y, int64_t ldy) {
-    rowsum_body(A, lda, B, ldb, m, k0, inc, R, Y, ldy, 1);
+    rowsum_body(A, lda, B, ldb, NULL, m, k0, inc, R, Y, ldy, B_BF16);
+}
+
+void MLA_ROWSUM_I8(const float *A, int64_t lda, const int8_t *B, int64_t ldb, const float *bs, int m, int k0, int inc,
+                   int R, float *Y, int64_t ldy) {
+    rowsum_body(A, lda, B, ldb, bs, m, k0, inc, R, Y, ldy, B_I8);
 }
 
 /* ---- scores ---- */

@@ -142,6 +142,10 @@ void kn_mla_rowsum(kn_level lv, const float *A, int64_t lda, const float *B, int
  * reads W_UK straight from a bf16 kv_b). */
 void kn_mla_rowsum_bf16(kn_level lv, const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0,
                         int inc, int R, float *Y, int64_t ldy);
+/* ... and with B int8, row k's values (float)B[k][r] * bs[k] (kn_dequant_row's
+ * of a WT_I8_ROW row: the int8 spine's kv_b). */
+void kn_mla_rowsum_i8(kn_level lv, const float *A, int64_t lda, const int8_t *B, int64_t ldb, const float *bs, int m,
+                      int k0, int inc, int R, float *Y, int64_t ldy);
 /* Scratch floats kn_mla_attend needs to run blocks of qb (1..16) queries
  * whose last position is ctx - 1 (kn_mla_attend_heads: qb heads). */
 int64_t kn_mla_attend_floats(int R, int dr, int qb, int ctx);
@@ -175,6 +179,10 @@ void kn_mla_rowsum_bf16_avx2(const float *A, int64_t lda, const uint16_t *B, int
                              int R, float *Y, int64_t ldy);
 void kn_mla_rowsum_bf16_avx512(const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0, int inc,
                                int R, float *Y, int64_t ldy);
+void kn_mla_rowsum_i8_avx2(const float *A, int64_t lda, const int8_t *B, int64_t ldb, const float *bs, int m, int k0,
+                           int inc, int R, float *Y, int64_t ldy);
+void kn_mla_rowsum_i8_avx512(const float *A, int64_t lda, const int8_t *B, int64_t ldb, const float *bs, int m,
+                             int k0, int inc, int R, float *Y, int64_t ldy);
 void kn_mla_scores_avx2(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend, float *sc,
                         int64_t ldsc);
 void kn_mla_scores_avx512(const float *cache, int R, int dr, float scale, const float *qT, int m, int kend,
@@ -186,6 +194,8 @@ void kn_mla_rowsum_neon(const float *A, int64_t lda, const float *B, int64_t ldb
                         float *Y, int64_t ldy);
 void kn_mla_rowsum_bf16_neon(const float *A, int64_t lda, const uint16_t *B, int64_t ldb, int m, int k0, int inc,
                              int R, float *Y, int64_t ldy);
+void kn_mla_rowsum_i8_neon(const float *A, int64_t lda, const int8_t *B, int64_t ldb, const float *bs, int m, int k0,
+                           int inc, int R, float *Y, int64_t ldy);
 void kn_mla_scores1_neon(const float *cache, int R, int dr, float scale, const float *ql, const float *qp, int kend,
                          float *sc);
 /* qT [R + dr][4]: 4 lanes. */

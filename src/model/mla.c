@@ -93,8 +93,9 @@ int64_t mla_head_scratch_floats(const mla_shape *sh, int ctx) {
 }
 
 /* q_lat[h][t] = W_UK[h]^T q_nope[t][h]: sum over d ascending of q_nope[d] * W_UK[h][d].
- * A bf16 kv_b is read where it lies (decoding its rows into scratch first
- * cost two thirds of a decode step's heads); other types are decoded. */
+ * A bf16 or row-int8 kv_b is read where it lies (decoding its rows into
+ * scratch first cost two thirds of a decode step's heads); other types are
+ * decoded. */
 static void absorb(const mla_shape *sh, kn_level lv, const df_weight *kv_b, const float *q, int n, int h,
                    float *qlat, float *scratch) {
     const int64_t ldq = (int64_t)sh->nh * sh->dq, row0 = (int64_t)h * (sh->dn + sh->dv);
@@ -103,6 +104,11 @@ static void absorb(const mla_shape *sh, kn_level lv, const df_weight *kv_b, cons
     if (kv_b->type == WT_BF16 && kv_b->cols == sh->R) {
         kn_mla_rowsum_bf16(lv, qh, ldq, (const uint16_t *)kv_b->data + row0 * sh->R, sh->R, n, sh->dn, 0, sh->R, y,
                            sh->R);
+        return;
+    }
+    if (kv_b->type == WT_I8_ROW && kv_b->cols == sh->R) { /* the int8 spine's */
+        kn_mla_rowsum_i8(lv, qh, ldq, (const int8_t *)kv_b->data + row0 * sh->R, sh->R,
+                         (const float *)kv_b->scale + row0, n, sh->dn, 0, sh->R, y, sh->R);
         return;
     }
     for (int d = 0; d < sh->dn; d++) kn_dequant_row(kv_b, row0 + d, scratch + (size_t)d * sh->R);
