@@ -72,7 +72,7 @@ enum { TC_VEC = 4 }; /* vectors per mma: 8 columns = 4 x (hi, lo) */
 #ifndef GPU_TC_VG
 #define GPU_TC_VG 8
 #endif
-enum { TC_VG = GPU_TC_VG, TC_PASS = TC_VEC * TC_VG };
+enum { TC_VG = GPU_TC_VG };
 /* A batch's items (gpu_tc_batch: a layer's experts, ~9-18 vectors each in a
  * prompt) take up to TCB_VG groups per pass, and in the fragment layout
  * TC_MT 16-row tiles per block, so each x load serves that many tiles.
@@ -357,7 +357,7 @@ __device__ __forceinline__ void group_sum_w(float (&acc)[MT][VG][4], const uint3
 
 /* group_sum_w with the group's codes staged at cur (rows g and g + 8 of ROWB bytes) */
 template <int SC, int VG>
-__device__ __forceinline__ void group_sum(float (&acc)[VG][4], const uint8_t *cur, int g, int t, int64_t m,
+__device__ __forceinline__ void group_sum(float (&acc)[1][VG][4], const uint8_t *cur, int g, int t, int64_t m,
                                           int64_t nblk, const bool (&xcol)[VG], const uint4 *xp, int64_t gstride,
                                           const float (&f)[VG], int nvg, const uint8_t *sa, const uint8_t *sb,
                                           uint32_t sca, uint32_t scb) {
@@ -368,7 +368,7 @@ __device__ __forceinline__ void group_sum(float (&acc)[VG][4], const uint8_t *cu
         wb[0][k] = *(const uint32_t *)(cur + (g + 8) * ROWB + 16 * k + 4 * t);
     }
     const uint32_t sa1[1] = {sca}, sb1[1] = {scb};
-    group_sum_w<SC, VG, 1>(reinterpret_cast<float(&)[1][VG][4]>(acc), wa, wb, m, nblk, xcol, xp, gstride, f, nvg, sa,
+    group_sum_w<SC, VG, 1>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, sa,
                            sb, sa1, sb1);
 }
 
@@ -440,7 +440,7 @@ __device__ __forceinline__ void mx_tc_tile(uint8_t (*stage)[P][16 * ROWB], float
     const uint4 *xp = xb + g * 4 + t;
     bool xcol[VG]; /* this lane's B column holds data */
     float f[VG];
-    float acc[VG][4];
+    float acc[1][VG][4]; /* one tile (group_sum_w's form) */
 #pragma unroll
     for (int v = 0; v < VG; v++) {
         const int nv = n - v * TC_VEC; /* vectors of group v (more than TC_VEC: all TC_VEC) */
@@ -450,7 +450,7 @@ __device__ __forceinline__ void mx_tc_tile(uint8_t (*stage)[P][16 * ROWB], float
          * scale * max|x| leaves the fp32 range, where the result does too */
         f[v] = (v < nvg && t < nv ? inv[v * TC_VEC + t] : 1.0f) * E2M1_UNDO;
 #pragma unroll
-        for (int c = 0; c < 4; c++) acc[v][c] = 0.0f;
+        for (int c = 0; c < 4; c++) acc[0][v][c] = 0.0f;
     }
     uint8_t(*st)[16 * ROWB] = stage[warp];
     /* groups m = warp, warp + KS, ...; the i-th of them lives in stage i % P */
@@ -486,7 +486,7 @@ __device__ __forceinline__ void mx_tc_tile(uint8_t (*stage)[P][16 * ROWB], float
         __syncwarp(); /* every lane has read stage i % P before it is refilled */
     }
     cp_wait<0>();
-    tile_sums<KS, VG>(part, acc, n, nvg, Y, ldy, r0, row0, row1);
+    tile_sums<KS, VG>(part, acc[0], n, nvg, Y, ldy, r0, row0, row1);
 }
 
 template <int KS, int P, bool S4, int VG>

@@ -311,9 +311,6 @@ static df_status ds_forward(df_engine *e, void *state, int pos, const int32_t *t
 
 /* ---- a long prompt, layer by layer ---- */
 
-/* One block of a prompt (prompt.h; the same contract as kimi.c's): every
- * layer over all of its rows, MLA in DF_CHUNK-row pieces, the MoE block over
- * every row at once. */
 /* Rows [t0, t1) of a block: x += add (when add), then xn = rmsnorm(x) with
  * norm (the rows split over the pool: each row depends on itself alone). */
 typedef struct {
@@ -348,6 +345,9 @@ typedef struct {
     mla_scratch mla;
 } ds_prompt_host;
 
+/* One block of a prompt (prompt.h; the same contract as kimi.c's): every
+ * layer over all of its rows, MLA's projections over the block's rows at
+ * once (mla_forward_block), the MoE block over every row at once. */
 static df_status ds_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
                                  float *out, int all_rows, char *err) {
     ds_model *m = e->prog;

@@ -513,7 +513,6 @@ typedef struct {
  * per layer, in GEMM tiles of several rows. Every row's values are those of
  * the chunked passes (per-row operations; products whose rows do not depend
  * on their neighbours). */
-
 static df_status km_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
                                  float *out, int all_rows, char *err) {
     km_model *m = e->prog;
