@@ -257,12 +257,13 @@ static df_status ds_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
     mla_seg ms[DF_CHUNK];
     int rpos[DF_CHUNK], rseg[DF_CHUNK];
     double pt = prof_now(e);
-    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++)
+    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
+        model_embed_tokens(e, &m->embed, seg[i].tokens, seg[i].n, s->x + (size_t)off * H);
         for (int t = 0; t < seg[i].n; t++) {
-            kn_dequant_row(&m->embed, seg[i].tokens[t], s->x + (size_t)(off + t) * H);
             rpos[off + t] = seg[i].pos + t;
             rseg[off + t] = i;
         }
+    }
     s->moe.rpos = nseg > 1 ? rpos : NULL;
     s->moe.rseg = nseg > 1 ? rseg : NULL;
     prof_add(e, DF_PROF_EMBED, &pt);
@@ -358,7 +359,7 @@ static df_status ds_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
     const size_t nh = (size_t)n * H;
     float *x = b->h, *xn = b->xn, *yv = b->y;
     double pt = prof_now(e);
-    for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], x + (size_t)t * H);
+    model_embed_tokens(e, &m->embed, tokens, n, x);
     prof_add(e, DF_PROF_EMBED, &pt);
     for (int l = 0; l < m->L; l++) {
         ds_layer *y = &m->layers[l];

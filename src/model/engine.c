@@ -617,6 +617,24 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
 
 /* ---- batched steps ---- */
 
+typedef struct {
+    const df_weight *embed;
+    const int32_t *tokens;
+    float *out;
+} embed_job;
+
+static void embed_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const embed_job *j = ctx;
+    for (int64_t t = t0; t < t1; t++) kn_dequant_row(j->embed, j->tokens[t], j->out + (size_t)t * j->embed->cols);
+}
+
+void model_embed_tokens(df_engine *e, const df_weight *embed, const int32_t *tokens, int n, float *out) {
+    embed_job j = {embed, tokens, out};
+    if (n >= 16) pool_for(e->pool, n, 8, embed_rows, &j);
+    else embed_rows(&j, 0, n, 0);
+}
+
 float *model_batch_logits(df_engine *e) {
     if (!e->batch_logits) e->batch_logits = malloc((size_t)DF_CHUNK * e->cfg.vocab_size * sizeof(float));
     return e->batch_logits;

@@ -498,20 +498,20 @@ static void device_prefetch(df_engine *e, const moe_layer *nx, moe_scratch *s) {
  * one left out; for a chunk, its best margin over the tokens), so the
  * store's policy can drop the ranks whose precision does not pay. Never
  * changes which experts run. */
-static int lookahead_on(const moe_scratch *s, const moe_layer *nx) {
-    return nx && nx->store && nx->lookahead && !moe_all_on_device(s, nx);
+static int lookahead_on(const df_engine *e, const moe_layer *nx) {
+    return nx && nx->store && nx->lookahead && !moe_all_on_device(e, nx);
 }
 
-int moe_all_on_device(const moe_scratch *s, const moe_layer *m) {
-    return m->layer >= 0 && m->layer < 256 && (s->on_dev[m->layer >> 6] >> (m->layer & 63) & 1);
+int moe_all_on_device(const df_engine *e, const moe_layer *m) {
+    return m->layer >= 0 && m->layer < 256 && (e->moe_on_dev[m->layer >> 6] >> (m->layer & 63) & 1);
 }
 
 /* Notes whether every expert of m's last pass ran from device copies. */
-static void note_on_device(moe_scratch *s, const moe_layer *m, int all) {
+static void note_on_device(df_engine *e, const moe_layer *m, int all) {
     if (m->layer < 0 || m->layer >= 256) return;
     const uint64_t bit = (uint64_t)1 << (m->layer & 63);
-    if (all) s->on_dev[m->layer >> 6] |= bit;
-    else s->on_dev[m->layer >> 6] &= ~bit;
+    if (all) e->moe_on_dev[m->layer >> 6] |= bit;
+    else e->moe_on_dev[m->layer >> 6] &= ~bit;
 }
 
 /* moe_lookahead with the next router's logits already in s->nlog. */
@@ -550,7 +550,7 @@ static void lookahead_from(df_engine *e, const moe_layer *nx, moe_scratch *s, in
 }
 
 void moe_lookahead(df_engine *e, const moe_layer *nx, moe_scratch *s, const float *xn, int n) {
-    if (!lookahead_on(s, nx)) return;
+    if (!lookahead_on(e, nx)) return;
     mm(e, &nx->router, xn, n, s->nlog, nx->E);
     lookahead_from(e, nx, s, n);
 }
@@ -580,7 +580,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     /* the products of xn that do not wait for the routing: this router, the
      * next layer's (lookahead) and the latent down-projection, in one
      * accelerator call (one host wait) */
-    const int ahead = m->store && lookahead_on(s, m->next);
+    const int ahead = m->store && lookahead_on(e, m->next);
     moe_dev *dv = s->dv; /* rows on the device: their inputs and output there */
     const float *xd = dv ? dv->xn : xn;
     /* the shared experts queued like a routed one, first: the device runs
@@ -618,7 +618,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
         if (m->store && e->acc && expert_on_device(e, m, s->uni[i])) dev[ndev++] = s->uni[i];
         else s->uni[nread++] = s->uni[i];
     }
-    if (m->store && e->acc) note_on_device(s, m, nu > 0 && nread == 0);
+    if (m->store && e->acc) note_on_device(e, m, nu > 0 && nread == 0);
     prof_add(e, DF_PROF_ROUTER, &pt);
     /* handing the reads (this layer's and the lookahead's) to the kernel,
      * which may block on a full queue, counts with the routed experts, as
@@ -721,7 +721,7 @@ df_status ffn_block_dev(df_engine *e, const moe_layer *moe, const ffn_weights *m
         /* the whole MLP queued on its device rows (first: it runs while the
          * host takes the lookahead's logits); else on the host */
         const int queued = queue_mlp(e, mlp, act, dv->xn, n, dv->out);
-        if (lookahead_on(s, next)) {
+        if (lookahead_on(e, next)) {
             const mm_req r = {&next->router, dv->xn, n, s->nlog, next->E};
             if ((st = mm_many_dev(e, &r, 1, err)) == DF_OK) lookahead_from(e, next, s, n);
         }

@@ -107,8 +107,6 @@ typedef struct {
     const int *rpos;            /* [chunk] each row's position (the trace); NULL: pos + t */
     const int *rseg;            /* [chunk] each row's segment (the union statistics) */
     moe_dev *dv;                /* ffn_block_dev's row on the device; NULL otherwise */
-    uint64_t on_dev[4];         /* bit l: every expert of layer l's last pass ran from device
-                                   copies (its router lookahead would read nothing: skipped) */
     float *xn_host;             /* with dv: where xn is brought when a part runs on the host */
 } moe_scratch;
 
@@ -163,8 +161,9 @@ df_status moe_bind_expert(df_engine *e, moe_layer *m, int layer, int i, const ch
  * off). Never changes which experts run. */
 void moe_lookahead(df_engine *e, const moe_layer *next, moe_scratch *s, const float *xn, int n);
 /* 1 when every expert m's last pass used ran from device copies (bit per
- * layer in s->on_dev): a lookahead for m would read nothing, so none runs. */
-int moe_all_on_device(const moe_scratch *s, const moe_layer *m);
+ * layer in e->moe_on_dev; the engine's, so a new session's first pass knows
+ * it too): a lookahead for m would read nothing, so none runs. */
+int moe_all_on_device(const df_engine *e, const moe_layer *m);
 
 /* A layer's feed-forward block on the normed input xn into y: the MoE layer
  * moe, or (moe NULL) the dense MLP mlp, which first starts the lookahead of

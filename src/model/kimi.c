@@ -300,7 +300,7 @@ void km_early_lookahead(df_engine *e, const km_model *m, moe_scratch *ms, const 
     int H = m->H;
     for (int l = 0; l < m->L; l++) {
         if (!m->layers[l].moe) continue;
-        if (l > 0 && !moe_all_on_device(ms, &m->layers[l].experts)) {
+        if (l > 0 && !moe_all_on_device(e, &m->layers[l].experts)) {
             for (int t = 0; t < n; t++)
                 op_rmsnorm(xn + (size_t)t * H, h + (size_t)t * H, m->layers[l].ffn_norm, H, m->eps);
             moe_lookahead(e, &m->layers[l].experts, ms, xn, n);
@@ -393,9 +393,10 @@ static void head_in(const km_model *m, const float *x, const float *anchors, int
 
 /* Segment i's embedding rows into h from row off, with each row's
  * position and segment (rpos, rseg; NULL: not kept). */
-void km_embed_rows(const km_model *m, float *h, const df_fwd_seg *sg, int i, int off, int *rpos, int *rseg) {
+void km_embed_rows(df_engine *e, const km_model *m, float *h, const df_fwd_seg *sg, int i, int off, int *rpos,
+                   int *rseg) {
+    model_embed_tokens(e, &m->embed, sg->tokens, sg->n, h + (size_t)off * m->H);
     for (int t = 0; t < sg->n; t++) {
-        kn_dequant_row(&m->embed, sg->tokens[t], h + (size_t)(off + t) * m->H);
         if (rpos) rpos[off + t] = sg->pos + t;
         if (rseg) rseg[off + t] = i;
     }
@@ -432,7 +433,7 @@ static df_status km_forward_batch(df_engine *e, const df_fwd_seg *seg, int nseg,
         if (keep && si->rw_mode == DF_REWIND_REPLAY)
             memcpy(si->rw_keep, si->kda_state, (size_t)m->n_kda * kstride * sizeof(float));
         trail[i] = keep && si->rw_mode == DF_REWIND_TRAIL ? si->rw_keep : NULL;
-        km_embed_rows(m, s->h, &seg[i], i, off, rpos, rseg);
+        km_embed_rows(e, m, s->h, &seg[i], i, off, rpos, rseg);
     }
     s->moe.rpos = nseg > 1 ? rpos : NULL;
     s->moe.rseg = nseg > 1 ? rseg : NULL;
@@ -523,7 +524,7 @@ static df_status km_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
     const int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
     float *h = b->h, *xin = b->xin, *xn = b->xn, *yv = b->y, *anc = b->anchors;
     double pt = prof_now(e);
-    for (int t = 0; t < n; t++) kn_dequant_row(&m->embed, tokens[t], h + (size_t)t * H);
+    model_embed_tokens(e, &m->embed, tokens, n, h);
     km_early_lookahead(e, m, &b->moe, h, xn, n);
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0;

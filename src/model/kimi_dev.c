@@ -206,7 +206,7 @@ df_status km_pass_dev(df_engine *e, const km_pass *p, const df_fwd_seg *seg, int
     acc_count_device_pass(t);
     double pt = prof_now(e);
     for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++)
-        km_embed_rows(m, p->h, &seg[i], i, off, nseg > 1 ? rpos : NULL, nseg > 1 ? rseg : NULL);
+        km_embed_rows(e, m, p->h, &seg[i], i, off, nseg > 1 ? rpos : NULL, nseg > 1 ? rseg : NULL);
     p->moe->rpos = nseg > 1 ? rpos : NULL;
     p->moe->rseg = nseg > 1 ? rseg : NULL;
     km_early_lookahead(e, m, p->moe, p->h, p->xn, n);

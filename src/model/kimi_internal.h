@@ -83,7 +83,8 @@ typedef struct {
  * compute; segment i's embedding rows into h from row off (with each
  * row's position and segment when rpos / rseg are set). */
 void km_early_lookahead(df_engine *e, const km_model *m, moe_scratch *ms, const float *h, float *xn, int n);
-void km_embed_rows(const km_model *m, float *h, const df_fwd_seg *sg, int i, int off, int *rpos, int *rseg);
+void km_embed_rows(df_engine *e, const km_model *m, float *h, const df_fwd_seg *sg, int i, int off, int *rpos,
+                   int *rseg);
 
 /* kimi_dev.c: the floats of a km_dev of `rows` rows, and d's buffers
  * placed in such a block at p; a session's device pass set up (s->dv, its

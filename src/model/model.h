@@ -142,11 +142,18 @@ struct df_engine {
     char spine_dtype[16];     /* "int8", or the checkpoint's matrices' type */
     float *batch_logits;      /* [DF_CHUNK][vocab] head rows of a batched pass (model_batch_logits) */
     df_batch_stats bstats;    /* batched steps (df_engine_batch_stats) */
+    uint64_t moe_on_dev[4];   /* bit l: every expert of MoE layer l's last pass (any session's)
+                                 ran from device copies, so its router lookahead would read
+                                 nothing (moe_all_on_device); a hint, never a result */
     char meta_note[512];      /* what the metadata cache did at open (st_cache.h), "" if nothing to say */
 };
 /* The engine's scratch for a batched pass's logits rows, allocated on first
  * use (NULL when out of memory). */
 float *model_batch_logits(df_engine *e);
+/* The embedding rows of n tokens into out ([n][embed->cols]); a prompt's
+ * rows split over the engine's pool (a new session's rows are fresh pages:
+ * one thread took ~6 ms to fault 256 K3-width rows in). */
+void model_embed_tokens(df_engine *e, const df_weight *embed, const int32_t *tokens, int n, float *out);
 /* The end of a model program's batched pass (forward_batch): the head
  * (layer group L, entered here) over xn's rows [rows][hidden], the final-
  * normed rows of the segments with an out, in segment order (every row of
