@@ -1083,3 +1083,82 @@ TEST(model_accel_stream_spine_device_failure) {
         free(ref);
     }
 }
+
+/* moe_route's choice against the K rounds of "the first untaken maximum" it
+ * is defined by, on scores with many ties (values on a coarse grid, a bias
+ * that cancels some), dropped groups (0 or -inf), and NaNs. */
+static void route_ref(const float *choice, int E, int K, int *taken) {
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int x = 0; x < E; x++)
+            if (!taken[x] && (best < 0 || choice[x] > choice[best])) best = x;
+        taken[best] = 1;
+    }
+}
+
+TEST(moe_route_top_k_matches_rounds_with_ties) {
+    enum { E = 96 };
+    float bias[E];
+    uint32_t r = 12345;
+    int bad = 0, cases = 0;
+    for (int c = 0; c < 400; c++) {
+        moe_layer m;
+        memset(&m, 0, sizeof m);
+        m.E = E;
+        m.K = 1 + c % 17;
+        m.n_group = (c / 17) % 3 == 0 ? 1 : 8;
+        m.topk_group = m.n_group > 1 ? 1 + c % 7 : 1;
+        m.sigmoid = c % 2;
+        m.group_mask = (c / 3) % 2 ? 0.0f : -INFINITY;
+        m.renorm = 1;
+        m.scale = 1.0f;
+        m.bias = bias;
+        float logit[E];
+        for (int x = 0; x < E; x++) {
+            r = r * 1664525u + 1013904223u;
+            logit[x] = (float)((int)(r >> 28) - 8) * 0.5f; /* 16 values: many ties */
+            bias[x] = (c % 5 == 0) ? 0.0f : (float)((int)(r >> 20 & 3)) * 0.25f;
+        }
+        if (c % 37 == 0) logit[(c * 7) % E] = NAN;
+        /* the choice moe_route ranks: the scores plus the bias, dropped groups masked */
+        float score[E], choice[E];
+        if (m.sigmoid) {
+            for (int x = 0; x < E; x++) score[x] = op_sigmoid(logit[x]);
+        } else {
+            memcpy(score, logit, sizeof score);
+            op_softmax(score, E);
+        }
+        for (int x = 0; x < E; x++) choice[x] = score[x] + bias[x];
+        const int G = m.n_group, per = E / G;
+        if (G > 1 && m.topk_group < G) {
+            float gs[8];
+            int keep[8] = {0};
+            for (int g = 0; g < G; g++) {
+                float a = -INFINITY, b = -INFINITY;
+                for (int x = g * per; x < (g + 1) * per; x++) {
+                    if (choice[x] > a) { b = a; a = choice[x]; }
+                    else if (choice[x] > b) b = choice[x];
+                }
+                gs[g] = a + b;
+            }
+            for (int k = 0; k < m.topk_group; k++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+                keep[best] = 1;
+            }
+            for (int x = 0; x < E; x++)
+                if (!keep[x / per]) choice[x] = m.group_mask;
+        }
+        int taken[E] = {0}, sel[32];
+        float selw[32];
+        route_ref(choice, E, m.K, taken);
+        moe_route(&m, logit, sel, selw, NULL);
+        int k = 0;
+        for (int x = 0; x < E; x++)
+            if (taken[x]) bad += k >= m.K || sel[k++] != x;
+        bad += k != m.K;
+        cases++;
+    }
+    CHECK(bad == 0, "%d selections differ over %d cases", bad, cases);
+}

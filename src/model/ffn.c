@@ -145,6 +145,40 @@ void moe_layer_free(moe_layer *m) {
 
 /* ---- router ---- */
 
+/* taken[x] = 1 for the K largest choice[x], the lower index first among
+ * equal values (K rounds of "the first untaken maximum"). Without NaNs one
+ * pass keeps the K best so far in order (a later x enters only when strictly
+ * above the K-th: equal values keep the lower index); with any NaN, the
+ * rounds themselves, whose outcome NaNs make order-dependent. */
+static void pick_top(const float *choice, int E, int K, int *taken) {
+    int nan = 0;
+    for (int x = 0; x < E; x++) nan |= choice[x] != choice[x];
+    if (nan || K > 64) {
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int x = 0; x < E; x++)
+                if (!taken[x] && (best < 0 || choice[x] > choice[best])) best = x;
+            taken[best] = 1;
+        }
+        return;
+    }
+    float tv[64];
+    int ti[64], nt = 0;
+    for (int x = 0; x < E; x++) {
+        const float v = choice[x];
+        if (nt == K && !(v > tv[K - 1])) continue;
+        int j = nt < K ? nt++ : K - 1; /* the slot it may take: the end, or the K-th's */
+        while (j > 0 && v > tv[j - 1]) {
+            tv[j] = tv[j - 1];
+            ti[j] = ti[j - 1];
+            j--;
+        }
+        tv[j] = v;
+        ti[j] = x;
+    }
+    for (int k = 0; k < nt; k++) taken[ti[k]] = 1;
+}
+
 void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw, float *margin) {
     int E = m->E, K = m->K, G = m->n_group > 0 ? m->n_group : 1, per = E / G;
     float score[E], choice[E];
@@ -178,12 +212,7 @@ void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw, fl
     }
     int taken[E];
     memset(taken, 0, sizeof taken);
-    for (int k = 0; k < K; k++) {
-        int best = -1;
-        for (int x = 0; x < E; x++)
-            if (!taken[x] && (best < 0 || choice[x] > choice[best])) best = x;
-        taken[best] = 1;
-    }
+    pick_top(choice, E, K, taken);
     float sum = 0.0f, next_best = -INFINITY; /* the best expert left out */
     if (margin)
         for (int x = 0; x < E; x++)
@@ -572,6 +601,21 @@ static void union_stats(df_engine *e, moe_scratch *s, int n, int K, int nu) {
     }
 }
 
+typedef struct {
+    const moe_layer *m;
+    const float *rlog;
+    int *sel;
+    float *selw;
+} route_job;
+
+/* moe_route over rows [t0, t1) (each row's choice depends on that row alone) */
+static void route_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const route_job *j = ctx;
+    const int E = j->m->E, K = j->m->K;
+    for (int64_t t = t0; t < t1; t++) moe_route(j->m, j->rlog + (size_t)t * E, j->sel + t * K, j->selw + t * K, NULL);
+}
+
 df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
                       const float *xn, int n, int pos, float *out, char *err) {
     int H = (int)m->router.cols, K = m->K;
@@ -596,11 +640,13 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     df_status pst = mm_many_dev(e, pre, npre, err); /* fails only over device rows */
     if (pst != DF_OK) return pst;
     if (dv) dv->xin = m->latent ? dv->xl : dv->xn;
-    for (int t = 0; t < n; t++) {
-        moe_route(m, s->rlog + (size_t)t * m->E, s->sel + t * K, s->selw + t * K, NULL);
-        if (m->trace) m->trace(m->trace_ctx, s->rpos ? s->rpos[t] : pos + t, m->trace_layer, s->sel + t * K,
-                               s->selw + t * K, K);
-    }
+    route_job rj = {m, s->rlog, s->sel, s->selw};
+    if (n >= 16) pool_for(e->pool, n, 8, route_rows, &rj); /* a prompt's rows (the device waits for them) */
+    else route_rows(&rj, 0, n, 0);
+    if (m->trace)
+        for (int t = 0; t < n; t++)
+            m->trace(m->trace_ctx, s->rpos ? s->rpos[t] : pos + t, m->trace_layer, s->sel + t * K, s->selw + t * K,
+                     K);
     /* the union of the chunk's experts, ascending */
     int nu = 0;
     for (int i = 0; i < n * K; i++) s->mark[s->sel[i]] = 1;
