@@ -25,8 +25,8 @@
  *
  * Sections: rowsum; scores.
  */
-enum { KB = 128 };
-enum { B_F32, B_BF16, B_I8 }; /* what B holds */ /* B rows per block: 128 x (512 + 64) floats = 288 KiB, in L2 */
+enum { KB = 128 }; /* B rows per block: 128 x (512 + 64) floats = 288 KiB, in L2 */
+enum { B_F32, B_BF16, B_I8 }; /* what B holds */
 
 /* ---- rowsum ---- */
 

@@ -615,7 +615,7 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
     return DF_OK;
 }
 
-/* ---- batched steps ---- */
+/* ---- embedding rows ---- */
 
 typedef struct {
     const df_weight *embed;
@@ -631,9 +631,10 @@ static void embed_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
 
 void model_embed_tokens(df_engine *e, const df_weight *embed, const int32_t *tokens, int n, float *out) {
     embed_job j = {embed, tokens, out};
-    if (n >= 16) pool_for(e->pool, n, 8, embed_rows, &j);
-    else embed_rows(&j, 0, n, 0);
+    pool_for(e->pool, n, 16, embed_rows, &j); /* a prompt's rows over the pool; a step's on this thread */
 }
+
+/* ---- batched steps ---- */
 
 float *model_batch_logits(df_engine *e) {
     if (!e->batch_logits) e->batch_logits = malloc((size_t)DF_CHUNK * e->cfg.vocab_size * sizeof(float));

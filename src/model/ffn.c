@@ -145,27 +145,27 @@ void moe_layer_free(moe_layer *m) {
 
 /* ---- router ---- */
 
-/* taken[x] = 1 for the K largest choice[x], the lower index first among
- * equal values (K rounds of "the first untaken maximum"). Without NaNs one
- * pass keeps the K best so far in order (a later x enters only when strictly
- * above the K-th: equal values keep the lower index); with any NaN, the
- * rounds themselves, whose outcome NaNs make order-dependent. */
-static void pick_top(const float *choice, int E, int K, int *taken) {
-    int nan = 0;
-    for (int x = 0; x < E; x++) nan |= choice[x] != choice[x];
-    if (nan || K > 64) {
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int x = 0; x < E; x++)
-                if (!taken[x] && (best < 0 || choice[x] > choice[best])) best = x;
-            taken[best] = 1;
-        }
-        return;
+/* The K rounds of "the first untaken maximum": taken[x] = 1 for the K
+ * largest choice[x], the lower index first among equal values. */
+static void pick_rounds(const float *choice, int E, int K, int *taken) {
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int x = 0; x < E; x++)
+            if (!taken[x] && (best < 0 || choice[x] > choice[best])) best = x;
+        taken[best] = 1;
     }
+}
+
+/* pick_rounds' choice in one pass: the K best so far, in order (a later x
+ * enters only when strictly above the K-th, so equal values keep the lower
+ * index). NaNs make the rounds' outcome order-dependent: with any, the
+ * rounds themselves. */
+static void pick_top(const float *choice, int E, int K, int *taken) {
     float tv[64];
-    int ti[64], nt = 0;
-    for (int x = 0; x < E; x++) {
+    int ti[64], nt = 0, nan = K > 64;
+    for (int x = 0; x < E && !nan; x++) {
         const float v = choice[x];
+        nan = v != v;
         if (nt == K && !(v > tv[K - 1])) continue;
         int j = nt < K ? nt++ : K - 1; /* the slot it may take: the end, or the K-th's */
         while (j > 0 && v > tv[j - 1]) {
@@ -176,7 +176,9 @@ static void pick_top(const float *choice, int E, int K, int *taken) {
         tv[j] = v;
         ti[j] = x;
     }
-    for (int k = 0; k < nt; k++) taken[ti[k]] = 1;
+    if (nan) pick_rounds(choice, E, K, taken);
+    else
+        for (int k = 0; k < nt; k++) taken[ti[k]] = 1;
 }
 
 void moe_route(const moe_layer *m, const float *logit, int *sel, float *selw, float *margin) {
@@ -641,8 +643,7 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     if (pst != DF_OK) return pst;
     if (dv) dv->xin = m->latent ? dv->xl : dv->xn;
     route_job rj = {m, s->rlog, s->sel, s->selw};
-    if (n >= 16) pool_for(e->pool, n, 8, route_rows, &rj); /* a prompt's rows (the device waits for them) */
-    else route_rows(&rj, 0, n, 0);
+    pool_for(e->pool, n, 16, route_rows, &rj); /* a prompt's rows over the pool (the device waits for them) */
     if (m->trace)
         for (int t = 0; t < n; t++)
             m->trace(m->trace_ctx, s->rpos ? s->rpos[t] : pos + t, m->trace_layer, s->sel + t * K, s->selw + t * K,
