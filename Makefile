@@ -87,7 +87,7 @@ FUZZ_CC      ?= clang
 
 # SIMD variants get their ISA flags per file; everything else stays portable.
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
-AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mavx2
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512vbmi -mavx512bf16 -mfma -mf16c -mavx2
 AMX_FLAGS    := -mamx-tile -mamx-bf16
 
 LIB_SRC  := $(filter-out $(filter-out $(SIMD_SRC),$(X86_SIMD_SRC) $(ARM_SIMD_SRC)), \

@@ -306,6 +306,61 @@ TEST(kn_matvec_int4_f16) { suite(WT_INT4_G32, DT_F16, 0, 0); }
 TEST(kn_matvec_int4_f32) { suite(WT_INT4_G32, DT_F32, 0, 0); }
 TEST(kn_matvec_mxfp4) { suite(WT_MXFP4, DT_UNKNOWN, 0, 0); }
 
+/* 4-bit weights against x with a wide range inside its 32-column groups
+ * (values 2^0 .. 2^-40 apart, zero groups, a subnormal group), a tail
+ * chunk, and a NaN: every level within the fp32 bound plus kernels.h's
+ * 2^-23 max|x_g| sum_g |w| term for the AVX-512 fixed point (the others
+ * meet the plain fp32 bound), and NaN in x gives NaN in every row. */
+TEST(kn_nib_wide_x_within_bound) {
+    const wt_type types[] = {WT_MXFP4, WT_INT4_G32};
+    const int64_t rows = 9, cols = 1024 + 96;
+    for (int ti = 0; ti < 2; ti++) {
+        tmat m;
+        tmat_make(&m, types[ti], rows, cols, types[ti] == WT_INT4_G32 ? DT_BF16 : DT_UNKNOWN, 0, 0, 91 + ti);
+        float *x = malloc((size_t)cols * sizeof *x), *deq = malloc((size_t)cols * sizeof *deq);
+        float *y = malloc((size_t)rows * sizeof *y);
+        uint64_t s = 4242 + ti;
+        for (int64_t c = 0; c < cols; c++) {
+            const int g = (int)(c / 32);
+            double v = (1.0 + (double)(rng_next(&s) % 1000) / 1000.0) * ldexp(1.0, -(int)(rng_next(&s) % 41));
+            if (rng_next(&s) & 1) v = -v;
+            if (g == 3) v = 0.0;            /* a zero group */
+            if (g == 5) v *= 0x1p-130;      /* a group of subnormals */
+            x[c] = (float)v;
+        }
+        for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
+            if (!kn_level_available((kn_level)lv)) continue;
+            kn_matvec((kn_level)lv, &m.w, x, y, 0, rows);
+            for (int64_t r = 0; r < rows; r++) {
+                kn_dequant_row(&m.w, r, deq);
+                double ref = 0, mag = 0, fix = 0;
+                for (int64_t g = 0; g < cols / 32; g++) {
+                    double mx = 0, sw = 0;
+                    for (int64_t c = g * 32; c < g * 32 + 32; c++) {
+                        ref += (double)deq[c] * x[c];
+                        mag += fabs((double)deq[c] * x[c]);
+                        mx = fmax(mx, fabs((double)x[c]));
+                        sw += fabs((double)deq[c]);
+                    }
+                    fix += mx * sw;
+                }
+                const double tol = (double)(cols + 2) * 0x1p-24 * mag + 0x1p-23 * fix + 1e-37;
+                CHECK(fabs(y[r] - ref) <= tol, "%s %s row %lld: %.9g vs ref %.9g (tol %.3g)", wt_type_name(m.w.type),
+                      kn_level_name((kn_level)lv), (long long)r, y[r], ref, tol);
+            }
+            const float keep = x[37];
+            x[37] = __builtin_nanf("");
+            kn_matvec((kn_level)lv, &m.w, x, y, 0, rows);
+            x[37] = keep;
+            for (int64_t r = 0; r < rows; r++)
+                CHECK(isnan(y[r]), "%s %s row %lld: %.9g with a NaN in x", wt_type_name(m.w.type),
+                      kn_level_name((kn_level)lv), (long long)r, y[r]);
+        }
+        free(x), free(deq), free(y);
+        tmat_free(&m);
+    }
+}
+
 TEST(kn_dequant_known) {
     float out[64];
     { /* mxfp4: byte 0x21 -> 0.5 (even col, low nibble), 1.0 (odd col); e8m0 scales */

@@ -84,7 +84,7 @@ static kn_level detect_once(void) {
     int avx2 = (b >> 5) & 1;
     if (!avx2) return KN_SCALAR;
     int f512 = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    int vnni = (c >> 11) & 1;
+    int vnni = (c >> 11) & 1, vbmi = (c >> 1) & 1;
     unsigned max_sub = a;
     int bf16 = 0;
     if (max_sub >= 1) {
@@ -92,7 +92,7 @@ static kn_level detect_once(void) {
         bf16 = (a >> 5) & 1;
     }
     int zmm_state = (xcr & 0xe0) == 0xe0; /* opmask, ZMM_Hi256, Hi16_ZMM */
-    if (!(f512 && dq && bw && vl && vnni && bf16 && zmm_state)) return KN_AVX2;
+    if (!(f512 && dq && bw && vl && vnni && vbmi && bf16 && zmm_state)) return KN_AVX2;
     return amx_usable() ? KN_AMX : KN_AVX512;
 }
 #elif KN_ARM64

@@ -370,7 +370,7 @@ static void nib_prep(const float *x, int64_t cols, float *xp) {
 /* rows x vectors for prefill, within the 16 registers: accumulators (2 per
  * output) plus the decoded weights of the tile's rows */
 enum { D_MR = 2, D_MV = 2, F_MR = 1, F_MV = 2, N_MR = 1, N_MV = 4 };
-KN_LEVEL(kn_matmul_avx2, nib_prep)
+KN_LEVEL(kn_matmul_avx2, nib_prep, nib_prep)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
  * FMAs; returns the flops done, with a result in *sink so none is dead. */

@@ -1,32 +1,29 @@
-/* matvec_avx512.c — AVX-512 (F BW VL DQ) tiles for every weight type.
+/* matvec_avx512.c — AVX-512 (F BW VL DQ VNNI VBMI BF16) tiles for every weight type.
  *
  * Owns: kn_matmul_avx512 (a table of tiles per weight type handed to the
  * shared driver, matvec_driver.c). Compiled with the Makefile's AVX512_FLAGS;
  * only reached when kn_detect() found all of them. Refuses: allocation,
- * scalar float math on the data path, and VNNI/BF16 dot instructions
- * (vdpbf16ps would round x to bf16, which changes the model's math).
+ * scalar float math on the data path, and BF16 dot instructions (vdpbf16ps
+ * would round x to bf16, which changes the model's math); VNNI only on
+ * integers it sums exactly (the 4-bit tiles, section 4).
  *
  * A tile computes nr rows x nv vectors (nr, nv compile-time: NR x 1 for
- * decode, MR x MV for prefill, and 1-row variants of both). Each (row,
+ * decode, MR x MV for prefill, and 1-row variants of both). Each dense (row,
  * vector) output owns accumulators a0/a1 fed in a pattern that depends only
  * on cols (32-column steps: a0 columns 0-15, a1 16-31; a lone 16-column step
  * to a0; the masked tail to a1; fp8 keeps per-block partials in the same
  * pattern and scales them once per block), then hsum(a0 + a1): the same
  * instructions whatever nr and nv are, so a value never depends on the tile
- * that computed it. Masked loads zero the lanes past the end, so tails need
- * no copies.
+ * that computed it (the 4-bit tiles likewise, one accumulator, section 4).
+ * Masked loads zero the lanes past the end, so tails need no copies.
  *
- * Streaming: each row's stream is prefetched KN_PF bytes ahead, once per 64
- * bytes read; the hardware prefetcher alone left the 4-bit and int8 kernels
- * at half the DRAM bandwidth (their rows are read slowly, so it ramps late).
- * Each tile also prefetches the head of the next tile's rows
- * (matvec_prefetch.h says why).
- *
- * Nibble types: one 32-column group is 16 bytes; vpmovzxbd puts byte k in
- * lane k, vpermps (which reads only the low 4 index bits) looks the low nibble
- * (even column) up in a 16-entry table already multiplied by the group's
- * scale, and the byte shifted right by 4 (odd column) likewise; x arrives
- * split into even/odd halves per group (nib_prep).
+ * Streaming: for one vector (decode) each tile prefetches the columns it is
+ * reading of the next tile's rows into L2, a tile ahead (Zen 4 VM, 2
+ * threads: the 4-bit kernels ~15 -> ~30 GB/s, int8 ~26 -> ~41; one stream
+ * KN_PF bytes ahead in the row had been measured on the Xeon host, whose
+ * figures with this scheme are in bench/cpu_NOTES.md). Many vectors, and the
+ * last tile of a matrix, prefetch KN_PF bytes ahead in each row
+ * (matvec_prefetch.h).
  *
  * Sections: 1. helpers  2. dense (f32 bf16 f16 i8)  3. fp8 block
  *           4. int4 / mxfp4  5. tiles per type
@@ -107,10 +104,16 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         row[j] = (const char *)w->data + (r + j) * cols * es;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
     }
-    kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
+    /* one vector: the same columns of the next tile's rows into L2, as nib_tile */
+    const int64_t next = nv == 1 && r + 2 * nr <= w->rows ? nr * cols * es : 0;
+    if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
-        if (es == 1 ? (c & 32) == 0 : 1) UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 32 * es < 64 ? 64 : 32 * es);
+        if (next) {
+            if (es == 1 ? (c & 32) == 0 : 1)
+                UNROLL for (int j = 0; j < nr; j++) UNROLL for (int o = 0; o < 32 * es; o += 64)
+                    _mm_prefetch(row[j] + next + c * es + o, _MM_HINT_T1);
+        } else if (es == 1 ? (c & 32) == 0 : 1) UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 32 * es < 64 ? 64 : 32 * es);
         __m512 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {
             x0[v] = _mm512_loadu_ps(X + v * ldx + c);
@@ -272,76 +275,177 @@ AI __m512 scales16(int k, const void *scale, int64_t idx, int64_t left) {
     }
 }
 
+/* The 4-bit tiles work in integers (VNNI), per 128-column chunk (four
+ * groups, 64 code bytes a row):
+ *   - a code becomes an unsigned byte u = v + c0: int4 u = q (v = q - 8,
+ *     c0 = 8); MXFP4 u = 2 e2m1 + 12 (v = twice the e2m1 value, exact,
+ *     in -12..12; c0 = 12), by one in-lane table lookup (vpshufb);
+ *   - x comes as three signed bytes a column (nib_prep_i4 / nib_prep_mx):
+ *     each 32-column group g is scaled by 2^s_g so its largest |x| lies in
+ *     [2^22, 2^23) (one group at most one step lower, so the rounded value
+ *     fits three balanced digits) and rounded to the integer
+ *     X = L0 2^16 + L1 2^8 + L2 (digits in -128..127);
+ *   - vpdpbusd sums four u x L products a dword lane: lane i of the chunk
+ *     holds columns 8i .. 8i+7 (its four even columns from the low
+ *     nibbles, its four odd ones from the high), so a lane belongs to group
+ *     i / 4; per lane ((dp L0 << 8) + dp L1) << 8) + dp L2 - c0 sum X = the
+ *     exact integer sum v X of its eight columns (|.| < 2^30; int32 wraps
+ *     are harmless, the result fits);
+ *   - that integer becomes fp32 (one rounding), is multiplied by the lane's
+ *     2^-s_g (folded with the e2m1 halving; exact) and added into the
+ *     lane's accumulator by one FMA with the group's scale.
+ * The same instructions in the same order for every (row, vector) output
+ * whatever the tile: a value never depends on nr, nv or the row range.
+ * Against the exact sum: the fp32 steps bound like any order of n products,
+ * and x's rounding adds at most 2^-23 max|x_g| sum_{c in g} |w_c| per
+ * group (kernels.h). Groups of x with a NaN or infinity give NaN; a group
+ * whose largest |x| is below 2^-125 keeps its bits down to 2^-148 only. */
+/* prepared x per chunk (CH_BYTES): digit planes L0e L0o L1e L1o L2e L2o (64
+ * bytes each), -c0 sum X per lane (16 int32); the first chunk of each
+ * 16-group block then holds the block's 2^-s (16 floats, from float CH_XS) */
+enum { CH = 128, CH_BYTES = 512, CH_XS = 112 };
+
+/* One chunk (128 columns from c; `full`, else the first cm bytes of codes)
+ * of nib_tile's rows and vectors into acc; sx: each (row, vector)'s 16
+ * lane scales of the chunk's 16-group block. */
+AI void nib_chunk(int k, int nr, int nv, const uint8_t *const q[TR], int64_t c, int full, __mmask64 cm,
+                  const __m512 sx[TR][TV], __m512i sidx, const float *X, int64_t ldx, __m512 acc[TR][TV]) {
+    /* u = 2 e2m1 + 12 (int4: u = q) by the low 4 bits of an index (vpermb reads 6) */
+    const __m512i tab = k == N_MX
+        ? _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0))
+        : _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    __m512i ue[TR], uo[TR];
+    UNROLL for (int j = 0; j < nr; j++) {
+        const __m512i b = full ? _mm512_loadu_si512(q[j] + c / 2) : _mm512_maskz_loadu_epi8(cm, q[j] + c / 2);
+        /* low nibbles: byte k's own; high: shifted down within each 16-bit word */
+        ue[j] = _mm512_permutexvar_epi8(b, tab);
+        uo[j] = _mm512_permutexvar_epi8(_mm512_srli_epi16(b, 4), tab);
+    }
+    UNROLL for (int v = 0; v < nv; v++) {
+        /* x's planes in registers, shared by the rows (L1 loads were the limit) */
+        const __m512i *xp = (const __m512i *)(X + v * ldx + c);
+        __m512i xl[7];
+        UNROLL for (int i = 0; i < 7; i++) xl[i] = _mm512_loadu_si512(xp + i);
+        UNROLL for (int j = 0; j < nr; j++) {
+            __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ue[j], xl[0]);
+            a = _mm512_dpbusd_epi32(a, uo[j], xl[1]);
+            a = _mm512_slli_epi32(a, 8);
+            a = _mm512_dpbusd_epi32(a, ue[j], xl[2]);
+            a = _mm512_dpbusd_epi32(a, uo[j], xl[3]);
+            a = _mm512_slli_epi32(a, 8);
+            a = _mm512_dpbusd_epi32(a, ue[j], xl[4]);
+            a = _mm512_dpbusd_epi32(a, uo[j], xl[5]);
+            a = _mm512_add_epi32(a, xl[6]); /* - c0 sum X */
+            acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(sidx, sx[j][v]), acc[j][v]);
+        }
+    }
+}
+
 AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
-    const int64_t cols = w->cols, ng = cols / 32;
+    const int64_t cols = w->cols, ng = cols / 32, nfull = cols / CH, nch = (cols + CH - 1) / CH;
     const uint8_t *q[TR];
     int64_t si[TR];
-    __m512 a0[TR][TV], a1[TR][TV];
+    __m512 acc[TR][TV], sx[TR][TV];
     UNROLL for (int j = 0; j < nr; j++) {
         q[j] = (const uint8_t *)w->data + (r + j) * (cols / 2);
         si[j] = (r + j) * ng;
-        UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
+        UNROLL for (int v = 0; v < nv; v++) acc[j][v] = sx[j][v] = _mm512_setzero_ps();
     }
-    /* values of the 16 codes before scaling: int4 q - 8, or e2m1 */
-    const __m512 base = k == N_MX
-        ? _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f)
-        : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    float sbuf[TR][16];
+    /* lane i takes the scale of group i / 4 of the chunk */
+    const __m512i lane_grp = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
-    /* the next tile's rows; not for many vectors, whose decode is the limit (-5% with it) */
-    if (nv == 1) kn_pf_nib_rows(w, r + nr, nr, ssz);
-    for (int64_t g = 0; g < ng; g++) {
-        const int64_t c = g * 32;
-        if ((g & 15) == 0) {
+    /* Streaming one vector, each chunk prefetches the same chunk of the
+     * next tile's rows into L2 (a tile ahead; Zen 4 VM, kn_stream 98304 x
+     * 3584: 8 -> 16 GB/s one thread, 15-18 -> 30-32 two, against 512 bytes
+     * ahead in the row); the last tile of the matrix prefetches in its rows. */
+    const int64_t next = r + 2 * nr <= w->rows ? nr * (cols / 2) : 0;
+    if (nv == 1 && !next) kn_pf_nib_rows(w, r + nr, nr, ssz);
+    for (int64_t ch = 0; ch < nch; ch++) {
+        const int64_t g = ch * 4, c = ch * CH;
+        if ((ch & 3) == 0) { /* a block of 16 groups: weight scale times x's 2^-s (exact) */
             UNROLL for (int j = 0; j < nr; j++) {
-                _mm512_storeu_ps(sbuf[j], scales16(k, w->scale, si[j] + g, ng - g));
+                const __m512 ws = scales16(k, w->scale, si[j] + g, ng - g);
+                UNROLL for (int v = 0; v < nv; v++)
+                    sx[j][v] = _mm512_mul_ps(ws, _mm512_loadu_ps(X + v * ldx + c + CH_XS));
                 /* the scales are a stream too (one line per 4-16 blocks of them) */
                 _mm_prefetch((const char *)w->scale + (si[j] + g + PF_SCALES) * ssz, _MM_HINT_T0);
             }
         }
-        /* every group (16 bytes), not once per line: measured faster here */
-        UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
-        __m512 xe[TV], xo[TV]; /* loaded once, shared by the tile's rows */
-        UNROLL for (int v = 0; v < nv; v++) {
-            xe[v] = _mm512_loadu_ps(X + v * ldx + c);
-            xo[v] = _mm512_loadu_ps(X + v * ldx + c + 16);
-        }
-        UNROLL for (int j = 0; j < nr; j++) {
-            /* table * s: exact for bf16/f16/e8m0 scales, and for f32 scales
-             * the same single rounding as kn_dequant_row's (q - 8) * s */
-            __m512 tab = _mm512_mul_ps(base, _mm512_set1_ps(sbuf[j][g & 15]));
-            __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q[j] + c / 2)));
-            __m512 we = _mm512_permutexvar_ps(b, tab);
-            __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), tab);
-            UNROLL for (int v = 0; v < nv; v++) {
-                a0[j][v] = _mm512_fmadd_ps(we, xe[v], a0[j][v]);
-                a1[j][v] = _mm512_fmadd_ps(wo, xo[v], a1[j][v]);
-            }
-        }
+        const __m512i sidx = _mm512_add_epi32(lane_grp, _mm512_set1_epi32((int)(ch & 3) * 4));
+        /* one vector: this chunk of the next tile's rows into L2 (a tile
+         * ahead); many vectors: their decode is the limit */
+        if (nv == 1 && next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + c / 2, _MM_HINT_T1);
+        else UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
+        if (ch < nfull) nib_chunk(k, nr, nv, q, c, 1, 0, sx, sidx, X, ldx, acc);
+        else nib_chunk(k, nr, nv, q, c, 0, ((__mmask64)1 << ((cols - c) / 2)) - 1, sx, sidx, X, ldx, acc);
     }
-    UNROLL for (int j = 0; j < nr; j++) UNROLL for (int v = 0; v < nv; v++)
-        Y[v * ldy + j] = hsum16(_mm512_add_ps(a0[j][v], a1[j][v]));
+    UNROLL for (int j = 0; j < nr; j++) UNROLL for (int v = 0; v < nv; v++) Y[v * ldy + j] = hsum16(acc[j][v]);
 }
 
-/* Per 32-column group: the 16 even columns, then the 16 odd ones. */
-static void nib_prep(const float *x, int64_t cols, float *out) {
+/* x for nib_tile: per 128-column chunk (CH_BYTES, the last one zero-padded)
+ * the three digit planes of the even and of the odd columns, -c0 times each
+ * lane's sum of X, and each lane's 2^-s (times half: 0.5 for MXFP4's
+ * doubled codes). See nib_tile for the scaling. */
+AI void nib_prep(const float *x, int64_t cols, float *out, int c0, float half) {
     const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    for (int64_t c = 0; c < cols; c += 32) {
-        __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
-        _mm512_storeu_ps(out + c, _mm512_permutex2var_ps(x0, ie, x1));
-        _mm512_storeu_ps(out + c + 16, _mm512_permutex2var_ps(x0, io, x1));
+    const __m512i lane0 = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const int64_t ng = cols / 32, nch = (cols + CH - 1) / CH;
+    /* the last chunk's missing groups stay zero */
+    if (ng % 4) memset((char *)out + (nch - 1) * CH_BYTES, 0, CH_BYTES);
+    if (ng % 16) memset(out + (ng / 16) * 4 * CH + CH_XS, 0, 16 * sizeof(float)); /* the last block's 2^-s */
+    /* a group at most one step lower when its largest |x| rounds above the three digits' 8355711 */
+    const float dig_max = 8355711.5f;
+    for (int64_t g = 0; g < ng; g++) {
+        char *o = (char *)out + (g / 4) * CH_BYTES + (g % 4) * 16;
+        const __m512 x0 = _mm512_loadu_ps(x + g * 32), x1 = _mm512_loadu_ps(x + g * 32 + 16);
+        const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        __m512i Xe = _mm512_setzero_si512(), Xo = Xe;
+        float inv = 0.0f;
+        /* (vmaxps drops NaNs, so they are looked for apart) */
+        const int nan = _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q);
+        if (nan || !(m <= 3.4028235e38f)) { /* NaN or infinity */
+            inv = __builtin_nanf("");
+        } else if (m > 0.0f) {
+            /* s = 22 - floor(log2 m) (getexp: subnormals too), at most 147 */
+            const __m512 mv = _mm512_set1_ps(m);
+            __m512 sc = _mm512_min_ps(_mm512_sub_ps(_mm512_set1_ps(22.0f), _mm512_getexp_ps(mv)),
+                                      _mm512_set1_ps(147.0f));
+            if (_mm512_cvtss_f32(_mm512_scalef_ps(mv, sc)) > dig_max) sc = _mm512_sub_ps(sc, _mm512_set1_ps(1.0f));
+            Xe = _mm512_cvtps_epi32(_mm512_scalef_ps(_mm512_permutex2var_ps(x0, ie, x1), sc));
+            Xo = _mm512_cvtps_epi32(_mm512_scalef_ps(_mm512_permutex2var_ps(x0, io, x1), sc));
+            inv = _mm512_cvtss_f32(_mm512_scalef_ps(_mm512_set1_ps(half), _mm512_sub_ps(_mm512_setzero_ps(), sc)));
+        }
+        __m512i X2[2] = {Xe, Xo};
+        for (int h = 0; h < 2; h++) { /* digits: L2 = low byte (signed), then L1, L0 */
+            const __m512i X = X2[h];
+            const __m512i l2 = _mm512_srai_epi32(_mm512_slli_epi32(X, 24), 24);
+            const __m512i r1 = _mm512_srai_epi32(_mm512_sub_epi32(X, l2), 8);
+            const __m512i l1 = _mm512_srai_epi32(_mm512_slli_epi32(r1, 24), 24);
+            const __m512i l0 = _mm512_srai_epi32(_mm512_sub_epi32(r1, l1), 8);
+            _mm_storeu_si128((__m128i *)(o + 64 * h), _mm512_cvtepi32_epi8(l0));
+            _mm_storeu_si128((__m128i *)(o + 128 + 64 * h), _mm512_cvtepi32_epi8(l1));
+            _mm_storeu_si128((__m128i *)(o + 256 + 64 * h), _mm512_cvtepi32_epi8(l2));
+        }
+        /* lane m of the group: columns 8m .. 8m+7 = dwords 4m .. 4m+3 of Xe + Xo */
+        __m512i t = _mm512_add_epi32(Xe, Xo);
+        t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_BADC));
+        t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_CDAB));
+        t = _mm512_mullo_epi32(_mm512_permutexvar_epi32(lane0, t), _mm512_set1_epi32(-c0));
+        _mm_storeu_si128((__m128i *)(o + 384), _mm512_castsi512_si128(t));
+        out[(g / 16) * 4 * CH + CH_XS + g % 16] = inv;
     }
 }
+static void nib_prep_i4(const float *x, int64_t cols, float *out) { nib_prep(x, cols, out, 8, 1.0f); }
+static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, cols, out, 12, 0.5f); }
 
 /* ---- 5. tiles per type ----------------------------------------------------- */
 
 /* measured on the 16-core host (bench --kernels, gemm column): dense 4x3
  * beat 4x2 by 14-27% (and a 512-token prefill by 26%), 4-bit 4x2 beat 4x3 */
 enum { D_MR = 4, D_MV = 3, F_MR = 2, F_MV = 2, N_MR = 4, N_MV = 2 };
-KN_LEVEL(kn_matmul_avx512, nib_prep)
+KN_LEVEL(kn_matmul_avx512, nib_prep_i4, nib_prep_mx)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
  * FMAs; returns the flops done, with a result in *sink so none is dead. */

@@ -27,31 +27,33 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
      * 3 to 45 vectors, one thread) */
     float xstack[X_STACK], *xbuf = xstack;
     const float *xs = X;
+    int64_t ldx = cols; /* floats from one vector to the next as the tiles read them */
     if (t->prep) {
-        const int64_t need = (int64_t)n * cols;
+        ldx = kn_prep_len(cols);
+        const int64_t need = (int64_t)n * ldx;
         if (need > X_STACK) {
-            xbuf = malloc((size_t)need * sizeof *xbuf);
+            xbuf = aligned_alloc(64, (size_t)need * sizeof *xbuf);
             ASSERT(xbuf);
         }
-        for (int v = 0; v < n; v++) t->prep(X + (int64_t)v * cols, cols, xbuf + (int64_t)v * cols);
+        for (int v = 0; v < n; v++) t->prep(X + (int64_t)v * cols, cols, xbuf + (int64_t)v * ldx);
         xs = xbuf;
     }
     for (int64_t b0 = row0; b0 < row1; b0 += rb) {
         const int64_t b1 = b0 + rb < row1 ? b0 + rb : row1;
         int i = 0;
         for (; t->many && i + mv <= n; i += mv) {
-            const float *x = xs + (int64_t)i * cols;
+            const float *x = xs + (int64_t)i * ldx;
             float *y = Y + (int64_t)i * ldy;
             int64_t r = b0;
-            for (; r + t->mr <= b1; r += t->mr) t->many(w, r, x, cols, y + (r - row0), ldy);
-            for (; r < b1; r++) t->many_1(w, r, x, cols, y + (r - row0), ldy);
+            for (; r + t->mr <= b1; r += t->mr) t->many(w, r, x, ldx, y + (r - row0), ldy);
+            for (; r < b1; r++) t->many_1(w, r, x, ldx, y + (r - row0), ldy);
         }
         for (; i < n; i++) {
-            const float *x = xs + (int64_t)i * cols;
+            const float *x = xs + (int64_t)i * ldx;
             float *y = Y + (int64_t)i * ldy;
             int64_t r = b0;
-            for (; r + t->nr <= b1; r += t->nr) t->one(w, r, x, cols, y + (r - row0), ldy);
-            for (; r < b1; r++) t->one_1(w, r, x, cols, y + (r - row0), ldy);
+            for (; r + t->nr <= b1; r += t->nr) t->one(w, r, x, ldx, y + (r - row0), ldy);
+            for (; r < b1; r++) t->one_1(w, r, x, ldx, y + (r - row0), ldy);
         }
     }
     if (xbuf != xstack) free(xbuf);

@@ -28,8 +28,12 @@
 
 typedef void (*kn_tile_fn)(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y,
                            int64_t ldy);
-/* Writes x (cols floats) in the column order the level's tiles read. */
+/* Writes x (cols floats) in the form the level's tiles read, into
+ * kn_prep_len(cols) floats. */
 typedef void (*kn_prep_fn)(const float *x, int64_t cols, float *out);
+/* Floats of prepared x a vector of cols columns takes (cols rounded up to a
+ * multiple of 128: a level may pad its last chunk). */
+static inline int64_t kn_prep_len(int64_t cols) { return (cols + 127) / 128 * 128; }
 
 typedef struct {
     kn_tile_fn one, one_1;   /* nr rows x 1 vector, 1 row x 1 vector */
@@ -58,7 +62,8 @@ int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const f
  *   nib_tile(k, w, r, nr, nv, X, ldx, Y, ldy)     k in N_I4_BF16 N_I4_F16 N_I4_F32 N_MX
  * and the constants NR (decode rows) and D_/F_/N_ MR, MV (prefill rows x
  * vectors of dense, fp8 and 4-bit tiles), then says
- *   KN_LEVEL(kn_matmul_LEVEL, prep for the 4-bit tiles or NULL)
+ *   KN_LEVEL(kn_matmul_LEVEL, prep for the int4 tiles, prep for the MXFP4 tiles)
+ * (each NULL when the tiles read x as given)
  * which instantiates every tile and the table, and defines the entry point. */
 #define KN_TILES_(name, mr, mv, body, ...)                                                        \
     static void name##_one(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y,  \
@@ -70,7 +75,7 @@ int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const f
     static void name##_many1(const df_weight *w, int64_t r, const float *X, int64_t ldx,          \
                              float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, 1, mv, X, ldx, Y, ldy); }
 #define KN_TABLE_(name, mr, mv, prep) {name##_one, name##_one1, name##_many, name##_many1, NR, mr, mv, prep, 0}
-#define KN_LEVEL(entry, nib_prep)                                                                  \
+#define KN_LEVEL(entry, prep_i4, prep_mx)                                                                  \
     KN_TILES_(f32, D_MR, D_MV, dense_tile, E_F32,)                                                 \
     KN_TILES_(bf16, D_MR, D_MV, dense_tile, E_BF16,)                                               \
     KN_TILES_(f16, D_MR, D_MV, dense_tile, E_F16,)                                                 \
@@ -86,10 +91,10 @@ int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const f
         [KN_K_F16] = KN_TABLE_(f16, D_MR, D_MV, NULL),                                             \
         [KN_K_I8] = KN_TABLE_(i8, D_MR, D_MV, NULL),                                               \
         [KN_K_FP8] = KN_TABLE_(fp8, F_MR, F_MV, NULL),                                             \
-        [KN_K_I4_BF16] = KN_TABLE_(i4b, N_MR, N_MV, nib_prep),                                     \
-        [KN_K_I4_F16] = KN_TABLE_(i4h, N_MR, N_MV, nib_prep),                                      \
-        [KN_K_I4_F32] = KN_TABLE_(i4f, N_MR, N_MV, nib_prep),                                      \
-        [KN_K_MXFP4] = KN_TABLE_(mx, N_MR, N_MV, nib_prep),                                        \
+        [KN_K_I4_BF16] = KN_TABLE_(i4b, N_MR, N_MV, prep_i4),                                      \
+        [KN_K_I4_F16] = KN_TABLE_(i4h, N_MR, N_MV, prep_i4),                                       \
+        [KN_K_I4_F32] = KN_TABLE_(i4f, N_MR, N_MV, prep_i4),                                       \
+        [KN_K_MXFP4] = KN_TABLE_(mx, N_MR, N_MV, prep_mx),                                         \
     };                                                                                             \
     int entry(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,      \
               int64_t row1) {                                                                      \
