@@ -86,12 +86,17 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         row[j] = (const char *)w->data + (r + j) * cols * es;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
     }
-    kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
+    /* one vector: the same columns of the next tile's rows into L2 (a tile
+     * ahead, as matvec_avx512.c); else KN_PF bytes ahead in each row */
+    const int64_t next = nv == 1 && r + 2 * nr <= w->rows ? nr * cols * es : 0;
+    if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
         /* 16 columns are 16-64 bytes: one prefetch per 64 */
-        if (es == 4 || (c & (es == 2 ? 16 : 48)) == 0)
-            UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 64);
+        if (es == 4 || (c & (es == 2 ? 16 : 48)) == 0) {
+            if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch(row[j] + next + c * es, _MM_HINT_T1);
+            else UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 64);
+        }
         __m256 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {
             x0[v] = _mm256_loadu_ps(X + v * ldx + c);
@@ -272,105 +277,173 @@ AI __m256 scales8(int k, const void *scale, int64_t idx, int64_t left) {
     }
 }
 
-/* A 32-column group is 16 bytes. Every code value (int4 q - 8 in -8..7, e2m1)
- * is a bf16, so two vpshufb tables give its high and low bytes. The 16 bytes
- * go to both 128-bit lanes; lane 0 keeps the low nibbles (columns 2i), lane
- * 1 the high ones (2i+1, a per-lane dword shift by 4). Bytes then words
- * unpacked against zero are the fp32 values themselves (bf16 << 16): four
- * vectors holding columns {0,2,4,6 | 1,3,5,7}, {8..14 | 9..15}, {16..22 |
- * 17..23}, {24..30 | 25..31} of the group, ten uops where an f16 table and
- * vcvtph2ps took about seventeen. x arrives permuted to match (nib_prep).
- * Per group, row and vector: partials p0 (the first two vectors) and p1
- * (the last two), then a += p * scale. */
+/* The 4-bit tiles in integers, as matvec_avx512.c's (same fixed point for
+ * x, same exact integer sums a lane, so the same bound), per 64-column
+ * chunk (two groups, 32 code bytes a row): a code becomes an unsigned byte
+ * u = v + c0 (vpshufb; int4 u = q), vpmaddubsw multiplies it by x's signed
+ * digit bytes in pairs (|u L| sums of four <= 12288: no saturation),
+ * vpmaddwd adds pairs of those into dword lanes (lane i: columns 8i .. 8i+7,
+ * group i / 4), and per lane
+ *   (madd(t0, 256) + madd(t1, 1)) << 8 + madd(t2, 1) - c0 sum X
+ * is the exact integer sum v X of its eight columns; then one rounding to
+ * fp32 and one FMA with the lane's (group scale x 2^-s). */
+enum { CH = 64, CH_BYTES = 256, CH_XS = 56 /* floats: the 8-group block's 2^-s, in its first chunk */ };
+
 AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
-    const int64_t cols = w->cols, ng = cols / 32;
+    const int64_t cols = w->cols, ng = cols / 32, nch = (cols + CH - 1) / CH;
     const uint8_t *q[TR];
     int64_t si[TR];
-    __m256 a0[TR][TV], a1[TR][TV];
+    __m256 acc[TR][TV], sx[TR][TV];
     UNROLL for (int j = 0; j < nr; j++) {
         q[j] = (const uint8_t *)w->data + (r + j) * (cols / 2);
         si[j] = (r + j) * ng;
-        UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
+        UNROLL for (int v = 0; v < nv; v++) acc[j][v] = sx[j][v] = _mm256_setzero_ps();
     }
-    /* bf16 of the 16 code values: high bytes, low bytes */
-    const __m256i thi = k == N_MX
-        ? _mm256_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, /* 0 .5 1 1.5 2 3 4 6 */
-                           (char)0x80, (char)0xbf, (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0,
-                           (char)0xc0, 0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf,
-                           (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0)
-        : _mm256_setr_epi8((char)0xc1, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0,
-                           (char)0xbf, 0x00, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, /* -8 .. 7 */
-                           (char)0xc1, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0,
-                           (char)0xbf, 0x00, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40);
-    const __m256i tlo = k == N_MX
-        ? _mm256_setr_epi8(0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00,
-                           (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00, (char)0x80,
-                           (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00, (char)0x80, (char)0xc0,
-                           0x00, 0x40, (char)0x80, (char)0xc0)
-        : _mm256_setr_epi8(0x00, (char)0xe0, (char)0xc0, (char)0xa0, (char)0x80, 0x40, 0x00, (char)0x80, 0x00,
-                           (char)0x80, 0x00, 0x40, (char)0x80, (char)0xa0, (char)0xc0, (char)0xe0, 0x00,
-                           (char)0xe0, (char)0xc0, (char)0xa0, (char)0x80, 0x40, 0x00, (char)0x80, 0x00,
-                           (char)0x80, 0x00, 0x40, (char)0x80, (char)0xa0, (char)0xc0, (char)0xe0);
-    const __m256i m0f = _mm256_set1_epi8(0x0f), lane_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
-    const __m256i zero = _mm256_setzero_si256();
-    float sbuf[TR][8];
+    const __m256i tab = k == N_MX
+        ? _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                           12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
+        : _mm256_setzero_si256();
+    const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), k256 = _mm256_set1_epi16(256);
+    const __m256i lane_grp = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
-    /* the next tile's rows; not for many vectors, whose decode is the limit (-5% with it) */
-    if (nv == 1) kn_pf_nib_rows(w, r + nr, nr, ssz);
-    for (int64_t g = 0; g < ng; g++) {
-        const int64_t c = g * 32;
-        if ((g & 7) == 0)
+    /* one vector: this chunk of the next tile's rows into L2 (a tile ahead) */
+    const int64_t next = nv == 1 && r + 2 * nr <= w->rows ? nr * (cols / 2) : 0;
+    if (nv == 1 && !next) kn_pf_nib_rows(w, r + nr, nr, ssz);
+    for (int64_t ch = 0; ch < nch; ch++) {
+        const int64_t g = ch * 2, c = ch * CH;
+        if ((ch & 3) == 0) { /* a block of 8 groups: weight scale times x's 2^-s (exact) */
             UNROLL for (int j = 0; j < nr; j++) {
-                _mm256_storeu_ps(sbuf[j], scales8(k, w->scale, si[j] + g, ng - g));
-                /* the scales are a stream too (one line per 4-16 blocks of them) */
+                const __m256 ws = scales8(k, w->scale, si[j] + g, ng - g);
+                UNROLL for (int v = 0; v < nv; v++)
+                    sx[j][v] = _mm256_mul_ps(ws, _mm256_loadu_ps(X + v * ldx + c + CH_XS));
                 _mm_prefetch((const char *)w->scale + (si[j] + g + PF_SCALES) * ssz, _MM_HINT_T0);
             }
-        if ((g & 3) == 0) UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
-        __m256 x0[TV], x1[TV], x2[TV], x3[TV]; /* loaded once, shared by the tile's rows */
-        UNROLL for (int v = 0; v < nv; v++) {
-            const float *x = X + v * ldx + c;
-            x0[v] = _mm256_loadu_ps(x), x1[v] = _mm256_loadu_ps(x + 8);
-            x2[v] = _mm256_loadu_ps(x + 16), x3[v] = _mm256_loadu_ps(x + 24);
         }
+        const __m256i sidx = _mm256_add_epi32(lane_grp, _mm256_set1_epi32((int)(ch & 3) * 2));
+        if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + c / 2, _MM_HINT_T1);
+        else UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
+        const int full = c + CH <= cols;
         UNROLL for (int j = 0; j < nr; j++) {
-            __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q[j] + c / 2)));
-            __m256i cd = _mm256_and_si256(_mm256_srlv_epi32(b, lane_shift), m0f);
-            __m256i h = _mm256_shuffle_epi8(thi, cd), l = _mm256_shuffle_epi8(tlo, cd);
-            __m256i wl = _mm256_unpacklo_epi8(l, h), wh = _mm256_unpackhi_epi8(l, h);
-            __m256 w0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, wl));
-            __m256 w1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, wl));
-            __m256 w2 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, wh));
-            __m256 w3 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, wh));
-            __m256 s = _mm256_broadcast_ss(&sbuf[j][g & 7]);
+            const __m256i b = full ? _mm256_loadu_si256((const __m256i *)(q[j] + c / 2))
+                                   : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(q[j] + c / 2)));
+            __m256i ue = _mm256_and_si256(b, m0f), uo = _mm256_and_si256(_mm256_srli_epi16(b, 4), m0f);
+            if (k == N_MX) {
+                ue = _mm256_shuffle_epi8(tab, ue);
+                uo = _mm256_shuffle_epi8(tab, uo);
+            }
             UNROLL for (int v = 0; v < nv; v++) {
-                __m256 p0 = _mm256_fmadd_ps(w1, x1[v], _mm256_mul_ps(w0, x0[v]));
-                __m256 p1 = _mm256_fmadd_ps(w3, x3[v], _mm256_mul_ps(w2, x2[v]));
-                a0[j][v] = _mm256_fmadd_ps(p0, s, a0[j][v]);
-                a1[j][v] = _mm256_fmadd_ps(p1, s, a1[j][v]);
+                const __m256i *xp = (const __m256i *)(X + v * ldx + c);
+                const __m256i t0 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 0)),
+                                                    _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 1)));
+                const __m256i t1 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 2)),
+                                                    _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 3)));
+                const __m256i t2 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 4)),
+                                                    _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 5)));
+                __m256i a = _mm256_add_epi32(_mm256_madd_epi16(t0, k256), _mm256_madd_epi16(t1, ones));
+                a = _mm256_add_epi32(_mm256_slli_epi32(a, 8), _mm256_madd_epi16(t2, ones));
+                a = _mm256_add_epi32(a, _mm256_loadu_si256(xp + 6)); /* - c0 sum X */
+                acc[j][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_permutevar8x32_ps(sx[j][v], sidx), acc[j][v]);
             }
         }
     }
-    UNROLL for (int j = 0; j < nr; j++) UNROLL for (int v = 0; v < nv; v++)
-        Y[v * ldy + j] = hsum8(_mm256_add_ps(a0[j][v], a1[j][v]));
+    UNROLL for (int j = 0; j < nr; j++) UNROLL for (int v = 0; v < nv; v++) Y[v * ldy + j] = hsum8(acc[j][v]);
 }
 
-/* Per 8-column block of a group: its 4 even columns, then its 4 odd ones
- * (the lanes nib_tile's vectors hold). */
-static void nib_prep(const float *x, int64_t cols, float *xp) {
-    for (int64_t b = 0; b < cols; b += 8)
-        for (int m = 0; m < 4; m++) {
-            xp[b + m] = x[b + 2 * m];
-            xp[b + 4 + m] = x[b + 2 * m + 1];
-        }
+/* 8 int32 as their three balanced digit bytes (X + 0x808080's bytes, each
+ * xor 0x80): the top digit L0 of the 8 in bytes 0-7, L1 in 8-15, L2 in 16-23. */
+AI __m256i digits8(__m256i X) {
+    const __m256i sel = _mm256_setr_epi8(2, 6, 10, 14, 1, 5, 9, 13, 0, 4, 8, 12, -1, -1, -1, -1,
+                                         2, 6, 10, 14, 1, 5, 9, 13, 0, 4, 8, 12, -1, -1, -1, -1);
+    __m256i b = _mm256_shuffle_epi8(_mm256_add_epi32(X, _mm256_set1_epi32(0x808080)), sel);
+    b = _mm256_xor_si256(b, _mm256_set1_epi8((char)0x80));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
+
+/* x for nib_tile: per 64-column chunk (CH_BYTES, the last one zero-padded)
+ * the digit planes L0e L0o L1e L1o L2e L2o (32 bytes each: a group's 16
+ * even or odd columns at 16 g), -c0 sum X per lane (8 int32), and in each
+ * 8-group block's first chunk the block's 2^-s (times half). Each group is
+ * scaled so its largest |x| lies in [2^22, 2^23) (one step lower when it
+ * would round above 8355711), at most by 2^126. */
+AI void nib_prep(const float *x, int64_t cols, float *out, int c0, float half) {
+    const int64_t ng = cols / 32, nch = (cols + CH - 1) / CH;
+    if (ng % 2) memset((char *)out + (nch - 1) * CH_BYTES, 0, CH_BYTES);
+    if (ng % 8) memset(out + (ng / 8) * 4 * CH + CH_XS, 0, 8 * sizeof(float));
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t g = 0; g < ng; g++) {
+        char *o = (char *)out + (g / 2) * CH_BYTES + (g % 2) * 16;
+        const float *xg = x + g * 32;
+        const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
+        const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
+        __m256 mv = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(x0, absm), _mm256_and_ps(x1, absm)),
+                                  _mm256_max_ps(_mm256_and_ps(x2, absm), _mm256_and_ps(x3, absm)));
+        mv = _mm256_max_ps(mv, _mm256_permute2f128_ps(mv, mv, 1));
+        mv = _mm256_max_ps(mv, _mm256_shuffle_ps(mv, mv, 0x4e));
+        mv = _mm256_max_ps(mv, _mm256_shuffle_ps(mv, mv, 0xb1));
+        /* (vmaxps drops NaNs, so they are looked for apart) */
+        const __m256 un = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(x0, x0, _CMP_UNORD_Q), _mm256_cmp_ps(x1, x1, _CMP_UNORD_Q)),
+                                       _mm256_or_ps(_mm256_cmp_ps(x2, x2, _CMP_UNORD_Q), _mm256_cmp_ps(x3, x3, _CMP_UNORD_Q)));
+        const float m = _mm256_cvtss_f32(mv);
+        __m256i Xe0 = _mm256_setzero_si256(), Xe1 = Xe0, Xo0 = Xe0, Xo1 = Xe0;
+        float inv = 0.0f;
+        if (_mm256_movemask_ps(un) || !(m <= 3.4028235e38f)) {
+            inv = __builtin_nanf("");
+        } else if (m > 0.0f) {
+            uint32_t mb;
+            memcpy(&mb, &m, 4);
+            int e = (int)(mb >> 23); /* 0 for subnormal m: scaled by the most, 2^126 */
+            int sh = e ? 149 - e : 126;
+            if (sh > 126) sh = 126;
+            uint32_t sb = (uint32_t)(sh + 127) << 23, ib = (uint32_t)(127 - sh) << 23;
+            float sc, is;
+            memcpy(&sc, &sb, 4), memcpy(&is, &ib, 4);
+            if (m * sc > 8355711.5f) { /* one step lower: both exact powers of two */
+                sc *= 0.5f;
+                is *= 2.0f;
+            }
+            const __m256 s8 = _mm256_set1_ps(sc);
+            /* even and odd columns: shuffle_ps takes 0,2 | 1,3 of each 4, permute4x64 orders them */
+            const __m256 e0 = _mm256_shuffle_ps(x0, x1, 0x88), o0 = _mm256_shuffle_ps(x0, x1, 0xdd);
+            const __m256 e1 = _mm256_shuffle_ps(x2, x3, 0x88), o1 = _mm256_shuffle_ps(x2, x3, 0xdd);
+#define DF_ORD(v) _mm256_castsi256_ps(_mm256_permute4x64_epi64(_mm256_castps_si256(v), 0xd8))
+            Xe0 = _mm256_cvtps_epi32(_mm256_mul_ps(DF_ORD(e0), s8));
+            Xe1 = _mm256_cvtps_epi32(_mm256_mul_ps(DF_ORD(e1), s8));
+            Xo0 = _mm256_cvtps_epi32(_mm256_mul_ps(DF_ORD(o0), s8));
+            Xo1 = _mm256_cvtps_epi32(_mm256_mul_ps(DF_ORD(o1), s8));
+#undef DF_ORD
+            inv = is * half;
+        }
+        const __m256i de0 = digits8(Xe0), de1 = digits8(Xe1), do0 = digits8(Xo0), do1 = digits8(Xo1);
+        for (int d = 0; d < 3; d++) { /* digit d of the 16 even columns at plane 2d, odd at 2d + 1 */
+            const __m128i e0 = d < 2 ? _mm256_castsi256_si128(de0) : _mm256_extracti128_si256(de0, 1);
+            const __m128i e1 = d < 2 ? _mm256_castsi256_si128(de1) : _mm256_extracti128_si256(de1, 1);
+            const __m128i f0 = d < 2 ? _mm256_castsi256_si128(do0) : _mm256_extracti128_si256(do0, 1);
+            const __m128i f1 = d < 2 ? _mm256_castsi256_si128(do1) : _mm256_extracti128_si256(do1, 1);
+            __m128i ev = d == 1 ? _mm_unpackhi_epi64(e0, e1) : _mm_unpacklo_epi64(e0, e1);
+            __m128i od = d == 1 ? _mm_unpackhi_epi64(f0, f1) : _mm_unpacklo_epi64(f0, f1);
+            _mm_storeu_si128((__m128i *)(o + 64 * d), ev);
+            _mm_storeu_si128((__m128i *)(o + 64 * d + 32), od);
+        }
+        /* lane m of the group (columns 8m .. 8m+7): dwords 4m' .. of Xe + Xo */
+        const __m256i S0 = _mm256_add_epi32(Xe0, Xo0), S1 = _mm256_add_epi32(Xe1, Xo1);
+        __m256i t = _mm256_hadd_epi32(S0, S1);
+        t = _mm256_hadd_epi32(t, t); /* lane 0: m0 m2 . ., lane 1: m1 m3 . . */
+        t = _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+        t = _mm256_mullo_epi32(t, _mm256_set1_epi32(-c0));
+        _mm_storeu_si128((__m128i *)(o + 192), _mm256_castsi256_si128(t));
+        out[(g / 8) * 4 * CH + CH_XS + g % 8] = inv;
+    }
+}
+static void nib_prep_i4(const float *x, int64_t cols, float *out) { nib_prep(x, cols, out, 8, 1.0f); }
+static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, cols, out, 12, 0.5f); }
 
 /* ---- 5. tiles per type ----------------------------------------------------- */
 
 /* rows x vectors for prefill, within the 16 registers: accumulators (2 per
  * output) plus the decoded weights of the tile's rows */
 enum { D_MR = 2, D_MV = 2, F_MR = 1, F_MV = 2, N_MR = 1, N_MV = 4 };
-KN_LEVEL(kn_matmul_avx2, nib_prep, nib_prep)
+KN_LEVEL(kn_matmul_avx2, nib_prep_i4, nib_prep_mx)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
  * FMAs; returns the flops done, with a result in *sink so none is dead. */
