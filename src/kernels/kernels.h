@@ -12,11 +12,12 @@
  *    to kn_matvec(X + i*cols).
  *  - activations are fp32; products and sums are fp32 (SIMD variants sum in
  *    a fixed lane order, so they differ from scalar only by rounding).
- *  - exception, 4-bit weights (int4, MXFP4) at KN_AVX512: x enters as 24-bit
+ *  - exception, 4-bit weights (int4, MXFP4) at KN_AVX2 and KN_AVX512: x enters as 24-bit
  *    fixed point per 32-column group (its largest |x| to 23 bits, three
- *    signed bytes; VNNI integer products, exact, then fp32), which adds at
- *    most 2^-23 max|x_g| sum_{c in g} |w_c| per group g to the fp32 bound
- *    (matvec_avx512.c). A NaN or infinite x in a group gives NaN.
+ *    signed bytes; integer products summed exactly, then fp32), which adds
+ *    at most 2^-23 max|x_g| sum_{c in g} |w_c| per group g to the fp32
+ *    bound (matvec_avx512.c, matvec_avx2.c). A NaN or infinite x in a group
+ *    gives NaN.
  *  - exception, KN_AMX: a bf16 or MXFP4 product of at least KN_AMX_MIN_N
  *    vectors runs on the AMX tile unit, whose sums round differently from
  *    the AVX-512 tiles that run smaller products. Row i of such a product is

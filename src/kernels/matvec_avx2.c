@@ -14,13 +14,15 @@
  * a1), then hsum(a0 + a1). All tiles run the same always-inlined body, so a
  * value does not depend on which tile computed it (kernels.h's contract).
  *
- * Scaled types (fp8 blocks, int4/mxfp4 groups) keep per-block partials in
- * the same two-lane-set pattern and multiply them by the scale once per block
- * (see matvec.c for the value computed).
+ * fp8 blocks keep per-block partials in the same two-lane-set pattern and
+ * multiply them by the scale once per block (see matvec.c for the value
+ * computed); int4 / mxfp4 groups run in integers on a fixed-point x (section
+ * 4, one accumulator an output).
  *
- * Streaming: each row's stream is prefetched KN_PF bytes ahead, once per 64
- * bytes read, and each tile prefetches the head of the next tile's rows
- * (matvec_prefetch.h, shared with matvec_avx512.c).
+ * Streaming: for one vector each tile prefetches the columns it reads of
+ * the next tile's rows into L2 (as matvec_avx512.c); many vectors, and a
+ * matrix's last tile, prefetch KN_PF bytes ahead in each row, and the head
+ * of the next tile's rows (matvec_prefetch.h).
  *
  * Sections: 1. helpers  2. dense (f32 bf16 f16 i8)  3. fp8 block
  *           4. int4 / mxfp4  5. tiles per type
