@@ -279,7 +279,8 @@ AI __m512 scales16(int k, const void *scale, int64_t idx, int64_t left) {
  * groups, 64 code bytes a row):
  *   - a code becomes an unsigned byte u = v + c0: int4 u = q (v = q - 8,
  *     c0 = 8); MXFP4 u = 2 e2m1 + 12 (v = twice the e2m1 value, exact,
- *     in -12..12; c0 = 12), by one in-lane table lookup (vpshufb);
+ *     in -12..12; c0 = 12), by one table lookup (vpermb, on the low 4
+ *     bits of each byte);
  *   - x comes as three signed bytes a column (nib_prep_i4 / nib_prep_mx):
  *     each 32-column group g is scaled by 2^s_g so its largest |x| lies in
  *     [2^22, 2^23) (one group at most one step lower, so the rounded value
@@ -291,9 +292,9 @@ AI __m512 scales16(int k, const void *scale, int64_t idx, int64_t left) {
  *     i / 4; per lane ((dp L0 << 8) + dp L1) << 8) + dp L2 - c0 sum X = the
  *     exact integer sum v X of its eight columns (|.| < 2^30; int32 wraps
  *     are harmless, the result fits);
- *   - that integer becomes fp32 (one rounding), is multiplied by the lane's
- *     2^-s_g (folded with the e2m1 halving; exact) and added into the
- *     lane's accumulator by one FMA with the group's scale.
+ *   - that integer becomes fp32 (one rounding) and is added into the
+ *     lane's accumulator by one FMA with (group scale x 2^-s_g, the e2m1
+ *     halving folded in: an exact product, formed once per 16 groups).
  * The same instructions in the same order for every (row, vector) output
  * whatever the tile: a value never depends on nr, nv or the row range.
  * Against the exact sum: the fp32 steps bound like any order of n products,
@@ -322,7 +323,7 @@ AI void nib_chunk(int k, int nr, int nv, const uint8_t *const q[TR], int64_t c, 
         uo[j] = _mm512_permutexvar_epi8(_mm512_srli_epi16(b, 4), tab);
     }
     UNROLL for (int v = 0; v < nv; v++) {
-        /* x's planes in registers, shared by the rows (L1 loads were the limit) */
+        /* x's planes loaded once a chunk, shared by the rows */
         const __m512i *xp = (const __m512i *)(X + v * ldx + c);
         __m512i xl[7];
         UNROLL for (int i = 0; i < 7; i++) xl[i] = _mm512_loadu_si512(xp + i);
