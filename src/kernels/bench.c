@@ -75,9 +75,10 @@ static void probe_part(void *vctx, int64_t i0, int64_t i1, int tid) {
     int64_t i = a;
     for (; i + 4 * SEG <= b; i += 4 * SEG) {
         const uint64_t *w = p->buf + i;
-        /* the next 4 segments' same lines into L2 as these are read (the
-         * matvec tiles' prefetch, matvec_avx512.c): without it a thread
-         * read ~2/3 of what the tiles stream on a Zen 4 VM */
+        /* the next 4 segments' same lines into L2 as these are read, as the
+         * one-vector matvec tiles prefetch (matvec_avx512.c), so the probe
+         * reads the way they do (the bf16 / int8 tiles still outread it on
+         * the machines measured: bench/cpu_NOTES.md, nineteenth session) */
         const int ahead = i + 8 * SEG <= b;
         for (int64_t k = 0; k < SEG; k += 8) {
             probe_v2 v0, v1, v2, v3;
