@@ -90,7 +90,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
     }
     /* one vector: the same columns of the next tile's rows into L2 (a tile
      * ahead, as matvec_avx512.c); else KN_PF bytes ahead in each row */
-    const int64_t next = nv == 1 && r + 2 * nr <= w->rows ? nr * cols * es : 0;
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
     if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
@@ -310,7 +310,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
     const __m256i lane_grp = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
     /* one vector: this chunk of the next tile's rows into L2 (a tile ahead) */
-    const int64_t next = nv == 1 && r + 2 * nr <= w->rows ? nr * (cols / 2) : 0;
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2);
     if (nv == 1 && !next) kn_pf_nib_rows(w, r + nr, nr, ssz);
     for (int64_t ch = 0; ch < nch; ch++) {
         const int64_t g = ch * 2, c = ch * CH;

@@ -105,7 +105,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
     }
     /* one vector: the same columns of the next tile's rows into L2, as nib_tile */
-    const int64_t next = nv == 1 && r + 2 * nr <= w->rows ? nr * cols * es : 0;
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
     if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
@@ -360,7 +360,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
      * next tile's rows into L2 (a tile ahead; Zen 4 VM, kn_stream 98304 x
      * 3584: 8 -> 16 GB/s one thread, 15-18 -> 30-32 two, against 512 bytes
      * ahead in the row); the last tile of the matrix prefetches in its rows. */
-    const int64_t next = r + 2 * nr <= w->rows ? nr * (cols / 2) : 0;
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2);
     if (nv == 1 && !next) kn_pf_nib_rows(w, r + nr, nr, ssz);
     for (int64_t ch = 0; ch < nch; ch++) {
         const int64_t g = ch * 4, c = ch * CH;
@@ -376,7 +376,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         const __m512i sidx = _mm512_add_epi32(lane_grp, _mm512_set1_epi32((int)(ch & 3) * 4));
         /* one vector: this chunk of the next tile's rows into L2 (a tile
          * ahead); many vectors: their decode is the limit */
-        if (nv == 1 && next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + c / 2, _MM_HINT_T1);
+        if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + c / 2, _MM_HINT_T1);
         else UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
         if (ch < nfull) nib_chunk(k, nr, nv, q, c, 1, 0, sx, sidx, X, ldx, acc);
         else nib_chunk(k, nr, nv, q, c, 0, ((__mmask64)1 << ((cols - c) / 2)) - 1, sx, sidx, X, ldx, acc);

@@ -48,5 +48,12 @@ KN_PF_AI void kn_pf_nib_rows(const df_weight *w, int64_t r, int nr, int ssz) {
         _mm_prefetch((const char *)w->scale + (r + j) * ng * ssz, _MM_HINT_T0);
     }
 }
+/* Bytes from a tile's rows to the next tile's (the tile-ahead prefetch of
+ * one-vector tiles: each step prefetches the columns it reads there into
+ * L2), or 0 where that does not apply: many vectors, or no whole next tile. */
+KN_PF_AI int64_t kn_pf_next_tile(int64_t rows, int64_t r, int nr, int nv, int64_t row_bytes) {
+    return nv == 1 && r + 2 * nr <= rows ? nr * row_bytes : 0;
+}
+
 #undef KN_PF_AI
 #endif
