@@ -579,6 +579,9 @@ df_status df_tokenizer_load_tiktoken(const char *rank_file, const char *pattern,
     if (bp && bp->kimi) {
         /* tokenization_kimi.py: 256 reserved specials right after the ranks */
         t->kimi_slicing = 1;
+        /* the tables grow once, not once per special (a rank file ending at a
+         * large rank made 256 copies of them: a fuzzing timeout) */
+        if (tk_grow(t, t->n_ranks + 256)) { st = df_fail(err, DF_ERR_NOMEM, "out of memory"); goto fail; }
         for (int i = 0; i < 256; i++) {
             char name[48];
             int id = t->n_ranks + i;
