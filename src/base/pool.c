@@ -4,11 +4,16 @@
  * grain), bumps a generation counter and runs chunks itself beside the
  * workers until none is left, then waits for the workers.
  *
- * Chunks are claimed from a shared counter (about CHUNKS_PER_THREAD per
- * thread), so a thread that gets less memory bandwidth than the others does
- * less of the job instead of holding everyone at the end. Which thread runs
- * a chunk varies; the chunk bounds do not, and callers make every output
- * element depend on its index alone (pool.h), so results do not change.
+ * Chunks are claimed from a shared counter, so a thread that gets less memory
+ * bandwidth than the others does less of the job instead of holding everyone
+ * at the end. They shrink as the job drains: a claim takes 1/(2 n) of what is
+ * left, at most n / (CHUNKS_PER_THREAD x threads) indices and at least a quarter
+ * of that, so the threads' last chunks end close together (16 threads on a
+ * routed-expert pass of ~2 ms: the first thread to run out waited ~440 us for
+ * the last with fixed quarter-share chunks, ~120 us with these; measured with
+ * bench/expert_pass.c). Which thread runs a chunk, and where chunks begin and
+ * end, vary from call to call; callers make every output element depend on
+ * its index alone (pool.h), so results do not change.
  *
  * Waking: a worker that finished a job spins for up to SPIN_NS on the
  * generation before sleeping on the condition variable, and pool_for spins
@@ -21,8 +26,11 @@
 #include <stdlib.h>
 #include <time.h>
 
+#ifndef DF_POOL_SPIN_NS /* a -D override for experiments (bench/expert_pass.c) */
+#define DF_POOL_SPIN_NS 50000LL
+#endif
 enum { CHUNKS_PER_THREAD = 4 };
-#define SPIN_NS 50000LL
+#define SPIN_NS ((int64_t)DF_POOL_SPIN_NS)
 
 struct df_pool {
     int n;
@@ -35,7 +43,7 @@ struct df_pool {
     _Atomic int64_t next;  /* first index of the next unclaimed chunk */
     pool_fn fn;            /* the job: written before gen is bumped */
     void *ctx;
-    int64_t total, step;
+    int64_t total, step, grain;
 };
 
 typedef struct { df_pool *p; int tid; } worker_arg;
@@ -56,11 +64,18 @@ static inline void cpu_relax(void) {
 
 /* Runs chunks of the current job until none is left. */
 static void run_chunks(df_pool *p, int tid) {
+    const int64_t least = p->step / 4 / p->grain * p->grain > p->grain ? p->step / 4 / p->grain * p->grain : p->grain;
+    int64_t i0 = atomic_load_explicit(&p->next, memory_order_relaxed), i1;
     for (;;) {
-        int64_t i0 = atomic_fetch_add_explicit(&p->next, p->step, memory_order_relaxed);
-        if (i0 >= p->total) return;
-        int64_t i1 = i0 + p->step < p->total ? i0 + p->step : p->total;
+        do { /* claim [i0, i1): 1/(2n) of the rest, within [least, step], whole grains */
+            if (i0 >= p->total) return;
+            int64_t k = (p->total - i0) / (2 * p->n);
+            k = k < least ? least : k > p->step ? p->step : (k + p->grain - 1) / p->grain * p->grain;
+            i1 = i0 + k < p->total ? i0 + k : p->total;
+        } while (!atomic_compare_exchange_weak_explicit(&p->next, &i0, i1, memory_order_relaxed,
+                                                        memory_order_relaxed));
         p->fn(p->ctx, i0, i1, tid);
+        i0 = atomic_load_explicit(&p->next, memory_order_relaxed);
     }
 }
 
@@ -157,6 +172,7 @@ void pool_for(df_pool *p, int64_t n, int64_t grain, pool_fn fn, void *ctx) {
     p->ctx = ctx;
     p->total = n;
     p->step = step;
+    p->grain = grain;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);

@@ -1,0 +1,45 @@
+/* test_pool.c — the thread pool's parallel-for (src/base/pool.c): every index
+ * runs exactly once, chunks begin on whole grains, and a job's calls stay
+ * within its range, for thread counts, sizes and grains of every shape. */
+#include "test.h"
+#include "../src/base/pool.h"
+#include <stdatomic.h>
+#include <stdlib.h>
+
+typedef struct {
+    _Atomic int *hits;
+    int64_t n, grain;
+    _Atomic int bad; /* a chunk that starts off a grain, is empty or leaves [0, n) */
+} cover_job;
+
+static void cover(void *ctx, int64_t i0, int64_t i1, int tid) {
+    cover_job *j = ctx;
+    (void)tid;
+    if (i0 < 0 || i1 > j->n || i0 >= i1 || i0 % j->grain) atomic_store(&j->bad, 1);
+    for (int64_t i = i0; i < i1 && i >= 0 && i < j->n; i++) atomic_fetch_add(&j->hits[i], 1);
+}
+
+TEST(pool_every_index_once) {
+    static const int threads[] = {1, 2, 3, 7, 16};
+    static const int64_t sizes[] = {1, 5, 16, 17, 100, 1000, 4097, 98304};
+    static const int64_t grains[] = {1, 4, 16, 32, 1024};
+    for (size_t t = 0; t < sizeof threads / sizeof *threads; t++) {
+        df_pool *p = pool_new(threads[t]);
+        REQUIRE(p, "pool_new(%d)", threads[t]);
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            for (size_t g = 0; g < sizeof grains / sizeof *grains; g++) {
+                const int64_t n = sizes[s];
+                cover_job j = {calloc((size_t)n, sizeof(_Atomic int)), n, grains[g], 0};
+                REQUIRE(j.hits, "out of memory");
+                for (int rep = 0; rep < 3; rep++) pool_for(p, n, grains[g], cover, &j);
+                int64_t wrong = 0;
+                for (int64_t i = 0; i < n; i++) wrong += atomic_load(&j.hits[i]) != 3;
+                CHECK(!wrong, "%d threads, n %lld, grain %lld: %lld indices not run once a call", threads[t],
+                      (long long)n, (long long)grains[g], (long long)wrong);
+                CHECK(!atomic_load(&j.bad), "%d threads, n %lld, grain %lld: a chunk off its grain or range",
+                      threads[t], (long long)n, (long long)grains[g]);
+                free((void *)j.hits);
+            }
+        pool_free(p);
+    }
+}
