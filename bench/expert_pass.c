@@ -10,13 +10,18 @@
  * in a real step: long enough, and the pool's workers go to sleep).
  *
  *   make && cc -std=c17 -O2 -D_GNU_SOURCE -Iinclude -pthread bench/expert_pass.c \
- *       build/libdeltafin.a -lm -lmvec -lpthread -o build/expert_pass
+ *       build/libdeltafin.a -ljansson -luring -lcurl -lnettle -lm -lmvec -lpthread \
+ *       -o build/expert_pass
+ * (pool variants: add src/base/pool.c with -DDF_POOL_SPIN_NS=... or
+ * -DDF_POOL_LEAST=... before the library)
  *   build/expert_pass LEVEL THREADS [EXPERTS [TOKENS [GAP_US [HUGE]]]]
  *
  * Prints, per pass kind, the median GB/s over the tokens, the median time
  * from the pass's start to the last thread's first chunk (wake) and from the
  * first thread's last chunk end to the pass's end (tail); then the same pass
- * over one contiguous matrix of the gate+up pass's rows, and the probe.
+ * over one contiguous matrix of the gate+up pass's rows (187 MB, read every
+ * token: a large L3 keeps part of it, so it can read above the probe), and
+ * the DRAM probe.
  */
 #include "../src/kernels/kernels.h"
 #include "../src/base/pool.h"
