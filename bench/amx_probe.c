@@ -40,16 +40,7 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) tilecfg;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static uint64_t rs = 88172645463325252ull;
-static uint32_t rnd(void) {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (uint32_t)(rs >> 32);
-}
+#include "bench_util.h"
 static float bf(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;

@@ -35,16 +35,7 @@
 
 enum { I = 3072, D = 3584, K = 16, MAXT = 256 };
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static uint64_t rs = 88172645463325252ull;
-static uint32_t rnd(void) {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (uint32_t)(rs >> 32);
-}
+#include "bench_util.h"
 
 static int64_t mx_bytes(int64_t rows, int64_t cols) { return rows * cols / 2 + rows * (cols / 32); }
 

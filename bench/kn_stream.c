@@ -24,16 +24,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static uint64_t rs = 88172645463325252ull;
-static uint32_t rnd(void) {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (uint32_t)(rs >> 32);
-}
+#include "bench_util.h"
 static float frand(void) { return (float)rnd() * 0x1p-32f - 0.5f; }
 
 static int level_of(const char *s, kn_level *lv) {
