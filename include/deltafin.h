@@ -528,8 +528,10 @@ const char *df_simd_level_name(int simd_level);
  * compute ceiling). */
 int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, df_bench_row *rows,
                      double *probe_gbps, double *fma_gflops);
-/* The buffer size (MB) the DRAM probe and the kernel benchmark use by
- * default: 512, or four times the last-level cache when that is larger. */
+/* The matrix size (MB) the kernel benchmark uses by default: 512, or eight
+ * times the last-level cache when that is larger (within a 32nd of physical
+ * memory). The DRAM probe's buffer is at least twice this and 16 times the
+ * last-level cache, within a 16th of physical memory. */
 double df_probe_default_mb(void);
 /* fp32 FMA rate (GFLOP/s) of n_threads at the best kernel level. */
 double df_fma_probe(int n_threads, double seconds);
