@@ -558,7 +558,7 @@ int cmd_bench(int argc, char **argv) {
                    "       deltafin bench --decode --model DIR [--ram SIZE] [--tokens N] [--prompt-tokens N]\n"
                    "                      [--probe-seconds S] [--json] [model options]\n"
                    "  --kernels     matvec GB/s per weight type on ~SIZE MB matrices (default 512, or\n"
-                   "                4x the last-level cache when larger),\n"
+                   "                8x the last-level cache when larger, within 1/32 of RAM),\n"
                    "                with a DRAM read probe measured in the same process, and the\n"
                    "                GFLOP/s of a %d-vector matmul (prefill); --simd picks the level\n"
                    "  --decode      greedy decode of N tokens (default 8) after a prompt (default 8 tokens):\n"
