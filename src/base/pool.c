@@ -51,7 +51,7 @@ struct df_pool {
     _Atomic int64_t next;  /* first index of the next unclaimed chunk */
     pool_fn fn;            /* the job: written before gen is bumped */
     void *ctx;
-    int64_t total, step, grain;
+    int64_t total, step, grain, least; /* chunks: at most step, at least least, whole grains */
 };
 
 typedef struct { df_pool *p; int tid; } worker_arg;
@@ -72,13 +72,12 @@ static inline void cpu_relax(void) {
 
 /* Runs chunks of the current job until none is left. */
 static void run_chunks(df_pool *p, int tid) {
-    const int64_t q = p->step / LEAST_PART / p->grain * p->grain, least = q > p->grain ? q : p->grain;
     int64_t i0 = atomic_load_explicit(&p->next, memory_order_relaxed), i1;
     for (;;) {
         do { /* claim [i0, i1): 1/(2n) of the rest, within [least, step], whole grains */
             if (i0 >= p->total) return;
             int64_t k = (p->total - i0) / (2 * p->n);
-            k = k < least ? least : k > p->step ? p->step : (k + p->grain - 1) / p->grain * p->grain;
+            k = k < p->least ? p->least : k > p->step ? p->step : (k + p->grain - 1) / p->grain * p->grain;
             i1 = i0 + k < p->total ? i0 + k : p->total;
         } while (!atomic_compare_exchange_weak_explicit(&p->next, &i0, i1, memory_order_relaxed,
                                                         memory_order_relaxed));
@@ -181,6 +180,7 @@ void pool_for(df_pool *p, int64_t n, int64_t grain, pool_fn fn, void *ctx) {
     p->total = n;
     p->step = step;
     p->grain = grain;
+    p->least = step / LEAST_PART / grain * grain > grain ? step / LEAST_PART / grain * grain : grain;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);
