@@ -34,30 +34,13 @@ static int level_of(const char *s, kn_level *lv) {
     return 0;
 }
 
-typedef struct {
-    kn_level lv;
-    const df_weight *w;
-    const float *x;
-    int n;
-    float *y;
-    int64_t ldy;
-} mm_job;
-
-static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
-    (void)tid;
-    const mm_job *j = ctx;
-    kn_matmul(j->lv, j->w, j->x, j->n, j->y + r0, j->ldy, r0, r1);
-}
-
 /* One product: on the pool the way engine.c's mm() runs it, else one call. */
 static void product(df_pool *pool, kn_level lv, const df_weight *w, const float *x, int n, float *y) {
     if (!pool) {
         kn_matmul(lv, w, x, n, y, w->rows, 0, w->rows);
         return;
     }
-    if (lv == KN_AMX && kn_matmul_amx_pool(pool, w, x, n, y, w->rows, w->rows)) return;
-    mm_job j = {lv, w, x, n, y, w->rows};
-    pool_for(pool, w->rows, 16, mm_rows, &j);
+    kn_matmul_pool(pool, lv, w, x, n, y, w->rows, w->rows);
 }
 
 int main(int argc, char **argv) {

@@ -492,6 +492,78 @@ TEST(kn_matmul_vector_blocks) {
     free(Y);
 }
 
+/* x prepared once (kn_px_*) and products over a pool (kn_matmul_pool): the
+ * same bits as kn_matmul for every type and level, any split of the
+ * vectors' preparation and of the rows, tails included (bf16's even / odd
+ * columns come in 32- / 16-column steps, the 4-bit tiles' in 128). */
+TEST(kn_px_and_pool_same_bits_as_matmul) {
+    static const struct { wt_type t; st_dtype s; int br, bc; } types[] = {
+        {WT_F32, DT_UNKNOWN, 0, 0}, {WT_BF16, DT_UNKNOWN, 0, 0}, {WT_F16, DT_UNKNOWN, 0, 0},
+        {WT_I8_ROW, DT_UNKNOWN, 0, 0}, {WT_FP8_BLOCK, DT_UNKNOWN, 128, 128}, {WT_INT4_G32, DT_BF16, 0, 0},
+        {WT_MXFP4, DT_UNKNOWN, 0, 0}};
+    static const int64_t shapes[][2] = {{37, 7168}, {5, 1000}, {19, 224}, {3, 48}, {67, 3584}};
+    static const int ns[] = {1, 3, 18};
+    df_pool *pool = pool_new(3);
+    REQUIRE(pool);
+    uint64_t rs = 77;
+    int prepped = 0;
+    for (int ti = 0; ti < N(types); ti++)
+        for (int si = 0; si < N(shapes); si++) {
+            const int nib = types[ti].t == WT_INT4_G32 || types[ti].t == WT_MXFP4;
+            const int64_t rows = shapes[si][0], cols = shapes[si][1];
+            if (nib && cols % 32) continue;
+            tmat m;
+            tmat_make(&m, types[ti].t, rows, cols, types[ti].s, types[ti].br, types[ti].bc, 300 + (uint64_t)si);
+            for (int ni = 0; ni < N(ns); ni++) {
+                const int n = ns[ni];
+                float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * rows * sizeof *Y);
+                float *Z = malloc((size_t)n * rows * sizeof *Z);
+                REQUIRE(X && Y && Z);
+                for (int i = 0; i < n; i++) {
+                    float *xi = rand_vec(cols, 50 + (uint64_t)i * 7 + (uint64_t)si);
+                    memcpy(X + (size_t)i * cols, xi, (size_t)cols * sizeof *xi);
+                    free(xi);
+                }
+                for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
+                    if (!kn_level_available((kn_level)lv)) continue;
+                    const char *ln = kn_level_name((kn_level)lv), *tn = wt_type_name(types[ti].t);
+                    kn_matmul((kn_level)lv, &m.w, X, n, Y, rows, 0, rows);
+                    const int64_t pf = kn_px_floats((kn_level)lv, &m.w, n);
+                    CHECK(pf == 0 || (pf > 0 && pf <= n * kn_px_len(cols)), "%s %s: %lld floats", tn, ln, (long long)pf);
+                    if (pf > 0) {
+                        prepped++;
+                        float *Xp = aligned_alloc(64, (size_t)pf * sizeof *Xp);
+                        REQUIRE(Xp);
+                        const int h = n / 2; /* the vectors prepared in two parts */
+                        kn_px_prep((kn_level)lv, &m.w, X, h, n, Xp);
+                        kn_px_prep((kn_level)lv, &m.w, X, 0, h, Xp);
+                        for (int64_t a = 0; a < rows;) { /* rows in random pieces */
+                            const int64_t len = 1 + (int64_t)(rng_next(&rs) % 17), b = a + len < rows ? a + len : rows;
+                            kn_matmul_px((kn_level)lv, &m.w, Xp, n, Z + a, rows, a, b);
+                            a = b;
+                        }
+                        int diff = 0;
+                        for (int64_t i = 0; i < (int64_t)n * rows; i++) diff += !same_bits(Z[i], Y[i]);
+                        CHECK(diff == 0, "%s %s %lldx%lld n=%d: %d outputs of kn_matmul_px differ from kn_matmul", tn, ln,
+                              (long long)rows, (long long)cols, n, diff);
+                        free(Xp);
+                    }
+                    memset(Z, 0, (size_t)n * rows * sizeof *Z);
+                    kn_matmul_pool(pool, (kn_level)lv, &m.w, X, n, Z, rows, rows);
+                    int diff = 0;
+                    for (int64_t i = 0; i < (int64_t)n * rows; i++) diff += !same_bits(Z[i], Y[i]);
+                    CHECK(diff == 0, "%s %s %lldx%lld n=%d: %d outputs of kn_matmul_pool differ from kn_matmul", tn, ln,
+                          (long long)rows, (long long)cols, n, diff);
+                }
+                free(X), free(Y), free(Z);
+            }
+            tmat_free(&m);
+        }
+    /* at an x86 SIMD level, bf16 and the 4-bit types prepare x */
+    if (kn_level_available(KN_AVX2)) CHECK(prepped > 0);
+    pool_free(pool);
+}
+
 /* ---- the AMX level's layouts (matvec_amx.c) ----------------------------------
  * kn_matmul_amx_emu runs the AMX level's walk, limb packing and MXFP4 decode
  * over a plain-C model of the tile unit, so these checks run on any AVX-512

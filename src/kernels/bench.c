@@ -259,17 +259,10 @@ typedef struct {
     int64_t rows;   /* the first `rows` rows of w */
 } mv_ctx;
 
-static void mv_part(void *vctx, int64_t i0, int64_t i1, int tid) {
-    (void)tid;
-    mv_ctx *m = vctx;
-    kn_matmul(m->lv, m->w, m->x, m->n, m->y + i0, m->rows, i0, i1);
-}
-
 static void mv_once(void *vctx) {
     mv_ctx *m = vctx;
-    /* as the engine's products run (engine.c's mm): at KN_AMX x packed once */
-    if (m->lv == KN_AMX && kn_matmul_amx_pool(m->pool, m->w, m->x, m->n, m->y, m->rows, m->rows)) return;
-    pool_for(m->pool, m->rows, 16, mv_part, m);
+    /* as the engine's products run (engine.c's mm) */
+    kn_matmul_pool(m->pool, m->lv, m->w, m->x, m->n, m->y, m->rows, m->rows);
 }
 
 /* GFLOP/s of a DF_BENCH_GEMM_N-vector matmul over the first rows of w

@@ -53,6 +53,22 @@ void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y,
 /* Decodes row r of W into out[cols] (exact values, scalar). */
 void kn_dequant_row(const df_weight *w, int64_t r, float *out);
 
+/* x prepared once for a product whose rows are split over threads. Some
+ * tiles read x in a form of their own (the 4-bit tiles' fixed point, bf16's
+ * even / odd columns), and kn_matmul prepares it in every call: once per
+ * chunk of rows a thread claims. Here it is prepared once: kn_px_floats
+ * says how many floats the n vectors take there (0: lv reads w's x as
+ * given, or would run the product on the AMX tiles; call kn_matmul),
+ * kn_px_prep writes vectors [v0, v1) into them (any split), and
+ * kn_matmul_px computes any row range from them, bit-equal to kn_matmul. */
+int64_t kn_px_floats(kn_level lv, const df_weight *w, int n);
+/* The most floats one prepared vector of cols columns takes (kn_px_floats
+ * is at most n times this). */
+static inline int64_t kn_px_len(int64_t cols) { return (cols + 127) / 128 * 128; }
+void kn_px_prep(kn_level lv, const df_weight *w, const float *X, int v0, int v1, float *Xp);
+void kn_matmul_px(kn_level lv, const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy,
+                  int64_t row0, int64_t row1);
+
 /* Level variants behind kn_matmul (matvec_avx2.c, matvec_avx512.c); call
  * kn_matvec/kn_matmul instead. Same contract as kn_matmul; each returns 0
  * without writing Y when it has no kernel for w->type (the dispatcher then
@@ -61,6 +77,15 @@ int kn_matmul_avx2(const df_weight *w, const float *X, int n, float *Y, int64_t 
                    int64_t row0, int64_t row1);
 int kn_matmul_avx512(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
                      int64_t row0, int64_t row1);
+/* Their halves for kn_px_* (the same tables): _prep writes vectors [v0, v1)
+ * of X in the level's form (0: it reads w's x as given, nothing written);
+ * _px runs on x so prepared. */
+int kn_matmul_avx2_prep(const df_weight *w, const float *X, int v0, int v1, float *out);
+int kn_matmul_avx2_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0,
+                      int64_t row1);
+int kn_matmul_avx512_prep(const df_weight *w, const float *X, int v0, int v1, float *out);
+int kn_matmul_avx512_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0,
+                        int64_t row1);
 /* bf16 and MXFP4 only (matvec_amx.c; the caller guarantees AMX). _emu: the
  * same code over a plain-C model of the tile unit (needs AVX-512 only), for
  * the tests of its layouts on machines without AMX. */
@@ -95,6 +120,12 @@ int64_t kn_amx_x_plan(kn_amx_x *px, const df_weight *w, int n);
 struct df_pool;
 int kn_matmul_amx_pool(struct df_pool *pool, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
                        int64_t rows);
+/* Rows [0, rows) of a product at level lv split over a pool, as the engine
+ * runs its products (matmul_pool.c): x packed or prepared once for all
+ * threads where the level reads it in a form of its own (AMX, kn_px_*);
+ * values bit-equal to kn_matmul's. */
+void kn_matmul_pool(struct df_pool *pool, kn_level lv, const df_weight *w, const float *X, int n, float *Y,
+                    int64_t ldy, int64_t rows);
 int64_t kn_amx_x_init_emu(kn_amx_x *px, const df_weight *w, int n);
 void kn_amx_x_pack_emu(const kn_amx_x *px, const float *X, int g0, int g1);
 void kn_matmul_amx_x_emu(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1);
@@ -109,6 +140,9 @@ double kn_fma_loop_neon(int64_t iters, float *sink);
 /* AArch64 (matvec_neon.c, only compiled there): same contract. */
 int kn_matmul_neon(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
                    int64_t row0, int64_t row1);
+int kn_matmul_neon_prep(const df_weight *w, const float *X, int v0, int v1, float *out);
+int kn_matmul_neon_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0,
+                      int64_t row1);
 
 /* Kernel benchmark behind df_bench_kernels (see deltafin.h). */
 struct df_pool;

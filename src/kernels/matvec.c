@@ -25,6 +25,7 @@
  * Sections: 1. detection  2. dequant  3. scalar dot per type  4. dispatch
  */
 #include "kernels.h"
+#include "matvec_driver.h"
 #include "../base/err.h"
 #include <math.h>
 #include <string.h>
@@ -301,6 +302,52 @@ void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y,
     for (int i = 0; i < n; i++)
         for (int64_t r = row0; r < row1; r++)
             Y[(int64_t)i * ldy + (r - row0)] = dot_scalar(w, r, X + (int64_t)i * w->cols);
+}
+
+/* The level kn_matmul runs an n-vector product at for kn_px_*: lv where
+ * this CPU has it; KN_SCALAR (no prepared x) where it would go to the AMX
+ * tiles. */
+static kn_level px_level(kn_level lv, int n) {
+    if (!kn_level_available(lv)) lv = kn_detect();
+    return lv == KN_AMX && n >= KN_AMX_MIN_N ? KN_SCALAR : lv;
+}
+
+/* The level's prep of vectors [v0, v1) (v0 == v1: whether it has one). */
+static int px_prep(kn_level lv, const df_weight *w, const float *X, int v0, int v1, float *Xp) {
+#if KN_X86
+    if (lv >= KN_AVX512) return kn_matmul_avx512_prep(w, X, v0, v1, Xp);
+    if (lv >= KN_AVX2) return kn_matmul_avx2_prep(w, X, v0, v1, Xp);
+#elif KN_ARM64
+    if (lv == KN_NEON) return kn_matmul_neon_prep(w, X, v0, v1, Xp);
+#endif
+    (void)lv, (void)w, (void)X, (void)v0, (void)v1, (void)Xp;
+    return 0;
+}
+
+int64_t kn_px_floats(kn_level lv, const df_weight *w, int n) {
+    if (n <= 0) return 0;
+    lv = px_level(lv, n);
+    return px_prep(lv, w, NULL, 0, 0, NULL) ? (int64_t)n * kn_prep_len(w->cols) : 0;
+}
+
+void kn_px_prep(kn_level lv, const df_weight *w, const float *X, int v0, int v1, float *Xp) {
+    if (v1 > v0) px_prep(px_level(lv, v1), w, X, v0, v1, Xp);
+}
+
+void kn_matmul_px(kn_level lv, const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy,
+                  int64_t row0, int64_t row1) {
+    if (n <= 0 || row1 <= row0) return;
+    check_shape(w);
+    ASSERT(row0 >= 0 && row1 <= w->rows);
+    lv = px_level(lv, n);
+    int done = 0;
+#if KN_X86
+    if (lv >= KN_AVX512) done = kn_matmul_avx512_px(w, Xp, n, Y, ldy, row0, row1);
+    else if (lv >= KN_AVX2) done = kn_matmul_avx2_px(w, Xp, n, Y, ldy, row0, row1);
+#elif KN_ARM64
+    if (lv == KN_NEON) done = kn_matmul_neon_px(w, Xp, n, Y, ldy, row0, row1);
+#endif
+    ASSERT(done); /* kn_px_floats said this level prepares w's x */
 }
 
 void kn_matvec(kn_level lv, const df_weight *w, const float *x, float *y, int64_t row0,

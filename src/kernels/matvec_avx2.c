@@ -10,8 +10,10 @@
  * decode, a per-type mr x mv for prefill, and 1-row variants of both). Every
  * (row, vector) output owns two accumulators a0/a1 fed in a fixed pattern
  * that depends only on cols (full 16-column steps: a0 gets columns 0-7, a1
- * columns 8-15; a lone 8-column step goes to a0; the zero-padded tail to
- * a1), then hsum(a0 + a1). All tiles run the same always-inlined body, so a
+ * columns 8-15, except bf16: a0 the step's even columns, a1 its odd ones,
+ * from one 32-byte load split by a shift and a mask, x laid out to match by
+ * bf16_prep; a lone 8-column step goes to a0; the zero-padded tail to a1),
+ * then hsum(a0 + a1). All tiles run the same always-inlined body, so a
  * value does not depend on which tile computed it (kernels.h's contract).
  *
  * fp8 blocks keep per-block partials in the same two-lane-set pattern and
@@ -105,7 +107,15 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
             x1[v] = _mm256_loadu_ps(X + v * ldx + c + 8);
         }
         UNROLL for (int j = 0; j < nr; j++) {
-            __m256 w0 = ld8(e, row[j], c), w1 = ld8(e, row[j], c + 8);
+            __m256 w0, w1;
+            if (e == E_BF16) { /* even columns (low halves) and odd ones: x comes as bf16_prep lays it */
+                __m256i d = _mm256_loadu_si256((const __m256i *)(row[j] + c * 2));
+                __asm__("" : "+x"(d)); /* one load for both halves (gcc would fold it into each) */
+                w0 = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+                w1 = _mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32((int)0xffff0000u)));
+            } else {
+                w0 = ld8(e, row[j], c), w1 = ld8(e, row[j], c + 8);
+            }
             UNROLL for (int v = 0; v < nv; v++) {
                 a0[j][v] = _mm256_fmadd_ps(w0, x0[v], a0[j][v]);
                 a1[j][v] = _mm256_fmadd_ps(w1, x1[v], a1[j][v]);
@@ -140,6 +150,22 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         }
         Y[v * ldy + j] = s;
     }
+}
+
+/* x for the bf16 tiles: per full 16-column step its 8 even columns, then
+ * its 8 odd ones (a row's 32 bytes there split into the two by one shift and
+ * one mask); the columns past the last full step as they are. */
+static void bf16_prep(const float *x, int64_t cols, float *out) {
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        const __m256 a = _mm256_loadu_ps(x + c), b = _mm256_loadu_ps(x + c + 8);
+        /* shuffle_ps takes 0,2 | 1,3 of each 4; permute4x64 orders the halves */
+        const __m256i e = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88));
+        const __m256i o = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xdd));
+        _mm256_storeu_ps(out + c, _mm256_castsi256_ps(_mm256_permute4x64_epi64(e, 0xd8)));
+        _mm256_storeu_ps(out + c + 8, _mm256_castsi256_ps(_mm256_permute4x64_epi64(o, 0xd8)));
+    }
+    if (c < cols) memcpy(out + c, x + c, (size_t)(cols - c) * sizeof *out);
 }
 
 /* ---- 3. fp8 block ---------------------------------------------------------- */
@@ -445,7 +471,7 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
 /* rows x vectors for prefill, within the 16 registers: accumulators (2 per
  * output) plus the decoded weights of the tile's rows */
 enum { D_MR = 2, D_MV = 2, F_MR = 1, F_MV = 2, N_MR = 1, N_MV = 4 };
-KN_LEVEL(kn_matmul_avx2, nib_prep_i4, nib_prep_mx)
+KN_LEVEL(kn_matmul_avx2, bf16_prep, nib_prep_i4, nib_prep_mx)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
  * FMAs; returns the flops done, with a result in *sink so none is dead. */

@@ -10,7 +10,9 @@
  * A tile computes nr rows x nv vectors (nr, nv compile-time: NR x 1 for
  * decode, MR x MV for prefill, and 1-row variants of both). Each dense (row,
  * vector) output owns accumulators a0/a1 fed in a pattern that depends only
- * on cols (32-column steps: a0 columns 0-15, a1 16-31; a lone 16-column step
+ * on cols (32-column steps: a0 columns 0-15, a1 16-31, except bf16: a0 the
+ * step's even columns, a1 its odd ones, from one 64-byte load split by a
+ * shift and a mask, x laid out to match by bf16_prep; a lone 16-column step
  * to a0; the masked tail to a1; fp8 keeps per-block partials in the same
  * pattern and scales them once per block), then hsum(a0 + a1): the same
  * instructions whatever nr and nv are, so a value never depends on the tile
@@ -120,7 +122,15 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
             x1[v] = _mm512_loadu_ps(X + v * ldx + c + 16);
         }
         UNROLL for (int j = 0; j < nr; j++) {
-            __m512 w0 = ld16(e, row[j], c, 0, 0), w1 = ld16(e, row[j], c + 16, 0, 0);
+            __m512 w0, w1;
+            if (e == E_BF16) { /* even columns (low halves) and odd ones: x comes as bf16_prep lays it */
+                __m512i d = _mm512_loadu_si512(row[j] + c * 2);
+                __asm__("" : "+v"(d)); /* one load for both halves (gcc would fold it into each) */
+                w0 = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
+                w1 = _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0xffff0000u)));
+            } else {
+                w0 = ld16(e, row[j], c, 0, 0), w1 = ld16(e, row[j], c + 16, 0, 0);
+            }
             UNROLL for (int v = 0; v < nv; v++) {
                 a0[j][v] = _mm512_fmadd_ps(w0, x0[v], a0[j][v]);
                 a1[j][v] = _mm512_fmadd_ps(w1, x1[v], a1[j][v]);
@@ -151,6 +161,21 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         }
         Y[v * ldy + j] = s;
     }
+}
+
+/* x for the bf16 tiles: per full 32-column step its 16 even columns, then
+ * its 16 odd ones (a row's 64 bytes there split into the two by one shift
+ * and one mask); the columns past the last full step as they are. */
+static void bf16_prep(const float *x, int64_t cols, float *out) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    int64_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        const __m512 a = _mm512_loadu_ps(x + c), b = _mm512_loadu_ps(x + c + 16);
+        _mm512_storeu_ps(out + c, _mm512_permutex2var_ps(a, ev, b));
+        _mm512_storeu_ps(out + c + 16, _mm512_permutex2var_ps(a, od, b));
+    }
+    if (c < cols) memcpy(out + c, x + c, (size_t)(cols - c) * sizeof *out);
 }
 
 /* ---- 3. fp8 block ---------------------------------------------------------- */
@@ -446,7 +471,7 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
 /* measured on the 16-core host (bench --kernels, gemm column): dense 4x3
  * beat 4x2 by 14-27% (and a 512-token prefill by 26%), 4-bit 4x2 beat 4x3 */
 enum { D_MR = 4, D_MV = 3, F_MR = 2, F_MV = 2, N_MR = 4, N_MV = 2 };
-KN_LEVEL(kn_matmul_avx512, nib_prep_i4, nib_prep_mx)
+KN_LEVEL(kn_matmul_avx512, bf16_prep, nib_prep_i4, nib_prep_mx)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
  * FMAs; returns the flops done, with a result in *sink so none is dead. */

@@ -12,8 +12,10 @@ enum { BLOCK_BYTES = 256 << 10, X_STACK = 16384 };
 #define KN_X_BLOCK_BYTES (4 << 20)
 #endif
 
-static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
-                        int64_t row0, int64_t row1) {
+/* X: n vectors as given (prepped 0, one every cols floats), or as t->prep
+ * wrote them (prepped 1, one every kn_prep_len(cols) floats). */
+static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n, float *Y,
+                        int64_t ldy, int64_t row0, int64_t row1) {
     const int64_t cols = w->cols;
     const int mv = t->many ? t->mv : 1;
     ASSERT(mv >= 1 && mv <= KN_DRIVE_MAX_MV && t->nr >= 1 && (!t->many || t->mr >= 1));
@@ -25,11 +27,11 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
      * not once per row block (an MXFP4 row block is ~70 rows of 7168
      * columns: preparing x per block cost ~5% of a 1536 x 7168 matmul of
      * 3 to 45 vectors, one thread) */
-    float xstack[X_STACK], *xbuf = xstack;
+    _Alignas(64) float xstack[X_STACK];
+    float *xbuf = xstack;
     const float *xs = X;
-    int64_t ldx = cols; /* floats from one vector to the next as the tiles read them */
-    if (t->prep) {
-        ldx = kn_prep_len(cols);
+    int64_t ldx = t->prep ? kn_prep_len(cols) : cols; /* floats from one vector to the next as the tiles read them */
+    if (t->prep && !prepped) {
         const int64_t need = (int64_t)n * ldx;
         if (need > X_STACK) {
             xbuf = aligned_alloc(64, (size_t)need * sizeof *xbuf);
@@ -64,7 +66,7 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
  * streams a block's x, not all of X (measured: a 7168 x 18432 bf16 matmul
  * of 256 vectors ran at 55-64% of the FMA probe as one block, 76-84% in
  * blocks of 4 MB). */
-void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n, float *Y, int64_t ldy,
               int64_t row0, int64_t row1) {
     if (n <= 0) return;
     const int mv = t->many ? t->mv : 1;
@@ -73,9 +75,10 @@ void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int n, floa
     const int64_t blocks = (n + cap - 1) / cap;
     int64_t nb = (n + blocks - 1) / blocks;
     nb = (nb + mv - 1) / mv * mv;
+    const int64_t ldx = prepped && t->prep ? kn_prep_len(w->cols) : w->cols;
     for (int i = 0; i < n; i += (int)nb) {
         int m = n - i < nb ? n - i : (int)nb;
-        drive_block(t, w, X + (int64_t)i * w->cols, m, Y + (int64_t)i * ldy, ldy, row0, row1);
+        drive_block(t, w, X + (int64_t)i * ldx, prepped, m, Y + (int64_t)i * ldy, ldy, row0, row1);
     }
 }
 
@@ -108,12 +111,21 @@ static int64_t row_bytes(const df_weight *w) {
     }
 }
 
-int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int n,
+int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int prepped, int n,
                   float *Y, int64_t ldy, int64_t row0, int64_t row1) {
     const int k = kind_of(w);
     if (k < 0) return 0;
     kn_tiles t = tables[k];
     t.row_bytes = row_bytes(w);
-    kn_drive(&t, w, X, n, Y, ldy, row0, row1);
+    kn_drive(&t, w, X, prepped, n, Y, ldy, row0, row1);
+    return 1;
+}
+
+int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int v0, int v1,
+                 float *out) {
+    const int k = kind_of(w);
+    if (k < 0 || !tables[k].prep) return 0;
+    const int64_t ld = kn_prep_len(w->cols);
+    for (int v = v0; v < v1; v++) tables[k].prep(X + (int64_t)v * w->cols, w->cols, out + (int64_t)v * ld);
     return 1;
 }

@@ -24,6 +24,7 @@
 #ifndef DF_KERNELS_MATVEC_DRIVER_H
 #define DF_KERNELS_MATVEC_DRIVER_H
 #include "../format/weight.h"
+#include "kernels.h"
 #include <stdint.h>
 
 typedef void (*kn_tile_fn)(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y,
@@ -33,7 +34,7 @@ typedef void (*kn_tile_fn)(const df_weight *w, int64_t r, const float *X, int64_
 typedef void (*kn_prep_fn)(const float *x, int64_t cols, float *out);
 /* Floats of prepared x a vector of cols columns takes (cols rounded up to a
  * multiple of 128: a level may pad its last chunk). */
-static inline int64_t kn_prep_len(int64_t cols) { return (cols + 127) / 128 * 128; }
+static inline int64_t kn_prep_len(int64_t cols) { return kn_px_len(cols); }
 
 typedef struct {
     kn_tile_fn one, one_1;   /* nr rows x 1 vector, 1 row x 1 vector */
@@ -52,9 +53,15 @@ typedef enum {
 } kn_kind;
 
 /* Runs w through tables[kind of w]; 0 when w has no kind (an unknown type or
- * int4 scale dtype), without writing Y. */
-int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int n,
+ * int4 scale dtype), without writing Y. prepped: X is as kn_prep_kind wrote
+ * it (one vector every kn_prep_len(cols) floats), else as given. */
+int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int prepped, int n,
                   float *Y, int64_t ldy, int64_t row0, int64_t row1);
+/* Vectors [v0, v1) of X prepared for tables[kind of w] into out (vector v
+ * at out + v * kn_prep_len(cols)); 0 (nothing written) when that kind reads
+ * x as given. */
+int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int v0, int v1,
+                 float *out);
 
 /* A level's file defines its kernel bodies with the shared names
  *   dense_tile(e, w, r, nr, nv, X, ldx, Y, ldy)   e in E_F32 E_BF16 E_F16 E_I8
@@ -62,7 +69,8 @@ int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const f
  *   nib_tile(k, w, r, nr, nv, X, ldx, Y, ldy)     k in N_I4_BF16 N_I4_F16 N_I4_F32 N_MX
  * and the constants NR (decode rows) and D_/F_/N_ MR, MV (prefill rows x
  * vectors of dense, fp8 and 4-bit tiles), then says
- *   KN_LEVEL(kn_matmul_LEVEL, prep for the int4 tiles, prep for the MXFP4 tiles)
+ *   KN_LEVEL(kn_matmul_LEVEL, prep for the bf16 tiles, prep for the int4 tiles,
+ *            prep for the MXFP4 tiles)
  * (each NULL when the tiles read x as given)
  * which instantiates every tile and the table, and defines the entry point. */
 #define KN_TILES_(name, mr, mv, body, ...)                                                        \
@@ -75,7 +83,7 @@ int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const f
     static void name##_many1(const df_weight *w, int64_t r, const float *X, int64_t ldx,          \
                              float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, 1, mv, X, ldx, Y, ldy); }
 #define KN_TABLE_(name, mr, mv, prep) {name##_one, name##_one1, name##_many, name##_many1, NR, mr, mv, prep, 0}
-#define KN_LEVEL(entry, prep_i4, prep_mx)                                                                  \
+#define KN_LEVEL(entry, prep_bf16, prep_i4, prep_mx)                                                       \
     KN_TILES_(f32, D_MR, D_MV, dense_tile, E_F32,)                                                 \
     KN_TILES_(bf16, D_MR, D_MV, dense_tile, E_BF16,)                                               \
     KN_TILES_(f16, D_MR, D_MV, dense_tile, E_F16,)                                                 \
@@ -87,7 +95,7 @@ int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const f
     KN_TILES_(mx, N_MR, N_MV, nib_tile, N_MX,)                                                     \
     static const kn_tiles kn_level_tables_[KN_K_COUNT] = {                                         \
         [KN_K_F32] = KN_TABLE_(f32, D_MR, D_MV, NULL),                                             \
-        [KN_K_BF16] = KN_TABLE_(bf16, D_MR, D_MV, NULL),                                           \
+        [KN_K_BF16] = KN_TABLE_(bf16, D_MR, D_MV, prep_bf16),                                      \
         [KN_K_F16] = KN_TABLE_(f16, D_MR, D_MV, NULL),                                             \
         [KN_K_I8] = KN_TABLE_(i8, D_MR, D_MV, NULL),                                               \
         [KN_K_FP8] = KN_TABLE_(fp8, F_MR, F_MV, NULL),                                             \
@@ -98,9 +106,16 @@ int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const f
     };                                                                                             \
     int entry(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,      \
               int64_t row1) {                                                                      \
-        return kn_drive_kind(kn_level_tables_, w, X, n, Y, ldy, row0, row1);                       \
+        return kn_drive_kind(kn_level_tables_, w, X, 0, n, Y, ldy, row0, row1);                    \
+    }                                                                                              \
+    int entry##_prep(const df_weight *w, const float *X, int v0, int v1, float *out) {            \
+        return kn_prep_kind(kn_level_tables_, w, X, v0, v1, out);                                  \
+    }                                                                                              \
+    int entry##_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0, \
+                   int64_t row1) {                                                                 \
+        return kn_drive_kind(kn_level_tables_, w, Xp, 1, n, Y, ldy, row0, row1);                   \
     }
 
-void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n, float *Y, int64_t ldy,
               int64_t row0, int64_t row1);
 #endif

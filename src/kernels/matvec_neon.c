@@ -335,7 +335,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
 /* rows x vectors for prefill within the 32 registers (unmeasured: no ARM64
  * machine here); x stays in the caller's order (LD2 de-interleaves) */
 enum { D_MR = 4, D_MV = 2, F_MR = 2, F_MV = 2, N_MR = 1, N_MV = 2 };
-KN_LEVEL(kn_matmul_neon, NULL, NULL)
+KN_LEVEL(kn_matmul_neon, NULL, NULL, NULL)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
  * FMAs; returns the flops done, with a result in *sink so none is dead. */

@@ -467,32 +467,14 @@ df_status model_find_prefix(df_engine *e, char *err) {
 
 /* ---- parallel matmul helper ---- */
 
-typedef struct {
-    df_engine *e;
-    const df_weight *w;
-    const float *X;
-    int n;
-    float *Y;
-    int64_t ldy;
-} mm_job;
-
-static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
-    (void)tid;
-    mm_job *j = ctx;
-    if (j->n == 1) kn_matvec(j->e->level, j->w, j->X, j->Y + r0, r0, r1);
-    else kn_matmul(j->e->level, j->w, j->X, j->n, j->Y + r0, j->ldy, r0, r1);
-}
-
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
     if (e->acc && acc_mm(e->acc, w, X, n, Y, ldy)) return;
     if (!model_host(e, w)) { /* the step fails (df_session_eval): no bytes to compute from */
         for (int i = 0; i < n; i++) memset(Y + (size_t)i * ldy, 0, (size_t)w->rows * sizeof(float));
         return;
     }
-    /* KN_AMX: x packed once for all threads (kernels.h) */
-    if (e->level == KN_AMX && kn_matmul_amx_pool(e->pool, w, X, n, Y, ldy, w->rows)) return;
-    mm_job j = {e, w, X, n, Y, ldy};
-    pool_for(e->pool, w->rows, 16, mm_rows, &j);
+    /* x packed or prepared once for all threads (kernels.h) */
+    kn_matmul_pool(e->pool, e->level, w, X, n, Y, ldy, w->rows);
 }
 
 /* ---- sessions ---- */

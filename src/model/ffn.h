@@ -65,6 +65,10 @@ typedef struct {
     uint8_t *pxb;               /* the packed inputs, pxb_bytes */
     int64_t pxb_bytes;
     int *unit_x, *unit_g;       /* [cap] the (expert, group) of each packing unit */
+    /* other levels: each expert's input as the tiles read it, prepared once
+     * per pass (kn_px_*), not once per chunk of rows a thread claims */
+    float *xp;                  /* [cap][kn_prep_len(max(dl, inter_cap))] */
+    int64_t *xpo;               /* [E] where expert i's rows start in xp; -1: none (kn_matmul) */
 } moe_batch;
 
 /* One row of a decode step whose activations stay on the device

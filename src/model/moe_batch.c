@@ -45,8 +45,11 @@ df_status moe_batch_new(moe_batch *b, int E, int dl, int inter) {
     b->px = calloc((size_t)E, sizeof *b->px);
     b->unit_x = malloc(R * sizeof *b->unit_x);
     b->unit_g = malloc(R * sizeof *b->unit_g);
+    const int64_t wide = kn_px_len(dl > inter ? dl : inter);
+    b->xp = aligned_alloc(64, R * (size_t)wide * F);
+    b->xpo = malloc((size_t)E * sizeof *b->xpo);
     if (!b->x || !b->w || !b->off || !b->tok || !b->slot || !b->in || !b->out || !b->g || !b->u || !b->px ||
-        !b->unit_x || !b->unit_g) {
+        !b->unit_x || !b->unit_g || !b->xp || !b->xpo) {
         moe_batch_free(b);
         return DF_ERR_NOMEM;
     }
@@ -58,7 +61,7 @@ void moe_batch_free(moe_batch *b) {
     if (!b) return;
     free(b->x); free(b->w); free(b->off); free(b->tok); free(b->slot);
     free(b->in); free(b->out); free(b->g); free(b->u);
-    free(b->px); free(b->pxb); free(b->unit_x); free(b->unit_g);
+    free(b->px); free(b->pxb); free(b->unit_x); free(b->unit_g); free(b->xp); free(b->xpo);
     memset(b, 0, sizeof *b);
 }
 
@@ -92,6 +95,7 @@ typedef struct {
     const ffn_act *act;
     const float *pin;  /* what the packing reads: b->in or b->g */
     int64_t pld;       /* its row length */
+    int down;          /* pin is b->g, the down projections' input */
 } batch_job;
 
 /* ---- KN_AMX: the inputs packed once per pass ---- */
@@ -135,11 +139,43 @@ static void amx_pack(df_engine *e, moe_batch *b, int down) {
         B += (bytes + 63) / 64 * 64;
         for (int g = 0; g < b->px[x].groups; g++, units++) b->unit_x[units] = x, b->unit_g[units] = g;
     }
-    batch_job j = {e, b, NULL, down ? b->g : b->in, down ? b->inter : b->dl};
+    batch_job j = {e, b, NULL, down ? b->g : b->in, down ? b->inter : b->dl, down};
     pool_for(e->pool, units, 1, pack_units, &j);
 }
 
-/* Rows [lo, hi) of w for expert x: on its packed input when there is one. */
+/* ---- other levels: the inputs prepared once per pass (kn_px_*) ---- */
+
+static void prep_experts(void *ctx, int64_t x0, int64_t x1, int tid) {
+    (void)tid;
+    const batch_job *j = ctx;
+    const moe_batch *b = j->b;
+    for (int64_t x = x0; x < x1; x++) {
+        if (b->xpo[x] < 0) continue;
+        const df_weight *w = j->down ? &b->w[x].down : &b->w[x].gate;
+        kn_px_prep(j->e->level, w, j->pin + (size_t)b->off[x] * (size_t)j->pld, 0, b->off[x + 1] - b->off[x],
+                   b->xp + b->xpo[x]);
+    }
+}
+
+/* Prepares every expert's input for the pass (down: from b->g, else from
+ * b->in, gate's and up's) that the AMX packing left and whose level reads x
+ * in a form of its own; the others keep xpo -1. */
+static void px_prepare(df_engine *e, moe_batch *b, int down) {
+    int64_t at = 0, any = 0;
+    for (int x = 0; x < b->n; x++) {
+        const df_weight *w = down ? &b->w[x].down : &b->w[x].gate;
+        const int64_t f = b->px[x].B ? 0 : kn_px_floats(e->level, w, b->off[x + 1] - b->off[x]);
+        b->xpo[x] = f > 0 ? at : -1;
+        at += f > 0 ? f : 0;
+        any |= f > 0;
+    }
+    if (!any) return;
+    batch_job j = {e, b, NULL, down ? b->g : b->in, down ? b->inter : b->dl, down};
+    pool_for(e->pool, b->n, 1, prep_experts, &j);
+}
+
+/* Rows [lo, hi) of w for expert x: on its packed or prepared input when
+ * there is one. */
 static void expert_rows(const batch_job *j, int x, const df_weight *w, const float *X, int n, float *Y,
                         int64_t ldy, int64_t lo, int64_t hi) {
     const kn_amx_x *px = &j->b->px[x];
@@ -147,6 +183,8 @@ static void expert_rows(const batch_job *j, int x, const df_weight *w, const flo
         kn_amx_x p = *px;
         p.w = w;
         kn_matmul_amx_x(&p, X, Y, ldy, lo, hi);
+    } else if (j->b->xpo[x] >= 0) {
+        kn_matmul_px(j->e->level, w, j->b->xp + j->b->xpo[x], n, Y, ldy, lo, hi);
     } else {
         kn_matmul(j->e->level, w, X, n, Y, ldy, lo, hi);
     }
@@ -191,13 +229,15 @@ static void down_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
 void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s) {
     moe_batch *b = &s->batch;
     if (!b->n) return;
-    batch_job j = {e, b, act, NULL, 0};
+    batch_job j = {e, b, act, NULL, 0, 0};
     /* at KN_AMX chunks of whole 32-row tiles (a partial tile costs a whole one) */
     const int64_t grain = e->level == KN_AMX ? 32 : 16;
     amx_pack(e, b, 0);
+    px_prepare(e, b, 0);
     pool_for(e->pool, (int64_t)b->n * 2 * b->inter, grain, gateup_rows, &j);
     ffn_act_pool(e, act, b->g, b->u, (int64_t)b->rows * b->inter);
     amx_pack(e, b, 1);
+    px_prepare(e, b, 1);
     pool_for(e->pool, (int64_t)b->n * b->dl, grain, down_rows, &j);
     for (int r = 0; r < b->rows; r++)
         memcpy(s->ys + ((size_t)b->tok[r] * m->K + b->slot[r]) * b->dl, b->out + (size_t)r * b->dl,
