@@ -618,6 +618,36 @@ static void route_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
     for (int64_t t = t0; t < t1; t++) moe_route(j->m, j->rlog + (size_t)t * E, j->sel + t * K, j->selw + t * K, NULL);
 }
 
+/* The host's end of a MoE layer, per token (each row's values depend on
+ * that row alone, so any split gives the same bits). */
+typedef struct {
+    const moe_layer *m;
+    const moe_scratch *s;
+    float *acc, *out;
+    int dl, H;
+} tail_job;
+
+/* Rows [t0, t1): the weighted sum of the token's K expert outputs (k
+ * ascending) into acc, then a latent layer's RMSNorm of it. */
+static void combine_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const tail_job *j = ctx;
+    const int K = j->m->K, dl = j->dl;
+    for (int64_t t = t0; t < t1; t++) {
+        float *o = j->acc + (size_t)t * dl;
+        memset(o, 0, (size_t)dl * sizeof(float));
+        for (int k = 0; k < K; k++) op_axpy(o, j->s->selw[t * K + k], j->s->ys + ((size_t)t * K + k) * dl, dl);
+        if (j->m->latent && j->m->lat_norm) op_rmsnorm(o, o, j->m->lat_norm, dl, j->m->lat_eps);
+    }
+}
+
+/* Rows [t0, t1): out += the shared experts' output. */
+static void add_shared_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const tail_job *j = ctx;
+    for (size_t i = (size_t)t0 * j->H; i < (size_t)t1 * j->H; i++) j->out[i] += j->s->sh[i];
+}
+
 df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s,
                       const float *xn, int n, int pos, float *out, char *err) {
     int H = (int)m->router.cols, K = m->K;
@@ -715,19 +745,10 @@ df_status moe_forward(df_engine *e, const moe_layer *m, const ffn_act *act, moe_
     }
     if ((st = acc_expert_finish(e->acc, err)) != DF_OK) return st;
     float *acc = m->latent ? s->acc : out;
-    for (int t = 0; t < n; t++) {
-        float *o = acc + (size_t)t * dl;
-        memset(o, 0, (size_t)dl * sizeof(float));
-        for (int k = 0; k < K; k++) op_axpy(o, s->selw[t * K + k], s->ys + ((size_t)t * K + k) * dl, dl);
-    }
-    if (m->latent) {
-        if (m->lat_norm)
-            for (int t = 0; t < n; t++)
-                op_rmsnorm(acc + (size_t)t * dl, acc + (size_t)t * dl, m->lat_norm, dl, m->lat_eps);
-        mm(e, &m->lat_up, acc, n, out, H);
-    }
-    if (m->has_shared)
-        for (size_t i = 0; i < (size_t)n * H; i++) out[i] += s->sh[i];
+    tail_job tj = {m, s, acc, out, dl, H};
+    pool_for(e->pool, n, 4, combine_rows, &tj); /* a prompt's rows over the pool */
+    if (m->latent) mm(e, &m->lat_up, acc, n, out, H);
+    if (m->has_shared) pool_for(e->pool, n, 4, add_shared_rows, &tj);
     if (dv && (st = acc_dev_put(e->acc, dv->out, out, (int64_t)n * H, err)) != DF_OK) return st;
     prof_add(e, DF_PROF_ROUTED, &pt);
     return DF_OK;

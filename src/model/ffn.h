@@ -58,7 +58,8 @@ typedef struct {
     ffn_weights *w;             /* [E] their views */
     int *off;                   /* [E + 1] first row of each expert */
     int *tok, *slot;            /* [cap] each row's (token, slot) */
-    float *in, *out;            /* [cap][dl] gathered inputs, outputs */
+    const float *src;           /* the rows the batch's inputs are gathered from (moe_batch_add's xin) */
+    float *in, *out;            /* [cap][dl] gathered inputs (when the batch runs), outputs */
     float *g, *u;               /* [cap][inter] */
     /* KN_AMX: each expert's input packed once for the batch's threads */
     kn_amx_x *px;               /* [E]; px[i].B NULL: expert i runs kn_matmul */
@@ -124,12 +125,13 @@ void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const f
 void ffn_act_apply(kn_level lv, const ffn_act *act, float *g, const float *u, int64_t n);
 /* ffn_act_apply split over the engine's pool (the same bits). */
 void ffn_act_pool(df_engine *e, const ffn_act *act, float *g, const float *u, int64_t n);
-/* The CPU batch (moe_batch.c): moe_batch_add gathers the rows (the (token,
+/* The CPU batch (moe_batch.c): moe_batch_add takes the rows (the (token,
  * slot) pairs of the pass that chose expert x, as moe_forward grouped them:
- * ptok / pslot, poff / pcnt), 0 when they do not fit
- * beside the rows already there (run the batch first, or run x alone);
- * moe_batch_run computes every expert of the batch and stores each row's
- * output in s->ys; moe_batch_clear empties it. */
+ * ptok / pslot, poff / pcnt) of xin, 0 when they do not fit beside the
+ * rows already there or come from another xin (run the batch first, or run
+ * x alone); xin must stay until the batch runs. moe_batch_run gathers the
+ * rows, computes every expert of the batch and stores each row's output in
+ * s->ys; moe_batch_clear empties it. */
 df_status moe_batch_new(moe_batch *b, int E, int dl, int inter);
 void moe_batch_free(moe_batch *b);
 int moe_batch_add(moe_scratch *s, const float *xin, int x, const ffn_weights *w);

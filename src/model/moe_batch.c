@@ -73,12 +73,13 @@ int moe_batch_add(moe_scratch *s, const float *xin, int x, const ffn_weights *w)
     if (w->gate.cols != dl || w->down.rows != dl || w->gate.rows > b->inter_cap || w->up.rows != w->gate.rows ||
         (b->n && w->gate.rows != b->inter))
         return 0;
+    if (b->n && xin != b->src) return 0; /* one input per batch: its rows are gathered when it runs */
     b->inter = w->gate.rows;
+    b->src = xin;
     int r = b->rows;
     for (int i = 0; i < cnt; i++, r++) { /* group_pairs' order: by token */
         b->tok[r] = s->ptok[o + i];
         b->slot[r] = s->pslot[o + i];
-        memcpy(b->in + (size_t)r * dl, xin + (size_t)b->tok[r] * dl, (size_t)dl * sizeof(float));
     }
     b->x[b->n] = x;
     b->w[b->n] = *w;
@@ -226,10 +227,34 @@ static void down_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
     }
 }
 
+/* Rows [r0, r1) of the batch: their tokens' inputs gathered into b->in. */
+static void gather_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const moe_batch *b = ((const batch_job *)ctx)->b;
+    for (int64_t r = r0; r < r1; r++)
+        memcpy(b->in + (size_t)r * b->dl, b->src + (size_t)b->tok[r] * b->dl, (size_t)b->dl * sizeof(float));
+}
+
+/* Rows [r0, r1): their outputs into their (token, slot) rows of s->ys. */
+typedef struct {
+    const moe_batch *b;
+    float *ys;
+    int K;
+} scatter_job;
+static void scatter_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const scatter_job *j = ctx;
+    const moe_batch *b = j->b;
+    for (int64_t r = r0; r < r1; r++)
+        memcpy(j->ys + ((size_t)b->tok[r] * j->K + b->slot[r]) * b->dl, b->out + (size_t)r * b->dl,
+               (size_t)b->dl * sizeof(float));
+}
+
 void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s) {
     moe_batch *b = &s->batch;
     if (!b->n) return;
     batch_job j = {e, b, act, NULL, 0, 0};
+    pool_for(e->pool, b->rows, 16, gather_rows, &j); /* (a decode token's K rows: on this thread) */
     /* at KN_AMX chunks of whole 32-row tiles (a partial tile costs a whole one) */
     const int64_t grain = e->level == KN_AMX ? 32 : 16;
     amx_pack(e, b, 0);
@@ -239,9 +264,8 @@ void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scr
     amx_pack(e, b, 1);
     px_prepare(e, b, 1);
     pool_for(e->pool, (int64_t)b->n * b->dl, grain, down_rows, &j);
-    for (int r = 0; r < b->rows; r++)
-        memcpy(s->ys + ((size_t)b->tok[r] * m->K + b->slot[r]) * b->dl, b->out + (size_t)r * b->dl,
-               (size_t)b->dl * sizeof(float));
+    scatter_job sj = {b, s->ys, m->K};
+    pool_for(e->pool, b->rows, 16, scatter_rows, &sj);
 }
 
 void moe_batch_clear(moe_batch *b) { b->n = b->rows = 0; }
