@@ -97,6 +97,8 @@ typedef struct {
     const float *pin;  /* what the packing reads: b->in or b->g */
     int64_t pld;       /* its row length */
     int down;          /* pin is b->g, the down projections' input */
+    float *ys;         /* where the outputs go: moe_scratch's ys, K rows a token */
+    int K;
 } batch_job;
 
 /* ---- KN_AMX: the inputs packed once per pass ---- */
@@ -140,7 +142,7 @@ static void amx_pack(df_engine *e, moe_batch *b, int down) {
         B += (bytes + 63) / 64 * 64;
         for (int g = 0; g < b->px[x].groups; g++, units++) b->unit_x[units] = x, b->unit_g[units] = g;
     }
-    batch_job j = {e, b, NULL, down ? b->g : b->in, down ? b->inter : b->dl, down};
+    batch_job j = {e, b, NULL, down ? b->g : b->in, down ? b->inter : b->dl, down, NULL, 0};
     pool_for(e->pool, units, 1, pack_units, &j);
 }
 
@@ -171,7 +173,7 @@ static void px_prepare(df_engine *e, moe_batch *b, int down) {
         any |= f > 0;
     }
     if (!any) return;
-    batch_job j = {e, b, NULL, down ? b->g : b->in, down ? b->inter : b->dl, down};
+    batch_job j = {e, b, NULL, down ? b->g : b->in, down ? b->inter : b->dl, down, NULL, 0};
     pool_for(e->pool, b->n, 1, prep_experts, &j);
 }
 
@@ -235,15 +237,10 @@ static void gather_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
         memcpy(b->in + (size_t)r * b->dl, b->src + (size_t)b->tok[r] * b->dl, (size_t)b->dl * sizeof(float));
 }
 
-/* Rows [r0, r1): their outputs into their (token, slot) rows of s->ys. */
-typedef struct {
-    const moe_batch *b;
-    float *ys;
-    int K;
-} scatter_job;
+/* Rows [r0, r1): their outputs into their (token, slot) rows of j->ys. */
 static void scatter_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
     (void)tid;
-    const scatter_job *j = ctx;
+    const batch_job *j = ctx;
     const moe_batch *b = j->b;
     for (int64_t r = r0; r < r1; r++)
         memcpy(j->ys + ((size_t)b->tok[r] * j->K + b->slot[r]) * b->dl, b->out + (size_t)r * b->dl,
@@ -253,7 +250,7 @@ static void scatter_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
 void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scratch *s) {
     moe_batch *b = &s->batch;
     if (!b->n) return;
-    batch_job j = {e, b, act, NULL, 0, 0};
+    batch_job j = {e, b, act, NULL, 0, 0, s->ys, m->K};
     pool_for(e->pool, b->rows, 16, gather_rows, &j); /* (a decode token's K rows: on this thread) */
     /* at KN_AMX chunks of whole 32-row tiles (a partial tile costs a whole one) */
     const int64_t grain = e->level == KN_AMX ? 32 : 16;
@@ -264,8 +261,7 @@ void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scr
     amx_pack(e, b, 1);
     px_prepare(e, b, 1);
     pool_for(e->pool, (int64_t)b->n * b->dl, grain, down_rows, &j);
-    scatter_job sj = {b, s->ys, m->K};
-    pool_for(e->pool, b->rows, 16, scatter_rows, &sj);
+    pool_for(e->pool, b->rows, 16, scatter_rows, &j);
 }
 
 void moe_batch_clear(moe_batch *b) { b->n = b->rows = 0; }
