@@ -16,9 +16,10 @@ enum { PX_STACK = 16384, ROW_GRAIN = 16 }; /* floats of prepared x on the stack;
 typedef struct {
     kn_level lv;
     const df_weight *w;
-    const float *X, *Xp; /* Xp: the prepared x, or NULL */
+    const float *X;
+    float *Xp; /* the prepared x (written by prep_vectors, then read), or NULL */
     int n;
-    float *Y, *Xw;       /* Xw: Xp, writable, while it is prepared */
+    float *Y;
     int64_t ldy;
 } mp_job;
 
@@ -31,7 +32,7 @@ static void plain_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
 static void prep_vectors(void *ctx, int64_t v0, int64_t v1, int tid) {
     (void)tid;
     const mp_job *j = ctx;
-    kn_px_prep(j->lv, j->w, j->X, (int)v0, (int)v1, j->Xw);
+    kn_px_prep(j->lv, j->w, j->X, (int)v0, (int)v1, j->Xp);
 }
 
 static void px_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
@@ -44,7 +45,7 @@ void kn_matmul_pool(struct df_pool *pool, kn_level lv, const df_weight *w, const
                     int64_t ldy, int64_t rows) {
     if (n <= 0 || rows <= 0) return;
     if (lv == KN_AMX && kn_matmul_amx_pool(pool, w, X, n, Y, ldy, rows)) return;
-    mp_job j = {lv, w, X, NULL, n, Y, NULL, ldy};
+    mp_job j = {lv, w, X, NULL, n, Y, ldy};
     const int64_t pf = kn_px_floats(lv, w, n);
     _Alignas(64) float stack[PX_STACK];
     float *Xp = pf <= 0 ? NULL : pf <= PX_STACK ? stack : aligned_alloc(64, (size_t)pf * sizeof(float));
@@ -52,10 +53,9 @@ void kn_matmul_pool(struct df_pool *pool, kn_level lv, const df_weight *w, const
         pool_for(pool, rows, ROW_GRAIN, plain_rows, &j);
         return;
     }
-    j.Xw = Xp;
+    j.Xp = Xp;
     if (n == 1) kn_px_prep(lv, w, X, 0, 1, Xp);
     else pool_for(pool, n, 1, prep_vectors, &j);
-    j.Xp = Xp;
     pool_for(pool, rows, ROW_GRAIN, px_rows, &j);
     if (Xp != stack) free(Xp);
 }

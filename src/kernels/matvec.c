@@ -327,7 +327,7 @@ static int px_prep(kn_level lv, const df_weight *w, const float *X, int v0, int 
 int64_t kn_px_floats(kn_level lv, const df_weight *w, int n) {
     if (n <= 0) return 0;
     lv = px_level(lv, n);
-    return px_prep(lv, w, NULL, 0, 0, NULL) ? (int64_t)n * kn_prep_len(w->cols) : 0;
+    return px_prep(lv, w, NULL, 0, 0, NULL) ? (int64_t)n * kn_px_len(w->cols) : 0;
 }
 
 void kn_px_prep(kn_level lv, const df_weight *w, const float *X, int v0, int v1, float *Xp) {

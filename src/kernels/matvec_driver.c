@@ -12,8 +12,15 @@ enum { BLOCK_BYTES = 256 << 10, X_STACK = 16384 };
 #define KN_X_BLOCK_BYTES (4 << 20)
 #endif
 
+/* Vectors [v0, v1) of X (one every cols floats) through prep into out (one
+ * every kn_px_len(cols) floats). */
+static void prep_vectors(kn_prep_fn prep, const df_weight *w, const float *X, int v0, int v1, float *out) {
+    const int64_t cols = w->cols, ld = kn_px_len(cols);
+    for (int v = v0; v < v1; v++) prep(X + (int64_t)v * cols, cols, out + (int64_t)v * ld);
+}
+
 /* X: n vectors as given (prepped 0, one every cols floats), or as t->prep
- * wrote them (prepped 1, one every kn_prep_len(cols) floats). */
+ * wrote them (prepped 1, one every kn_px_len(cols) floats). */
 static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n, float *Y,
                         int64_t ldy, int64_t row0, int64_t row1) {
     const int64_t cols = w->cols;
@@ -30,14 +37,14 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
     _Alignas(64) float xstack[X_STACK];
     float *xbuf = xstack;
     const float *xs = X;
-    int64_t ldx = t->prep ? kn_prep_len(cols) : cols; /* floats from one vector to the next as the tiles read them */
+    int64_t ldx = t->prep ? kn_px_len(cols) : cols; /* floats from one vector to the next as the tiles read them */
     if (t->prep && !prepped) {
         const int64_t need = (int64_t)n * ldx;
         if (need > X_STACK) {
             xbuf = aligned_alloc(64, (size_t)need * sizeof *xbuf);
             ASSERT(xbuf);
         }
-        for (int v = 0; v < n; v++) t->prep(X + (int64_t)v * cols, cols, xbuf + (int64_t)v * ldx);
+        prep_vectors(t->prep, w, X, 0, n, xbuf);
         xs = xbuf;
     }
     for (int64_t b0 = row0; b0 < row1; b0 += rb) {
@@ -75,7 +82,7 @@ void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int prepped
     const int64_t blocks = (n + cap - 1) / cap;
     int64_t nb = (n + blocks - 1) / blocks;
     nb = (nb + mv - 1) / mv * mv;
-    const int64_t ldx = prepped && t->prep ? kn_prep_len(w->cols) : w->cols;
+    const int64_t ldx = prepped && t->prep ? kn_px_len(w->cols) : w->cols;
     for (int i = 0; i < n; i += (int)nb) {
         int m = n - i < nb ? n - i : (int)nb;
         drive_block(t, w, X + (int64_t)i * ldx, prepped, m, Y + (int64_t)i * ldy, ldy, row0, row1);
@@ -125,7 +132,6 @@ int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const fl
                  float *out) {
     const int k = kind_of(w);
     if (k < 0 || !tables[k].prep) return 0;
-    const int64_t ld = kn_prep_len(w->cols);
-    for (int v = v0; v < v1; v++) tables[k].prep(X + (int64_t)v * w->cols, w->cols, out + (int64_t)v * ld);
+    prep_vectors(tables[k].prep, w, X, v0, v1, out);
     return 1;
 }

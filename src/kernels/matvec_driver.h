@@ -30,11 +30,9 @@
 typedef void (*kn_tile_fn)(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y,
                            int64_t ldy);
 /* Writes x (cols floats) in the form the level's tiles read, into
- * kn_prep_len(cols) floats. */
+ * kn_px_len(cols) floats (kernels.h: cols rounded up to a multiple of 128,
+ * so a level may pad its last chunk). */
 typedef void (*kn_prep_fn)(const float *x, int64_t cols, float *out);
-/* Floats of prepared x a vector of cols columns takes (cols rounded up to a
- * multiple of 128: a level may pad its last chunk). */
-static inline int64_t kn_prep_len(int64_t cols) { return kn_px_len(cols); }
 
 typedef struct {
     kn_tile_fn one, one_1;   /* nr rows x 1 vector, 1 row x 1 vector */
@@ -54,11 +52,11 @@ typedef enum {
 
 /* Runs w through tables[kind of w]; 0 when w has no kind (an unknown type or
  * int4 scale dtype), without writing Y. prepped: X is as kn_prep_kind wrote
- * it (one vector every kn_prep_len(cols) floats), else as given. */
+ * it (one vector every kn_px_len(cols) floats), else as given. */
 int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int prepped, int n,
                   float *Y, int64_t ldy, int64_t row0, int64_t row1);
 /* Vectors [v0, v1) of X prepared for tables[kind of w] into out (vector v
- * at out + v * kn_prep_len(cols)); 0 (nothing written) when that kind reads
+ * at out + v * kn_px_len(cols)); 0 (nothing written) when that kind reads
  * x as given. */
 int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const float *X, int v0, int v1,
                  float *out);

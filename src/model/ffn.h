@@ -68,7 +68,7 @@ typedef struct {
     int *unit_x, *unit_g;       /* [cap] the (expert, group) of each packing unit */
     /* other levels: each expert's input as the tiles read it, prepared once
      * per pass (kn_px_*), not once per chunk of rows a thread claims */
-    float *xp;                  /* [cap][kn_prep_len(max(dl, inter_cap))] */
+    float *xp;                  /* [cap][kn_px_len(max(dl, inter_cap))] */
     int64_t *xpo;               /* [E] where expert i's rows start in xp; -1: none (kn_matmul) */
 } moe_batch;
 
