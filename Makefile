@@ -24,7 +24,7 @@ LDLIBS  += -lmicrohttpd -lpcre2-8 -ljansson $(URING_LIB) -lcurl -lnettle -lm -lp
 # machine only the scalar reference.
 TARGET  := $(shell $(CC) -dumpmachine 2>/dev/null)
 ARCH    := $(firstword $(subst -, ,$(TARGET)))
-X86_SIMD_SRC := $(wildcard src/kernels/*_avx2.c src/kernels/*_avx512.c src/kernels/*_amx.c)
+X86_SIMD_SRC := $(wildcard src/kernels/*_avx2.c src/kernels/*_avxvnni.c src/kernels/*_avx512.c src/kernels/*_amx.c)
 ARM_SIMD_SRC := $(wildcard src/kernels/*_neon.c)
 ifneq (,$(filter x86_64 i386 i486 i586 i686 amd64,$(ARCH)))
 SIMD_SRC := $(X86_SIMD_SRC)
@@ -143,6 +143,10 @@ $(BUILD)/%.o: %.c
 $(BUILD)/src/kernels/%_avx2.o: src/kernels/%_avx2.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/src/kernels/%_avxvnni.o: src/kernels/%_avxvnni.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -mavxvnni -MMD -MP -c $< -o $@
 
 $(BUILD)/src/kernels/%_avx512.o: src/kernels/%_avx512.c
 	@mkdir -p $(dir $@)

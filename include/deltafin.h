@@ -519,6 +519,9 @@ enum { DF_BENCH_GEMM_N = 32 };
  * default; 0 scalar, 1 AVX2, 2 AVX-512, 3 NEON, 4 AMX; a level the CPU
  * lacks runs as the default), e.g. "avx512". */
 const char *df_simd_level_name(int simd_level);
+/* The same for people: the name, and the variant of the level that runs
+ * (e.g. "avx2 (4-bit tiles by avx-vnni)" on an AVX2 CPU with AVX-VNNI). */
+const char *df_simd_level_desc(int simd_level);
 
 /* Measures a DRAM read probe, a matvec and a DF_BENCH_GEMM_N-vector matmul
  * per weight type on matrices of about `mb` MB each, with n_threads threads

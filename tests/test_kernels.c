@@ -281,9 +281,15 @@ TEST(kn_detect_level) {
     /* what bench --kernels prints: the level that runs */
     CHECK(strcmp(df_simd_level_name(-1), kn_level_name(l)) == 0);
     CHECK(strcmp(df_simd_level_name(KN_SCALAR), "scalar") == 0);
-    for (int lv = KN_AVX2; lv <= KN_AMX; lv++)
+    for (int lv = KN_AVX2; lv <= KN_AMX; lv++) {
         CHECK(strcmp(df_simd_level_name(lv), kn_level_name(kn_level_available((kn_level)lv) ? (kn_level)lv : l)) == 0,
               "level %d", lv);
+        /* the description begins with the name */
+        CHECK(strncmp(df_simd_level_desc(lv), df_simd_level_name(lv), strlen(df_simd_level_name(lv))) == 0,
+              "%s", df_simd_level_desc(lv));
+    }
+    CHECK(strstr(df_simd_level_desc(KN_AVX2), "avx-vnni") ? kn_avxvnni_usable() && kn_level_available(KN_AVX2)
+                                                         : !kn_avxvnni_usable() || !kn_level_available(KN_AVX2));
 #if defined(__aarch64__)
     /* every AArch64 CPU has Advanced SIMD; the x86 levels never exist here */
     CHECK(l == KN_NEON, "level %s", kn_level_name(l));
@@ -562,6 +568,56 @@ TEST(kn_px_and_pool_same_bits_as_matmul) {
     /* at an x86 SIMD level, bf16 and the 4-bit types prepare x */
     if (kn_level_available(KN_AVX2)) CHECK(prepped > 0);
     pool_free(pool);
+}
+
+/* The AVX2 level's AVX-VNNI build (matvec_avxvnni.c): every int4 and MXFP4
+ * output bit-equal to the plain AVX2 tiles' (the same integer per lane), for
+ * one and many vectors, prepared or not, tails and a NaN group included. */
+TEST(kn_avxvnni_same_bits_as_avx2) {
+#if defined(__x86_64__)
+    if (!kn_avxvnni_usable()) SKIP("this CPU has no AVX-VNNI");
+    static const struct { wt_type t; st_dtype s; } types[] = {
+        {WT_INT4_G32, DT_BF16}, {WT_INT4_G32, DT_F16}, {WT_INT4_G32, DT_F32}, {WT_MXFP4, DT_UNKNOWN}};
+    static const int64_t shapes[][2] = {{37, 7168}, {19, 224}, {67, 3584}, {3, 96}, {5, 32}};
+    static const int ns[] = {1, 2, 5, 18};
+    for (int ti = 0; ti < N(types); ti++)
+        for (int si = 0; si < N(shapes); si++) {
+            const int64_t rows = shapes[si][0], cols = shapes[si][1];
+            tmat m;
+            tmat_make(&m, types[ti].t, rows, cols, types[ti].s, 0, 0, 500 + (uint64_t)si);
+            for (int ni = 0; ni < N(ns); ni++) {
+                const int n = ns[ni];
+                float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * rows * sizeof *Y);
+                float *Z = malloc((size_t)n * rows * sizeof *Z);
+                float *Xp = aligned_alloc(64, (size_t)n * kn_px_len(cols) * sizeof *Xp);
+                REQUIRE(X && Y && Z && Xp);
+                for (int i = 0; i < n; i++) {
+                    float *xi = rand_vec(cols, 70 + (uint64_t)i * 5 + (uint64_t)si);
+                    memcpy(X + (size_t)i * cols, xi, (size_t)cols * sizeof *xi);
+                    free(xi);
+                }
+                if (n > 1) X[cols + 3] = NAN;               /* vector 1's first group gives NaN */
+                if (n > 2) X[2 * cols + cols - 1] = 1e30f;   /* a wide range within vector 2's last group */
+                const char *tn = wt_type_name(types[ti].t);
+                REQUIRE(kn_matmul_avx2(&m.w, X, n, Y, rows, 0, rows));
+                REQUIRE(kn_matmul_avxvnni(&m.w, X, n, Z, rows, 0, rows));
+                int diff = 0;
+                for (int64_t i = 0; i < (int64_t)n * rows; i++) diff += !same_bits(Z[i], Y[i]);
+                CHECK(diff == 0, "%s %lldx%lld n=%d: %d outputs differ", tn, (long long)rows, (long long)cols, n, diff);
+                REQUIRE(kn_matmul_avxvnni_prep(&m.w, X, 0, n, Xp));
+                memset(Z, 0, (size_t)n * rows * sizeof *Z);
+                REQUIRE(kn_matmul_avxvnni_px(&m.w, Xp, n, Z, rows, 0, rows));
+                diff = 0;
+                for (int64_t i = 0; i < (int64_t)n * rows; i++) diff += !same_bits(Z[i], Y[i]);
+                CHECK(diff == 0, "%s %lldx%lld n=%d prepared: %d outputs differ", tn, (long long)rows, (long long)cols,
+                      n, diff);
+                free(X), free(Y), free(Z), free(Xp);
+            }
+            tmat_free(&m);
+        }
+#else
+    SKIP("not an x86 build");
+#endif
 }
 
 /* ---- the AMX level's layouts (matvec_amx.c) ----------------------------------

@@ -27,7 +27,7 @@ static int bench_kernels(int threads, int simd, double mb, double seconds) {
     double probe = 0, flops = 0;
     int n = df_bench_kernels(threads, simd, mb, seconds, rows, &probe, &flops);
     if (n <= 0) { fprintf(stderr, "deltafin: benchmark failed\n"); return CLI_FAIL; }
-    const char *lv = df_simd_level_name(simd); /* the level that ran */
+    const char *lv = df_simd_level_desc(simd); /* the level that ran */
     printf("threads %d, simd %s, matrices ~%.0f MB, DRAM read probe %.2f GB/s, fp32 FMA probe %.1f GFLOP/s\n",
            threads, lv, mb, probe, flops);
     printf("%-8s %10s %10s %12s %14s %10s\n", "type", "GB/s", "% probe", "ms/matvec", "gemm GFLOP/s",

@@ -357,6 +357,11 @@ static kn_level resolve_level(int simd_level) {
 
 const char *df_simd_level_name(int simd_level) { return kn_level_name(resolve_level(simd_level)); }
 
+const char *df_simd_level_desc(int simd_level) {
+    const kn_level lv = resolve_level(simd_level);
+    return lv == KN_AVX2 && kn_avxvnni_usable() ? "avx2 (4-bit tiles by avx-vnni)" : kn_level_name(lv);
+}
+
 int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, df_bench_row *rows,
                      double *probe_gbps, double *fma_gflops) {
     if (n_threads <= 0) {

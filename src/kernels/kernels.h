@@ -83,6 +83,15 @@ int kn_matmul_avx512(const df_weight *w, const float *X, int n, float *Y, int64_
 int kn_matmul_avx2_prep(const df_weight *w, const float *X, int v0, int v1, float *out);
 int kn_matmul_avx2_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0,
                       int64_t row1);
+/* The AVX2 level's build for CPUs with AVX-VNNI (matvec_avxvnni.c; its
+ * 4-bit tiles by vpdpbusd, bit-equal to the _avx2 ones): kn_matmul and
+ * kn_px_* use it at KN_AVX2 when kn_avxvnni_usable() (x86; 0 elsewhere). */
+int kn_avxvnni_usable(void);
+int kn_matmul_avxvnni(const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
+                      int64_t row0, int64_t row1);
+int kn_matmul_avxvnni_prep(const df_weight *w, const float *X, int v0, int v1, float *out);
+int kn_matmul_avxvnni_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0,
+                         int64_t row1);
 int kn_matmul_avx512_prep(const df_weight *w, const float *X, int v0, int v1, float *out);
 int kn_matmul_avx512_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0,
                         int64_t row1);

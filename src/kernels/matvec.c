@@ -3,7 +3,8 @@
  * Owns: kn_detect / kn_level_name, kn_dequant_row (the exact decode every
  * other kernel is measured against), the plain C matvec per weight type (the
  * KN_SCALAR level and the oracle of the SIMD variants), and the dispatch that
- * sends kn_matvec / kn_matmul to matvec_amx.c, matvec_avx512.c or matvec_avx2.c (x86) or
+ * sends kn_matvec / kn_matmul to matvec_amx.c, matvec_avx512.c or matvec_avx2.c
+ * (matvec_avxvnni.c on CPUs with AVX-VNNI) (x86) or
  * matvec_neon.c (AArch64), falling back one level whenever a variant declines
  * a type.
  * Refuses: any ISA-specific code (this file is compiled without -m flags) and
@@ -111,6 +112,39 @@ static kn_level detect_once(void) {
 #else
 static kn_level detect_once(void) { return KN_SCALAR; }
 #endif
+
+#if KN_X86
+/* AVX-VNNI (CPUID 7.1 EAX bit 4): the AVX2 level's 4-bit tiles then run as
+ * matvec_avxvnni.c (the same bits). -DKN_NO_AVXVNNI turns it off (to measure
+ * the plain AVX2 tiles on such a CPU). */
+static int avxvnni_once(void) {
+#ifdef KN_NO_AVXVNNI
+    return 0;
+#else
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1) || (xcr0() & 0x6) != 0x6) return 0;
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((b >> 5) & 1) || a < 1) return 0; /* AVX2, and leaf 7 subleaf 1 */
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a >> 4) & 1;
+#endif
+}
+#endif
+
+int kn_avxvnni_usable(void) {
+#if KN_X86
+    static int cached = -1; /* benign race: every thread computes the same value */
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = avxvnni_once();
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
 
 /* The best level this CPU runs (KN_AMX included). */
 static kn_level best_level(void) {
@@ -286,6 +320,22 @@ static void check_shape(const df_weight *w) {
     if (w->type == WT_FP8_BLOCK) ASSERT(w->block_rows > 0 && w->block_cols > 0);
 }
 
+#if KN_X86
+/* The AVX2 level: its AVX-VNNI build where the CPU has it (same bits). */
+static int avx2_matmul(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+                       int64_t row1) {
+    return kn_avxvnni_usable() ? kn_matmul_avxvnni(w, X, n, Y, ldy, row0, row1)
+                               : kn_matmul_avx2(w, X, n, Y, ldy, row0, row1);
+}
+static int avx2_prep(const df_weight *w, const float *X, int v0, int v1, float *Xp) {
+    return kn_avxvnni_usable() ? kn_matmul_avxvnni_prep(w, X, v0, v1, Xp) : kn_matmul_avx2_prep(w, X, v0, v1, Xp);
+}
+static int avx2_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0, int64_t row1) {
+    return kn_avxvnni_usable() ? kn_matmul_avxvnni_px(w, Xp, n, Y, ldy, row0, row1)
+                               : kn_matmul_avx2_px(w, Xp, n, Y, ldy, row0, row1);
+}
+#endif
+
 void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
                int64_t row0, int64_t row1) {
     if (n <= 0 || row1 <= row0) return;
@@ -295,7 +345,7 @@ void kn_matmul(kn_level lv, const df_weight *w, const float *X, int n, float *Y,
 #if KN_X86
     if (lv == KN_AMX && n >= KN_AMX_MIN_N && kn_matmul_amx(w, X, n, Y, ldy, row0, row1)) return;
     if (lv >= KN_AVX512 && kn_matmul_avx512(w, X, n, Y, ldy, row0, row1)) return;
-    if (lv >= KN_AVX2 && kn_matmul_avx2(w, X, n, Y, ldy, row0, row1)) return;
+    if (lv >= KN_AVX2 && avx2_matmul(w, X, n, Y, ldy, row0, row1)) return;
 #elif KN_ARM64
     if (lv == KN_NEON && kn_matmul_neon(w, X, n, Y, ldy, row0, row1)) return;
 #endif
@@ -316,7 +366,7 @@ static kn_level px_level(kn_level lv, int n) {
 static int px_prep(kn_level lv, const df_weight *w, const float *X, int v0, int v1, float *Xp) {
 #if KN_X86
     if (lv >= KN_AVX512) return kn_matmul_avx512_prep(w, X, v0, v1, Xp);
-    if (lv >= KN_AVX2) return kn_matmul_avx2_prep(w, X, v0, v1, Xp);
+    if (lv >= KN_AVX2) return avx2_prep(w, X, v0, v1, Xp);
 #elif KN_ARM64
     if (lv == KN_NEON) return kn_matmul_neon_prep(w, X, v0, v1, Xp);
 #endif
@@ -343,7 +393,7 @@ void kn_matmul_px(kn_level lv, const df_weight *w, const float *Xp, int n, float
     int done = 0;
 #if KN_X86
     if (lv >= KN_AVX512) done = kn_matmul_avx512_px(w, Xp, n, Y, ldy, row0, row1);
-    else if (lv >= KN_AVX2) done = kn_matmul_avx2_px(w, Xp, n, Y, ldy, row0, row1);
+    else if (lv >= KN_AVX2) done = avx2_px(w, Xp, n, Y, ldy, row0, row1);
 #elif KN_ARM64
     if (lv == KN_NEON) done = kn_matmul_neon_px(w, Xp, n, Y, ldy, row0, row1);
 #endif

@@ -2,7 +2,9 @@
  *
  * Owns: kn_matmul_avx2 (a table of tiles per weight type handed to the
  * shared driver, matvec_driver.c). Compiled with -mavx2 -mfma -mf16c; only
- * reached when kn_detect() says the CPU has them. Refuses: allocation, scalar
+ * reached when kn_detect() says the CPU has them. matvec_avxvnni.c builds
+ * this file again with -mavxvnni and KN_AVXVNNI (kn_matmul_avxvnni: the
+ * 4-bit tiles' integer sums by vpdpbusd, the same values). Refuses: allocation, scalar
  * float math on the data path (every product and sum is an explicit
  * intrinsic, so the compiler cannot contract or reorder it).
  *
@@ -332,7 +334,10 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         ? _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                            12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
         : _mm256_setzero_si256();
-    const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), k256 = _mm256_set1_epi16(256);
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+#ifndef KN_AVXVNNI
+    const __m256i ones = _mm256_set1_epi16(1), k256 = _mm256_set1_epi16(256);
+#endif
     const __m256i lane_grp = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
     /* one vector: this chunk of the next tile's rows into L2 (a tile ahead) */
@@ -362,6 +367,18 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
             }
             UNROLL for (int v = 0; v < nv; v++) {
                 const __m256i *xp = (const __m256i *)(X + v * ldx + c);
+#ifdef KN_AVXVNNI
+                /* the same integer per lane, by vpdpbusd (four u x L a lane) */
+                __m256i a = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ue, _mm256_loadu_si256(xp + 0));
+                a = _mm256_dpbusd_avx_epi32(a, uo, _mm256_loadu_si256(xp + 1));
+                a = _mm256_slli_epi32(a, 8);
+                a = _mm256_dpbusd_avx_epi32(a, ue, _mm256_loadu_si256(xp + 2));
+                a = _mm256_dpbusd_avx_epi32(a, uo, _mm256_loadu_si256(xp + 3));
+                a = _mm256_slli_epi32(a, 8);
+                a = _mm256_dpbusd_avx_epi32(a, ue, _mm256_loadu_si256(xp + 4));
+                a = _mm256_dpbusd_avx_epi32(a, uo, _mm256_loadu_si256(xp + 5));
+                a = _mm256_add_epi32(a, _mm256_loadu_si256(xp + 6)); /* - c0 sum X */
+#else
                 const __m256i t0 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 0)),
                                                     _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 1)));
                 const __m256i t1 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 2)),
@@ -371,6 +388,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
                 __m256i a = _mm256_add_epi32(_mm256_madd_epi16(t0, k256), _mm256_madd_epi16(t1, ones));
                 a = _mm256_add_epi32(_mm256_slli_epi32(a, 8), _mm256_madd_epi16(t2, ones));
                 a = _mm256_add_epi32(a, _mm256_loadu_si256(xp + 6)); /* - c0 sum X */
+#endif
                 acc[j][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_permutevar8x32_ps(sx[j][v], sidx), acc[j][v]);
             }
         }
@@ -471,6 +489,9 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
 /* rows x vectors for prefill, within the 16 registers: accumulators (2 per
  * output) plus the decoded weights of the tile's rows */
 enum { D_MR = 2, D_MV = 2, F_MR = 1, F_MV = 2, N_MR = 1, N_MV = 4 };
+#ifdef KN_AVXVNNI
+KN_LEVEL(kn_matmul_avxvnni, bf16_prep, nib_prep_i4, nib_prep_mx)
+#else
 KN_LEVEL(kn_matmul_avx2, bf16_prep, nib_prep_i4, nib_prep_mx)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
@@ -488,3 +509,4 @@ double kn_fma_loop_avx2(int64_t iters, float *sink) {
     *sink = hsum8(t);
     return 2.0 * ACC * 8 * (double)iters;
 }
+#endif /* KN_AVXVNNI */
