@@ -570,6 +570,66 @@ TEST(kn_px_and_pool_same_bits_as_matmul) {
     pool_free(pool);
 }
 
+/* Several products in one pass (kn_matmul_pool_many, the engine's mm_many
+ * on the CPU): each output bit-equal to kn_matmul, with products that share
+ * their x (one preparation), ones that do not, a product of no vectors,
+ * several vector counts and types, at every level this CPU runs. */
+TEST(kn_pool_many_same_bits_as_matmul) {
+    static const struct { wt_type t; st_dtype s; int64_t rows, cols; } mats[] = {
+        {WT_BF16, DT_UNKNOWN, 37, 224}, {WT_BF16, DT_UNKNOWN, 5, 224}, {WT_MXFP4, DT_UNKNOWN, 67, 224},
+        {WT_INT4_G32, DT_BF16, 19, 224}, {WT_F32, DT_UNKNOWN, 3, 224}, {WT_MXFP4, DT_UNKNOWN, 9, 96},
+        {WT_I8_ROW, DT_UNKNOWN, 11, 224}};
+    enum { NM = 7 };
+    static const int ns[] = {1, 4, 11};
+    df_pool *pool = pool_new(3);
+    REQUIRE(pool);
+    tmat m[NM];
+    for (int i = 0; i < NM; i++) tmat_make(&m[i], mats[i].t, mats[i].rows, mats[i].cols, mats[i].s, 0, 0, 40 + (uint64_t)i);
+    for (int ni = 0; ni < N(ns); ni++) {
+        const int n = ns[ni];
+        /* two inputs of 224 columns (products 0-4 and 6 read xa, except 3 reads
+         * xb) and one of 96 */
+        float *xa = malloc((size_t)n * 224 * sizeof(float)), *xb = malloc((size_t)n * 224 * sizeof(float));
+        float *xc = malloc((size_t)n * 96 * sizeof(float));
+        REQUIRE(xa && xb && xc);
+        for (int v = 0; v < n; v++) {
+            float *a = rand_vec(224, 10 + (uint64_t)v), *b = rand_vec(224, 30 + (uint64_t)v), *c = rand_vec(96, 50 + (uint64_t)v);
+            memcpy(xa + (size_t)v * 224, a, 224 * sizeof(float));
+            memcpy(xb + (size_t)v * 224, b, 224 * sizeof(float));
+            memcpy(xc + (size_t)v * 96, c, 96 * sizeof(float));
+            free(a), free(b), free(c);
+        }
+        const float *xs[NM] = {xa, xa, xa, xb, xa, xc, xa};
+        for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
+            if (!kn_level_available((kn_level)lv)) continue;
+            kn_mm_item it[NM + 1];
+            float *Y[NM + 1], *Z[NM];
+            for (int i = 0; i < NM; i++) {
+                const int64_t ldy = mats[i].rows + 2; /* a stride past the rows */
+                Y[i] = calloc((size_t)n * ldy, sizeof(float));
+                Z[i] = calloc((size_t)n * ldy, sizeof(float));
+                REQUIRE(Y[i] && Z[i]);
+                it[i] = (kn_mm_item){&m[i].w, xs[i], n, Y[i], ldy};
+                kn_matmul((kn_level)lv, &m[i].w, xs[i], n, Z[i], ldy, 0, mats[i].rows);
+            }
+            it[NM] = (kn_mm_item){&m[0].w, xa, 0, NULL, 0}; /* no vectors: nothing */
+            kn_matmul_pool_many(pool, (kn_level)lv, it, NM + 1);
+            for (int i = 0; i < NM; i++) {
+                int diff = 0;
+                for (int v = 0; v < n; v++)
+                    for (int64_t r = 0; r < mats[i].rows + 2; r++)
+                        diff += !same_bits(Y[i][(size_t)v * (mats[i].rows + 2) + r], Z[i][(size_t)v * (mats[i].rows + 2) + r]);
+                CHECK(diff == 0, "%s product %d (%s) n=%d: %d outputs differ from kn_matmul", kn_level_name((kn_level)lv), i,
+                      wt_type_name(mats[i].t), n, diff);
+                free(Y[i]), free(Z[i]);
+            }
+        }
+        free(xa), free(xb), free(xc);
+    }
+    for (int i = 0; i < NM; i++) tmat_free(&m[i]);
+    pool_free(pool);
+}
+
 /* The AVX2 level's AVX-VNNI build (matvec_avxvnni.c): every int4 and MXFP4
  * output bit-equal to the plain AVX2 tiles' (the same integer per lane), for
  * one and many vectors, prepared or not, tails and a NaN group included. */

@@ -135,6 +135,22 @@ int kn_matmul_amx_pool(struct df_pool *pool, const df_weight *w, const float *X,
  * values bit-equal to kn_matmul's. */
 void kn_matmul_pool(struct df_pool *pool, kn_level lv, const df_weight *w, const float *X, int n, float *Y,
                     int64_t ldy, int64_t rows);
+/* One product of kn_matmul_pool_many: all w->rows rows of w times n vectors
+ * of X into Y (vector i at Y + i * ldy). */
+typedef struct {
+    const df_weight *w;
+    const float *X;
+    int n;
+    float *Y;
+    int64_t ldy;
+} kn_mm_item;
+/* kn_matmul_pool for several products in one pass over the pool: their rows
+ * split over the threads together (one wake and one tail for all, instead
+ * of one a product), x prepared once for the products that read the same
+ * vectors in the same form. Values bit-equal to kn_matmul's. Products that
+ * go to the AMX tiles (and more than KN_POOL_MANY) run one by one. */
+enum { KN_POOL_MANY = 16 };
+void kn_matmul_pool_many(struct df_pool *pool, kn_level lv, const kn_mm_item *items, int count);
 int64_t kn_amx_x_init_emu(kn_amx_x *px, const df_weight *w, int n);
 void kn_amx_x_pack_emu(const kn_amx_x *px, const float *X, int g0, int g1);
 void kn_matmul_amx_x_emu(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1);

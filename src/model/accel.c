@@ -627,11 +627,18 @@ static df_status mm_via_host(df_engine *e, const mm_req *r, char *err) {
 df_status mm_many_dev(df_engine *e, const mm_req *r, int count, char *err) {
     int done[16] = {0};
     if (count <= 16) acc_mm_many(e->acc, r, count, done);
+    mm_req host[16]; /* host operands: on the CPU in one pass */
+    int nh = 0;
     for (int i = 0; i < count; i++) {
         if (i < 16 && done[i]) continue;
+        if (nh < 16 && !acc_is_dev(e->acc, r[i].X) && !acc_is_dev(e->acc, r[i].Y)) {
+            host[nh++] = r[i];
+            continue;
+        }
         df_status st = mm_via_host(e, &r[i], err);
         if (st != DF_OK) return st;
     }
+    mm_host_many(e, host, nh);
     return DF_OK;
 }
 

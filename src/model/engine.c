@@ -477,6 +477,24 @@ void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64
     kn_matmul_pool(e->pool, e->level, w, X, n, Y, ldy, w->rows);
 }
 
+void mm_host_many(df_engine *e, const mm_req *r, int count) {
+    kn_mm_item it[KN_POOL_MANY];
+    int k = 0;
+    for (int i = 0; i < count; i++) {
+        if (e->acc && acc_mm(e->acc, r[i].w, r[i].X, r[i].n, r[i].Y, r[i].ldy)) continue;
+        if (!model_host(e, r[i].w)) { /* as mm() */
+            for (int v = 0; v < r[i].n; v++) memset(r[i].Y + (size_t)v * r[i].ldy, 0, (size_t)r[i].w->rows * sizeof(float));
+            continue;
+        }
+        if (k == KN_POOL_MANY) {
+            kn_matmul_pool_many(e->pool, e->level, it, k);
+            k = 0;
+        }
+        it[k++] = r[i];
+    }
+    if (k) kn_matmul_pool_many(e->pool, e->level, it, k);
+}
+
 /* ---- sessions ---- */
 
 df_status df_session_new(df_engine *e, int max_ctx, df_session **out) {

@@ -232,14 +232,11 @@ void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64
 /* Products of one layer that do not depend on each other: mm for each, the
  * ones the accelerator takes in one call with one host wait (accel.c,
  * df_accel.matmul_many). Same results as count mm calls in any order. */
-typedef struct {
-    const df_weight *w;
-    const float *X;
-    int n;
-    float *Y;
-    int64_t ldy;
-} mm_req;
+typedef kn_mm_item mm_req; /* w, X, n, Y, ldy (kernels.h) */
 void mm_many(df_engine *e, const mm_req *r, int count);
+/* mm for each of r (host X and Y), the products the CPU computes in one pass
+ * over the pool (kn_matmul_pool_many: one wake and one tail for all). */
+void mm_host_many(df_engine *e, const mm_req *r, int count);
 /* mm_many where X or Y may be device memory (acc_dev_alloc): the products
  * the accelerator does not take run on the CPU with those brought over
  * (a device Y then needs ldy == rows). No host wait when every X and Y is
