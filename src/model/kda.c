@@ -150,25 +150,17 @@ typedef struct {
     float *decay;               /* [n][P] scratch of kda_recur_head_fast */
 } job;
 
-/* One channel (of q, k or v) per index; a range runs as one call per
- * projection (kda_conv_channel's bits, several channels side by side). */
-static void conv_channels(void *ctx, int64_t i0, int64_t i1, int tid) {
+/* One head per index, in one pass over the pool: the head's q, k and v
+ * channels through the short convolution (kda_conv_channel's bits, several
+ * channels side by side), then its n tokens in order through S
+ * (kda_recur_head's bits, on the kernel level's vectors). A head reads only
+ * its own channels, so no pass between the two. */
+static void conv_recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
     (void)tid;
     job *j = ctx;
-    int64_t P = (int64_t)j->sh->H * j->sh->D;
-    for (int64_t i = i0; i < i1;) {
-        int64_t which = i / P, end = (which + 1) * P < i1 ? (which + 1) * P : i1;
-        kda_conv_fast(j->lv, j->sh, j->p, j->state, (int)which, (int)(i - which * P), (int)(end - which * P), j->n,
-                      j->io);
-        i = end;
-    }
-}
-
-/* One head per index: runs its n tokens in order through S (kda_recur_head's
- * bits, on the kernel level's vectors). */
-static void recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
-    (void)tid;
-    job *j = ctx;
+    const int D = j->sh->D;
+    for (int which = 0; which < 3; which++)
+        kda_conv_fast(j->lv, j->sh, j->p, j->state, which, (int)h0 * D, (int)h1 * D, j->n, j->io);
     for (int64_t h = h0; h < h1; h++)
         kda_recur_head_fast(j->lv, j->sh, j->p, j->state, (int)h, j->n, j->io, j->decay);
 }
@@ -216,8 +208,7 @@ df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *
             kda_io io = {s->qr + o, s->kr + o, s->vr + o, s->f + o, s->braw + (size_t)off * sh->H, s->gate + o,
                          s->o + o, seg[i].trail};
             job j = {sh, &p, seg[i].state, &io, seg[i].n, e->level, s->decay + o};
-            pool_for(e->pool, 3 * P, 64, conv_channels, &j);
-            pool_for(e->pool, sh->H, 1, recur_heads, &j);
+            pool_for(e->pool, sh->H, 1, conv_recur_heads, &j);
         }
     }
     mm(e, &k->o, s->o, n, out, sh->hidden);
