@@ -135,6 +135,15 @@ static float *rand_vec(int64_t n, uint64_t seed) {
     return v;
 }
 
+/* n vectors of cols into X: vector i is rand_vec(cols, seed0 + i * step). */
+static void rand_vecs(float *X, int n, int64_t cols, uint64_t seed0, uint64_t step) {
+    for (int i = 0; i < n; i++) {
+        float *xi = rand_vec(cols, seed0 + (uint64_t)i * step);
+        memcpy(X + (size_t)i * cols, xi, (size_t)cols * sizeof *xi);
+        free(xi);
+    }
+}
+
 /* ---- one matrix, every check, every level ------------------------------------ */
 
 static int same_bits(float a, float b) { return f32_bits(a) == f32_bits(b); }
@@ -205,11 +214,7 @@ static void check_matrix(const tmat *m, uint64_t seed) {
             int64_t r0 = rows > 2 ? 1 : 0, r1 = rows, ldy = (r1 - r0) + 5;
             float *X = malloc((size_t)n * cols * sizeof *X);
             float *Y = malloc((size_t)n * ldy * sizeof *Y), *yv = malloc((size_t)rows * sizeof *yv);
-            for (int i = 0; i < n; i++) {
-                float *xi = rand_vec(cols, seed * 31 + i);
-                memcpy(X + i * cols, xi, (size_t)cols * sizeof *xi);
-                free(xi);
-            }
+            rand_vecs(X, n, cols, seed * 31, 1);
             kn_matmul((kn_level)lv, w, X, n, Y, ldy, r0, r1);
             int diff = 0;
             for (int i = 0; i < n; i++) {
@@ -464,11 +469,7 @@ TEST(kn_matmul_vector_blocks) {
     float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * rows * sizeof *Y);
     float yv[9];
     REQUIRE(X && Y);
-    for (int i = 0; i < n; i++) {
-        float *xi = rand_vec(cols, 900 + (uint64_t)i);
-        memcpy(X + (size_t)i * cols, xi, (size_t)cols * sizeof *xi);
-        free(xi);
-    }
+    rand_vecs(X, n, cols, 900, 1);
     for (int k = 0; k < 2; k++) {
         tmat m;
         tmat_make(&m, types[k], rows, cols, DT_UNKNOWN, 0, 0, 11 + (uint64_t)k);
@@ -525,11 +526,7 @@ TEST(kn_px_and_pool_same_bits_as_matmul) {
                 float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * rows * sizeof *Y);
                 float *Z = malloc((size_t)n * rows * sizeof *Z);
                 REQUIRE(X && Y && Z);
-                for (int i = 0; i < n; i++) {
-                    float *xi = rand_vec(cols, 50 + (uint64_t)i * 7 + (uint64_t)si);
-                    memcpy(X + (size_t)i * cols, xi, (size_t)cols * sizeof *xi);
-                    free(xi);
-                }
+                rand_vecs(X, n, cols, 50 + (uint64_t)si, 7);
                 for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
                     if (!kn_level_available((kn_level)lv)) continue;
                     const char *ln = kn_level_name((kn_level)lv), *tn = wt_type_name(types[ti].t);
@@ -592,13 +589,9 @@ TEST(kn_pool_many_same_bits_as_matmul) {
         float *xa = malloc((size_t)n * 224 * sizeof(float)), *xb = malloc((size_t)n * 224 * sizeof(float));
         float *xc = malloc((size_t)n * 96 * sizeof(float));
         REQUIRE(xa && xb && xc);
-        for (int v = 0; v < n; v++) {
-            float *a = rand_vec(224, 10 + (uint64_t)v), *b = rand_vec(224, 30 + (uint64_t)v), *c = rand_vec(96, 50 + (uint64_t)v);
-            memcpy(xa + (size_t)v * 224, a, 224 * sizeof(float));
-            memcpy(xb + (size_t)v * 224, b, 224 * sizeof(float));
-            memcpy(xc + (size_t)v * 96, c, 96 * sizeof(float));
-            free(a), free(b), free(c);
-        }
+        rand_vecs(xa, n, 224, 10, 1);
+        rand_vecs(xb, n, 224, 30, 1);
+        rand_vecs(xc, n, 96, 50, 1);
         const float *xs[NM] = {xa, xa, xa, xb, xa, xc, xa};
         for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
             if (!kn_level_available((kn_level)lv)) continue;
@@ -651,11 +644,7 @@ TEST(kn_avxvnni_same_bits_as_avx2) {
                 float *Z = malloc((size_t)n * rows * sizeof *Z);
                 float *Xp = aligned_alloc(64, (size_t)n * kn_px_len(cols) * sizeof *Xp);
                 REQUIRE(X && Y && Z && Xp);
-                for (int i = 0; i < n; i++) {
-                    float *xi = rand_vec(cols, 70 + (uint64_t)i * 5 + (uint64_t)si);
-                    memcpy(X + (size_t)i * cols, xi, (size_t)cols * sizeof *xi);
-                    free(xi);
-                }
+                rand_vecs(X, n, cols, 70 + (uint64_t)si, 5);
                 if (n > 1) X[cols + 3] = NAN;               /* vector 1's first group gives NaN */
                 if (n > 2) X[2 * cols + cols - 1] = 1e30f;   /* a wide range within vector 2's last group */
                 const char *tn = wt_type_name(types[ti].t);
@@ -728,11 +717,7 @@ static void amx_check(const char *ln, amx_fn run, const amx_parts *parts, const 
     const char *tn = wt_type_name(w->type);
     float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * ldy * sizeof *Y);
     float *y1 = malloc((size_t)rows * sizeof *y1), *deq = malloc((size_t)cols * sizeof *deq);
-    for (int i = 0; i < n; i++) {
-        float *xi = rand_vec(cols, seed * 131 + (uint64_t)i);
-        memcpy(X + (size_t)i * cols, xi, (size_t)cols * sizeof *xi);
-        free(xi);
-    }
+    rand_vecs(X, n, cols, seed * 131, 1);
     CHECK(run(w, X, n, Y, ldy, r0, rows) == 1, "%s %s: declined", tn, ln);
     int diff = 0, bad = 0;
     for (int i = 0; i < n; i++) {

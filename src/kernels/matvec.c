@@ -122,10 +122,9 @@ static int avxvnni_once(void) {
     return 0;
 #else
     unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1) || (xcr0() & 0x6) != 0x6) return 0;
-    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    if (!kn_level_available(KN_AVX2)) return 0; /* leaf 7 and the AVX state checked there */
     __cpuid_count(7, 0, a, b, c, d);
-    if (!((b >> 5) & 1) || a < 1) return 0; /* AVX2, and leaf 7 subleaf 1 */
+    if (a < 1) return 0; /* no subleaf 1 */
     __cpuid_count(7, 1, a, b, c, d);
     return (a >> 4) & 1;
 #endif

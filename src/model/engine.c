@@ -467,25 +467,26 @@ df_status model_find_prefix(df_engine *e, char *err) {
 
 /* ---- parallel matmul helper ---- */
 
+/* Whether the CPU kernels must compute the product: not when the accelerator
+ * did, nor when the weight has no host bytes (then the step fails in
+ * df_session_eval, and Y is zeros). */
+static int cpu_computes(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
+    if (e->acc && acc_mm(e->acc, w, X, n, Y, ldy)) return 0;
+    if (model_host(e, w)) return 1;
+    for (int i = 0; i < n; i++) memset(Y + (size_t)i * ldy, 0, (size_t)w->rows * sizeof(float));
+    return 0;
+}
+
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
-    if (e->acc && acc_mm(e->acc, w, X, n, Y, ldy)) return;
-    if (!model_host(e, w)) { /* the step fails (df_session_eval): no bytes to compute from */
-        for (int i = 0; i < n; i++) memset(Y + (size_t)i * ldy, 0, (size_t)w->rows * sizeof(float));
-        return;
-    }
     /* x packed or prepared once for all threads (kernels.h) */
-    kn_matmul_pool(e->pool, e->level, w, X, n, Y, ldy, w->rows);
+    if (cpu_computes(e, w, X, n, Y, ldy)) kn_matmul_pool(e->pool, e->level, w, X, n, Y, ldy, w->rows);
 }
 
 void mm_host_many(df_engine *e, const mm_req *r, int count) {
     kn_mm_item it[KN_POOL_MANY];
     int k = 0;
     for (int i = 0; i < count; i++) {
-        if (e->acc && acc_mm(e->acc, r[i].w, r[i].X, r[i].n, r[i].Y, r[i].ldy)) continue;
-        if (!model_host(e, r[i].w)) { /* as mm() */
-            for (int v = 0; v < r[i].n; v++) memset(r[i].Y + (size_t)v * r[i].ldy, 0, (size_t)r[i].w->rows * sizeof(float));
-            continue;
-        }
+        if (!cpu_computes(e, r[i].w, r[i].X, r[i].n, r[i].Y, r[i].ldy)) continue;
         if (k == KN_POOL_MANY) {
             kn_matmul_pool_many(e->pool, e->level, it, k);
             k = 0;
