@@ -1,10 +1,13 @@
 /* test_pool.c — the thread pool's parallel-for (src/base/pool.c): every index
  * runs exactly once, chunks begin on whole grains, and a job's calls stay
- * within its range, for thread counts, sizes and grains of every shape. */
+ * within its range, for thread counts, sizes and grains of every shape; an
+ * index may wait for a lower one (chunks are claimed in order). */
 #include "test.h"
 #include "../src/base/pool.h"
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 typedef struct {
     _Atomic int *hits;
@@ -40,6 +43,56 @@ TEST(pool_every_index_once) {
                       threads[t], (long long)n, (long long)grains[g]);
                 free((void *)j.hits);
             }
+        pool_free(p);
+    }
+}
+
+/* Chunks are claimed in increasing order (pool.h), so an index may wait for
+ * a lower one (moe_batch.c's one pass: a down row waits for its expert's
+ * gate and up rows). The upper half waits for the lower half, index by
+ * index; a spin that gives up after 2 s records a failure instead of hanging. */
+typedef struct {
+    _Atomic int *done;
+    int64_t half;
+    _Atomic int stuck;
+} wait_job;
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void wait_lower(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    wait_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        if (i < j->half) {
+            atomic_store_explicit(&j->done[i], 1, memory_order_release);
+            continue;
+        }
+        const int64_t until = now_ms() + 2000;
+        while (!atomic_load_explicit(&j->done[i - j->half], memory_order_acquire))
+            if (now_ms() > until) { atomic_store(&j->stuck, 1); break; }
+            else sched_yield();
+    }
+}
+
+TEST(pool_claims_in_order_so_waits_on_lower_indices_finish) {
+    static const int threads[] = {2, 5, 16};
+    static const int64_t grains[] = {1, 16, 64};
+    for (size_t t = 0; t < sizeof threads / sizeof *threads; t++) {
+        df_pool *p = pool_new(threads[t]);
+        REQUIRE(p, "pool_new(%d)", threads[t]);
+        for (size_t g = 0; g < sizeof grains / sizeof *grains; g++) {
+            const int64_t n = 6000;
+            wait_job j = {calloc((size_t)n / 2, sizeof(_Atomic int)), n / 2, 0};
+            REQUIRE(j.done, "out of memory");
+            pool_for(p, n, grains[g], wait_lower, &j);
+            CHECK(!atomic_load(&j.stuck), "%d threads, grain %lld: an index waited 2 s for a lower one",
+                  threads[t], (long long)grains[g]);
+            free((void *)j.done);
+        }
         pool_free(p);
     }
 }

@@ -62,14 +62,6 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 /* Runs chunks of the current job until none is left. */
 static void run_chunks(df_pool *p, int tid) {
     int64_t i0 = atomic_load_explicit(&p->next, memory_order_relaxed), i1;
@@ -97,7 +89,7 @@ static uint64_t spin_gen(df_pool *p, uint64_t seen) {
             if (!t_end) t_end = t + SPIN_NS;
             else if (t > t_end) return g;
         }
-        cpu_relax();
+        pool_cpu_relax();
     }
 }
 
@@ -191,7 +183,7 @@ void pool_for(df_pool *p, int64_t n, int64_t grain, pool_fn fn, void *ctx) {
     int64_t t_end = now_ns() + SPIN_NS;
     for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
         if ((i & 63) == 0 && now_ns() > t_end) break;
-        cpu_relax();
+        pool_cpu_relax();
     }
     pthread_mutex_lock(&p->mu);
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) pthread_cond_wait(&p->done, &p->mu);

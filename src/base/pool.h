@@ -6,7 +6,9 @@
  * index alone (never on the thread or on which other indices share its
  * call); results are then byte-identical for any thread count and any run.
  * Per-thread scratch indexed by thread_index is fine. Calls must come from
- * one thread.
+ * one thread. Chunks are claimed in increasing order, each only after every
+ * chunk below it was claimed by a running call of fn, so fn may wait for
+ * the work of lower indices (test pool_claims_in_order_so_waits_on_lower_indices_finish).
  */
 #ifndef DF_BASE_POOL_H
 #define DF_BASE_POOL_H
@@ -23,4 +25,12 @@ int pool_size(const df_pool *p);
  * thread (chunks are rounded to multiples of it, except the last); fn may be
  * called several times per thread. */
 void pool_for(df_pool *p, int64_t n, int64_t grain, pool_fn fn, void *ctx);
+/* One step of a spin-wait (pause / yield: the core's hint, not the OS's). */
+static inline void pool_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 #endif

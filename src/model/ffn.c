@@ -74,8 +74,8 @@ void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const f
                  float *out, float *g, float *u) {
     if (ffn_on_device(e, w, act, X, n, out)) return;
     int64_t I = w->gate.rows;
-    mm(e, &w->gate, X, n, g, I);
-    mm(e, &w->up, X, n, u, I);
+    const mm_req gu[2] = {{&w->gate, X, n, g, I}, {&w->up, X, n, u, I}}; /* one pass, x prepared once */
+    mm_many(e, gu, 2);
     ffn_act_pool(e, act, g, u, I * n);
     mm(e, &w->down, g, n, out, w->down.rows);
 }

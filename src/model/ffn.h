@@ -13,6 +13,7 @@
  */
 #ifndef DF_MODEL_FFN_H
 #define DF_MODEL_FFN_H
+#include <stdatomic.h>
 #include "model.h"
 #include "../experts/store.h"
 
@@ -68,8 +69,12 @@ typedef struct {
     int *unit_x, *unit_g;       /* [cap] the (expert, group) of each packing unit */
     /* other levels: each expert's input as the tiles read it, prepared once
      * per pass (kn_px_*), not once per chunk of rows a thread claims */
-    float *xp;                  /* [cap][kn_px_len(max(dl, inter_cap))] */
-    int64_t *xpo;               /* [E] where expert i's rows start in xp; -1: none (kn_matmul) */
+    float *xp, *xpd;            /* [cap][kn_px_len(max(dl, inter_cap))]: gate's and up's input, down's */
+    int64_t *xpo, *xpdo;        /* [E] where expert i's rows start in xp / xpd; -1: none (kn_matmul) */
+    /* the one-pass schedule (moe_batch_run): per expert, gate / up rows
+     * still to do, and whether its down projection may start */
+    _Atomic int64_t *left;      /* [E] */
+    _Atomic int *ready;         /* [E] */
 } moe_batch;
 
 /* One row of a decode step whose activations stay on the device
