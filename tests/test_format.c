@@ -270,6 +270,29 @@ TEST(fmt_st_mmap_vs_pread) {
     st_close(c);
 }
 
+/* st_random_rows: 1 for a mapped tensor (its pages get MADV_RANDOM), 0 when
+ * the set reads into memory; neither hint changes a byte, and a row hint
+ * at any alignment is harmless. */
+TEST(fmt_st_random_rows_hint) {
+    const char *d = t_tmpdir("fmt_rand");
+    tspec t[] = {{"embed", "BF16", 2, {300, 1000}, NULL}};
+    REQUIRE(write_st(d, "model.safetensors", t, 1) == 0);
+    st_set *a = NULL, *b = NULL;
+    char err[DF_ERRMSG] = "";
+    REQUIRE(st_open_dir(d, NULL, 1, &a, err) == DF_OK && st_open_dir(d, NULL, 0, &b, err) == DF_OK, "%s", err);
+    const st_tensor *ta = st_find(a, "embed"), *tb = st_find(b, "embed");
+    REQUIRE(ta && tb);
+    CHECK(st_random_rows(a, ta) == 1, "a mapped tensor takes the hint");
+    CHECK(st_random_rows(b, tb) == 0, "a tensor read into memory does not");
+    const uint8_t *pa = st_data(a, ta, err), *pb = st_data(b, tb, err);
+    REQUIRE(pa && pb, "%s", err);
+    for (int r = 0; r < 300; r += 37) st_rows_willneed(pa + r * 2000 + 3, 2000);
+    st_rows_willneed(pb + 1, 10);
+    CHECK(memcmp(pa, pb, (size_t)ta->nbytes) == 0, "hinted pages read the same bytes");
+    st_close(a);
+    st_close(b);
+}
+
 TEST(fmt_st_read_error) {
     const char *d = t_tmpdir("fmt_eio");
     REQUIRE(write_st(d, "model.safetensors", three, 3) == 0);

@@ -894,6 +894,19 @@ void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, v
     }
 }
 
+int st_random_rows(st_set *s, const st_tensor *t) {
+    if (!t || s->io != df_io_default() || small_at(s, tensor_index(s, t)) >= 0) return 0;
+    const st_shard *sh = &s->shards[t->shard];
+    if (!sh->map || t->nbytes <= 0) return 0;
+    const int64_t page = 4096, a = t->offset / page * page;
+    return madvise((char *)sh->map + a, (size_t)(t->offset + t->nbytes - a), MADV_RANDOM) == 0;
+}
+
+void st_rows_willneed(const void *p, int64_t len) {
+    const uintptr_t page = 4096, a = (uintptr_t)p / page * page;
+    if (len > 0) madvise((void *)a, (size_t)((uintptr_t)p + (uintptr_t)len - a), MADV_WILLNEED);
+}
+
 df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err) {
     const st_shard *sh = &s->shards[t->shard];
     int64_t i = tensor_index(s, t);

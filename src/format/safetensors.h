@@ -56,6 +56,17 @@ const void *st_data(st_set *s, const st_tensor *t, char *err);
  * A hint (madvise / posix_fadvise WILLNEED): nothing changes but timing;
  * does nothing for I/O tables other than POSIX. */
 void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, void *ctx), void *ctx);
+/* A tensor read a row at a time at random (an untied embedding): its mapped
+ * pages get MADV_RANDOM, so a fault on one row reads that page, not the
+ * device's read-ahead window around it (read_ahead_kb: 8 MB on some cloud
+ * disks, where a decode token's new embedding row read 8 MB). Returns 1
+ * when t is mapped (then st_rows_willneed is worth calling), else 0. A hint:
+ * nothing changes but timing. */
+int st_random_rows(st_set *s, const st_tensor *t);
+/* Asks the kernel to read bytes [p, p + len) of a mapping now (MADV_WILLNEED
+ * on their pages): the rows a step is about to touch, in one request each
+ * and all in flight together, instead of a fault per page. */
+void st_rows_willneed(const void *p, int64_t len);
 /* Copies the tensor's bytes into buf (nbytes of t). */
 df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err);
 /* The directory the set was opened from (for messages). */

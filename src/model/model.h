@@ -129,6 +129,7 @@ struct df_engine {
     struct sp_store *spine;   /* non-expert weights streamed per layer; NULL: resident */
     int spine_group;          /* while binding: the group new matrices join (-1: resident) */
     int64_t resident_bound;   /* bytes of matrices bound resident and of f32 copies made at open */
+    int embed_paged;          /* the (untied) embedding is mapped, MADV_RANDOM: rows hinted before use */
     df_engine_opts opts;
     char lossy[64];           /* "" or the label of the lossy settings in force */
     double prof[DF_PROF_N];   /* seconds per part of a step, when opts.profile */
