@@ -4,7 +4,9 @@
  */
 #include "ffn.h"
 #include "../base/err.h"
+#include "../base/pool.h"
 #include "../kernels/ops.h"
+#include <sched.h>
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
@@ -70,9 +72,79 @@ static int ffn_on_device(df_engine *e, const ffn_weights *w, const ffn_act *act,
     return queue_mlp(e, w, act, X, n, out) && acc_expert_finish(e->acc, NULL) == DF_OK;
 }
 
+/* A decode step's MLP in one pass over the pool (moe_batch.c's schedule for
+ * one expert): indices [0, I) are row pairs, whose chunk computes its gate
+ * and up rows and the activation of those columns; whoever finishes the
+ * last pairs prepares down's input and marks it ready; indices [I, I + H)
+ * are down rows, which wait for that (the pool claims in order, so every
+ * pair is held by a running thread first). The same kernels on the same
+ * inputs as the three passes below: the same bits. For few vectors, whose
+ * prepared inputs fit on the stack (a prompt's would need one thread to
+ * prepare all of down's input while the others wait). */
+enum { MLP_ONE_PASS_MAX_N = 4, MLP_ONE_PASS_STACK = 16384 /* floats */ };
+
+typedef struct {
+    df_engine *e;
+    const ffn_weights *w;
+    const ffn_act *act;
+    int n;
+    float *g, *u, *out;
+    const float *xp;   /* X prepared for gate and up */
+    float *gp;         /* g prepared for down */
+    _Atomic int64_t left;
+    _Atomic int ready;
+} mlp_pass;
+
+static void mlp_pass_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    mlp_pass *j = ctx;
+    const kn_level lv = j->e->level;
+    const int64_t I = j->w->gate.rows;
+    const int n = j->n;
+    if (i0 < I) {
+        const int64_t lo = i0, hi = i1 < I ? i1 : I;
+        kn_matmul_px(lv, &j->w->gate, j->xp, n, j->g + lo, I, lo, hi);
+        kn_matmul_px(lv, &j->w->up, j->xp, n, j->u + lo, I, lo, hi);
+        for (int v = 0; v < n; v++) ffn_act_apply(lv, j->act, j->g + v * I + lo, j->u + v * I + lo, hi - lo);
+        if (atomic_fetch_sub_explicit(&j->left, hi - lo, memory_order_acq_rel) == hi - lo) {
+            kn_px_prep(lv, &j->w->down, j->g, 0, n, j->gp);
+            atomic_store_explicit(&j->ready, 1, memory_order_release);
+        }
+        i0 = hi;
+    }
+    if (i0 >= i1) return;
+    for (int k = 0; !atomic_load_explicit(&j->ready, memory_order_acquire); k++) {
+        if (k < 4096) pool_cpu_relax();
+        else sched_yield(); /* more threads than cores: let the one we wait for run */
+    }
+    const int64_t H = j->w->down.rows;
+    kn_matmul_px(lv, &j->w->down, j->gp, n, j->out + (i0 - I), H, i0 - I, i1 - I);
+}
+
+/* 1 when the MLP ran in one pass; 0 (nothing written) when it does not
+ * qualify: more vectors, the AMX level, an accelerator, weights not on the
+ * host, inputs the level reads as given, or prepared inputs too large. */
+static int mlp_one_pass(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n, float *out,
+                        float *g, float *u) {
+    if (n > MLP_ONE_PASS_MAX_N || e->acc || e->level == KN_AMX) return 0;
+    const int64_t fx = kn_px_floats(e->level, &w->gate, n), fg = kn_px_floats(e->level, &w->down, n);
+    if (fx <= 0 || fg <= 0 || fx + fg > MLP_ONE_PASS_STACK || kn_px_floats(e->level, &w->up, n) != fx ||
+        w->up.type != w->gate.type || w->up.scale_dtype != w->gate.scale_dtype)
+        return 0;
+    if (!model_host(e, &w->gate) || !model_host(e, &w->up) || !model_host(e, &w->down)) return 0;
+    _Alignas(64) float buf[MLP_ONE_PASS_STACK];
+    kn_px_prep(e->level, &w->gate, X, 0, n, buf);
+    mlp_pass j = {.e = e, .w = w, .act = act, .n = n, .g = g, .u = u, .out = out, .xp = buf, .gp = buf + fx};
+    atomic_init(&j.left, w->gate.rows);
+    atomic_init(&j.ready, 0);
+    pool_for(e->pool, w->gate.rows + w->down.rows, 16, mlp_pass_rows, &j);
+    return 1;
+}
+
 void ffn_forward(df_engine *e, const ffn_weights *w, const ffn_act *act, const float *X, int n,
                  float *out, float *g, float *u) {
     if (ffn_on_device(e, w, act, X, n, out)) return;
+    if (mlp_one_pass(e, w, act, X, n, out, g, u)) return;
     int64_t I = w->gate.rows;
     const mm_req gu[2] = {{&w->gate, X, n, g, I}, {&w->up, X, n, u, I}}; /* one pass, x prepared once */
     mm_many(e, gu, 2);

@@ -160,17 +160,27 @@ typedef struct {
     int pos, n;
     const float *q;              /* this segment's rows of s->q */
     float *attn;                 /* ... of s->attn */
+    const float *gate;           /* ... of s->gate, or NULL: no output gate */
     float *tscratch;             /* [threads][tstride] of the segment's session */
     int64_t tstride;
 } job;
 
+/* attn[i] *= sigmoid(gate[i]) (the output gate), elementwise */
+static void gate_apply(float *attn, const float *gate, int64_t n) {
+    for (int64_t i = 0; i < n; i++) attn[i] *= op_sigmoid(gate[i]);
+}
+
+/* Heads [h0, h1) of the piece, then the output gate of their columns (the
+ * heads' own pass, not one of its own: the same values, elementwise). */
 static void heads(void *ctx, int64_t h0, int64_t h1, int tid) {
     job *j = ctx;
     mla_heads(j->sh, j->e->level, &j->a->kv_b, j->cache, j->q, j->pos, j->n, (int)h0, (int)h1, j->s->qlat,
               j->s->olat, j->attn, j->tscratch + (size_t)tid * j->tstride);
+    if (!j->gate) return;
+    const int64_t vdim = (int64_t)j->sh->nh * j->sh->dv, a = h0 * j->sh->dv, len = (h1 - h0) * j->sh->dv;
+    for (int t = 0; t < j->n; t++) gate_apply(j->attn + t * vdim + a, j->gate + t * vdim + a, len);
 }
 
-/* attn[i] *= sigmoid(gate[i]) for i in [i0, i1) (the output gate) */
 typedef struct {
     float *attn;
     const float *gate;
@@ -179,7 +189,7 @@ typedef struct {
 static void gate_part(void *ctx, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     const gate_job *g = ctx;
-    for (int64_t i = i0; i < i1; i++) g->attn[i] *= op_sigmoid(g->gate[i]);
+    gate_apply(g->attn + i0, g->gate + i0, i1 - i0);
 }
 
 /* ---- forward ---- */
@@ -219,6 +229,10 @@ df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *
         if (g->dev_cache) {
             df_status st = acc_mla(e->acc, &a->dev, g->dev_cache, g->pos, g->n, q, kva, attn, err);
             if (st != DF_OK) return st;
+            if (a->has_gate) { /* the host segments' rows are gated in their heads' pass */
+                gate_job gj = {attn, s->gate + (size_t)off * vdim};
+                pool_for(e->pool, (int64_t)g->n * vdim, 4096, gate_part, &gj);
+            }
         } else {
             if (!model_host(e, &a->kv_b)) /* streamed, served by the device until a product failed */
                 return df_fail(err, e->spine_fault ? e->spine_fault : DF_ERR_IO, "%s", e->spine_fault_msg);
@@ -232,17 +246,13 @@ df_status mla_forward_batch(df_engine *e, const mla_shape *sh, const mla_layer *
             for (int p0 = 0; p0 < g->n; p0 += DF_CHUNK) {
                 const int pn = g->n - p0 < DF_CHUNK ? g->n - p0 : DF_CHUNK;
                 job j = {e, sh, a, g->cache, s, g->pos + p0, pn, q + (size_t)p0 * qdim, attn + (size_t)p0 * vdim,
-                         ts->tscratch, ts->tstride};
+                         a->has_gate ? s->gate + (size_t)(off + p0) * vdim : NULL, ts->tscratch, ts->tstride};
                 /* decode: blocks of up to 16 heads (the lanes) per item, a share per thread */
                 int grain = (sh->nh + pool_size(e->pool) - 1) / pool_size(e->pool);
                 if (pn >= MLA_HEADS_IN_LANES_BELOW) grain = 1;
                 pool_for(e->pool, sh->nh, grain < 16 ? grain : 16, heads, &j);
             }
         }
-    }
-    if (a->has_gate) {
-        gate_job g = {s->attn, s->gate};
-        pool_for(e->pool, (int64_t)n * vdim, 4096, gate_part, &g);
     }
     mm(e, &a->o, s->attn, n, out, sh->hidden);
     return DF_OK;
