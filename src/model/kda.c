@@ -140,6 +140,8 @@ void kda_scratch_free(kda_scratch *s) {
 
 /* ---- pool jobs (the math is in kda_core.c) ---- */
 
+enum { KDA_FOLD_MAX_N = 4 }; /* rows whose low-rank second halves run in the heads' pass */
+
 typedef struct {
     const kda_shape *sh;
     const kda_params *p;
@@ -148,6 +150,12 @@ typedef struct {
     int n;
     kn_level lv;                /* the engine's kernel level (the recurrence's bits do not depend on it) */
     float *decay;               /* [n][P] scratch of kda_recur_head_fast */
+    /* the low-rank second halves, when this pass computes them (NULL:
+     * io's f and gate are already there): the head's rows of fb on fa into
+     * f (io->f), of gb on gl into gate (io->gate; gb NULL: a full-rank gate) */
+    const df_weight *fb, *gb;
+    const float *fa, *gl;
+    float *f, *gate;
 } job;
 
 /* One head per index, in one pass over the pool: the head's q, k and v
@@ -159,6 +167,11 @@ static void conv_recur_heads(void *ctx, int64_t h0, int64_t h1, int tid) {
     (void)tid;
     job *j = ctx;
     const int D = j->sh->D;
+    const int64_t P = (int64_t)j->sh->H * D;
+    if (j->fb) { /* rows of one head depend on that head's rows alone: kn_matmul's bits for any split */
+        kn_matmul(j->lv, j->fb, j->fa, j->n, j->f + h0 * D, P, h0 * D, h1 * D);
+        if (j->gb) kn_matmul(j->lv, j->gb, j->gl, j->n, j->gate + h0 * D, P, h0 * D, h1 * D);
+    }
     for (int which = 0; which < 3; which++)
         kda_conv_fast(j->lv, j->sh, j->p, j->state, which, (int)h0 * D, (int)h1 * D, j->n, j->io);
     for (int64_t h = h0; h < h1; h++)
@@ -194,8 +207,12 @@ df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *
                              {&k->b, xn, n, s->braw, sh->H},
                              sh->full_rank_gate ? (mm_req){&k->g, xn, n, s->gate, P} : (mm_req){&k->ga, xn, n, s->gl, sh->D}};
     mm_many(e, first, 6);
+    /* a decode step's second halves in the heads' pass (one pass less);
+     * else a pass of their own (a prompt's rows: x prepared once for all) */
+    const int fold = n <= KDA_FOLD_MAX_N && !e->acc && model_host(e, &k->fb) &&
+                     (sh->full_rank_gate || model_host(e, &k->gb));
     const mm_req second[2] = {{&k->fb, s->fa, n, s->f, P}, {&k->gb, s->gl, n, s->gate, P}};
-    mm_many(e, second, sh->full_rank_gate ? 1 : 2);
+    if (!fold) mm_many(e, second, sh->full_rank_gate ? 1 : 2);
     /* the conv + recurrence: each segment on its own state, its rows in order */
     for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++) {
         size_t o = (size_t)off * P;
@@ -207,7 +224,11 @@ df_status kda_forward_batch(df_engine *e, const kda_shape *sh, const kda_layer *
             kda_params p = {{k->conv[0], k->conv[1], k->conv[2]}, k->a, k->dt_bias, k->o_norm};
             kda_io io = {s->qr + o, s->kr + o, s->vr + o, s->f + o, s->braw + (size_t)off * sh->H, s->gate + o,
                          s->o + o, seg[i].trail};
-            job j = {sh, &p, seg[i].state, &io, seg[i].n, e->level, s->decay + o};
+            job j = {sh, &p, seg[i].state, &io, seg[i].n, e->level, s->decay + o, NULL, NULL, NULL, NULL, NULL, NULL};
+            if (fold) {
+                j.fb = &k->fb, j.fa = s->fa + (size_t)off * sh->D, j.f = s->f + o, j.gate = s->gate + o;
+                if (!sh->full_rank_gate) j.gb = &k->gb, j.gl = s->gl + (size_t)off * sh->D;
+            }
             pool_for(e->pool, sh->H, 1, conv_recur_heads, &j);
         }
     }
