@@ -12,6 +12,8 @@
  */
 #ifndef DF_BASE_POOL_H
 #define DF_BASE_POOL_H
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 typedef struct df_pool df_pool;
@@ -32,5 +34,14 @@ static inline void pool_cpu_relax(void) {
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
+}
+/* Inside fn: waits until *flag is set (acquire) by the work of a lower
+ * index; spins, then yields to the OS (more threads than cores: let the
+ * thread we wait for run). */
+static inline void pool_wait_flag(_Atomic int *flag) {
+    for (int k = 0; !atomic_load_explicit(flag, memory_order_acquire); k++) {
+        if (k < 4096) pool_cpu_relax();
+        else sched_yield();
+    }
 }
 #endif

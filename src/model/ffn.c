@@ -6,7 +6,6 @@
 #include "../base/err.h"
 #include "../base/pool.h"
 #include "../kernels/ops.h"
-#include <sched.h>
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
@@ -113,10 +112,7 @@ static void mlp_pass_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
         i0 = hi;
     }
     if (i0 >= i1) return;
-    for (int k = 0; !atomic_load_explicit(&j->ready, memory_order_acquire); k++) {
-        if (k < 4096) pool_cpu_relax();
-        else sched_yield(); /* more threads than cores: let the one we wait for run */
-    }
+    pool_wait_flag(&j->ready);
     const int64_t H = j->w->down.rows;
     kn_matmul_px(lv, &j->w->down, j->gp, n, j->out + (i0 - I), H, i0 - I, i1 - I);
 }

@@ -26,7 +26,6 @@
 #include "ffn.h"
 #include "../base/err.h"
 #include "../base/pool.h"
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -332,10 +331,7 @@ static void one_pass_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
         }
         const int x = (int)((i - P) / D);
         const int64_t r = (i - P) % D, r1 = r + (i1 - i) < D ? r + (i1 - i) : D;
-        for (int k = 0; !atomic_load_explicit(&b->ready[x], memory_order_acquire); k++) {
-            if (k < 4096) pool_cpu_relax();
-            else sched_yield(); /* more threads than cores: let the one we wait for run */
-        }
+        pool_wait_flag(&b->ready[x]);
         down_part(j, x, r, r1);
         i += r1 - r;
     }
