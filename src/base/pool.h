@@ -35,6 +35,12 @@ static inline void pool_cpu_relax(void) {
     __asm__ __volatile__("yield");
 #endif
 }
+/* Inside fn: takes k from *left (acquire-release); 1 for the call that
+ * brings it to 0, which then sees every earlier call's writes (it may
+ * finish the shared work and set a flag for pool_wait_flag). */
+static inline int pool_count_done(_Atomic int64_t *left, int64_t k) {
+    return atomic_fetch_sub_explicit(left, k, memory_order_acq_rel) == k;
+}
 /* Inside fn: waits until *flag is set (acquire) by the work of a lower
  * index; spins, then yields to the OS (more threads than cores: let the
  * thread we wait for run). */

@@ -48,6 +48,17 @@ int64_t wt_bytes(const df_weight *w) {
     return 0;
 }
 
+int64_t wt_data_row_bytes(const df_weight *w) {
+    switch (w->type) {
+    case WT_F32: return w->cols * 4;
+    case WT_BF16: case WT_F16: return w->cols * 2;
+    case WT_FP8_BLOCK: case WT_I8_ROW: return w->cols;
+    case WT_INT4_G32: case WT_MXFP4: return w->cols / 2;
+    case WT_NTYPES: break;
+    }
+    return 0;
+}
+
 /* ---- 2. shape checks --------------------------------------------------------- */
 
 static void fmt_shape(char *buf, size_t cap, const int64_t *shape, int ndim) {

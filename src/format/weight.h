@@ -36,6 +36,9 @@ typedef struct {
 const char *wt_type_name(wt_type t);
 /* Bytes the matrix occupies (data + scales). */
 int64_t wt_bytes(const df_weight *w);
+/* Bytes of one row of w's data (row r starts at data + r times this; its
+ * scales, where the type has them, lie apart); 0 for no known type. */
+int64_t wt_data_row_bytes(const df_weight *w);
 
 /* Binds the matrix stored under `base` (e.g. "model.layers.0.mlp.gate_proj"):
  * base.weight (f32/bf16/f16, or f8_e4m3 with base.weight_scale_inv), or

@@ -632,22 +632,11 @@ static void embed_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
     for (int64_t t = t0; t < t1; t++) kn_dequant_row(j->embed, j->tokens[t], j->out + (size_t)t * j->embed->cols);
 }
 
-/* Bytes of one row of w's data (its scales apart), 0 for a type read otherwise. */
-static int64_t data_row_bytes(const df_weight *w) {
-    switch (w->type) {
-    case WT_F32: return w->cols * 4;
-    case WT_BF16: case WT_F16: return w->cols * 2;
-    case WT_I8_ROW: case WT_FP8_BLOCK: return w->cols;
-    case WT_INT4_G32: case WT_MXFP4: return w->cols / 2;
-    default: return 0;
-    }
-}
-
 void model_embed_tokens(df_engine *e, const df_weight *embed, const int32_t *tokens, int n, float *out) {
     /* a mapped embedding's rows requested together before any is touched:
      * one read each, all in flight, instead of a fault per page */
     if (e->embed_paged && embed->data) {
-        const int64_t rb = data_row_bytes(embed);
+        const int64_t rb = wt_data_row_bytes(embed);
         for (int t = 0; t < n && rb > 0; t++)
             if (tokens[t] >= 0 && tokens[t] < embed->rows)
                 st_rows_willneed((const char *)embed->data + tokens[t] * rb, rb);

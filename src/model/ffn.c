@@ -105,7 +105,7 @@ static void mlp_pass_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
         kn_matmul_px(lv, &j->w->gate, j->xp, n, j->g + lo, I, lo, hi);
         kn_matmul_px(lv, &j->w->up, j->xp, n, j->u + lo, I, lo, hi);
         for (int v = 0; v < n; v++) ffn_act_apply(lv, j->act, j->g + v * I + lo, j->u + v * I + lo, hi - lo);
-        if (atomic_fetch_sub_explicit(&j->left, hi - lo, memory_order_acq_rel) == hi - lo) {
+        if (pool_count_done(&j->left, hi - lo)) {
             kn_px_prep(lv, &j->w->down, j->g, 0, n, j->gp);
             atomic_store_explicit(&j->ready, 1, memory_order_release);
         }

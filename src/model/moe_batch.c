@@ -160,7 +160,7 @@ static void amx_pack(df_engine *e, moe_batch *b, int down) {
 
 /* Where expert x's prepared input lies for gate and up (down 0) or for
  * down; NULL: none (kn_matmul reads the rows as they are). */
-static const float *px_of(const moe_batch *b, int down, int x) {
+static float *px_of(const moe_batch *b, int down, int x) {
     const int64_t o = down ? b->xpdo[x] : b->xpo[x];
     return o < 0 ? NULL : (down ? b->xpd : b->xp) + o;
 }
@@ -168,11 +168,11 @@ static const float *px_of(const moe_batch *b, int down, int x) {
 /* Expert x's input prepared for its down projection (down: from b->g into
  * xpd) or for gate and up (from b->in into xp), where px_plan placed it. */
 static void prep_expert(df_engine *e, const moe_batch *b, int down, int x) {
-    const int64_t o = down ? b->xpdo[x] : b->xpo[x];
-    if (o < 0) return;
+    float *xp = px_of(b, down, x);
+    if (!xp) return;
     const df_weight *w = down ? &b->w[x].down : &b->w[x].gate;
     const float *in = down ? b->g + (size_t)b->off[x] * b->inter : b->in + (size_t)b->off[x] * b->dl;
-    kn_px_prep(e->level, w, in, 0, b->off[x + 1] - b->off[x], (down ? b->xpd : b->xp) + o);
+    kn_px_prep(e->level, w, in, 0, b->off[x + 1] - b->off[x], xp);
 }
 
 static void prep_experts(void *ctx, int64_t x0, int64_t x1, int tid) {
@@ -198,21 +198,21 @@ static int same_rows(const moe_batch *b, int x, int y) {
  * for the experts the AMX packing left and whose level reads x in a form of
  * its own; the others get -1. Experts that read the same rows share gate's
  * and up's (a decode token's K experts all read that token: one preparation,
- * not K); own[x] is the expert that prepares x's. Returns how many
- * preparations there are. */
-static int px_plan(df_engine *e, moe_batch *b, int down, int own[BATCH_ROWS]) {
+ * not K); own[x] is the expert that prepares x's (own may be NULL for
+ * down's, which no two experts share). Returns how many preparations there
+ * are. */
+static int px_plan(df_engine *e, moe_batch *b, int down, int *own) {
     int64_t at = 0, *o = down ? b->xpdo : b->xpo;
     int count = 0;
     for (int x = 0; x < b->n; x++) {
         const df_weight *w = down ? &b->w[x].down : &b->w[x].gate;
         const int64_t f = b->px[x].B ? 0 : kn_px_floats(e->level, w, b->off[x + 1] - b->off[x]);
-        own[x] = x;
-        o[x] = -1;
-        if (f <= 0) continue;
-        for (int y = 0; !down && y < x && own[x] == x; y++)
-            if (own[y] == y && o[y] >= 0 && same_rows(b, x, y)) own[x] = y;
-        o[x] = own[x] == x ? at : o[own[x]];
-        if (own[x] == x) at += f, count++;
+        int by = x; /* the expert that prepares x's input */
+        for (int y = 0; f > 0 && !down && y < x && by == x; y++)
+            if (own[y] == y && o[y] >= 0 && same_rows(b, x, y)) by = y;
+        if (own) own[x] = by;
+        o[x] = f <= 0 ? -1 : by == x ? at : o[by];
+        if (f > 0 && by == x) at += f, count++;
     }
     return count;
 }
@@ -311,7 +311,7 @@ static void pairs_part(batch_job *j, int x, int64_t lo, int64_t hi) {
         expert_rows(j, x, 0, &b->w[x].up, X, n, U + lo, I, lo, hi);
         for (int v = 0; v < n; v++) ffn_act_apply(j->e->level, j->act, G + v * I + lo, U + v * I + lo, hi - lo);
     }
-    if (atomic_fetch_sub_explicit(&b->left[x], hi - lo, memory_order_acq_rel) == hi - lo) {
+    if (pool_count_done(&b->left[x], hi - lo)) {
         prep_expert(j->e, b, 1, x);
         atomic_store_explicit(&b->ready[x], 1, memory_order_release);
     }
@@ -324,7 +324,7 @@ static void one_pass_rows(void *ctx, int64_t i0, int64_t i1, int tid) {
     const int64_t I = b->inter, P = (int64_t)b->n * I, D = b->dl;
     for (int64_t i = i0; i < i1;) {
         if (i < P) {
-            const int64_t r = i % I, r1 = r + ((i1 < P ? i1 : P) - i) < I ? r + ((i1 < P ? i1 : P) - i) : I;
+            const int64_t end = i1 < P ? i1 : P, r = i % I, r1 = r + (end - i) < I ? r + (end - i) : I;
             pairs_part(j, (int)(i / I), r, r1);
             i += r1 - r;
             continue;
@@ -365,8 +365,7 @@ void moe_batch_run(df_engine *e, const moe_layer *m, const ffn_act *act, moe_scr
     amx_pack(e, b, 0);
     px_prepare(e, b, 0);
     if (e->level != KN_AMX) {
-        int own[BATCH_ROWS];
-        px_plan(e, b, 1, own); /* where down's inputs go; each is prepared when its expert's pairs finish */
+        px_plan(e, b, 1, NULL); /* where down's inputs go; each is prepared when its expert's pairs finish */
         for (int x = 0; x < b->n; x++) {
             atomic_store_explicit(&b->left[x], b->inter, memory_order_relaxed);
             atomic_store_explicit(&b->ready[x], 0, memory_order_relaxed);
