@@ -324,7 +324,7 @@ kernels:
             {WT_BF16, 12288, 7168, "KDA q/k/v/g"}, {WT_BF16, 7168, 12288, "o_proj"},
             {WT_BF16, 6144, 7168, "shared gate"}, {WT_BF16, 1536, 7168, "q_a"},
             {WT_MXFP4, 3072, 3584, "expert gate"}};
-        const int ns[] = {1, 8, 64, 512};
+        const int ns[] = {1, 8, 32, 64, 256, 512};
         float *dXp, *dYp;
         CK(cudaMalloc(&dXp, (size_t)512 * 12288 * 4));
         CK(cudaMalloc(&dYp, (size_t)512 * 12288 * 4));

@@ -8,23 +8,25 @@
  * one vector, but a prefill's many vectors ran at ~8 TFLOP/s on the CUDA
  * cores; here they run as mma.sync tiles. Measured (bench/cuda_NOTES.md,
  * H200, `cuda_bench 2 prefill`, K3's 12288 x 7168 KDA projection): n = 512
- * at 70-72 TFLOP/s (CUDA cores 7.9; the mma.sync peak 595-629, which the
- * three limbs cut to a third), but n = 1 at 2.7-3.0 TB/s (CUDA cores
- * 3.6-4.4). So callers send bf16 here from gpu_ws.bf16_tc_rows rows on
+ * at ~95 TFLOP/s (CUDA cores 7.9; the mma.sync peak 618-632, which the
+ * three limbs cut to a third), but n = 1 at 2.5-2.7 TB/s (CUDA cores
+ * 3.6-3.8). So callers send bf16 here from gpu_ws.bf16_tc_rows rows on
  * (the CLI's --bf16-tc-rows, off by default), prefill only in practice.
  *
  * Exactness. x is split into three bf16 limbs, hi = rn(x), mid = rn(x - hi),
  * lo = rn(x - hi - mid) (each difference exact), which carry x whole for
- * normal fp32 x; bf16 times bf16 is exact in fp32. Each limb is a column of
- * its own: per 64-column chunk the tensor cores sum 64 products of each limb
- * from zero (four m16n8k16 steps), then, in fp32 round-to-nearest,
- *   p = (s_hi + s_mid) + s_lo,  run = run + p  (chunks in order),
- * and the row's columns are cut into S slices by shape alone (bf16_slices):
- *   y = ((0 + run_0) + run_1) + ...
+ * normal fp32 x; bf16 times bf16 is exact in fp32. The row's columns are cut
+ * into S slices of whole 64-column chunks by shape alone (bf16_slices). Per
+ * slice one fp32 accumulator a, from zero, takes the tensor cores' m16n8k16
+ * steps in a fixed order: chunk by chunk, in a chunk its four k steps (a
+ * fixed permutation of its 64 columns, below), in a step the hi, mid, lo
+ * limb; then, in fp32 round-to-nearest,
+ *   y = ((0 + a_0) + a_1) + ...   (slices in order)
  * so every output is one fixed sequence of operations on its own row and
- * vector, whatever the kernel (one vector or a tile of 64), n, the row range
- * or the batch around it: row i of n vectors is bit-equal to vector i alone.
- * Bound (the tensor cores' sums, the chunk and slice adds):
+ * vector, whatever the kernel (one vector or a tile of 128), n, the row
+ * range, the block shape or the batch around it: row i of n vectors is
+ * bit-equal to vector i alone. Bound (the tensor cores' sums, 3 cols / 16
+ * steps a row, and the slice adds):
  *   |y - exact| <= (cols + 64) 2^-24 sum|w x| + 2^-21 sum|w x|
  * plus the underflow of lo products for |x| near the fp32 floor; one-hot x
  * gives the weights exactly. Infinite or NaN x gives NaN.
@@ -38,18 +40,14 @@
  *  - k_bt_split: the limbs of the n vectors, once per product, [n][3][cols].
  *  - k_bt_vec (n <= 8): a warp per (16-row tile, slice), its weights and
  *    the limbs streamed through shared buffers by cp.async; slices meet in
- *    shared memory. Issue-bound (ncu: 5.7-7.4 cycles per instruction per
- *    warp, DRAM 57-59%): splitting x in every warp, then the per-chunk
- *    fragment loads and 12 mma for 2 KB of weights, cost more issue slots
- *    than the CUDA cores' 8 FMAs per 16 bytes.
- *  - k_bt_gemm (n > 8): a block of 8 warps per 64 rows x 64 vectors (32 for
- *    gate + up; 128 for one matrix from BT_WIDE_N vectors), chunks of
- *    weights and limbs staged by cp.async through BT_STAGES buffers; a warp
- *    takes 32 rows x 16 vectors (8 for gate + up, 32 in the wide blocks:
- *    each weight fragment loaded from shared memory serves twice the mma).
- *    One block per SM (188 registers, 252 wide; forcing two blocks spilled
- *    and was no faster); ncu: 1.7 instructions per cycle, shared memory the
- *    busiest pipe.
+ *    shared memory.
+ *  - k_bt_gemm (n > 8): a block of 8 warps (2 x 4) per BM rows of each of
+ *    its NM matrices (AROWS staged rows) x BN vectors, chunks of weights
+ *    and limbs staged by cp.async through BT_STAGES buffers; a warp holds
+ *    MTW 16-row tiles x WN 8-vector tiles, each weight fragment read from
+ *    shared memory serving 3 WN mma. Blocks of 64 x 32, 64 x 64 or
+ *    128 x 128 (launch_gemms). One accumulator per output, not one per limb
+ *    and chunk, leaves the registers for the large blocks.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -64,7 +62,7 @@
 
 namespace {
 
-enum { BT_CH = 64, BT_CHB = 128, BT_VEC_MAX = 8, BT_STAGES = 3, BT_BM = 64, BT_SLICES = 12, BT_WIDE_N = 128 };
+enum { BT_CH = 64, BT_CHB = 128, BT_VEC_MAX = 8, BT_STAGES = 3, BT_SLICES = 12 };
 
 /* Slices per row, from the shape alone: enough (tile, slice) warps to keep
  * the device's loads in flight for one vector (about 4096), at most
@@ -100,25 +98,14 @@ __device__ __forceinline__ void split8(const float4 &a, const float4 &b, uint32_
     }
 }
 
-/* One chunk of one 16-row tile against one 8-column B tile: d[L] (zeroed
- * here) = the chunk's sums of limb L. ra, rb: the 8 u32 of rows g and g + 8;
- * bl[L]: the 8 u32 of limb L of this lane's column. */
-__device__ __forceinline__ void chunk_mma(float (&d)[3][4], const uint32_t (&ra)[8], const uint32_t (&rb)[8],
-                                          const uint32_t (&bl)[3][8]) {
-#pragma unroll
-    for (int L = 0; L < 3; L++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) d[L][e] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            mma_bf16(d[L], ra[2 * j], rb[2 * j], ra[2 * j + 1], rb[2 * j + 1], bl[L][2 * j], bl[L][2 * j + 1]);
-    }
-}
-
-/* run += (hi + mid) + lo, per element, in that order. */
-__device__ __forceinline__ void chunk_add(float (&run)[4], const float (&d)[3][4]) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) run[e] = __fadd_rn(run[e], __fadd_rn(__fadd_rn(d[0][e], d[1][e]), d[2][e]));
+/* One k step of one 16-row tile against one 8-column B tile, its three
+ * limbs in order into one accumulator: d += W hi, d += W mid, d += W lo.
+ * a0..a3: the rows' k pairs; h, m, l: the limbs' two u32 of this step. */
+__device__ __forceinline__ void mma3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                     const uint32_t *h, const uint32_t *m, const uint32_t *l) {
+    mma_bf16(d, a0, a1, a2, a3, h[0], h[1]);
+    mma_bf16(d, a0, a1, a2, a3, m[0], m[1]);
+    mma_bf16(d, a0, a1, a2, a3, l[0], l[1]);
 }
 
 struct bt_mats {
@@ -171,11 +158,11 @@ __global__ void __launch_bounds__(BT_SLICES * 32) k_bt_vec(const __grid_constant
     const bool live = r0 < row1;
     const int sbytes = vec_stage(NM, n);
     uint8_t *st = vsm + (size_t)warp * STG * sbytes;
-    float run[NM][4];
+    float acc[NM][4]; /* the slice's one accumulator per output */
 #pragma unroll
     for (int m = 0; m < NM; m++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) run[m][e] = 0.0f;
+        for (int e = 0; e < 4; e++) acc[m][e] = 0.0f;
     if (live) {
         /* this lane's copies: row cr of each matrix, pieces 4 ch .. 4 ch + 3;
          * limb rows (v 3 + L) piece by piece, lane l taking l, l + 32, ... */
@@ -221,9 +208,10 @@ __global__ void __launch_bounds__(BT_SLICES * 32) k_bt_vec(const __grid_constant
             for (int m = 0; m < NM; m++) {
                 uint32_t ra[8], rbv[8];
                 tile_frags(b + m * BV_TILE, g, t, ra, rbv);
-                float d[3][4];
-                chunk_mma(d, ra, rbv, bl);
-                chunk_add(run[m], d);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    mma3(acc[m], ra[2 * j], rbv[2 * j], ra[2 * j + 1], rbv[2 * j + 1], &bl[0][2 * j], &bl[1][2 * j],
+                         &bl[2][2 * j]);
             }
             __syncwarp(); /* every lane has read the buffer before it is refilled */
         }
@@ -233,7 +221,7 @@ __global__ void __launch_bounds__(BT_SLICES * 32) k_bt_vec(const __grid_constant
 #pragma unroll
     for (int m = 0; m < NM; m++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) part[warp][m][g + 8 * (e >> 1)][2 * t + (e & 1)] = run[m][e];
+        for (int e = 0; e < 4; e++) part[warp][m][g + 8 * (e >> 1)][2 * t + (e & 1)] = acc[m][e];
     __syncthreads();
     /* the tile's 16 rows x 8 vectors, slices in order, by its first warp */
     if (slice != 0 || !live) return;
@@ -270,67 +258,72 @@ __global__ void __launch_bounds__(256) k_bt_split(const float *__restrict__ X, i
     }
 }
 
-/* ---- n > 8: tiles of 64 rows x 64 (or 32) vectors ---- */
+/* ---- n > 8: blocks of BM rows (of each matrix) x BN vectors ---- */
 
-
-/* WN: 8-vector tiles per warp. launch_gemm picks 4 for one matrix from
- * BT_WIDE_N vectors (blocks of 128 vectors; cuda_bench prefill, H200, 512
- * vectors: K3's 12288 x 7168 70.7 -> 83.3 TFLOP/s, 6144 x 7168 69.4 ->
- * 81.4, 1536 x 7168 49.3 -> 57.4, 7168 x 12288 70.8 -> 72.9; at 64 vectors
- * half such a block idles: 50 -> 28), else 2; gate + up take 1. The
- * tiles never change a value (chunks and slices are the shape's). */
-template <int NM, int WN_> struct gemm_cfg {
+/* MTW: 16-row tiles a warp holds, MTW / NM of each matrix; WN: its 8-vector
+ * tiles. launch_gemm picks the shape (below); the shapes never change a
+ * value (chunks and slices are the matrix's). */
+template <int NM, int MTW, int WN_> struct gemm_cfg {
     static constexpr int WN = WN_;
-    static constexpr int BN = 4 * WN * 8;       /* vectors per block */
-    static constexpr int AROWS = NM * BT_BM;    /* staged weight rows */
+    static constexpr int MT = MTW / NM;         /* 16-row tiles of each matrix a warp holds */
+    static constexpr int BM = 2 * 16 * MT;      /* rows of each matrix per block (2 warp rows) */
+    static constexpr int BN = 4 * WN * 8;       /* vectors per block (4 warp columns) */
+    static constexpr int AROWS = NM * BM;       /* staged weight rows */
     static constexpr int BROWS = 3 * BN;        /* staged limb rows */
     static constexpr int STAGE = (AROWS + BROWS) * BT_CHB;
+    static_assert(MT * NM == MTW && (AROWS + BROWS) % 32 == 0, "gemm_cfg shape");
 };
 
-template <int NM, int WN>
+template <int NM, int MTW, int WN>
 __global__ void __launch_bounds__(256, GPU_BT_GEMM_BLOCKS)
 k_bt_gemm(const __grid_constant__ bt_mats mats, const gpu_act act, const uint8_t *__restrict__ Lg, int n, int64_t cols,
           float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1, int S) {
-    using C = gemm_cfg<NM, WN>;
+    using C = gemm_cfg<NM, MTW, WN>;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wr = warp >> 2, wc = warp & 3;
     const int64_t v0 = (int64_t)blockIdx.x * C::BN;
-    const int64_t r0 = row0 + (int64_t)blockIdx.y * BT_BM;
+    const int64_t r0 = row0 + (int64_t)blockIdx.y * C::BM;
     const int64_t nch = cols / BT_CH, per = (nch + S - 1) / S, rowb = cols * 2;
 
-    /* thread tid copies piece tid % 8 of rows tid / 8 + 32 k; row parity,
-     * hence the swizzle, is the same for all its rows */
-    constexpr int NCP = (C::AROWS + C::BROWS) / 32;
+    /* thread tid copies piece tid % 8 of staged rows tid / 8 + 32 k (weight
+     * rows first, then the limb rows); row parity, hence the swizzle, is the
+     * same for all its rows. Row k's source is a base (its matrix's row r0,
+     * or the limbs) plus a 32-bit offset: fewer registers than pointers. */
+    constexpr int NCP = (C::AROWS + C::BROWS) / 32, NCA = C::AROWS / 32;
     const int piece0 = tid & 7, row0c = tid >> 3;
-    const uint8_t *src[NCP];
+    const uint8_t *wb[NM];
+#pragma unroll
+    for (int m = 0; m < NM; m++) wb[m] = mats.w[m] + r0 * rowb + piece0 * 16;
+    const uint8_t *lb = Lg + piece0 * 16;
+    int32_t off[NCP];
 #pragma unroll
     for (int k = 0; k < NCP; k++) {
         const int row = row0c + 32 * k;
-        if (row < C::AROWS) {
-            const int64_t r = min(r0 + (row % BT_BM), row1 - 1);
-            src[k] = mats.w[row / BT_BM] + r * rowb + piece0 * 16;
+        if (k < NCA) {
+            off[k] = (int32_t)(min((int64_t)(row % C::BM), row1 - 1 - r0) * rowb);
         } else {
             const int b = row - C::AROWS, L = b / C::BN;
             const int64_t v = min(v0 + (b % C::BN), (int64_t)n - 1);
-            src[k] = Lg + (v * 3 + L) * rowb + piece0 * 16;
+            off[k] = (int32_t)((v * 3 + L) * rowb);
         }
     }
     const int dst0 = swz(row0c, piece0);
     auto stage = [&](int buf, int64_t c) {
         uint8_t *base = sm + (size_t)buf * C::STAGE + dst0;
 #pragma unroll
-        for (int k = 0; k < NCP; k++) cp_async16(base + k * 32 * BT_CHB, src[k] + c * BT_CHB, 16);
+        for (int k = 0; k < NCP; k++)
+            cp_async16(base + k * 32 * BT_CHB, (k < NCA ? wb[32 * k / C::BM] : lb) + off[k] + c * BT_CHB, 16);
     };
 
-    /* a warp's accumulator tiles q = (matrix m, m tile mt, vector tile vt), row-major */
-    constexpr int Q = NM * 2 * C::WN;
-    float d[Q][3][4], run[Q][4], y[Q][4];
+    /* accumulators q = (matrix m, m tile mt, vector tile vt), row-major */
+    constexpr int Q = MTW * WN;
+    float d[Q][4], y[Q][4];
 #pragma unroll
     for (int q = 0; q < Q; q++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) run[q][e] = y[q][e] = 0.0f;
+        for (int e = 0; e < 4; e++) d[q][e] = y[q][e] = 0.0f;
 
 #pragma unroll
     for (int i = 0; i < BT_STAGES - 1; i++) {
@@ -345,72 +338,58 @@ k_bt_gemm(const __grid_constant__ bt_mats mats, const gpu_act act, const uint8_t
         cp_commit();
         const uint8_t *base = sm + (size_t)(c % BT_STAGES) * C::STAGE;
 #pragma unroll
-        for (int q = 0; q < Q; q++)
-#pragma unroll
-            for (int L = 0; L < 3; L++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) d[q][L][e] = 0.0f;
-#pragma unroll
         for (int h = 0; h < 2; h++) { /* pieces t (steps 0, 1) and 4 + t (steps 2, 3) */
             const int piece = 4 * h + t;
-            uint32_t a[NM][2][2][4]; /* matrix, m tile, row g / g + 8 */
+            uint32_t a[MTW][2][4]; /* (matrix, m tile), row g / g + 8 */
 #pragma unroll
-            for (int m = 0; m < NM; m++)
+            for (int mm = 0; mm < MTW; mm++)
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++)
+                for (int hr = 0; hr < 2; hr++) {
+                    const int row = (mm / C::MT) * C::BM + wr * 16 * C::MT + (mm % C::MT) * 16 + g + 8 * hr;
+                    const uint4 u = *(const uint4 *)(base + swz(row, piece));
+                    a[mm][hr][0] = u.x, a[mm][hr][1] = u.y, a[mm][hr][2] = u.z, a[mm][hr][3] = u.w;
+                }
 #pragma unroll
-                    for (int hr = 0; hr < 2; hr++) {
-                        const int row = m * BT_BM + wr * 32 + mt * 16 + g + 8 * hr;
-                        const uint4 u = *(const uint4 *)(base + swz(row, piece));
-                        a[m][mt][hr][0] = u.x, a[m][mt][hr][1] = u.y, a[m][mt][hr][2] = u.z, a[m][mt][hr][3] = u.w;
-                    }
-            uint32_t b[C::WN][3][4];
-#pragma unroll
-            for (int vt = 0; vt < C::WN; vt++)
+            for (int vt = 0; vt < WN; vt++) {
+                uint32_t b[3][4];
 #pragma unroll
                 for (int L = 0; L < 3; L++) {
-                    const int row = C::AROWS + L * C::BN + wc * C::WN * 8 + vt * 8 + g;
+                    const int row = C::AROWS + L * C::BN + wc * WN * 8 + vt * 8 + g;
                     const uint4 u = *(const uint4 *)(base + swz(row, piece));
-                    b[vt][L][0] = u.x, b[vt][L][1] = u.y, b[vt][L][2] = u.z, b[vt][L][3] = u.w;
+                    b[L][0] = u.x, b[L][1] = u.y, b[L][2] = u.z, b[L][3] = u.w;
                 }
 #pragma unroll
-            for (int jj = 0; jj < 2; jj++)
+                for (int jj = 0; jj < 2; jj++)
 #pragma unroll
-                for (int q = 0; q < Q; q++) {
-                    const uint32_t(&am)[2][4] = a[q / (2 * C::WN)][(q / C::WN) % 2];
-                    const int vt = q % C::WN;
-#pragma unroll
-                    for (int L = 0; L < 3; L++)
-                        mma_bf16(d[q][L], am[0][2 * jj], am[1][2 * jj], am[0][2 * jj + 1], am[1][2 * jj + 1],
-                                 b[vt][L][2 * jj], b[vt][L][2 * jj + 1]);
-                }
+                    for (int mm = 0; mm < MTW; mm++)
+                        mma3(d[mm * WN + vt], a[mm][0][2 * jj], a[mm][1][2 * jj], a[mm][0][2 * jj + 1],
+                             a[mm][1][2 * jj + 1], &b[0][2 * jj], &b[1][2 * jj], &b[2][2 * jj]);
+            }
         }
-#pragma unroll
-        for (int q = 0; q < Q; q++) chunk_add(run[q], d[q]);
         /* slices ending here (and empty ones after them) fold into y */
         while (s < S && c + 1 == slice_end(s, per, nch)) {
 #pragma unroll
             for (int q = 0; q < Q; q++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    y[q][e] = __fadd_rn(y[q][e], run[q][e]);
-                    run[q][e] = 0.0f;
+                    y[q][e] = __fadd_rn(y[q][e], d[q][e]);
+                    d[q][e] = 0.0f;
                 }
             s++;
         }
     }
     cp_wait<0>();
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < C::MT; mt++)
 #pragma unroll
-        for (int vt = 0; vt < C::WN; vt++)
+        for (int vt = 0; vt < WN; vt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int64_t r = r0 + wr * 32 + mt * 16 + g + 8 * (e >> 1);
-                const int64_t v = v0 + wc * C::WN * 8 + vt * 8 + 2 * t + (e & 1);
+                const int64_t r = r0 + wr * 16 * C::MT + mt * 16 + g + 8 * (e >> 1);
+                const int64_t v = v0 + wc * WN * 8 + vt * 8 + 2 * t + (e & 1);
                 if (r >= row1 || v >= n) continue;
-                const int q = mt * C::WN + vt; /* matrix 0; the up matrix's tile is q + 2 WN */
-                Y[v * ldy + (r - row0)] = NM == 2 ? gpu_act1(act, y[q][e], y[(NM - 1) * 2 * C::WN + q][e]) : y[q][e];
+                const int q = mt * WN + vt; /* matrix 0; the up matrix's tile is q + MT WN */
+                Y[v * ldy + (r - row0)] = NM == 2 ? gpu_act1(act, y[q][e], y[C::MT * WN + q][e]) : y[q][e];
             }
 }
 
@@ -421,24 +400,73 @@ df_status split_limbs(const float *X, int n, int64_t cols, void *limbs, cudaStre
     return gpu_cuda_status(cudaGetLastError(), "k_bt_split");
 }
 
-template <int NM, int WN>
-df_status launch_gemm(const bt_mats &mats, const gpu_act &act, const float *X, int n, int64_t rows, int64_t cols,
-                      float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s) {
-    using C = gemm_cfg<NM, WN>;
-    df_status st = split_limbs(X, n, cols, limbs, s);
-    if (st) return st;
+template <int NM, int MTW, int WN>
+df_status launch_gemm(const bt_mats &mats, const gpu_act &act, int n, int64_t rows, int64_t cols, float *Y,
+                      int64_t ldy, int64_t row0, int64_t row1, const void *limbs, cudaStream_t s) {
+    using C = gemm_cfg<NM, MTW, WN>;
     const size_t smem = (size_t)BT_STAGES * C::STAGE;
-    st = gpu_cuda_status(
-        cudaFuncSetAttribute(k_bt_gemm<NM, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    df_status st = gpu_cuda_status(
+        cudaFuncSetAttribute(k_bt_gemm<NM, MTW, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
         "k_bt_gemm shared memory");
     if (st) {
         (void)cudaGetLastError();
         return st;
     }
-    const dim3 grid((unsigned)((n + C::BN - 1) / C::BN), (unsigned)((row1 - row0 + BT_BM - 1) / BT_BM));
-    k_bt_gemm<NM, WN><<<grid, 256, smem, s>>>(mats, act, (const uint8_t *)limbs, n, cols, Y, ldy, row0, row1,
-                                               bf16_slices(rows, cols / BT_CH));
+    const dim3 grid((unsigned)((n + C::BN - 1) / C::BN), (unsigned)((row1 - row0 + C::BM - 1) / C::BM));
+    k_bt_gemm<NM, MTW, WN><<<grid, 256, smem, s>>>(mats, act, (const uint8_t *)limbs, n, cols, Y, ldy, row0, row1,
+                                                    bf16_slices(rows, cols / BT_CH));
     return gpu_cuda_status(cudaGetLastError(), "k_bt_gemm");
+}
+
+/* The block shape for n > 8 vectors: 32 vectors a block up to 32 (64 x 32
+ * blocks: fewer idle columns), else 64 x 64 or 128 x 128 blocks (rows are
+ * staged weight rows: one matrix, or half of each), whichever grid a model
+ * fitted to `cuda_bench 2 prefill` on the H200 says finishes first. Two
+ * 64 x 64 blocks share an SM (116 registers, 96 KB of shared memory) and
+ * take ~174 us a pair at 7168 columns; a 128 x 128 block takes an SM alone,
+ * ~316 us (it stages 42 bytes from L2 per mma against 85: the limbs triple
+ * the vectors). An SM's time is its share of the waves. Measured (TFLOP/s
+ * of the model's products at 256 / 512 vectors, 64 x 64 against 128 x 128):
+ * K3's 12288 x 7168 84 / 86 against 71 / 95, 7168 x 12288 74 / 85 against
+ * 83 / 84, 6144 x 7168 78 / 82 against 70 / 71 (the model's one miss, at
+ * 256), 1536 x 7168 46 / 58 against 17 / 35; 128 x 64 blocks were never
+ * ahead by more than the noise. Every shape gives the same bits.
+ * GPU_BT_SHAPE (a build flag, for measurements) forces 1: 64 x 64, 2: 128 x
+ * 128. */
+#ifndef GPU_BT_SHAPE
+#define GPU_BT_SHAPE 0
+#endif
+bool wide_blocks(int nm, int64_t span, int n) {
+    if (GPU_BT_SHAPE > 0) return GPU_BT_SHAPE == 2;
+    int sms = 0, dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms < 1)
+        sms = 132;
+    const int64_t small = (span + 64 / nm - 1) / (64 / nm) * ((n + 63) / 64);
+    const int64_t wide = (span + 128 / nm - 1) / (128 / nm) * ((n + 127) / 128);
+    return (wide + sms - 1) / sms * 316 < (small + 2 * sms - 1) / (2 * sms) * 174;
+}
+
+template <int NM>
+df_status launch_gemms(const bt_mats &mats, const gpu_act &act, const float *X, int n, int64_t rows, int64_t cols,
+                       float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s) {
+    /* the kernel's limb offsets are 32-bit: vectors in batches below 2^31 bytes of limbs */
+    const int64_t vmax = ((int64_t)1 << 31) / (3 * cols * 2) - 1;
+    if (n > vmax) {
+        for (int64_t v = 0; v < n; v += vmax) {
+            const int nb = (int)(n - v < vmax ? n - v : vmax);
+            df_status st = launch_gemms<NM>(mats, act, X + v * cols, nb, rows, cols, Y + v * ldy, ldy, row0, row1,
+                                            limbs, s);
+            if (st) return st;
+        }
+        return DF_OK;
+    }
+    df_status st = split_limbs(X, n, cols, limbs, s);
+    if (st) return st;
+    if (n <= 32) return launch_gemm<NM, 2, 1>(mats, act, n, rows, cols, Y, ldy, row0, row1, limbs, s);
+    if (wide_blocks(NM, row1 - row0, n))
+        return launch_gemm<NM, 4, 4>(mats, act, n, rows, cols, Y, ldy, row0, row1, limbs, s);
+    return launch_gemm<NM, 2, 2>(mats, act, n, rows, cols, Y, ldy, row0, row1, limbs, s);
 }
 
 template <int NM, int STG>
@@ -487,7 +515,7 @@ df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act 
         (w1 && !act) || !X || !Y || n < 1 || row0 < 0 || row1 > w0->rows || row1 <= row0 || ldy < row1 - row0 ||
         ((uintptr_t)X & 15) || !limbs)
         return DF_ERR_ARG;
-    if ((row1 - row0 + BT_BM - 1) / BT_BM > 65535) return DF_ERR_UNSUPPORTED;
+    if ((row1 - row0 + 31) / 32 > 65535) return DF_ERR_UNSUPPORTED; /* the smallest gemm blocks' rows */
     bt_mats mats;
     mats.w[0] = (const uint8_t *)w0->data;
     mats.w[1] = (const uint8_t *)(w1 ? w1->data : w0->data);
@@ -496,7 +524,6 @@ df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act 
     if (n <= BT_VEC_MAX)
         return w1 ? launch_vec<2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)
                   : launch_vec<1>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
-    if (w1) return launch_gemm<2, 1>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
-    return n >= BT_WIDE_N ? launch_gemm<1, 4>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)
-                          : launch_gemm<1, 2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
+    return w1 ? launch_gemms<2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)
+              : launch_gemms<1>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);
 }

@@ -392,6 +392,102 @@ TEST(cuda_tc_bf16_many) {
     free(X); free(Y); free(Y1); free(deq);
 }
 
+/* Every block shape of the tiled bf16 kernel gives the same bits. On an
+ * H200 (132 SMs) the shape model picks 128 x 128 blocks for n = 256 over
+ * 8411 rows, 64 x 64 for a 1000-row range of it and for n = 70 and 40,
+ * 64 x 32 for n = 20; each vector alone takes the one-vector kernel. Then
+ * gate + up (a bf16 expert, gpu_experts) at n = 130 against its vectors
+ * alone. */
+TEST(cuda_tc_bf16_block_shapes) {
+    if (!need_gpu()) return;
+    enum { R = 8411, C = 256, N = 256 };
+    uint64_t s = seed_of("tc-bf16-shapes");
+    hmat m;
+    hmat_make(&m, WT_BF16, R, C, DT_UNKNOWN, s);
+    gpu_weight g;
+    char err[DF_ERRMSG] = "";
+    REQUIRE(gpu_weight_upload(&m.w, &g, err) == DF_OK, "%s", err);
+    float *X = malloc((size_t)N * C * 4), *Y = malloc((size_t)N * R * 4), *Z = malloc((size_t)N * R * 4);
+    REQUIRE(X && Y && Z);
+    for (int64_t i = 0; i < (int64_t)N * C; i++) X[i] = 4.0f * frand(&s) - 2.0f;
+    float *dX = gpu_malloc((size_t)N * C * 4), *dY = gpu_malloc((size_t)N * R * 4);
+    REQUIRE(dX && dY && gpu_put(dX, X, (size_t)N * C * 4) == DF_OK);
+    gpu_ws ws = {0};
+    ws.bf16_tc_rows = 1;
+    REQUIRE(gpu_matmul_tc(&g, dX, N, dY, R, 0, R, &ws, NULL) == DF_OK, "%s", gpu_last_error());
+    REQUIRE(gpu_get(Y, dY, (size_t)N * R * 4) == DF_OK);
+    struct { int n; int64_t r0, r1; const char *what; } runs[] = {
+        {N, 37, 1037, "a 1000-row range"}, {70, 0, R, "n = 70"}, {40, 0, R, "n = 40"}, {20, 0, R, "n = 20"}};
+    for (int k = 0; k < 4; k++) {
+        const int64_t span = runs[k].r1 - runs[k].r0;
+        REQUIRE(gpu_fill(dY, 0xff, (size_t)N * R * 4) == DF_OK);
+        REQUIRE(gpu_matmul_tc(&g, dX, runs[k].n, dY, span, runs[k].r0, runs[k].r1, &ws, NULL) == DF_OK, "%s",
+                gpu_last_error());
+        REQUIRE(gpu_get(Z, dY, (size_t)runs[k].n * span * 4) == DF_OK);
+        int diff = 0;
+        for (int i = 0; i < runs[k].n; i++)
+            for (int64_t r = 0; r < span; r++)
+                diff += f32_bits(Z[i * span + r]) != f32_bits(Y[(int64_t)i * R + runs[k].r0 + r]);
+        CHECK(diff == 0, "%s: %d outputs differ from n = %d over all rows", runs[k].what, diff, N);
+    }
+    const int alone[] = {0, 63, 64, 129, 255};
+    for (int k = 0; k < 5; k++) {
+        const int i = alone[k];
+        REQUIRE(gpu_matmul_tc(&g, dX + (int64_t)i * C, 1, dY, R, 0, R, &ws, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_get(Z, dY, (size_t)R * 4) == DF_OK);
+        CHECK(memcmp(Z, Y + (int64_t)i * R, (size_t)R * 4) == 0, "vector %d alone differs from its row of n = %d", i, N);
+    }
+    /* within the bound, a few rows */
+    for (int64_t r = 0; r < R; r += 997) {
+        float w[C];
+        kn_dequant_row(&m.w, r, w);
+        for (int i = 0; i < N; i += 43) {
+            double ex = 0, mag = 0;
+            for (int c = 0; c < C; c++) {
+                ex += (double)w[c] * X[(int64_t)i * C + c];
+                mag += fabs((double)w[c] * X[(int64_t)i * C + c]);
+            }
+            const double bound = (double)(C + 64) * 0x1p-24 * mag + 0x1p-21 * mag;
+            CHECK(fabs(Y[(int64_t)i * R + r] - ex) <= bound, "row %lld vector %d: %.9g vs exact %.9g", (long long)r, i,
+                  Y[(int64_t)i * R + r], ex);
+        }
+    }
+    gpu_free(dY);
+    gpu_weight_free(&g);
+    hmat_free(&m);
+    /* gate + up (+ down) of a bf16 expert at n = 130, then each vector alone */
+    enum { HID = 256, I = 384 };
+    hmat e[3];
+    gpu_weight ge[3];
+    hmat_make(&e[0], WT_BF16, I, HID, DT_UNKNOWN, s + 1);
+    hmat_make(&e[1], WT_BF16, I, HID, DT_UNKNOWN, s + 2);
+    hmat_make(&e[2], WT_BF16, HID, I, DT_UNKNOWN, s + 3);
+    for (int k = 0; k < 3; k++) REQUIRE(gpu_weight_upload(&e[k].w, &ge[k], err) == DF_OK, "%s", err);
+    float *dO = gpu_malloc((size_t)N * HID * 4);
+    REQUIRE(dO);
+    const gpu_act act = {1, 3.0f, 2.0f};
+    gpu_expert_job job = {&ge[0], &ge[1], &ge[2], dX, 130, dO};
+    REQUIRE(gpu_experts(&job, 1, &act, &ws, NULL) == DF_OK, "%s", gpu_last_error());
+    REQUIRE(gpu_get(Y, dO, (size_t)130 * HID * 4) == DF_OK);
+    for (int k = 0; k < 4; k++) {
+        gpu_expert_job v1 = job;
+        v1.X = dX + (size_t)alone[k] * C;
+        v1.n = 1;
+        REQUIRE(gpu_experts(&v1, 1, &act, &ws, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_get(Z, dO, HID * 4) == DF_OK);
+        CHECK(memcmp(Z, Y + (size_t)alone[k] * HID, HID * 4) == 0, "expert: vector %d alone differs from n = 130",
+              alone[k]);
+    }
+    gpu_free(dO);
+    for (int k = 0; k < 3; k++) {
+        gpu_weight_free(&ge[k]);
+        hmat_free(&e[k]);
+    }
+    gpu_free(dX);
+    gpu_ws_free(&ws);
+    free(X); free(Y); free(Z);
+}
+
 /* x with a huge dynamic range (1e-30 .. 1e4, and exact zeros): the split's
  * per-vector scale keeps the tensor-core path within its bound. */
 TEST(cuda_tc_mxfp4_range) {
