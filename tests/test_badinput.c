@@ -162,6 +162,24 @@ TEST(bad_usage_exit_code) {
     CHECK(rc == 0 && strstr(out, "usage"), "help: exit %d", rc);
 }
 
+/* bench --warmup: the warm-up tokens are decoded (the session holds them)
+ * and stay out of the figures; with --prefill-again the first token after
+ * the prompt is still the one compared; refused beside --spec and below 0. */
+TEST(bench_warmup_stays_out_of_the_figures) {
+    char out[16384];
+    int rc = t_sh(out, sizeof out,
+                  "%s bench --decode --model " GOOD " --tokens 2 --prompt-tokens 3 --warmup 4 --probe-seconds 0.05 "
+                  "--prefill-again --json 2>/dev/null",
+                  t_bin());
+    CHECK(rc == 0 && strstr(out, "\"decode_warmup_tokens\":4") && strstr(out, "\"decode_tokens\":2"), "exit %d: %s",
+          rc, out);
+    CHECK(strstr(out, "\"prefill_again_same_token\":true"), "the first token after the prompt: %s", out);
+    rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --warmup 2 --spec ngram 2>&1", t_bin());
+    CHECK(rc == 2 && strstr(out, "--warmup"), "beside --spec: exit %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --warmup -1 2>&1", t_bin());
+    CHECK(rc == 2 && strstr(out, "--warmup"), "negative: exit %d: %s", rc, out);
+}
+
 /* ---- formats fixture ---- */
 
 static st_set *open_one(const char *file, const char *tag) {

@@ -121,8 +121,8 @@ static double bench_prefill_again(df_engine *e, const int32_t *prompt, int nprom
     return st == DF_OK ? dt : 0;
 }
 
-static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_s, int json, const cli_spec_opts *so,
-                        const char *prompt_file, int again) {
+static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, double probe_s, int json,
+                        const cli_spec_opts *so, const char *prompt_file, int again) {
     mo->profile = 1;
     /* the DRAM floor's probe before the engine takes its memory (its buffer
      * is outside the plan, which may fill a memory limit) */
@@ -168,7 +168,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     }
     if (!prompt_file)
         for (int i = 0; i < nprompt; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
-    if (df_session_new(e, nprompt + ntok + 1, &s) != DF_OK) goto done;
+    if (df_session_new(e, nprompt + warmup + ntok + 1, &s) != DF_OK) goto done;
     df_stats a, b, steady0; /* steady0: counters once the first decode token is done */
     df_engine_reset_stats(e);
     double pre0[DF_PROF_N], pre1[DF_PROF_N];
@@ -188,6 +188,21 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     double prof0[DF_PROF_N], prof1[DF_PROF_N];
     df_engine_profile(e, prof0);
     for (int i = 0; i < DF_PROF_N; i++) pre1[i] = prof0[i] - pre0[i];
+    /* --warmup: greedy tokens decoded before the measured ones, outside every
+     * figure below (a short run otherwise measures the first use of its
+     * experts and buffers, not the steady state) */
+    const int32_t first_tok = df_argmax(df_session_logits(s), V);
+    for (int i = 0; i < warmup; i++) {
+        int32_t tok = df_argmax(df_session_logits(s), V);
+        if (df_session_eval(s, &tok, 1, NULL) != DF_OK) {
+            fprintf(stderr, "deltafin: %s\n", df_session_error(s));
+            goto done;
+        }
+    }
+    if (warmup) {
+        df_engine_stats(e, &b);
+        df_engine_profile(e, prof0);
+    }
     uint64_t hits = 0, all = 0;
     df_stats dec0 = b; /* counters at the start of decode */
     steady0 = b;
@@ -270,7 +285,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
     for (int i = 0; i < DF_PROF_N; i++) part_floor[i] = part_rate > 0 ? part_floor[i] / (part_rate * 1e9) : 0;
     int again_same = 0;
     double again_part[DF_PROF_N] = {0};
-    const double again_s = again ? bench_prefill_again(e, prompt, nprompt, plain[0], &again_same, again_part) : 0;
+    const double again_s = again ? bench_prefill_again(e, prompt, nprompt, first_tok, &again_same, again_part) : 0;
     if (again && again_s <= 0) goto done;
     double best_floor = mem_floor > floor_s ? mem_floor : floor_s;
     /* prefill reads each needed expert once per chunk: its own floor is the
@@ -299,6 +314,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
         json_object_set_new(o, "threads", json_integer(df_engine_n_threads(e)));
         json_object_set_new(o, "prompt_tokens", json_integer(nprompt));
         json_object_set_new(o, "decode_tokens", json_integer(ntok));
+        json_object_set_new(o, "decode_warmup_tokens", json_integer(warmup));
         json_object_set_new(o, "prefill_s", json_real(prefill_s));
         json_object_set_new(o, "prefill_bytes", json_integer((json_int_t)prefill_bytes));
         json_object_set_new(o, "s_per_token", json_real(med));
@@ -452,6 +468,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, double probe_
                    "for it, or all of them under CUDA_LAUNCH_BLOCKING=1):\n");
             print_parts(again_part);
         }
+        if (warmup) printf("decode warm-up               %d tokens before the measured ones (--warmup)\n", warmup);
         printf("time per decode token by part (mean over %d tokens; routed includes waiting for reads;\n"
                "floor: the part's weight bytes per token at the %s rate):\n", ntok,
                parts_on_device ? "device read probe's" : "DRAM probe's");
@@ -544,7 +561,7 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    int kernels = 0, decode = 0, threads = 0, ntok = 8, nprompt = 8, json = 0, again = 0;
+    int kernels = 0, decode = 0, threads = 0, ntok = 8, nprompt = 8, warmup = 0, json = 0, again = 0;
     const char *prompt_file = NULL;
     cli_spec_opts so;
     cli_spec_opts_init(&so);
@@ -555,7 +572,7 @@ int cmd_bench(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: deltafin bench --kernels [--threads N] [--mb SIZE] [--seconds S]\n"
-                   "       deltafin bench --decode --model DIR [--ram SIZE] [--tokens N] [--prompt-tokens N]\n"
+                   "       deltafin bench --decode --model DIR [--ram SIZE] [--tokens N] [--prompt-tokens N] [--warmup N]\n"
                    "                      [--probe-seconds S] [--json] [model options]\n"
                    "  --kernels     matvec GB/s per weight type on ~SIZE MB matrices (default 512, or\n"
                    "                8x the last-level cache when larger, within 1/32 of RAM),\n"
@@ -564,6 +581,9 @@ int cmd_bench(int argc, char **argv) {
                    "  --decode      greedy decode of N tokens (default 8) after a prompt (default 8 tokens):\n"
                    "                median s/token of steady tokens, bytes read, hit rate, the disk's O_DIRECT\n"
                    "                bandwidth measured in the same run, floor and ratio; --json prints one object\n"
+                   "  --warmup N    N greedy tokens decoded after the prompt and before the measured ones,\n"
+                   "                outside every figure (default 0): the steady state, not the first use of\n"
+                   "                each expert and buffer\n"
                    "  --prompt-file F  the prompt: F's text through the model's tokenizer (default: N\n"
                    "                pseudo-random ids)\n"
                    "  --prefill-again  after the decode, the prompt once more in a new session with the\n"
@@ -590,6 +610,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--probe-seconds") && i + 1 < argc) probe_s = atof(argv[++i]);
         else if (!strcmp(a, "--tokens") && i + 1 < argc) ntok = atoi(argv[++i]);
         else if (!strcmp(a, "--prompt-tokens") && i + 1 < argc) nprompt = atoi(argv[++i]);
+        else if (!strcmp(a, "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else return cli_usage("bench", "unknown or incomplete option");
     }
     threads = mo.threads;
@@ -597,7 +618,11 @@ int cmd_bench(int argc, char **argv) {
     if (decode) {
         if (!mo.model) return cli_usage("bench", "--decode needs --model");
         if (ntok < 1 || nprompt < 1) return cli_usage("bench", "--tokens and --prompt-tokens must be positive");
-        return bench_decode(&mo, ntok, nprompt, probe_s, json, &so, prompt_file, again);
+        if (warmup < 0) return cli_usage("bench", "--warmup must be 0 or more");
+        if (warmup && so.on)
+            return cli_usage("bench", "--warmup and --spec: the drafted decode is checked against the plain one "
+                                      "from the prompt on; use one of them");
+        return bench_decode(&mo, ntok, nprompt, warmup, probe_s, json, &so, prompt_file, again);
     }
     return cli_usage("bench", "say what to measure (--kernels or --decode)");
 }
