@@ -25,9 +25,12 @@ for t in "$N" 2; do
     done
 done
 echo "== decode, experts in RAM (--io mmap): s/token, ratio to the DRAM floor"
+echo "   (after WARMUP tokens, default 24, outside the figures: a short run otherwise"
+echo "   measures each expert's first use; WARMUP=0 for the old runs)"
 for t in $TH; do
     [ "$t" -le "$N" ] || continue
-    "$BIN" bench --decode --model "$M" --threads "$t" --io mmap --tokens 8 --prompt-tokens 8 2>/dev/null |
+    "$BIN" bench --decode --model "$M" --threads "$t" --io mmap --tokens 8 --prompt-tokens 8 \
+        --warmup "${WARMUP:-24}" 2>/dev/null |
         grep -E "decode median|memory floor|^  [a-zA-Z]" | sed "s/^/t=$t  /"
 done
 echo "== prefill 512 tokens, experts in RAM, all CPUs (then again with the pages touched: --prefill-again)"
