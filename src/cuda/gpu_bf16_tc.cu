@@ -263,8 +263,7 @@ __global__ void __launch_bounds__(256) k_bt_split(const float *__restrict__ X, i
 /* MTW: 16-row tiles a warp holds, MTW / NM of each matrix; WN: its 8-vector
  * tiles. launch_gemm picks the shape (below); the shapes never change a
  * value (chunks and slices are the matrix's). */
-template <int NM, int MTW, int WN_> struct gemm_cfg {
-    static constexpr int WN = WN_;
+template <int NM, int MTW, int WN> struct gemm_cfg {
     static constexpr int MT = MTW / NM;         /* 16-row tiles of each matrix a warp holds */
     static constexpr int BM = 2 * 16 * MT;      /* rows of each matrix per block (2 warp rows) */
     static constexpr int BN = 4 * WN * 8;       /* vectors per block (4 warp columns) */
