@@ -225,7 +225,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 3; k++)
         printf("  %-28s %7.1f GB/s  wake %6.1f us  tail %6.1f us\n", names[k], median(v[k], tokens),
                median(v[k] + tokens, tokens), median(v[k] + 2 * tokens, tokens));
-    printf("  DRAM probe                   %7.1f GB/s\n", df_dram_probe(threads, df_probe_default_mb(), 0.5));
+    printf("  DRAM probe                   %7.1f GB/s\n", df_dram_probe(threads, NULL, df_probe_default_mb(), 0.5));
     pool_free(pool);
     munmap(buf, total);
     free(x), free(h), free(g), free(u), free(o), free(c), free(bigp), free(gu), free(dn), free(bg);

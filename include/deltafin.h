@@ -51,6 +51,11 @@ typedef enum {
 
 typedef struct {
     int n_threads;   /* 0: one per online CPU */
+    /* NULL, or n_threads CPU numbers: compute thread i runs on cpus[i] (the
+     * thread that drives the engine is thread 0: pinned to cpus[0] at its
+     * first step). Linux; a CPU the process may not run on is refused at
+     * open. Never changes the output. Borrowed only during df_engine_open. */
+    const int *cpus;
     int use_mmap;    /* non-expert tensors: 1 map shards (default); 0 read into RAM with pread */
     int simd_level;  /* -1: best available; 0 scalar, 1 AVX2, 2 AVX-512, 3 NEON (one the CPU lacks: the best) */
     int expert_io;   /* df_expert_io */
@@ -529,17 +534,25 @@ const char *df_simd_level_desc(int simd_level);
  * returns the number filled; probe_gbps receives the probe's bandwidth and
  * fma_gflops the fp32 FMA rate of all threads at that level (prefill's
  * compute ceiling). */
-int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, df_bench_row *rows,
-                     double *probe_gbps, double *fma_gflops);
+int df_bench_kernels(int n_threads, const int *cpus, int simd_level, double mb, double seconds,
+                     df_bench_row *rows, double *probe_gbps, double *fma_gflops);
 /* The matrix size (MB) the kernel benchmark uses by default: 512, or eight
  * times the last-level cache when that is larger (within a 32nd of physical
  * memory). The DRAM probe's buffer is at least twice this and 16 times the
  * last-level cache, within a 16th of physical memory. */
 double df_probe_default_mb(void);
 /* fp32 FMA rate (GFLOP/s) of n_threads at the best kernel level. */
-double df_fma_probe(int n_threads, double seconds);
+double df_fma_probe(int n_threads, const int *cpus, double seconds);
 /* The DRAM read probe alone: GB/s reading a buffer of >= mb MB with n_threads. */
-double df_dram_probe(int n_threads, double mb, double seconds);
+double df_dram_probe(int n_threads, const int *cpus, double mb, double seconds);
+/* In the three above, cpus is NULL or n_threads CPU numbers that thread i
+ * runs on (as df_engine_opts.cpus; a CPU the process may not run on: 0 /
+ * no rows). */
+/* Parses a CPU list in taskset -c's form ("0-3,8,10-11") into cpus (room
+ * for cap); returns how many, or -1 with err (DF_ERRMSG bytes) saying what is
+ * wrong: the syntax, a CPU listed twice, or one this process may not run on
+ * (naming those it may). */
+int df_cpus_parse(const char *list, int *cpus, int cap, char *err);
 
 
 /* ---- text: tokenizers, detokenisation, sampling, chat (src/text) ----

@@ -12,6 +12,7 @@
 #include "../src/format/safetensors.h"
 #include "../src/format/weight.h"
 #include "../src/kernels/kernels.h"
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,6 +161,43 @@ TEST(bad_usage_exit_code) {
     rc = t_sh(out, sizeof out, "%s --help && %s run --help && %s logits --help && %s inspect --help && %s bench --help",
               t_bin(), t_bin(), t_bin(), t_bin(), t_bin());
     CHECK(rc == 0 && strstr(out, "usage"), "help: exit %d", rc);
+}
+
+/* --cpus: a list this process cannot use, a CPU listed twice or fewer CPUs
+ * than --threads is a usage error that says so; a good list gives the same
+ * ids as no list, and bench reports the pinning. */
+TEST(cli_cpus_pin_or_say_why) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity");
+    int first = -1, second = -1, outside = -1;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set)) { if (first < 0) first = c; else if (second < 0) second = c; }
+        else if (outside < 0) outside = c;
+    char out[4096], plain[4096], list[64];
+    snprintf(list, sizeof list, second >= 0 ? "%d,%d" : "%d", second >= 0 ? second : first, first);
+    int rc = t_sh(plain, sizeof plain, "%s run --model " GOOD " --tokens " PROMPT " --max-new 4 --ids --threads %d",
+                  t_bin(), second >= 0 ? 2 : 1);
+    CHECK(rc == 0, "unpinned: exit %d: %s", rc, plain);
+    rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens " PROMPT " --max-new 4 --ids --cpus %s", t_bin(), list);
+    CHECK(rc == 0 && !strcmp(out, plain), "--cpus %s: exit %d: '%s', unpinned '%s'", list, rc, out, plain);
+    if (outside >= 0) {
+        rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens " PROMPT " --cpus %d", t_bin(), outside);
+        CHECK(rc == 2 && strstr(out, "--cpus") && strstr(out, "may run on"), "CPU %d: exit %d: %s", outside, rc, out);
+    }
+    rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens " PROMPT " --cpus %d,%d", t_bin(), first, first);
+    CHECK(rc == 2 && strstr(out, "listed twice"), "twice: exit %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens " PROMPT " --cpus %d --threads 3", t_bin(), first);
+    CHECK(rc == 2 && strstr(out, "--threads 3"), "--threads past the list: exit %d: %s", rc, out);
+    rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens " PROMPT " --cpus 0-x", t_bin());
+    CHECK(rc == 2 && strstr(out, "CPU list"), "syntax: exit %d: %s", rc, out);
+    rc = t_sh(out, sizeof out,
+              "%s bench --decode --model " GOOD " --tokens 2 --prompt-tokens 2 --probe-seconds 0.05 --json --cpus %s "
+              "2>/dev/null",
+              t_bin(), list);
+    char want[96];
+    snprintf(want, sizeof want, "\"cpus\":[%s]", list);
+    CHECK(rc == 0 && strstr(out, want), "bench: exit %d, want %s: %s", rc, want, out);
 }
 
 /* bench --warmup: the warm-up tokens are decoded (the session holds them)

@@ -1,12 +1,15 @@
 /* test_pool.c — the thread pool's parallel-for (src/base/pool.c): every index
  * runs exactly once, chunks begin on whole grains, and a job's calls stay
  * within its range, for thread counts, sizes and grains of every shape; an
- * index may wait for a lower one (chunks are claimed in order). */
+ * index may wait for a lower one (chunks are claimed in order); pinned
+ * pools run each thread on its CPU, and CPU lists parse or say why not. */
 #include "test.h"
+#include "../src/base/cpus.h"
 #include "../src/base/pool.h"
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 typedef struct {
@@ -94,5 +97,91 @@ TEST(pool_claims_in_order_so_waits_on_lower_indices_finish) {
             free((void *)j.done);
         }
         pool_free(p);
+    }
+}
+
+/* Pinned pools (pool_new_on): thread i runs on cpus[i] (sched_getcpu inside
+ * fn, the caller as thread 0 included), the caller gets its own CPUs back at
+ * pool_free, and a CPU the process may not run on fails the pool. */
+typedef struct {
+    const int *cpus;
+    _Atomic int wrong, calls;
+} where_job;
+
+static void where(void *ctx, int64_t i0, int64_t i1, int tid) {
+    where_job *j = ctx;
+    (void)i0;
+    (void)i1;
+    if (sched_getcpu() != j->cpus[tid]) atomic_fetch_add(&j->wrong, 1);
+    atomic_fetch_add(&j->calls, 1);
+}
+
+/* up to cap CPUs this process may run on, in decreasing order; *outside: one it may not (-1 if none) */
+static int allowed_cpus(int *cpus, int cap, int *outside) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set)) return 0;
+    int n = 0;
+    *outside = -1;
+    for (int c = CPU_SETSIZE - 1; c >= 0; c--)
+        if (CPU_ISSET(c, &set)) { if (n < cap) cpus[n++] = c; }
+        else if (*outside < 0 || c < *outside) *outside = c;
+    return n;
+}
+
+TEST(pool_pinned_threads_run_on_their_cpus) {
+    int cpus[4], outside;
+    const int n = allowed_cpus(cpus, 4, &outside);
+    REQUIRE(n >= 1, "sched_getaffinity");
+    cpu_set_t before, after;
+    CPU_ZERO(&before);
+    CPU_ZERO(&after);
+    REQUIRE(sched_getaffinity(0, sizeof before, &before) == 0, "sched_getaffinity");
+    for (int threads = 1; threads <= n; threads++) {
+        df_pool *p = pool_new_on(threads, cpus);
+        REQUIRE(p, "pool_new_on(%d)", threads);
+        where_job j = {cpus, 0, 0};
+        for (int rep = 0; rep < 50; rep++) pool_for(p, 4096, 1, where, &j);
+        CHECK(atomic_load(&j.calls) > 0 && !atomic_load(&j.wrong), "%d threads: %d of %d calls off their CPU",
+              threads, atomic_load(&j.wrong), atomic_load(&j.calls));
+        pool_free(p);
+        CHECK(sched_getaffinity(0, sizeof after, &after) == 0 && CPU_EQUAL(&before, &after),
+              "%d threads: the caller's CPUs were not put back", threads);
+    }
+    if (outside >= 0) {
+        const int bad[2] = {cpus[0], outside};
+        df_pool *p = pool_new_on(2, bad);
+        CHECK(!p, "a pool on CPU %d, which this process may not run on, started", outside);
+        pool_free(p);
+    }
+}
+
+TEST(pool_cpu_lists_parse_or_say_why) {
+    int cpus[4], outside, got[8];
+    const int n = allowed_cpus(cpus, 4, &outside);
+    REQUIRE(n >= 1, "sched_getaffinity");
+    char s[64], err[512];
+    snprintf(s, sizeof s, "%d", cpus[0]);
+    CHECK(cpus_parse(s, got, 8, err, sizeof err) == 1 && got[0] == cpus[0], "'%s': %s", s, err);
+    if (n >= 2) { /* the order written: thread i on the i-th */
+        snprintf(s, sizeof s, "%d,%d", cpus[0], cpus[1]);
+        CHECK(cpus_parse(s, got, 8, err, sizeof err) == 2 && got[0] == cpus[0] && got[1] == cpus[1], "'%s': %s", s,
+              err);
+        snprintf(s, sizeof s, "%d-%d", cpus[1], cpus[0]);
+        if (cpus[0] == cpus[1] + 1)
+            CHECK(cpus_parse(s, got, 8, err, sizeof err) == 2 && got[0] == cpus[1] && got[1] == cpus[0], "'%s': %s",
+                  s, err);
+    }
+    static const char *bad[] = {"", "x", "1-", "-1", "3-1", "0,,1", "0,", "1024", "0 1", "99999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        CHECK(cpus_parse(bad[i], got, 8, err, sizeof err) < 0 && strstr(err, "CPU list"), "'%s': %s", bad[i], err);
+    }
+    snprintf(s, sizeof s, "%d,%d", cpus[0], cpus[0]);
+    CHECK(cpus_parse(s, got, 8, err, sizeof err) < 0 && strstr(err, "listed twice"), "'%s': %s", s, err);
+    CHECK(cpus_parse("0-100", got, 8, err, sizeof err) < 0 && strstr(err, "more than 8"), "'0-100': %s", err);
+    if (outside >= 0) {
+        snprintf(s, sizeof s, "%d", outside);
+        CHECK(cpus_parse(s, got, 8, err, sizeof err) < 0 && strstr(err, "may run on"), "'%s': %s", s, err);
     }
 }

@@ -24,11 +24,18 @@
  * H200 machine's host: 4 us with a 200 us spin, 15-55 us with 50 us). On a
  * 2-vCPU VM, where a wake costs more, decode ran ~10% faster with 200 than
  * with 50 (4 of 4 alternating rounds); the 16-core host showed no difference.
+ *
+ * Pinned pools (pool_new_on): worker i starts on cpus[i] (a thread
+ * attribute, so a CPU that cannot be had fails pool_new_on), and the thread
+ * that calls pool_for is pinned to cpus[0] at its first call, its CPUs
+ * saved and put back when the same thread frees the pool.
  */
 #include "pool.h"
+#include "cpus.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #ifndef DF_POOL_SPIN_NS /* -D overrides for experiments (bench/expert_pass.c) */
@@ -52,6 +59,10 @@ struct df_pool {
     pool_fn fn;            /* the job: written before gen is bumped */
     void *ctx;
     int64_t total, step, grain, least; /* chunks: at most step, at least least, whole grains */
+    int *cpus;             /* pinned pools: thread i's CPU; NULL: unpinned */
+    int caller_pinned;     /* caller (the last thread to call pool_for) runs on cpus[0] */
+    pthread_t caller;
+    cpus_saved *caller_cpus; /* its CPUs before */
 };
 
 typedef struct { df_pool *p; int tid; } worker_arg;
@@ -117,7 +128,9 @@ static void *worker(void *argp) {
     }
 }
 
-df_pool *pool_new(int n_threads) {
+df_pool *pool_new(int n_threads) { return pool_new_on(n_threads, NULL); }
+
+df_pool *pool_new_on(int n_threads, const int *cpus) {
     if (n_threads < 1) n_threads = 1;
     df_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
@@ -126,13 +139,20 @@ df_pool *pool_new(int n_threads) {
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
     p->th = calloc((size_t)n_threads, sizeof *p->th);
-    if (!p->th) { free(p); return NULL; }
+    if (cpus && (p->cpus = malloc((size_t)n_threads * sizeof *p->cpus)))
+        memcpy(p->cpus, cpus, (size_t)n_threads * sizeof *p->cpus);
+    if (!p->th || (cpus && !p->cpus)) { p->n = 1; pool_free(p); return NULL; }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *a = malloc(sizeof *a);
         if (!a) { p->n = i; pool_free(p); return NULL; }
         a->p = p;
         a->tid = i;
-        if (pthread_create(&p->th[i], NULL, worker, a) != 0) {
+        pthread_attr_t attr;
+        int rc = pthread_attr_init(&attr);
+        if (!rc && cpus) rc = cpus_attr_pin(&attr, cpus[i]);
+        if (!rc) rc = pthread_create(&p->th[i], &attr, worker, a);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) {
             free(a);
             p->n = i;
             pool_free(p);
@@ -140,6 +160,19 @@ df_pool *pool_new(int n_threads) {
         }
     }
     return p;
+}
+
+/* A pinned pool's caller runs as thread 0 on cpus[0]: pinned at its first
+ * call (a thread that takes over from another is pinned in turn). */
+static void pin_caller(df_pool *p) {
+    const pthread_t self = pthread_self();
+    if (p->caller_pinned && pthread_equal(p->caller, self)) return;
+    cpus_saved *sv = NULL;
+    if (cpus_pin_self(p->cpus[0], &sv) != 0) return; /* checked when the pool started: runs unpinned */
+    free(p->caller_cpus); /* the previous caller's: that thread keeps its pin */
+    p->caller = self;
+    p->caller_pinned = 1;
+    p->caller_cpus = sv;
 }
 
 void pool_free(df_pool *p) {
@@ -152,6 +185,9 @@ void pool_free(df_pool *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->go);
     pthread_cond_destroy(&p->done);
+    if (p->caller_pinned && pthread_equal(p->caller, pthread_self())) cpus_restore(p->caller_cpus);
+    else free(p->caller_cpus);
+    free(p->cpus);
     free(p->th);
     free(p);
 }
@@ -161,6 +197,7 @@ int pool_size(const df_pool *p) { return p ? p->n : 1; }
 void pool_for(df_pool *p, int64_t n, int64_t grain, pool_fn fn, void *ctx) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
+    if (p && p->cpus) pin_caller(p);
     if (!p || p->n == 1 || n <= grain) {
         fn(ctx, 0, n, 0);
         return;

@@ -21,6 +21,12 @@ typedef struct df_pool df_pool;
 typedef void (*pool_fn)(void *ctx, int64_t i0, int64_t i1, int tid);
 
 df_pool *pool_new(int n_threads); /* n_threads >= 1; NULL on failure */
+/* pool_new with thread i pinned to CPU cpus[i] (n_threads entries; NULL:
+ * unpinned). Thread 0 is the caller of pool_for: it is pinned to cpus[0] at
+ * its first call, and its CPUs are put back if the same thread frees the
+ * pool (threads it creates meanwhile inherit its pin). NULL on failure
+ * (among others a CPU the process may not run on: cpus_check first). */
+df_pool *pool_new_on(int n_threads, const int *cpus);
 void pool_free(df_pool *p);
 int pool_size(const df_pool *p);
 /* Runs fn over [0, n) and waits. `grain` is the smallest chunk worth a

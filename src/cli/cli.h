@@ -6,9 +6,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+enum { CLI_CPUS_MAX = 1024 };
+
 typedef struct {
     const char *model;
     int threads;
+    int ncpus;              /* --cpus: compute thread i on cpus[i]; 0 = unpinned */
+    int cpus[CLI_CPUS_MAX];
     int no_mmap;
     int simd;       /* -1 best */
     int ctx;
@@ -45,6 +49,9 @@ enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
 extern const char cli_model_opts_help[];
 void cli_model_opts_init(cli_model_opts *o);
+/* The compute threads: --threads, else --cpus's count, else 0 (all CPUs);
+ * -1 after printing why when --threads asks for more than --cpus lists. */
+int cli_threads(const cli_model_opts *o);
 /* Engine options from the shared model options (trace file, stream-mode hub
  * table included); -1 after printing why not. */
 int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo);

@@ -20,16 +20,16 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static int bench_kernels(int threads, int simd, double mb, double seconds) {
+static int bench_kernels(int threads, const int *cpus, int simd, double mb, double seconds) {
     if (threads <= 0) threads = 2;
     if (mb < 1) mb = 1;
     df_bench_row rows[16];
     double probe = 0, flops = 0;
-    int n = df_bench_kernels(threads, simd, mb, seconds, rows, &probe, &flops);
+    int n = df_bench_kernels(threads, cpus, simd, mb, seconds, rows, &probe, &flops);
     if (n <= 0) { fprintf(stderr, "deltafin: benchmark failed\n"); return CLI_FAIL; }
     const char *lv = df_simd_level_desc(simd); /* the level that ran */
-    printf("threads %d, simd %s, matrices ~%.0f MB, DRAM read probe %.2f GB/s, fp32 FMA probe %.1f GFLOP/s\n",
-           threads, lv, mb, probe, flops);
+    printf("threads %d%s, simd %s, matrices ~%.0f MB, DRAM read probe %.2f GB/s, fp32 FMA probe %.1f GFLOP/s\n",
+           threads, cpus ? " (pinned)" : "", lv, mb, probe, flops);
     printf("%-8s %10s %10s %12s %14s %10s\n", "type", "GB/s", "% probe", "ms/matvec", "gemm GFLOP/s",
            "% FMA");
     for (int i = 0; i < n; i++)
@@ -127,10 +127,13 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
     /* the DRAM floor's probe before the engine takes its memory (its buffer
      * is outside the plan, which may fill a memory limit) */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    const int nthr = mo->threads > 0 ? mo->threads : (ncpu > 0 ? (int)ncpu : 1);
-    double dram = df_dram_probe(nthr, df_probe_default_mb(), 0.5);
+    const int want = cli_threads(mo);
+    if (want < 0) return CLI_USAGE;
+    const int nthr = want > 0 ? want : (ncpu > 0 ? (int)ncpu : 1);
+    const int *cpus = mo->ncpus ? mo->cpus : NULL; /* the probes on the engine's CPUs */
+    double dram = df_dram_probe(nthr, cpus, df_probe_default_mb(), 0.5);
     /* prefill's compute ceiling: the kernels' fp32 FMA rate on as many threads */
-    double fma = df_fma_probe(nthr, 0.2);
+    double fma = df_fma_probe(nthr, cpus, 0.2);
     df_engine *e = cli_open(mo);
     if (!e) return CLI_FAIL;
     int rc = CLI_FAIL, V = df_engine_vocab_size(e);
@@ -312,6 +315,9 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         json_object_set_new(o, "spine", json_string(df_engine_spine_streamed(e) ? "stream" : "resident"));
         json_object_set_new(o, "spine_plan", json_string(df_engine_spine_why(e)));
         json_object_set_new(o, "threads", json_integer(df_engine_n_threads(e)));
+        json_t *pin = json_array(); /* the CPUs of threads 0, 1, ... (--cpus); empty: unpinned */
+        for (int i = 0; mo->ncpus && i < df_engine_n_threads(e); i++) json_array_append_new(pin, json_integer(mo->cpus[i]));
+        json_object_set_new(o, "cpus", pin);
         json_object_set_new(o, "prompt_tokens", json_integer(nprompt));
         json_object_set_new(o, "decode_tokens", json_integer(ntok));
         json_object_set_new(o, "decode_warmup_tokens", json_integer(warmup));
@@ -388,8 +394,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         json_decref(o);
     } else {
         if (*df_engine_lossy(e)) printf("%s\n", df_engine_lossy(e));
-        printf("experts via %s, %d cache slots of %.1f MB, threads %d\n", b.expert_io, b.cache_slots,
-               b.slot_bytes / 1e6, df_engine_n_threads(e));
+        printf("experts via %s, %d cache slots of %.1f MB, threads %d%s\n", b.expert_io, b.cache_slots,
+               b.slot_bytes / 1e6, df_engine_n_threads(e), mo->ncpus ? " (pinned: --cpus)" : "");
         printf("disk (O_DIRECT, same run)   %.3f GB/s\n", disk);
         printf("prefill %d tokens           %.3f s, %.1f MB read; floor %.3f s (reads at the disk rate, or\n"
                "                            every weight byte once from RAM, the larger), ratio %.2f\n",
@@ -571,7 +577,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("usage: deltafin bench --kernels [--threads N] [--mb SIZE] [--seconds S]\n"
+            printf("usage: deltafin bench --kernels [--threads N] [--cpus LIST] [--mb SIZE] [--seconds S]\n"
                    "       deltafin bench --decode --model DIR [--ram SIZE] [--tokens N] [--prompt-tokens N] [--warmup N]\n"
                    "                      [--probe-seconds S] [--json] [model options]\n"
                    "  --kernels     matvec GB/s per weight type on ~SIZE MB matrices (default 512, or\n"
@@ -613,8 +619,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else return cli_usage("bench", "unknown or incomplete option");
     }
-    threads = mo.threads;
-    if (kernels) return bench_kernels(threads, mo.simd, mb, seconds);
+    if ((threads = cli_threads(&mo)) < 0) return CLI_USAGE;
+    if (kernels) return bench_kernels(threads, mo.ncpus ? mo.cpus : NULL, mo.simd, mb, seconds);
     if (decode) {
         if (!mo.model) return cli_usage("bench", "--decode needs --model");
         if (ntok < 1 || nprompt < 1) return cli_usage("bench", "--tokens and --prompt-tokens must be positive");

@@ -16,7 +16,10 @@
 
 const char cli_model_opts_help[] =
     "  --model DIR        model directory (config.json + safetensors)\n"
-    "  --threads N        worker threads (default: all CPUs)\n"
+    "  --threads N        worker threads (default: all CPUs, or as many as --cpus lists)\n"
+    "  --cpus LIST        pin worker thread i to the i-th CPU of LIST (taskset -c's form, e.g. 0-7 or\n"
+    "                     0,2,4,6; the first --threads of them); steadier few-thread runs on a shared\n"
+    "                     host (Linux; never changes the output)\n"
     "  --ctx N            context limit of the session (default: min(model, 4096))\n"
     "  --no-mmap          read weights with pread into RAM instead of mapping them\n"
     "  --simd LEVEL       kernel level: scalar, avx2, avx512, neon (default: the best available;\n"
@@ -243,11 +246,25 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         }
         return 1;
     }
+    if (!strcmp(a, "--cpus")) {
+        char err[DF_ERRMSG];
+        if (!val) { fprintf(stderr, "deltafin: --cpus needs a CPU list, e.g. 0-7\n"); return -1; }
+        (*i)++;
+        if ((o->ncpus = df_cpus_parse(val, o->cpus, CLI_CPUS_MAX, err)) < 0) {
+            o->ncpus = 0;
+            fprintf(stderr, "deltafin: --cpus: %s\n", err);
+            return -1;
+        }
+        return cli_threads(o) < 0 ? -1 : 1;
+    }
     if (!strcmp(a, "--model") || !strcmp(a, "--threads") || !strcmp(a, "--ctx") || !strcmp(a, "--simd")) {
         if (!val) { fprintf(stderr, "deltafin: %s needs a value\n", a); return -1; }
         (*i)++;
         if (!strcmp(a, "--model")) o->model = val;
-        else if (!strcmp(a, "--threads")) { if (parse_int(val, &o->threads)) goto bad; }
+        else if (!strcmp(a, "--threads")) {
+            if (parse_int(val, &o->threads)) goto bad;
+            if (cli_threads(o) < 0) return -1; /* more than --cpus lists */
+        }
         else if (!strcmp(a, "--ctx")) { if (parse_int(val, &o->ctx)) goto bad; }
         else {
             if (!strcmp(val, "scalar")) o->simd = 0;
@@ -276,9 +293,20 @@ static void trace_line(void *ctx, int pos, int layer, const int *ex, const float
     fprintf(f, "]}\n");
 }
 
+int cli_threads(const cli_model_opts *o) {
+    if (!o->ncpus) return o->threads;
+    if (o->threads > o->ncpus) {
+        fprintf(stderr, "deltafin: --threads %d needs as many CPUs, and --cpus lists %d: list more CPUs or ask for "
+                "fewer threads\n", o->threads, o->ncpus);
+        return -1;
+    }
+    return o->threads ? o->threads : o->ncpus;
+}
+
 int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     df_engine_opts_default(eo);
-    eo->n_threads = o->threads;
+    if ((eo->n_threads = cli_threads(o)) < 0) return -1;
+    eo->cpus = o->ncpus ? o->cpus : NULL;
     eo->use_mmap = !o->no_mmap;
     eo->simd_level = o->simd;
     eo->expert_io = o->expert_io;

@@ -362,32 +362,32 @@ const char *df_simd_level_desc(int simd_level) {
     return lv == KN_AVX2 && kn_avxvnni_usable() ? "avx2 (4-bit tiles by avx-vnni)" : kn_level_name(lv);
 }
 
-int df_bench_kernels(int n_threads, int simd_level, double mb, double seconds, df_bench_row *rows,
-                     double *probe_gbps, double *fma_gflops) {
+int df_bench_kernels(int n_threads, const int *cpus, int simd_level, double mb, double seconds,
+                     df_bench_row *rows, double *probe_gbps, double *fma_gflops) {
     if (n_threads <= 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = c > 0 ? (int)c : 1;
     }
     *probe_gbps = *fma_gflops = 0;
-    df_pool *pool = pool_new(n_threads);
+    df_pool *pool = pool_new_on(n_threads, cpus);
     if (!pool) return 0;
     int n = kn_bench(pool, resolve_level(simd_level), mb, seconds, rows, probe_gbps, fma_gflops);
     pool_free(pool);
     return n;
 }
 
-double df_dram_probe(int n_threads, double mb, double seconds) {
+double df_dram_probe(int n_threads, const int *cpus, double mb, double seconds) {
     if (n_threads <= 0) n_threads = 1;
-    df_pool *pool = pool_new(n_threads);
+    df_pool *pool = pool_new_on(n_threads, cpus);
     if (!pool) return 0;
     double g = probe_gbps_run(pool, mb, seconds);
     pool_free(pool);
     return g;
 }
 
-double df_fma_probe(int n_threads, double seconds) {
+double df_fma_probe(int n_threads, const int *cpus, double seconds) {
     if (n_threads <= 0) n_threads = 1;
-    df_pool *pool = pool_new(n_threads);
+    df_pool *pool = pool_new_on(n_threads, cpus);
     if (!pool) return 0;
     double g = fma_gflops(pool, kn_detect(), seconds);
     pool_free(pool);

@@ -5,6 +5,7 @@
  * sessions; small public helpers.
  */
 #include "model.h"
+#include "../base/cpus.h"
 #include "../base/err.h"
 #include "../experts/spine.h"
 #include "../experts/store.h"
@@ -137,17 +138,23 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
      * parameters) at bind: start reading them all now (a hint) */
     st_willneed(e->st, (int64_t)1 << 20, not_routed_expert, NULL);
     int nt = opts->n_threads;
+    if (opts->cpus) { /* pinned threads: one CPU each, all of them the process's */
+        char why[DF_ERRMSG / 2];
+        if (nt <= 0) { st = df_fail(err, DF_ERR_ARG, "a CPU list needs n_threads: one CPU per thread"); goto fail; }
+        if (cpus_check(opts->cpus, nt, why, sizeof why)) { st = df_fail(err, DF_ERR_ARG, "%s", why); goto fail; }
+    }
     if (nt <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         nt = n > 0 ? (int)n : 1;
     }
-    e->pool = pool_new(nt);
+    e->pool = pool_new_on(nt, opts->cpus);
     if (!e->pool) { st = df_fail(err, DF_ERR_NOMEM, "cannot start %d threads", nt); goto fail; }
     e->level = kn_detect();
     /* a level this CPU lacks (avx512 on an AVX2 CPU, neon on x86, amx without AMX) keeps the best */
     if (opts->simd_level >= 0 && opts->simd_level <= KN_AMX && kn_level_available((kn_level)opts->simd_level))
         e->level = (kn_level)opts->simd_level;
     e->opts = *opts;
+    e->opts.cpus = NULL; /* borrowed for the pool's start only */
     if (opts->prompt_block < 0 || opts->prompt_block > DF_PROMPT_BLOCK_MAX) {
         st = df_fail(err, DF_ERR_ARG, "prompt block of %d positions: give 1 to %d (0: %d)", opts->prompt_block,
                      DF_PROMPT_BLOCK_MAX, DF_PROMPT_BLOCK);
