@@ -661,8 +661,18 @@ struct tc_tab {
     tc_item it[TCB_MAX];
 };
 /* k_mx_tc_batch when every item is in the fragment layout: no stage */
+/* Warps an SM the fragment batches are compiled to hold (registers capped to
+ * fit: 16 warps = 128 a thread): two 8-warp blocks of gate + up, four 4-warp
+ * blocks of down. Left to itself, nvcc 13.0 gave the many-vector kernels
+ * 140 registers, one 8-warp block an SM: a batch of 16 at n = 16 took 24.2
+ * us an expert against 16.8 at 128 (cuda_bench 2 experts, H200; 24 warps at
+ * 80 registers with one tile a block 17.4, 32 warps at 64 spilled 19.5;
+ * n = 1 unchanged; bench/cuda_NOTES.md). 0: no cap. */
+#ifndef GPU_FRAG_WARPS
+#define GPU_FRAG_WARPS 16
+#endif
 template <int KS, int VG, int MT>
-__global__ void __launch_bounds__(KS * 32) k_mx_frag_batch(const __grid_constant__ tc_tab t, int64_t cols, int64_t rows) {
+__global__ void __launch_bounds__(KS * 32, GPU_FRAG_WARPS > 0 ? GPU_FRAG_WARPS / KS : 1) k_mx_frag_batch(const __grid_constant__ tc_tab t, int64_t cols, int64_t rows) {
     __shared__ float part[KS][32][4];
     const tc_item &it = t.it[blockIdx.y];
     mx_tc_tile_frag<KS, VG, MT>(part, it.frag, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows,
