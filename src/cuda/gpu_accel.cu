@@ -42,8 +42,18 @@ struct pending {
     int out_dev;       /* out is device memory: rows copied there on the device */
 };
 
+#ifndef GPU_TIMELINE
+#define GPU_TIMELINE 0 /* 1: device time per hook, printed at exit (a measurement build; see below) */
+#endif
+enum { TL_CATS = 24, TL_PAIRS = 4096 };
 struct acc {
     df_accel pub;
+#if GPU_TIMELINE
+    cudaEvent_t tl_ev[2 * TL_PAIRS];
+    int tl_cat[TL_PAIRS], tl_n;
+    double tl_ms[TL_CATS];
+    long tl_calls[TL_CATS];
+#endif
     char name[512];
     int device;
     cudaStream_t stream; /* products */
@@ -1247,6 +1257,63 @@ double acc_read_gbps(void *ctx) {
     return gbps;
 }
 
+#if GPU_TIMELINE
+/* A measurement build (-DGPU_TIMELINE=1; nsys is not on the device machine):
+ * each hook below runs between two events on the product stream, and the
+ * time between them (the hook's device work, and any idle gap while the
+ * host launched it) is summed per hook and printed to stderr at exit. The
+ * events are read back every TL_PAIRS calls (a wait) and at exit. Never in
+ * a default build. */
+const char *const tl_name[TL_CATS] = {"matmul", "matmul_many", "expert_finish", "moe_tail", "kda", "kda_layer",
+                                      "mla_layer", "mla", "dev_put", "dev_get", "dev_rmsnorm", "dev_attn_res",
+                                      "dev_add", "dev_copy", "dev_gather", "dev_res_norm", "expert_queue",
+                                      "release", "upload"};
+acc *tl_acc; /* the one accelerator of a measurement run, for the exit report */
+
+void tl_flush(acc *a) {
+    if (!a->tl_n) return;
+    cudaEventSynchronize(a->tl_ev[2 * a->tl_n - 1]);
+    for (int i = 0; i < a->tl_n; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, a->tl_ev[2 * i], a->tl_ev[2 * i + 1]) == cudaSuccess) a->tl_ms[a->tl_cat[i]] += ms;
+    }
+    cudaGetLastError();
+    a->tl_n = 0;
+}
+
+void tl_report(void) {
+    acc *a = tl_acc;
+    if (!a) return;
+    cudaSetDevice(a->device);
+    tl_flush(a);
+    double all = 0;
+    for (int c = 0; c < TL_CATS; c++) all += a->tl_ms[c];
+    fprintf(stderr, "device timeline (GPU_TIMELINE): %.1f ms in hooks\n", all);
+    for (int c = 0; c < TL_CATS; c++)
+        if (a->tl_calls[c]) fprintf(stderr, "  %-14s %8ld calls %10.2f ms\n", tl_name[c], a->tl_calls[c], a->tl_ms[c]);
+}
+
+template <int CAT, class Sig, Sig *F> struct timed;
+template <int CAT, class R, class... A, R (*F)(void *, A...)> struct timed<CAT, R(void *, A...), F> {
+    static R call(void *ctx, A... args) {
+        acc *a = (acc *)ctx;
+        if (a->tl_n == TL_PAIRS) tl_flush(a);
+        const int i = a->tl_n;
+        if (!a->tl_ev[2 * i]) cudaEventCreate(&a->tl_ev[2 * i]), cudaEventCreate(&a->tl_ev[2 * i + 1]);
+        cudaEventRecord(a->tl_ev[2 * i], a->stream);
+        R r = F(ctx, args...);
+        cudaEventRecord(a->tl_ev[2 * i + 1], a->stream);
+        a->tl_cat[i] = CAT;
+        a->tl_calls[CAT]++;
+        a->tl_n++;
+        return r;
+    }
+};
+#define TL(cat, f) timed<cat, decltype(f), f>::call
+#else
+#define TL(cat, f) f
+#endif
+
 } // namespace
 
 extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_tc_rows, char *err) {
@@ -1287,42 +1354,48 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_
     a->pub.ctx = a;
     a->pub.upload = acc_upload;
     a->pub.release = acc_release;
-    a->pub.matmul = acc_matmul;
+    a->pub.matmul = TL(0, acc_matmul);
 #ifndef GPU_NO_MANY /* diagnostics: build without the hook */
-    a->pub.matmul_many = acc_matmul_many;
+    a->pub.matmul_many = TL(1, acc_matmul_many);
 #endif
     a->pub.pin = acc_pin;
     a->pub.unpin = acc_unpin;
     a->pub.h2d_gbps = acc_h2d_gbps;
     a->pub.read_gbps = acc_read_gbps;
-    a->pub.expert_queue = acc_expert_queue;
-    a->pub.expert_finish = acc_expert_finish;
+    a->pub.expert_queue = TL(16, acc_expert_queue);
+    a->pub.expert_finish = TL(2, acc_expert_finish);
 #ifndef GPU_NO_MOE_TAIL
-    a->pub.moe_tail = acc_moe_tail;
+    a->pub.moe_tail = TL(3, acc_moe_tail);
 #endif
     a->pub.uploads_wait = acc_uploads_wait;
     a->pub.state_new = acc_state_new;
     a->pub.state_free = acc_state_free;
     a->pub.state_zero = acc_state_zero;
-    a->pub.kda = acc_kda;
+    a->pub.kda = TL(4, acc_kda);
 #ifndef GPU_NO_KDA_LAYER
-    a->pub.kda_layer = acc_kda_layer;
+    a->pub.kda_layer = TL(5, acc_kda_layer);
 #endif
 #ifndef GPU_NO_MLA_LAYER
-    a->pub.mla_layer = acc_mla_layer;
+    a->pub.mla_layer = TL(6, acc_mla_layer);
 #endif
-    a->pub.mla = acc_mla;
+    a->pub.mla = TL(7, acc_mla);
 #ifndef GPU_NO_DEV_STEP /* diagnostics: the host-centred step */
     a->pub.dev_alloc = acc_dev_alloc;
     a->pub.dev_free = acc_dev_free;
-    a->pub.dev_put = acc_dev_put;
-    a->pub.dev_get = acc_dev_get;
-    a->pub.dev_rmsnorm = acc_dev_rmsnorm;
-    a->pub.dev_attn_res = acc_dev_attn_res;
-    a->pub.dev_add = acc_dev_add;
-    a->pub.dev_copy = acc_dev_copy;
-    a->pub.dev_gather = acc_dev_gather;
-    a->pub.dev_res_norm = acc_dev_res_norm;
+    a->pub.dev_put = TL(8, acc_dev_put);
+    a->pub.dev_get = TL(9, acc_dev_get);
+    a->pub.dev_rmsnorm = TL(10, acc_dev_rmsnorm);
+    a->pub.dev_attn_res = TL(11, acc_dev_attn_res);
+    a->pub.dev_add = TL(12, acc_dev_add);
+    a->pub.dev_copy = TL(13, acc_dev_copy);
+    a->pub.dev_gather = TL(14, acc_dev_gather);
+    a->pub.dev_res_norm = TL(15, acc_dev_res_norm);
+#endif
+#if GPU_TIMELINE
+    if (!tl_acc) {
+        tl_acc = a;
+        atexit(tl_report);
+    }
 #endif
     return &a->pub;
 }
