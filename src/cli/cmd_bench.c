@@ -127,8 +127,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
     /* the DRAM floor's probe before the engine takes its memory (its buffer
      * is outside the plan, which may fill a memory limit) */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    const int want = cli_threads(mo);
-    if (want < 0) return CLI_USAGE;
+    const int want = cli_threads(mo); /* cmd_bench refused a bad --threads / --cpus pair already */
     const int nthr = want > 0 ? want : (ncpu > 0 ? (int)ncpu : 1);
     const int *cpus = mo->ncpus ? mo->cpus : NULL; /* the probes on the engine's CPUs */
     double dram = df_dram_probe(nthr, cpus, df_probe_default_mb(), 0.5);

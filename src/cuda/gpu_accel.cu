@@ -45,7 +45,7 @@ struct pending {
 #ifndef GPU_TIMELINE
 #define GPU_TIMELINE 0 /* 1: device time per hook, printed at exit (a measurement build; see below) */
 #endif
-enum { TL_CATS = 24, TL_PAIRS = 4096 };
+enum { TL_CATS = 17, TL_PAIRS = 4096 }; /* TL_CATS: the hooks timed (tl_name) */
 struct acc {
     df_accel pub;
 #if GPU_TIMELINE
@@ -1266,8 +1266,7 @@ double acc_read_gbps(void *ctx) {
  * a default build. */
 const char *const tl_name[TL_CATS] = {"matmul", "matmul_many", "expert_finish", "moe_tail", "kda", "kda_layer",
                                       "mla_layer", "mla", "dev_put", "dev_get", "dev_rmsnorm", "dev_attn_res",
-                                      "dev_add", "dev_copy", "dev_gather", "dev_res_norm", "expert_queue",
-                                      "release", "upload"};
+                                      "dev_add", "dev_copy", "dev_gather", "dev_res_norm", "expert_queue"};
 acc *tl_acc; /* the one accelerator of a measurement run, for the exit report */
 
 void tl_flush(acc *a) {
