@@ -50,13 +50,15 @@ def put_dict(harness, tokens, sources=()):
             f.write(dict_entry(w) + "\n")
 
 
-# ---- cli_args: SIZE FZ_SEP TOKENS ---------------------------------------------
+# ---- cli_args: SIZE FZ_SEP TOKENS FZ_SEP CPUS ---------------------------------
 put("cli_args", "size_and_tokens", "512M" + SEP.decode() + "1,7,300,2,99,512,3,1000,42")
 put("cli_args", "spaces", "1.5TiB" + SEP.decode() + " 7 , 300,\t2")
 put("cli_args", "bytes", "4096")
 put("cli_args", "max_id", "12GB" + SEP.decode() + "2147483647")
 put("cli_args", "bad", "kB" + SEP.decode() + "3,")
-put_dict("cli_args", ["--8<--", "K", "M", "G", "T", "iB", "B", ",", "e", ".", "-", "0x", "nan", "inf"])
+put("cli_args", "cpus", "1G" + SEP.decode() + "1,2" + SEP.decode() + "0-1,0")
+put("cli_args", "cpus_range", "" + SEP.decode() + "" + SEP.decode() + "0,1-1")
+put_dict("cli_args", ["--8<--", "K", "M", "G", "T", "iB", "B", ",", "e", ".", "-", "0x", "nan", "inf", "0-1"])
 
 # ---- chat_parser: [flags][piece sizes] then K3 output -------------------------
 K3_OUT = [
