@@ -72,9 +72,11 @@ struct acc {
     int nspare;
     /* the expert queue (expert_queue / expert_finish): per queued expert its
      * inputs and outputs get their own stretch of these buffers, reused
-     * after each finish; growing them needs a finish first */
+     * after each finish. The inputs' (pinned + device) grow after a finish;
+     * the device outputs grow on the stream, without one (queue_room); the
+     * pinned outputs exist only once an output goes to host memory */
     float *qhx, *qdx, *qhy, *qdy; /* pinned in / device in / pinned out / device out */
-    size_t qcap_x, qcap_y, qx_used, qy_used; /* floats */
+    size_t qcap_x, qcap_y, qcap_hy, qx_used, qy_used; /* floats */
     pending *pend;
     int npend, cap_pend;
     int nlaunched;        /* pend[0 .. nlaunched) are on the stream */
@@ -419,7 +421,8 @@ df_status acc_matmul_many(void *ctx, int count, void *const *hp, const float *co
 }
 
 /* Makes room for one more queued expert: n_x input and n_y output floats,
- * n_h hidden floats, n rows. Growing a buffer first finishes the queue. */
+ * n_h hidden floats, n rows. Growing the staged inputs first finishes the
+ * queue; the device outputs grow on the stream (qdy_grow). */
 df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err);
 df_status acc_expert_finish(void *ctx, char *err);
 
@@ -431,19 +434,43 @@ static size_t room_for(size_t need, size_t one, size_t cap) {
     return 2 * need > 16 * one ? 2 * need : 16 * one;
 }
 
+/* The queue's device outputs (qdy) moved to a buffer of cap floats on the
+ * product stream: the used part copied there behind the launches that
+ * write it, the old buffer freed behind that copy. No host wait, so a
+ * layer's first large batch does not finish the queue to make room. */
+static df_status qdy_grow(acc *a, size_t cap, char *err) {
+    float *d = NULL;
+    cudaError_t e = cudaMallocAsync((void **)&d, cap * sizeof(float), a->stream);
+    if (e != cudaSuccess) return cerr(err, e, "expert queue outputs");
+    if (a->qy_used && (e = cudaMemcpyAsync(d, a->qdy, a->qy_used * sizeof(float), cudaMemcpyDeviceToDevice,
+                                           a->stream)) != cudaSuccess) {
+        cudaFreeAsync(d, a->stream);
+        return cerr(err, e, "expert queue outputs");
+    }
+    if (a->qdy) cudaFreeAsync(a->qdy, a->stream);
+    a->qdy = d;
+    a->qcap_y = cap;
+    return DF_OK;
+}
+
 df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *err) {
     (void)n_h; /* gpu_experts keeps its own scratch */
     const size_t need_x = a->qx_used + n_x, need_y = a->qy_used + n_y;
     const int need_rows = a->nrows + n, jobs_full = a->npend == a->cap_pend;
     if (need_x <= a->qcap_x && need_y <= a->qcap_y && !jobs_full && need_rows <= a->cap_rows) return DF_OK;
-    if (a->npend) { /* buffers in use by queued work: finish it first */
-        df_status st = acc_expert_finish(a, err);
+    if (need_x > a->qcap_x) { /* staged inputs in use by queued work: finish it first */
+        if (a->npend) {
+            df_status st = acc_expert_finish(a, err);
+            if (st != DF_OK) return st;
+        }
+        if (!grow(&a->qhx, &a->qdx, &a->qcap_x, room_for(need_x, n_x, a->qcap_x), err)) return DF_ERR_NOMEM;
+    }
+    if (a->qy_used + n_y > a->qcap_y) {
+        df_status st = qdy_grow(a, room_for(a->qy_used + n_y, n_y, a->qcap_y), err);
         if (st != DF_OK) return st;
     }
-    if (!grow(&a->qhx, &a->qdx, &a->qcap_x, room_for(need_x, n_x, a->qcap_x), err) ||
-        !grow(&a->qhy, &a->qdy, &a->qcap_y, room_for(need_y, n_y, a->qcap_y), err))
-        return DF_ERR_NOMEM;
-    if (jobs_full) {
+    /* host tables: launches copy what they read from them */
+    if (a->npend == a->cap_pend) {
         int nc = a->cap_pend ? 2 * a->cap_pend : 64;
         pending *p = (pending *)realloc(a->pend, (size_t)nc * sizeof *p);
         if (!p) return DF_ERR_NOMEM;
@@ -453,8 +480,8 @@ df_status queue_room(acc *a, size_t n_x, size_t n_y, size_t n_h, int n, char *er
         a->jobs = j;
         a->cap_pend = nc;
     }
-    if (need_rows > a->cap_rows) {
-        int nc = 2 * need_rows > 256 ? 2 * need_rows : 256;
+    if (a->nrows + n > a->cap_rows) {
+        int nc = 2 * (a->nrows + n) > 256 ? 2 * (a->nrows + n) : 256;
         int *r = (int *)realloc(a->qrows, (size_t)nc * sizeof *r);
         if (!r) return DF_ERR_NOMEM;
         a->qrows = r;
@@ -550,6 +577,18 @@ df_status queue_outputs_back(acc *a, int skip_tail, const float *routed, const f
     for (int i = 0; i < a->npend; i++) {
         const pending *p = &a->pend[i];
         if (p->out_dev || (skip_tail && (p->out == routed || (shared && p->out == shared)))) continue;
+        if (a->qy_used > a->qcap_hy) { /* no queued work reads qhy: the last one to was finished */
+            cudaFreeHost(a->qhy);
+            a->qhy = NULL;
+            a->qcap_hy = 0;
+            const size_t nc = a->qcap_y > a->qy_used ? a->qcap_y : a->qy_used;
+            cudaError_t e = cudaMallocHost((void **)&a->qhy, nc * sizeof(float));
+            if (e != cudaSuccess) {
+                a->qhy = NULL;
+                return cerr(err, e, "expert queue outputs (page-locked)");
+            }
+            a->qcap_hy = nc;
+        }
         return act_copy(a, a->qhy, a->qdy, a->qy_used, err);
     }
     return DF_OK;
@@ -1413,7 +1452,8 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFreeHost(a->qhx);
     cudaFree(a->qdx);
     cudaFreeHost(a->qhy);
-    cudaFree(a->qdy);
+    if (a->qdy) cudaFreeAsync(a->qdy, a->stream); /* stream-ordered (qdy_grow) */
+    cudaStreamSynchronize(a->stream);
     free(a->pend);
     free(a->jobs);
     gpu_ws_free(&a->ews);
