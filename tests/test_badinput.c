@@ -202,16 +202,23 @@ TEST(cli_cpus_pin_or_say_why) {
 
 /* bench --warmup: the warm-up tokens are decoded (the session holds them)
  * and stay out of the figures; with --prefill-again the first token after
- * the prompt is still the one compared; refused beside --spec and below 0. */
+ * the prompt is still the one compared; refused beside --spec and below 0.
+ * --prefill-again N: N warm prompts, each run's time listed; 0 refused. */
 TEST(bench_warmup_stays_out_of_the_figures) {
     char out[16384];
     int rc = t_sh(out, sizeof out,
                   "%s bench --decode --model " GOOD " --tokens 2 --prompt-tokens 3 --warmup 4 --probe-seconds 0.05 "
-                  "--prefill-again --json 2>/dev/null",
+                  "--prefill-again 3 --json 2>/dev/null",
                   t_bin());
     CHECK(rc == 0 && strstr(out, "\"decode_warmup_tokens\":4") && strstr(out, "\"decode_tokens\":2"), "exit %d: %s",
           rc, out);
     CHECK(strstr(out, "\"prefill_again_same_token\":true"), "the first token after the prompt: %s", out);
+    const char *runs = strstr(out, "\"prefill_again_runs_s\":[");
+    int commas = 0;
+    for (const char *c = runs ? strchr(runs, '[') : NULL; c && *c && *c != ']'; c++) commas += *c == ',';
+    CHECK(runs && commas == 2, "three warm prompts, each listed: %s", out);
+    rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --prefill-again 0 2>&1", t_bin());
+    CHECK(rc == 2 && strstr(out, "--prefill-again"), "zero runs: exit %d: %s", rc, out);
     rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --warmup 2 --spec ngram 2>&1", t_bin());
     CHECK(rc == 2 && strstr(out, "--warmup"), "beside --spec: exit %d: %s", rc, out);
     rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --warmup -1 2>&1", t_bin());

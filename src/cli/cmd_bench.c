@@ -99,26 +99,50 @@ static void print_parts(const double part[DF_PROF_N]) {
         if (part[i] > 0) printf("  %-22s %8.3f s   %5.1f%%\n", df_prof_name(i), part[i], sum > 0 ? 100 * part[i] / sum : 0);
 }
 
-/* --prefill-again: the prompt once more in a new session of the same
- * engine, its weights now in place (caches, device copies), so the time is
- * the compute, not the first reads and uploads. 0 on failure; *same: its
- * greedy next token is the first prefill's (first_tok). */
-static double bench_prefill_again(df_engine *e, const int32_t *prompt, int nprompt, int32_t first_tok, int *same,
-                                  double part[DF_PROF_N]) {
-    df_session *s = NULL;
-    *same = 0;
-    if (df_session_new(e, nprompt + 1, &s) != DF_OK) return 0;
+/* --prefill-again [N]: the prompt N more times, each in a new session of
+ * the same engine, its weights now in place (caches, device copies), so
+ * the time is the compute, not the first reads and uploads. Returns the
+ * median of the N times (0 on failure), each time in runs[], the parts
+ * summed over the N runs in part[], and the device counters over them in
+ * *dev; *same: every run's greedy next token is the first prefill's. */
+enum { AGAIN_MAX = 32 };
+static double bench_prefill_again(df_engine *e, const int32_t *prompt, int nprompt, int32_t first_tok, int nrun,
+                                  double runs[AGAIN_MAX], int *same, double part[DF_PROF_N], df_accel_stats *dev) {
+    *same = 1;
     double p0[DF_PROF_N];
+    df_accel_stats d0;
     df_engine_profile(e, p0);
-    double t0 = cli_now();
-    df_status st = df_session_eval(s, prompt, nprompt, NULL);
-    double dt = cli_now() - t0;
+    df_engine_accel_stats(e, &d0);
+    for (int r = 0; r < nrun; r++) {
+        df_session *s = NULL;
+        if (df_session_new(e, nprompt + 1, &s) != DF_OK) return 0;
+        double t0 = cli_now();
+        df_status st = df_session_eval(s, prompt, nprompt, NULL);
+        runs[r] = cli_now() - t0;
+        if (st != DF_OK) fprintf(stderr, "deltafin: prefill again: %s\n", df_session_error(s));
+        else *same &= df_argmax(df_session_logits(s), df_engine_vocab_size(e)) == first_tok;
+        df_session_free(s);
+        if (st != DF_OK) return 0;
+    }
     df_engine_profile(e, part);
     for (int i = 0; i < DF_PROF_N; i++) part[i] -= p0[i];
-    if (st != DF_OK) fprintf(stderr, "deltafin: prefill again: %s\n", df_session_error(s));
-    else *same = df_argmax(df_session_logits(s), df_engine_vocab_size(e)) == first_tok;
-    df_session_free(s);
-    return st == DF_OK ? dt : 0;
+    df_engine_accel_stats(e, dev);
+    dev->calls -= d0.calls;
+    dev->cpu_calls -= d0.cpu_calls;
+    dev->cache_hits -= d0.cache_hits;
+    dev->cache_uploads -= d0.cache_uploads;
+    dev->cache_evictions -= d0.cache_evictions;
+    dev->tier_hits -= d0.tier_hits;
+    dev->upload_bytes -= d0.upload_bytes;
+    double sorted[AGAIN_MAX];
+    memcpy(sorted, runs, (size_t)nrun * sizeof *sorted);
+    for (int i = 1; i < nrun; i++) /* insertion sort: a handful */
+        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
+            double t = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = t;
+        }
+    return nrun % 2 ? sorted[nrun / 2] : 0.5 * (sorted[nrun / 2 - 1] + sorted[nrun / 2]);
 }
 
 static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, double probe_s, int json,
@@ -286,8 +310,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
     df_engine_part_bytes(e, part_floor);
     for (int i = 0; i < DF_PROF_N; i++) part_floor[i] = part_rate > 0 ? part_floor[i] / (part_rate * 1e9) : 0;
     int again_same = 0;
-    double again_part[DF_PROF_N] = {0};
-    const double again_s = again ? bench_prefill_again(e, prompt, nprompt, first_tok, &again_same, again_part) : 0;
+    double again_part[DF_PROF_N] = {0}, again_runs[AGAIN_MAX] = {0};
+    df_accel_stats again_dev = {0};
+    const double again_s =
+        again ? bench_prefill_again(e, prompt, nprompt, first_tok, again, again_runs, &again_same, again_part, &again_dev)
+              : 0;
     if (again && again_s <= 0) goto done;
     double best_floor = mem_floor > floor_s ? mem_floor : floor_s;
     /* prefill reads each needed expert once per chunk: its own floor is the
@@ -359,6 +386,15 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
             json_object_set_new(o, "prefill_again_s", json_real(again_s));
             json_object_set_new(o, "prefill_again_tokens_per_s", json_real(nprompt / again_s));
             json_object_set_new(o, "prefill_again_same_token", json_boolean(again_same));
+            json_t *runs = json_array();
+            for (int r = 0; r < again; r++) json_array_append_new(runs, json_real(again_runs[r]));
+            json_object_set_new(o, "prefill_again_runs_s", runs);
+            if (again_dev.calls || again_dev.cpu_calls) {
+                json_object_set_new(o, "prefill_again_device_products", json_integer((json_int_t)again_dev.calls));
+                json_object_set_new(o, "prefill_again_cpu_products", json_integer((json_int_t)again_dev.cpu_calls));
+                json_object_set_new(o, "prefill_again_routed_from_device", json_integer((json_int_t)again_dev.tier_hits));
+                json_object_set_new(o, "prefill_again_device_uploads", json_integer((json_int_t)again_dev.cache_uploads));
+            }
         }
         json_object_set_new(o, "device_upload_bytes_per_token", json_real(up_tok));
         json_object_set_new(o, "spine_groups_kept_on_device", json_integer((json_int_t)ac.spine_kept_groups));
@@ -408,10 +444,21 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
                    (unsigned long long)prefill_passes, df_engine_prompt_block(e));
         else
             printf("prefill passes              %llu of up to 32 positions\n", (unsigned long long)prefill_passes);
-        if (again)
+        if (again) {
             printf("prefill again (warm)        %.3f s, %.1f tokens/s (the same prompt in a new session, weights\n"
-                   "                            in place; same next token: %s)\n",
-                   again_s, nprompt / again_s, again_same ? "yes" : "NO");
+                   "                            in place; same next token: %s)", again_s, nprompt / again_s,
+                   again_same ? "yes" : "NO");
+            if (again > 1) {
+                printf(";\n                            median of %d runs:", again);
+                for (int r = 0; r < again; r++) printf(" %.3f", again_runs[r]);
+            }
+            printf("\n");
+            if (again_dev.calls || again_dev.cpu_calls)
+                printf("prefill again on the device %.0f products there, %.0f on the CPU, %.0f routed experts run\n"
+                       "                            from device copies, %.0f uploads (per warm prompt)\n",
+                       (double)again_dev.calls / again, (double)again_dev.cpu_calls / again,
+                       (double)again_dev.tier_hits / again, (double)again_dev.cache_uploads / again);
+        }
         printf("decode median               %.4f s/token (%.2f tokens/s)\n", med, med > 0 ? 1 / med : 0);
         printf("spine                       %s\n", df_engine_spine_why(e));
         printf("bytes read per token        %.1f MB (experts %.1f + spine %.1f), hit rate %.1f%% (prefetched\n"
@@ -469,8 +516,9 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         printf("prefill by part (%d tokens, s; the parts' own time, the rest is chunking and logits):\n", nprompt);
         print_parts(pre1);
         if (again) {
-            printf("prefill again by part (s; host time: on the device, the parts where the host waits\n"
-                   "for it, or all of them under CUDA_LAUNCH_BLOCKING=1):\n");
+            printf("prefill again by part (s, summed over the %d run%s; host time: on the device, the parts\n"
+                   "where the host waits for it, or all of them under CUDA_LAUNCH_BLOCKING=1):\n",
+                   again, again > 1 ? "s" : "");
             print_parts(again_part);
         }
         if (warmup) printf("decode warm-up               %d tokens before the measured ones (--warmup)\n", warmup);
@@ -591,9 +639,11 @@ int cmd_bench(int argc, char **argv) {
                    "                each expert and buffer\n"
                    "  --prompt-file F  the prompt: F's text through the model's tokenizer (default: N\n"
                    "                pseudo-random ids)\n"
-                   "  --prefill-again  after the decode, the prompt once more in a new session with the\n"
-                   "                weights in place (caches warm, device copies made): its time and\n"
-                   "                tokens/s apart from the first prefill's reads and uploads\n"
+                   "  --prefill-again [N]  after the decode, the prompt N more times (default 1, at most 32),\n"
+                   "                each in a new session with the weights in place (caches warm, device\n"
+                   "                copies made): the median time and tokens/s apart from the first\n"
+                   "                prefill's reads and uploads, each run's time, and on a device what the\n"
+                   "                warm prompts ran there\n"
                    "  --spec ngram  then the same decode with drafts, once per rewind mode (trail, replay):\n"
                    "                acceptance, rows and tokens per step, speedup vs the decode without drafts\n"
                    "                (output checked identical); --spec-depth, --spec-fixed as in run\n\n%s",
@@ -608,7 +658,19 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--kernels")) kernels = 1;
         else if (!strcmp(a, "--prompt-file") && i + 1 < argc) prompt_file = argv[++i];
         else if (!strcmp(a, "--decode")) decode = 1;
-        else if (!strcmp(a, "--prefill-again")) again = 1;
+        else if (!strcmp(a, "--prefill-again")) {
+            again = 1;
+            if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9') { /* an optional count */
+                char *end;
+                long v = strtol(argv[++i], &end, 10);
+                if (*end || v < 1 || v > AGAIN_MAX) {
+                    fprintf(stderr, "deltafin: bench: --prefill-again takes 1 to %d runs (got '%s')\n", AGAIN_MAX,
+                            argv[i]);
+                    return CLI_USAGE;
+                }
+                again = (int)v;
+            }
+        }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--mb") && i + 1 < argc) mb = atof(argv[++i]);
         else if (!strcmp(a, "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);

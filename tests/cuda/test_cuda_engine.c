@@ -355,7 +355,7 @@ TEST(cuda_engine_decode_step_on_device) {
         }
         CHECK(!strcmp(ids[0], ids[1]), "%s: greedy ids differ: cpu '%s' cuda '%s'", arch[i], ids[0], ids[1]);
         rc = t_sh(out, sizeof out,
-                  "%s bench --decode --model %s --tokens 4 --prompt-tokens 40 --device cuda --json --prefill-again",
+                  "%s bench --decode --model %s --tokens 4 --prompt-tokens 40 --device cuda --json --prefill-again 2",
                   bin(), model);
         CHECK(strstr(out, "\"prefill_again_same_token\":true") != NULL, "%s: warm prefill on the device: %s",
               arch[i], out);
