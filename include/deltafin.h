@@ -69,7 +69,7 @@ typedef struct {
     int prefetch;    /* 1: router lookahead prefetch (default); never changes the output */
     int prompt_chunks; /* 1: prompts in 32-position passes through every layer; 0 (default): prompts
                         * longer than that layer by layer in blocks (CPU path); never changes the output */
-    int prompt_block;  /* positions per block of a layer-major prompt (0: 512, 256 with an accelerator;
+    int prompt_block;  /* positions per block of a layer-major prompt (0: 512, with or without an accelerator;
                         * at most 65536); each
                         * routed expert is read once per layer per block; never changes the output
                         * (except at simd level amx: kernels.h) */

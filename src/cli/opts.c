@@ -42,7 +42,7 @@ const char cli_model_opts_help[] =
     "                     --prefill-block positions, each routed expert read once per layer per\n"
     "                     block) or chunks (32 positions through every layer at a time); the output\n"
     "                     never changes\n"
-    "  --prefill-block N  positions per block of a layer-by-layer prompt (default 512; 256 on a GPU):\n"
+    "  --prefill-block N  positions per block of a layer-by-layer prompt (default 512):\n"
     "                     larger blocks read each expert fewer times and give the kernels more rows,\n"
     "                     at ~1 MB of buffers per position for K3 widths; the output never changes\n"
     "                     (but see --simd amx)\n"

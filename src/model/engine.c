@@ -164,7 +164,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
         st = df_fail(err, DF_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (!e->opts.prompt_block) e->opts.prompt_block = e->acc ? DF_PROMPT_BLOCK_DEVICE : DF_PROMPT_BLOCK;
+    if (!e->opts.prompt_block) e->opts.prompt_block = DF_PROMPT_BLOCK;
     /* The memory plan (plan.c): the spine resident when it fits beside the
      * expert cache in the budget, else streamed per layer; decided before
      * the program binds, the cache sized after. */

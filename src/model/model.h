@@ -22,9 +22,12 @@ enum { DF_CHUNK = 32 }; /* positions per forward pass during prefill */
  * 448-expert top-16 layer already uses nearly all of them, so 512 halves a
  * prompt's expert reads from disk) and gives ~18 rows an expert (the AMX
  * tiles pay off from 8), at ~0.5 GB of block buffers for K3 widths. With an
- * accelerator 256: a 512-token prompt on the 3-layer K3 slice took 0.23-0.24 s
- * in 512-row device blocks against 0.15-0.17 s in 256-row ones (H200). */
-enum { DF_PROMPT_BLOCK = 512, DF_PROMPT_BLOCK_DEVICE = 256, DF_PROMPT_BLOCK_MAX = 65536 };
+ * accelerator 512 too (H200, warm prompts of the 3-layer K3 slices: 1024
+ * tokens of the 448-expert slice 0.136 s in 512-row blocks, 0.144 in 256;
+ * 512 tokens of the 195-expert one 0.066 / 0.068 s. The 256 chosen before
+ * had been measured on first warm prompts that paid the expert queue's
+ * staging growth, bench/cuda_NOTES.md). */
+enum { DF_PROMPT_BLOCK = 512, DF_PROMPT_BLOCK_MAX = 65536 };
 
 typedef struct df_program df_program;
 

@@ -371,9 +371,10 @@ TEST(cuda_engine_decode_step_on_device) {
 }
 
 /* A long prompt on the device, layer by layer (km_forward_prompt: blocks
- * of up to 256 rows in a device block of as many, every product over all
- * of them, MLA attention in pieces of 32): 300 tokens of synth's tiny
- * Kimi K3 and Kimi-Linear in one call (`eval --chunk 300`: two blocks)
+ * of up to --prefill-block rows, 256 here, in a device block of as many,
+ * every product over all of them, MLA attention in pieces of 32): 300
+ * tokens of synth's tiny Kimi K3 and Kimi-Linear in one call (`eval
+ * --chunk 300`: two blocks)
  * give bit-identical logits to one token at a time (--chunk 1) and to
  * 32-row passes (--prefill chunks), also across --gpu-mem and with bf16 on
  * the tensor cores (--bf16-tc-rows 1, against its own --chunk 1), within
@@ -399,7 +400,8 @@ TEST(cuda_engine_prompt_on_device) {
         for (int d = 0; d < NV; d++) {
             char path[900];
             snprintf(path, sizeof path, "%.600s/pr%d.lg", model, d);
-            rc = t_sh(out, sizeof out, "%s eval --model %s --tokens-file %s --ctx 300 --save-logits %s --device %s",
+            rc = t_sh(out, sizeof out,
+                      "%s eval --model %s --tokens-file %s --ctx 300 --save-logits %s --prefill-block 256 --device %s",
                       bin(), model, toks, path, dev[d]);
             CHECK(rc == 0, "%s eval %s: %s", arch[i], dev[d], out);
             lg[d] = eval_rows(path, &nl[d]);
@@ -416,11 +418,14 @@ TEST(cuda_engine_prompt_on_device) {
             CHECK(0, "%s: eval logits missing", arch[i]);
         }
         for (int d = 0; d < NV; d++) free(lg[d]);
-        rc = t_sh(out, sizeof out, "%s bench --decode --model %s --tokens 2 --prompt-tokens 300 --device cuda --json",
-                  bin(), model);
-        const char *w = strstr(out, "\"prefill_layer_major_blocks\"");
-        int blocks = w && (w = strchr(w, ':')) ? atoi(w + 1) : -1;
-        CHECK(rc == 0 && blocks == 2, "%s: a 300-token prompt on the device ran %d layer-major blocks: %s", arch[i],
-              blocks, out);
+        for (int blk = 0; blk < 2; blk++) { /* --prefill-block 256, then the default (512) */
+            rc = t_sh(out, sizeof out,
+                      "%s bench --decode --model %s --tokens 2 --prompt-tokens 300 --device cuda --json%s", bin(), model,
+                      blk ? "" : " --prefill-block 256");
+            const char *w = strstr(out, "\"prefill_layer_major_blocks\"");
+            int blocks = w && (w = strchr(w, ':')) ? atoi(w + 1) : -1;
+            CHECK(rc == 0 && blocks == 2 - blk, "%s: a 300-token prompt on the device ran %d layer-major blocks (%s): %s",
+                  arch[i], blocks, blk ? "default" : "--prefill-block 256", out);
+        }
     }
 }
