@@ -261,7 +261,11 @@ df_status gpu_route(const gpu_router *r, const float *logits, int n, int *sel, f
 /* KDA for n >= 1 tokens of one layer in one launch, in token order (a
  * prefill chunk is one launch; inside it tokens run one after another, as
  * on the CPU): kda_conv_channel on all 3P channels, then kda_recur_head on
- * all H heads (kda_core.h), one block per head.
+ * all H heads (kda_core.h), one block per head. With a workspace ws (grown
+ * here; NULL: none), n >= 16 and D <= 128, the scan path instead: the conv,
+ * norms and decays of every token in parallel, then only the recurrence
+ * token by token (two column slices a head while heads are fewer than the
+ * SMs), then the output norms in parallel; the same bits (below).
  *   state [kda_state_floats] this layer's state, kda_core.h's layout;
  *   q, k, v, f, gate [n][P], braw [n][H]: read only (the CPU overwrites
  *   q, k, v in place; here they stay as given);  o [n][P] written.
@@ -280,7 +284,7 @@ df_status gpu_route(const gpu_router *r, const float *logits, int n, int *sel, f
 int gpu_kda_takes(const kda_shape *sh);
 df_status gpu_kda(const kda_shape *sh, const kda_params *p, float *state, int n, const float *q,
                   const float *k, const float *v, const float *f, const float *braw,
-                  const float *gate, float *o, void *stream);
+                  const float *gate, float *o, gpu_ws *ws, void *stream);
 
 /* mla_write_row (mla_core.h) for tokens t < n at positions pos + t: cache
  * rows pos .. pos+n-1 of cache [ctx][R + dr] from kva [n][R + dr]

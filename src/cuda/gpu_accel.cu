@@ -88,6 +88,7 @@ struct acc {
     int nrows, cap_rows;
     float *kh, *kd; /* KDA staging: a step's inputs and o (pinned / device) */
     size_t cap_k;
+    gpu_ws kda_ws;  /* gpu_kda's scan path (prompts) */
     float *th, *td; /* moe_tail staging (pinned) and device: weights, norm, host rows, row tables, sums */
     size_t cap_t;
     const float **tsrc; /* moe_tail: where each row is (grown, never per call) */
@@ -853,7 +854,7 @@ df_status acc_kda(void *ctx, const df_accel_kda *l, void *state, int n, const fl
     const kda_params p = {{st->conv[0], st->conv[1], st->conv[2]}, st->a, st->dt_bias, st->o_norm};
     float *d = a->kd;
     df_status rs = gpu_kda(&sh, &p, (float *)st->d, n, d, d + nP, d + 2 * nP, d + 3 * nP, d + 5 * nP, d + 4 * nP,
-                           d + in, a->stream);
+                           d + in, &a->kda_ws, a->stream);
     if (rs != DF_OK) {
         snprintf(err, DF_ERRMSG, "cuda: kda: %s", rs == DF_ERR_IO ? gpu_last_error() : "refused");
         return rs;
@@ -923,7 +924,7 @@ df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, vo
     }
     const kda_shape sh = kda_shape_of(l);
     const kda_params p = {{st->conv[0], st->conv[1], st->conv[2]}, st->a, st->dt_bias, st->o_norm};
-    df_status rs = gpu_kda(&sh, &p, (float *)st->d, n, q, k, v, f, braw, gate, o, a->stream);
+    df_status rs = gpu_kda(&sh, &p, (float *)st->d, n, q, k, v, f, braw, gate, o, &a->kda_ws, a->stream);
     if (rs != DF_OK) {
         snprintf(err, DF_ERRMSG, "cuda: kda: %s", rs == DF_ERR_IO ? gpu_last_error() : "refused");
         return rs;
@@ -1473,6 +1474,7 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFreeHost(a->gh);
     for (int i = 0; i < 64; i++) cudaFree(a->dblk[i]);
     gpu_ws_free(&a->mla_ws);
+    gpu_ws_free(&a->kda_ws);
     gpu_ws_free(&a->ws);
     cudaFree(a->stage);
     spares_free(a);

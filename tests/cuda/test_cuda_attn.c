@@ -9,8 +9,11 @@
  *    ||o - o_cpu||_2 <= 4 (t + 1)(D + 16) u ||o_cpu||_2; per head
  *    ||S - S_cpu||_F <= 4 n (D + 16) u ||S_cpu||_F; the conv state bit-equal;
  *    q, k, v left as given; n one-token launches bit-equal (state and o) to
- *    one n-token launch. Both gates, K3-like shapes (D = 128, W = 4, n = 1
- *    and a 17-token chunk), D = 16 .. 256 (S in memory above 128), W = 1.
+ *    one n-token launch (that one with a workspace: from 16 tokens the
+ *    scan path, so k_kda and the scan path give the same bits). Both gates,
+ *    K3-like shapes (D = 128, W = 4, n = 1 and a 17-token chunk), D = 16 ..
+ *    256 (S in memory above 128), W = 1 and 16, the scan path at D = 16, 48,
+ *    64, 128.
  *  - gpu_mla_write vs mla_write_row: c_kv within 2^-22 |ref|, k_pe exact
  *    without RoPE, rotated values within 2^-20 (|x_a| + |x_b|) mscale, rows
  *    outside pos .. pos+n-1 untouched, q_nope untouched.
@@ -174,8 +177,10 @@ static void check_kda(int H, int D, int W, int lb, int n, const char *tag) {
 
     df_status st = gpu_put(c.dstate, c.state, SF * sizeof(float));
     if (st == DF_OK && !poison(c.do_, nP)) st = DF_ERR_IO;
-    if (st == DF_OK) st = gpu_kda(&c.sh, &c.dp, c.dstate, n, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL);
+    gpu_ws ws = {0};
+    if (st == DF_OK) st = gpu_kda(&c.sh, &c.dp, c.dstate, n, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, &ws, NULL);
     if (st == DF_OK) st = gpu_sync();
+    gpu_ws_free(&ws);
     if (st == DF_OK) st = gpu_get(st_gpu, c.dstate, SF * sizeof(float));
     if (st == DF_OK) st = gpu_get(o_gpu, c.do_, nP * sizeof(float));
     if (st == DF_OK) st = gpu_get(qback, c.dq, nP * sizeof(float));
@@ -186,7 +191,7 @@ static void check_kda(int H, int D, int W, int lb, int n, const char *tag) {
     for (int t = 0; t < n && st1 == DF_OK; t++) {
         size_t off = (size_t)t * P;
         st1 = gpu_kda(&c.sh, &c.dp, c.dstate, 1, c.dq + off, c.dk + off, c.dv + off, c.df + off, c.db + (size_t)t * H,
-                      c.dg + off, c.do_ + off, NULL);
+                      c.dg + off, c.do_ + off, NULL, NULL);
     }
     if (st1 == DF_OK) st1 = gpu_sync();
     if (st1 == DF_OK) st1 = gpu_get(st_one, c.dstate, SF * sizeof(float));
@@ -230,8 +235,11 @@ TEST(cuda_attn_kda_linear_chunk) { check_kda(8, 128, 4, 0, 17, "kda-linear-n17")
 TEST(cuda_attn_kda_shapes) {
     if (!need_gpu()) return;
     check_kda(8, 64, 4, 1, 5, "kda-d64");
+    check_kda(8, 64, 4, 1, 20, "kda-d64-scan");
     check_kda(3, 16, 1, 0, 4, "kda-d16-w1");
+    check_kda(3, 16, 1, 0, 16, "kda-d16-w1-scan");
     check_kda(2, 48, 16, 1, 3, "kda-d48-w16");
+    check_kda(2, 48, 16, 1, 18, "kda-d48-w16-scan");
     check_kda(2, 144, 3, 0, 3, "kda-d144");
     check_kda(2, 256, 4, 1, 5, "kda-d256");
 }
@@ -244,12 +252,12 @@ TEST(cuda_attn_kda_refused) {
     REQUIRE(poison(c.do_, (size_t)c.P));
     kda_shape bad = c.sh;
     bad.D = 8;
-    CHECK(gpu_kda(&bad, &c.dp, c.dstate, 1, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL) == DF_ERR_UNSUPPORTED);
+    CHECK(gpu_kda(&bad, &c.dp, c.dstate, 1, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL, NULL) == DF_ERR_UNSUPPORTED);
     bad = c.sh;
     bad.W = 17;
-    CHECK(gpu_kda(&bad, &c.dp, c.dstate, 1, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL) == DF_ERR_UNSUPPORTED);
-    CHECK(gpu_kda(&c.sh, &c.dp, c.dstate, 0, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL) == DF_ERR_ARG);
-    CHECK(gpu_kda(&c.sh, &c.dp, NULL, 1, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL) == DF_ERR_ARG);
+    CHECK(gpu_kda(&bad, &c.dp, c.dstate, 1, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL, NULL) == DF_ERR_UNSUPPORTED);
+    CHECK(gpu_kda(&c.sh, &c.dp, c.dstate, 0, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL, NULL) == DF_ERR_ARG);
+    CHECK(gpu_kda(&c.sh, &c.dp, NULL, 1, c.dq, c.dk, c.dv, c.df, c.db, c.dg, c.do_, NULL, NULL) == DF_ERR_ARG);
     /* refused calls leave the state and the output as they were */
     float *st = malloc((size_t)c.SF * sizeof(float)), *o = malloc((size_t)c.P * sizeof(float));
     CHECK(gpu_get(st, c.dstate, (size_t)c.SF * sizeof(float)) == DF_OK &&
