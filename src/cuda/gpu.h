@@ -306,9 +306,12 @@ df_status gpu_mla_write(const mla_shape *sh, const float *kv_a_norm, const float
  *   cache [>= pos + n][R + dr] with rows 0..pos+n-1 written (gpu_mla_write
  *   first; 16-byte aligned: rows are read as float4), olat [nh][n][R].
  * Online softmax over tiles of 32 positions; long contexts are split over
- * blocks (at most 1024 splits) whose partial sums are combined by a second
+ * blocks, 256 positions each from position 0 (at most 1024 splits: longer
+ * ones past 262144 positions), whose partial sums are combined by a second
  * kernel through ws (grown on demand, like gpu_matmul_tc's; not shared by
- * two streams at once). Any context length works (nothing per position is
+ * two streams at once). Up to 262144 positions a query's o is the same bits
+ * whatever n, pos and the other queries of the launch (a prompt's tokens
+ * equal one-token launches). Any context length works (nothing per position is
  * kept on chip). Needs R % 4 == 0, dr % 4 == 0, R <= 1024, R + dr <= 1280
  * (DF_ERR_UNSUPPORTED).
  * Bound, per (h, t) and column c, with L = p + 1, M_c = max_{k<=p}

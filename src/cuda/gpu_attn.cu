@@ -40,8 +40,9 @@
  *   acc[q][c] = acc[q][c] * alpha_q + sum_k p[q][k] K[k][c], thread owns c
  *
  * With one split the block writes o = acc / l; otherwise it leaves (m, l,
- * acc) in the workspace and k_mla_combine merges the splits. Split length:
- * a multiple of 32 and >= 256 positions, aiming at ~512 blocks.
+ * acc) in the workspace and k_mla_combine merges the splits. Splits of 256
+ * positions from position 0 (longer past 1024 of them), so a query's sums
+ * depend on its position alone, not on the launch around it.
  *
  * Speed (not yet measured on a GPU): KDA decode runs H blocks, two passes
  * over S per token; MLA is fp32 FMAs fed from shared memory (about one
@@ -531,10 +532,11 @@ enum {
     MLA_CPT = 4,         /* latent columns per thread: R <= 1024 */
     MLA_MAX_R = MLA_CPT * MLA_T,
     MLA_MAX_DK = 1280,   /* R + dr */
-    MLA_MIN_SPLIT = 256, /* positions per split, at least */
-    MLA_MAX_SPLITS = 1024,
-    MLA_TARGET_BLOCKS = 512
+    MLA_SPLIT = 256,     /* positions per split (more past MLA_MAX_SPLITS of them) */
+    MLA_MAX_SPLITS = 1024
 };
+/* the splits' partial sums of one launch at most (gpu_mla_attend's ws) */
+static const size_t MLA_PART_BYTES = (size_t)256 << 20;
 
 struct mla_args {
     const float *cache, *q, *qlat;
@@ -543,6 +545,7 @@ struct mla_args {
     int R, dr, dk, nh, dq, dn, n, pos, Q;
     int qstride, kstride; /* shared row strides (floats) */
     int split_len, splits;
+    int qbeg; /* the launch's first query (queries run in chunks while splits > 1: part's size) */
     float scale;
 };
 
@@ -550,7 +553,7 @@ __global__ void __launch_bounds__(MLA_T, 2) k_mla_attend(const __grid_constant__
     extern __shared__ __align__(16) float sm[];
     float *Qs = sm, *Ks = Qs + MLA_QB * a.qstride, *Ps = Ks + MLA_KB * a.kstride, *alpha = Ps + MLA_QB * MLA_KB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int q0 = blockIdx.x * MLA_QB, split = blockIdx.y;
+    const int q0 = a.qbeg + blockIdx.x * MLA_QB, split = blockIdx.y;
     const int R = a.R, dk = a.dk;
     /* the tile's queries: [q_lat | q_pe] rows; absent queries (q0 + qq >= Q) see no position */
     int pmax = -1;
@@ -660,7 +663,7 @@ __global__ void __launch_bounds__(MLA_T, 2) k_mla_attend(const __grid_constant__
                 if (c < R) a.olat[(size_t)qi * R + c] = __fdiv_rn(acc[qq][j], lq);
             }
         } else {
-            float *pp = a.part + ((size_t)qi * a.splits + split) * (2 + R);
+            float *pp = a.part + ((size_t)(qi - a.qbeg) * a.splits + split) * (2 + R);
             if (tid == 0) {
                 pp[0] = mq;
                 pp[1] = lq;
@@ -677,7 +680,7 @@ __global__ void __launch_bounds__(MLA_T, 2) k_mla_attend(const __grid_constant__
 /* One block per query: o = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp(m_s - M),
  * splits in order. Splits past the query's position have m = -inf, w = 0. */
 __global__ void __launch_bounds__(256) k_mla_combine(const float *__restrict__ part, int splits, int R,
-                                                      float *__restrict__ olat) {
+                                                      float *__restrict__ olat, int qbeg) {
     extern __shared__ float wsh[]; /* [splits] */
     __shared__ float Ls;
     const float *pq = part + (size_t)blockIdx.x * splits * (2 + R);
@@ -698,7 +701,7 @@ __global__ void __launch_bounds__(256) k_mla_combine(const float *__restrict__ p
     for (int c = threadIdx.x; c < R; c += 256) {
         float o = 0.0f;
         for (int s = 0; s < splits; s++) o = __fmaf_rn(wsh[s], pq[(size_t)s * (2 + R) + 2 + c], o);
-        olat[(size_t)blockIdx.x * R + c] = __fdiv_rn(o, L);
+        olat[((size_t)qbeg + blockIdx.x) * R + c] = __fdiv_rn(o, L);
     }
 }
 
@@ -730,29 +733,49 @@ extern "C" df_status gpu_mla_attend(const mla_shape *sh, const float *cache, con
     a.kstride = a.dk % 8 ? a.dk : a.dk + 4;
     const int64_t L = (int64_t)pos + n; /* positions the last token sees */
     const int64_t qtiles = cdiv(a.Q, MLA_QB);
-    int64_t want = cdiv(MLA_TARGET_BLOCKS, qtiles);
-    int64_t len = cdiv(cdiv(L, want), MLA_KB) * MLA_KB;
-    if (len < MLA_MIN_SPLIT) len = MLA_MIN_SPLIT;
+    /* Splits of MLA_SPLIT positions from position 0, whatever n and the
+     * other queries: a query's splits past its position are empty and add
+     * exact zeros in k_mla_combine, and one split alone gives acc / l either
+     * way, so a query's bits depend on its position alone (a prompt gives
+     * token-by-token decode's bits) up to MLA_SPLIT x MLA_MAX_SPLITS
+     * positions; past that the splits lengthen with L. (The split length
+     * used to aim at 512 blocks from the launch's queries: a 32-row prompt
+     * piece and a decode step split a long context differently.) */
+    int64_t len = MLA_SPLIT;
     if (cdiv(L, len) > MLA_MAX_SPLITS) len = cdiv(cdiv(L, MLA_MAX_SPLITS), MLA_KB) * MLA_KB;
     if (len >= L) len = L;
     if (len > 0x7fffffff || qtiles > 0x7fffffff) return DF_ERR_UNSUPPORTED;
     a.split_len = (int)len;
     a.splits = (int)cdiv(L, len);
+    a.qbeg = 0;
     cudaStream_t s = (cudaStream_t)stream;
     df_status st;
+    /* with splits, queries in chunks whose partial sums fit MLA_PART_BYTES
+     * (a 32-row K3 prompt piece at 100K positions would want 1.6 GB);
+     * tiles never straddle two chunks, and no query's sums depend on them */
+    int64_t chunk = qtiles * MLA_QB;
     if (a.splits > 1) {
-        const size_t need = (size_t)a.Q * a.splits * (2 + a.R) * sizeof(float);
-        if ((st = ws_reserve(ws, need, "gpu_mla_attend workspace"))) return st;
+        const size_t per_q = (size_t)a.splits * (2 + a.R) * sizeof(float);
+        chunk = (int64_t)(MLA_PART_BYTES / per_q) / MLA_QB * MLA_QB;
+        if (chunk < MLA_QB) chunk = MLA_QB;
+        if (chunk > qtiles * MLA_QB) chunk = qtiles * MLA_QB;
+        const int64_t rows = chunk < a.Q ? chunk : a.Q;
+        if ((st = ws_reserve(ws, (size_t)rows * per_q, "gpu_mla_attend workspace"))) return st;
         a.part = (float *)ws->buf;
     }
     const size_t smem = ((size_t)MLA_QB * a.qstride + (size_t)MLA_KB * a.kstride + MLA_QB * MLA_KB + MLA_QB) *
                         sizeof(float);
     if ((st = smem_opt_in(k_mla_attend, smem, "k_mla_attend smem"))) return st;
-    k_mla_attend<<<dim3((unsigned)qtiles, (unsigned)a.splits), MLA_T, smem, s>>>(a);
-    if ((st = launched("k_mla_attend"))) return st;
-    if (a.splits == 1) return DF_OK;
-    k_mla_combine<<<a.Q, 256, (size_t)a.splits * sizeof(float), s>>>(a.part, a.splits, a.R, olat);
-    return launched("k_mla_combine");
+    for (int64_t qb = 0; qb < a.Q; qb += chunk) {
+        const int64_t nq = a.Q - qb < chunk ? a.Q - qb : chunk;
+        a.qbeg = (int)qb;
+        k_mla_attend<<<dim3((unsigned)cdiv(nq, MLA_QB), (unsigned)a.splits), MLA_T, smem, s>>>(a);
+        if ((st = launched("k_mla_attend"))) return st;
+        if (a.splits == 1) continue;
+        k_mla_combine<<<(unsigned)nq, 256, (size_t)a.splits * sizeof(float), s>>>(a.part, a.splits, a.R, olat, (int)qb);
+        if ((st = launched("k_mla_combine"))) return st;
+    }
+    return DF_OK;
 }
 
 /* ---- 5. attention residuals ------------------------------------------------- */

@@ -19,7 +19,8 @@
  *    outside pos .. pos+n-1 untouched, q_nope untouched.
  *  - gpu_mla_attend vs mla_attend_one and vs a float64 evaluation: with
  *    B = ((R + dr + 24) A + 2 L + 96) u M_c (gpu.h), |o - exact| <= B,
- *    |o_cpu - exact| <= B (the CPU meets it too), |o - o_cpu| <= 2B; and
+ *    |o_cpu - exact| <= B (the CPU meets it too), |o - o_cpu| <= 2B; an
+ *    n-token launch bit-equal to n one-token launches; and
  *    with q = 0 and integer c_kv, o is the mean of rows 0..p within
  *    2^-23 |mean| (any skipped or repeated position shows). Shapes: R = 512,
  *    dr = 64, nh = 4 at pos 0, pos 37 n = 5, pos ~5000 (split over blocks,
@@ -453,6 +454,25 @@ static void check_mla_attend(int nh, int R, int dr, int dn, int pos, int n, int 
                     }
                 }
             }
+        if (n > 1) { /* each token alone: the same bits (splits from positions alone) */
+            const size_t hr = (size_t)nh * R;
+            float *ql1 = malloc(hr * sizeof(float)), *o1 = malloc(hr * sizeof(float));
+            float *dql1 = gpu_malloc(hr * sizeof(float)), *do1 = gpu_malloc(hr * sizeof(float));
+            df_status s1 = ql1 && o1 && dql1 && do1 ? DF_OK : DF_ERR_NOMEM;
+            int differ = 0;
+            for (int t = 0; s1 == DF_OK && t < n; t++) {
+                for (int h = 0; h < nh; h++) memcpy(ql1 + (size_t)h * R, qlat + ((size_t)h * n + t) * R, R * sizeof(float));
+                s1 = gpu_put(dql1, ql1, hr * sizeof(float));
+                if (s1 == DF_OK) s1 = gpu_mla_attend(&sh, dcache, dq + (size_t)t * nh * sh.dq, dql1, pos + t, 1, do1, ws, NULL);
+                if (s1 == DF_OK) s1 = gpu_sync();
+                if (s1 == DF_OK) s1 = gpu_get(o1, do1, hr * sizeof(float));
+                for (int h = 0; s1 == DF_OK && h < nh; h++)
+                    differ += memcmp(o1 + (size_t)h * R, o_gpu + ((size_t)h * n + t) * R, R * sizeof(float)) != 0;
+            }
+            CHECK(s1 == DF_OK && differ == 0, "%s: %d (head, token) rows differ from one-token launches (status %d)", tag,
+                  differ, s1);
+            gpu_free(dql1); gpu_free(do1); free(ql1); free(o1);
+        }
         if (zero_q) fprintf(stderr, "[%s: worst %.3g of 2^-23 |mean|] ", tag, worst_ex);
         else
             fprintf(stderr, "[%s: worst %.3g of the bound vs exact, %.3g vs cpu (cpu: %.3g)] ", tag, worst_ex,
@@ -477,6 +497,7 @@ TEST(cuda_attn_mla_long) {
     gpu_ws ws = {0};
     check_mla_attend(4, 512, 64, 128, 5000, 1, 0, &ws, "mla-ctx5000");
     check_mla_attend(4, 512, 64, 128, 4990, 17, 0, &ws, "mla-ctx5000-n17");
+    check_mla_attend(16, 512, 64, 128, 4990, 32, 0, &ws, "mla-ctx5000-n32-h16"); /* a prompt piece's many queries */
     gpu_ws_free(&ws);
 }
 
