@@ -136,12 +136,7 @@ static double bench_prefill_again(df_engine *e, const int32_t *prompt, int nprom
     dev->upload_bytes -= d0.upload_bytes;
     double sorted[AGAIN_MAX];
     memcpy(sorted, runs, (size_t)nrun * sizeof *sorted);
-    for (int i = 1; i < nrun; i++) /* insertion sort: a handful */
-        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
-            double t = sorted[j];
-            sorted[j] = sorted[j - 1];
-            sorted[j - 1] = t;
-        }
+    qsort(sorted, (size_t)nrun, sizeof *sorted, cmp_double);
     return nrun % 2 ? sorted[nrun / 2] : 0.5 * (sorted[nrun / 2 - 1] + sorted[nrun / 2]);
 }
 

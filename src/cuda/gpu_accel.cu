@@ -76,7 +76,8 @@ struct acc {
      * the device outputs grow on the stream, without one (queue_room); the
      * pinned outputs exist only once an output goes to host memory */
     float *qhx, *qdx, *qhy, *qdy; /* pinned in / device in / pinned out / device out */
-    size_t qcap_x, qcap_y, qcap_hy, qx_used, qy_used; /* floats */
+    size_t qcap_x, qcap_y, qx_used, qy_used; /* floats */
+    size_t qhy_bytes;                        /* qhy's capacity */
     pending *pend;
     int npend, cap_pend;
     int nlaunched;        /* pend[0 .. nlaunched) are on the stream */
@@ -571,6 +572,8 @@ df_status queue_launch(acc *a, char *err) {
     return st;
 }
 
+int pinned_room(void **h, size_t *cap, size_t bytes, cudaEvent_t ev, int *busy, char *err);
+
 /* The queue's outputs to pinned staging (qhy) when one of them is for host
  * memory (moe_tail: other than its routed and shared rows, which it takes
  * on the device): one copy behind every launch, before the finishing wait. */
@@ -578,18 +581,9 @@ df_status queue_outputs_back(acc *a, int skip_tail, const float *routed, const f
     for (int i = 0; i < a->npend; i++) {
         const pending *p = &a->pend[i];
         if (p->out_dev || (skip_tail && (p->out == routed || (shared && p->out == shared)))) continue;
-        if (a->qy_used > a->qcap_hy) { /* no queued work reads qhy: the last one to was finished */
-            cudaFreeHost(a->qhy);
-            a->qhy = NULL;
-            a->qcap_hy = 0;
-            const size_t nc = a->qcap_y > a->qy_used ? a->qcap_y : a->qy_used;
-            cudaError_t e = cudaMallocHost((void **)&a->qhy, nc * sizeof(float));
-            if (e != cudaSuccess) {
-                a->qhy = NULL;
-                return cerr(err, e, "expert queue outputs (page-locked)");
-            }
-            a->qcap_hy = nc;
-        }
+        int busy = 0; /* no queued work reads qhy: the last queue to was finished */
+        if (!pinned_room((void **)&a->qhy, &a->qhy_bytes, a->qcap_y * sizeof(float), NULL, &busy, err))
+            return DF_ERR_NOMEM;
         return act_copy(a, a->qhy, a->qdy, a->qy_used, err);
     }
     return DF_OK;
