@@ -6,7 +6,10 @@
  * Refuses: host math (the CPU scalar kernels are the oracle, see
  * tests/cuda/test_cuda.c), placement and caching policy.
  *
- * Work layout of the weight kernels (one warp per row, or per 4 rows at n=1):
+ * Work layout of the weight kernels (one warp per row, per 4 rows at n = 1,
+ * and bf16 from n = 9 per 4 rows x 4 vectors, rows_dot: each row's weights
+ * decoded once per 4 vectors and each vector's x read once per 4 rows, which
+ * took a 512-vector bf16 product from ~8 to ~22 TFLOP/s on an H200):
  *
  *   row r bytes:  | chunk 0 | chunk 1 | ... | chunk 31 | chunk 32 | ...
  *                   lane 0    lane 1          lane 31    lane 0
@@ -491,33 +494,54 @@ template <int T> static __device__ __forceinline__ float apply(float acc, float 
 #ifndef GPU_R1
 #define GPU_R1 4
 #endif
+/* bf16 products of n > 8 vectors: GPU_MM_R rows x GPU_MM_NB vectors a warp
+ * (a split matrix: GPU_MS_R rows a block). The value of an output never
+ * depends on them (rows_dot's order is per row and vector). Measured
+ * (`cuda_bench 2 prefill`, K3's 12288 x 7168 at n = 512, TFLOP/s): 1 x 8
+ * (the n <= 8 shape) 7.9, 2 x 8 14.2, 4 x 8 14.7, 8 x 4 19.5, 4 x 4 21.8;
+ * split 1536 x 7168: 1 row 4.2, 2 rows 6.8, 4 rows 11.8, 8 rows 11.1. */
+#ifndef GPU_MM_R
+#define GPU_MM_R 4
+#endif
+#ifndef GPU_MS_R
+#define GPU_MS_R 4
+#endif
+#ifndef GPU_MM_NB
+#define GPU_MM_NB 4
+#endif
 
 /* Sum of w[c] * x[c] over one chunk: GPU_CHAINS interleaved partial sums
  * (chain k takes c = k, k + GPU_CHAINS, ...), each left to right, then added
- * in a fixed tree. */
-template <int V> static __device__ __forceinline__ float dotx(const float *w, const float *x) {
+ * in a fixed tree. dotv: x in registers; dotx: x read from global memory. */
+template <int V> static __device__ __forceinline__ float dotv(const float *w, const float *x) {
     float p[GPU_CHAINS];
 #pragma unroll
     for (int k = 0; k < GPU_CHAINS; k++) p[k] = 0.0f;
 #pragma unroll
-    for (int c = 0; c < V; c += 4) {
-        float4 xv = __ldg((const float4 *)(x + c));
-        p[(c + 0) % GPU_CHAINS] = __fmaf_rn(w[c], xv.x, p[(c + 0) % GPU_CHAINS]);
-        p[(c + 1) % GPU_CHAINS] = __fmaf_rn(w[c + 1], xv.y, p[(c + 1) % GPU_CHAINS]);
-        p[(c + 2) % GPU_CHAINS] = __fmaf_rn(w[c + 2], xv.z, p[(c + 2) % GPU_CHAINS]);
-        p[(c + 3) % GPU_CHAINS] = __fmaf_rn(w[c + 3], xv.w, p[(c + 3) % GPU_CHAINS]);
-    }
+    for (int c = 0; c < V; c++) p[c % GPU_CHAINS] = __fmaf_rn(w[c], x[c], p[c % GPU_CHAINS]);
 #pragma unroll
     for (int h = GPU_CHAINS / 2; h > 0; h >>= 1)
 #pragma unroll
         for (int k = 0; k < h; k++) p[k] = __fadd_rn(p[k], p[k + h]);
     return p[0];
 }
+template <int V> static __device__ __forceinline__ void ldx(const float *xg, float *x) {
+#pragma unroll
+    for (int c = 0; c < V; c += 4) *(float4 *)(x + c) = __ldg((const float4 *)(xg + c));
+}
+template <int V> static __device__ __forceinline__ float dotx(const float *w, const float *xg) {
+    float x[V];
+    ldx<V>(xg, x);
+    return dotv<V>(w, x);
+}
 
 /* One warp: R rows (row[r] of matrix wp[r], all with the same cols) times
  * vectors v0 .. v0+NB-1 of X (clamped to n-1), over the row's chunks
  * [c0, c1): lane l takes chunks c0 + l, c0 + l + 32, ... in order, then the
- * lanes' sums are added in a fixed tree. Every lane ends with the sums in acc. */
+ * lanes' sums are added in a fixed tree. Every lane ends with the sums in acc.
+ * With several vectors and few decoded values (R V <= 64) all R rows are
+ * decoded first and each vector's x is read once for them; otherwise row by
+ * row. Either way each (row, vector) sum takes the same steps. */
 template <int T, int R, int NB>
 static __device__ __forceinline__ void rows_dot(const kw *const *wp, const int64_t *row,
                                                 const float *X, int64_t cols, int n, int v0,
@@ -544,12 +568,25 @@ static __device__ __forceinline__ void rows_dot(const kw *const *wp, const int64
         for (int r = 0; r < R; r++) q[r] = ld_stream(base[r] + ch);
 #pragma unroll
         for (int r = 0; r < R; r++) s[r] = chunk_scale<T>(*wp[r], srow[r], ch);
+        if (R * V <= 64 && NB > 1) { /* every row decoded, then each vector's x read once */
+            float w[R][V];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            float w[V];
-            decode<T>(q[r], w);
+            for (int r = 0; r < R; r++) decode<T>(q[r], w[r]);
 #pragma unroll
-            for (int v = 0; v < NB; v++) acc[r][v] = apply<T>(acc[r][v], dotx<V>(w, xv[v] + ch * V), s[r]);
+            for (int v = 0; v < NB; v++) {
+                float x[V];
+                ldx<V>(xv[v] + ch * V, x);
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][v] = apply<T>(acc[r][v], dotv<V>(w[r], x), s[r]);
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float w[V];
+                decode<T>(q[r], w);
+#pragma unroll
+                for (int v = 0; v < NB; v++) acc[r][v] = apply<T>(acc[r][v], dotx<V>(w, xv[v] + ch * V), s[r]);
+            }
         }
     }
 #pragma unroll
@@ -614,14 +651,11 @@ static bool split_rows(int64_t rows, int64_t nchunk) { return rows < SPLIT_MAX_R
  * summed over the whole block as above; every thread ends with the sums.
  * part: shared memory of the block. */
 template <int T, int P, int NB>
-static __device__ __forceinline__ void split_sums(const kw *const *wp, int64_t r, const float *X, int64_t cols, int n,
-                                                  int v0, float (*part)[P][NB], float (&sum)[P][NB]) {
+static __device__ __forceinline__ void split_sums(const kw *const *wp, const int64_t *row, const float *X, int64_t cols,
+                                                  int n, int v0, float (*part)[P][NB], float (&sum)[P][NB]) {
     const int wi = threadIdx.x >> 5;
     const int64_t nch = wp[0]->nchunk, per = (nch + WARPS - 1) / WARPS;
     const int64_t c0 = min((int64_t)wi * per, nch), c1 = min(c0 + per, nch);
-    int64_t row[P];
-#pragma unroll
-    for (int p = 0; p < P; p++) row[p] = r;
     float acc[P][NB];
     rows_dot<T, P, NB>(wp, row, X, cols, n, v0, acc, c0, c1);
     if ((threadIdx.x & 31) == 0)
@@ -641,31 +675,39 @@ static __device__ __forceinline__ void split_sums(const kw *const *wp, int64_t r
         }
 }
 
-/* Block b: vector tile b % ntile, row row0 + b / ntile. */
-template <int T, int NB>
+/* Block b: vector tile b % ntile, rows row0 + R (b / ntile) .. + R - 1. */
+template <int T, int R, int NB>
 __global__ void __launch_bounds__(WARPS * 32)
 k_matmul_split(const __grid_constant__ kw w, int64_t cols, const float *__restrict__ X, int n,
-               float *__restrict__ Y, int64_t ldy, int64_t row0, int ntile) {
-    __shared__ float part[WARPS][1][NB];
+               float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1, int ntile) {
+    __shared__ float part[WARPS][R][NB];
     const int64_t b = blockIdx.x;
     const int v0 = (int)(b % ntile) * NB;
-    const int64_t r = row0 + b / ntile;
-    const kw *wp[1] = {&w};
-    float sum[1][NB];
-    split_sums<T, 1, NB>(wp, r, X, cols, n, v0, part, sum);
+    const int64_t rb = row0 + (b / ntile) * R;
+    const kw *wp[R];
+    int64_t row[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        wp[r] = &w;
+        row[r] = min(rb + r, row1 - 1);
+    }
+    float sum[R][NB];
+    split_sums<T, R, NB>(wp, row, X, cols, n, v0, part, sum);
     if (threadIdx.x == 0)
 #pragma unroll
-        for (int v = 0; v < NB; v++)
-            if (v0 + v < n) Y[(int64_t)(v0 + v) * ldy + (r - row0)] = sum[0][v];
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int v = 0; v < NB; v++)
+                if (rb + r < row1 && v0 + v < n) Y[(int64_t)(v0 + v) * ldy + (rb + r - row0)] = sum[r][v];
 }
 
-template <int T, int NB>
+template <int T, int R, int NB>
 static df_status launch_split(const kw &k, int64_t cols, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
                               int64_t row1, cudaStream_t s) {
     int ntile = (int)cdiv(n, NB);
-    int64_t blocks = (row1 - row0) * ntile;
+    int64_t blocks = cdiv(row1 - row0, R) * ntile;
     if (blocks > 0x7fffffff) return DF_ERR_UNSUPPORTED;
-    k_matmul_split<T, NB><<<(unsigned)blocks, WARPS * 32, 0, s>>>(k, cols, X, n, Y, ldy, row0, ntile);
+    k_matmul_split<T, R, NB><<<(unsigned)blocks, WARPS * 32, 0, s>>>(k, cols, X, n, Y, ldy, row0, row1, ntile);
     return launched("k_matmul_split");
 }
 
@@ -683,13 +725,15 @@ template <int T>
 static df_status matmul_t(const kw &k, int64_t rows, int64_t cols, const float *X, int n, float *Y,
                           int64_t ldy, int64_t row0, int64_t row1, cudaStream_t s) {
     if (split_rows(rows, k.nchunk)) {
-        if (n == 1) return launch_split<T, 1>(k, cols, X, n, Y, ldy, row0, row1, s);
-        if (n <= 4) return launch_split<T, 4>(k, cols, X, n, Y, ldy, row0, row1, s);
-        return launch_split<T, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
+        if (n == 1) return launch_split<T, 1, 1>(k, cols, X, n, Y, ldy, row0, row1, s);
+        if (n <= 4) return launch_split<T, 1, 4>(k, cols, X, n, Y, ldy, row0, row1, s);
+        if (n <= 8 || vals<T>() > 8) return launch_split<T, 1, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
+        return launch_split<T, GPU_MS_R, GPU_MM_NB>(k, cols, X, n, Y, ldy, row0, row1, s);
     }
     if (n == 1) return launch_matmul<T, GPU_R1, 1>(k, cols, X, n, Y, ldy, row0, row1, s);
     if (n <= 4) return launch_matmul<T, 1, 4>(k, cols, X, n, Y, ldy, row0, row1, s);
-    return launch_matmul<T, 1, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
+    if (n <= 8 || vals<T>() > 8) return launch_matmul<T, 1, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
+    return launch_matmul<T, GPU_MM_R, GPU_MM_NB>(k, cols, X, n, Y, ldy, row0, row1, s);
 }
 
 extern "C" df_status gpu_matmul(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy,
@@ -747,32 +791,42 @@ k_gateup(const __grid_constant__ kw g, const __grid_constant__ kw u, const gpu_a
                     H[(int64_t)(v0 + v) * inter + rb + i] = gpu_act1(act, acc[2 * i][v], acc[2 * i + 1][v]);
 }
 
-/* k_gateup for a split gate and up (split_rows): block b is row b / ntile. */
-template <int T, int NB>
+/* k_gateup for a split gate and up (split_rows): block b is rows RR (b / ntile) .. + RR - 1. */
+template <int T, int RR, int NB>
 __global__ void __launch_bounds__(WARPS * 32)
 k_gateup_split(const __grid_constant__ kw g, const __grid_constant__ kw u, const gpu_act act, int64_t cols,
                const float *__restrict__ X, int n, float *__restrict__ H, int64_t inter, int ntile) {
-    __shared__ float part[WARPS][2][NB];
+    __shared__ float part[WARPS][2 * RR][NB];
     const int64_t b = blockIdx.x;
     const int v0 = (int)(b % ntile) * NB;
-    const int64_t r = b / ntile;
-    const kw *wp[2] = {&g, &u};
-    float sum[2][NB];
-    split_sums<T, 2, NB>(wp, r, X, cols, n, v0, part, sum);
+    const int64_t rb = (b / ntile) * RR;
+    const kw *wp[2 * RR];
+    int64_t row[2 * RR];
+#pragma unroll
+    for (int i = 0; i < RR; i++) {
+        wp[2 * i] = &g;
+        wp[2 * i + 1] = &u;
+        row[2 * i] = row[2 * i + 1] = min(rb + i, inter - 1);
+    }
+    float sum[2 * RR][NB];
+    split_sums<T, 2 * RR, NB>(wp, row, X, cols, n, v0, part, sum);
     if (threadIdx.x == 0)
 #pragma unroll
-        for (int v = 0; v < NB; v++)
-            if (v0 + v < n) H[(int64_t)(v0 + v) * inter + r] = gpu_act1(act, sum[0][v], sum[1][v]);
+        for (int i = 0; i < RR; i++)
+#pragma unroll
+            for (int v = 0; v < NB; v++)
+                if (rb + i < inter && v0 + v < n)
+                    H[(int64_t)(v0 + v) * inter + rb + i] = gpu_act1(act, sum[2 * i][v], sum[2 * i + 1][v]);
 }
 
-template <int T, int NB>
+template <int T, int RR, int NB>
 static df_status launch_gateup_split(const gpu_weight *gate, const gpu_weight *up, const gpu_act *act,
                                      const float *X, int n, float *H, cudaStream_t s) {
     int ntile = (int)cdiv(n, NB);
-    int64_t blocks = gate->rows * ntile;
+    int64_t blocks = cdiv(gate->rows, RR) * ntile;
     if (blocks > 0x7fffffff) return DF_ERR_UNSUPPORTED;
-    k_gateup_split<T, NB><<<(unsigned)blocks, WARPS * 32, 0, s>>>(make_kw(gate), make_kw(up), *act, gate->cols, X, n,
-                                                                  H, gate->rows, ntile);
+    k_gateup_split<T, RR, NB><<<(unsigned)blocks, WARPS * 32, 0, s>>>(make_kw(gate), make_kw(up), *act, gate->cols, X,
+                                                                      n, H, gate->rows, ntile);
     return launched("k_gateup_split");
 }
 
@@ -791,13 +845,15 @@ template <int T>
 static df_status gateup_t(const gpu_weight *gate, const gpu_weight *up, const gpu_act *act,
                           const float *X, int n, float *H, cudaStream_t s) {
     if (split_rows(gate->rows, make_kw(gate).nchunk)) {
-        if (n == 1) return launch_gateup_split<T, 1>(gate, up, act, X, n, H, s);
-        if (n <= 4) return launch_gateup_split<T, 4>(gate, up, act, X, n, H, s);
-        return launch_gateup_split<T, 8>(gate, up, act, X, n, H, s);
+        if (n == 1) return launch_gateup_split<T, 1, 1>(gate, up, act, X, n, H, s);
+        if (n <= 4) return launch_gateup_split<T, 1, 4>(gate, up, act, X, n, H, s);
+        if (n <= 8 || vals<T>() > 8) return launch_gateup_split<T, 1, 8>(gate, up, act, X, n, H, s);
+        return launch_gateup_split<T, (GPU_MS_R > 1 ? GPU_MS_R / 2 : 1), GPU_MM_NB>(gate, up, act, X, n, H, s);
     }
     if (n == 1) return launch_gateup<T, 2, 1>(gate, up, act, X, n, H, s);
     if (n <= 4) return launch_gateup<T, 1, 4>(gate, up, act, X, n, H, s);
-    return launch_gateup<T, 1, 8>(gate, up, act, X, n, H, s);
+    if (n <= 8 || vals<T>() > 8) return launch_gateup<T, 1, 8>(gate, up, act, X, n, H, s);
+    return launch_gateup<T, (GPU_MM_R > 1 ? GPU_MM_R / 2 : 1), GPU_MM_NB>(gate, up, act, X, n, H, s);
 }
 
 static int same_layout(const gpu_weight *a, const gpu_weight *b) {

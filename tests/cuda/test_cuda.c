@@ -220,16 +220,16 @@ static void check_kernel(wt_type t, st_dtype sdt, int64_t rows, int64_t cols, co
         REQUIRE(gpu_get(Y, dY, (size_t)(n * rows) * 4) == DF_OK, "%s", gpu_last_error());
         CHECK(memcmp(Y, Yv, (size_t)(n * rows) * 4) == 0, "%s: matmul n=%d differs from matvec", tag, n);
     }
-    /* a sub-range of rows with a wider ldy */
-    {
+    /* a sub-range of rows with a wider ldy (n = 17: the many-vector blocks, whose rows start mid-block) */
+    for (int n = 3; n <= 17; n += 14) {
         int64_t r0 = rows / 7, r1 = rows - rows / 5, ldy = rows + 3;
-        int n = 3;
         REQUIRE(gpu_fill(dY, 0xff, (size_t)(n * ldy) * 4) == DF_OK);
         REQUIRE(mm(ws, &g, dX, n, dY, ldy, r0, r1) == DF_OK);
         REQUIRE(gpu_get(Y, dY, (size_t)(n * ldy) * 4) == DF_OK);
         for (int i = 0; i < n; i++)
             CHECK(memcmp(Y + i * ldy, Yv + i * rows + r0, (size_t)(r1 - r0) * 4) == 0,
-                  "%s: rows [%lld,%lld) vec %d differ from the full range", tag, (long long)r0, (long long)r1, i);
+                  "%s: n=%d rows [%lld,%lld) vec %d differ from the full range", tag, n, (long long)r0, (long long)r1,
+                  i);
     }
     /* one-hot vectors decode the weights exactly */
     {
@@ -752,6 +752,52 @@ static void check_expert(wt_type t, st_dtype sdt, const char *tag) {
     gpu_free(dX); gpu_free(dH); gpu_free(dO);
     gpu_weight_free(&gg); gpu_weight_free(&gu); gpu_weight_free(&gd);
     hmat_free(&mg); hmat_free(&mu); hmat_free(&md);
+}
+
+/* gpu_expert over many vectors: each vector's output bit-equal to that
+ * vector alone (the gate / up kernel holds several rows and vectors a warp
+ * from n > 8), for a split gate / up (384 x 1024) and a plain one (104 x 512). */
+TEST(cuda_expert_bits) {
+    if (!need_gpu()) return;
+    enum { N = 13 };
+    static const int64_t shape[2][2] = {{1024, 384}, {512, 104}}; /* hid, inter */
+    const gpu_act acts[2] = {{0, 0, 0}, {1, 3.0f, 2.0f}};
+    for (int k = 0; k < 2; k++) {
+        const int64_t HID = shape[k][0], INTER = shape[k][1];
+        uint64_t s = seed_of("expert-bits") + (uint64_t)k;
+        hmat m[3];
+        gpu_weight g[3];
+        char err[DF_ERRMSG] = "";
+        hmat_make(&m[0], WT_BF16, INTER, HID, DT_UNKNOWN, s + 1);
+        hmat_make(&m[1], WT_BF16, INTER, HID, DT_UNKNOWN, s + 2);
+        hmat_make(&m[2], WT_BF16, HID, INTER, DT_UNKNOWN, s + 3);
+        for (int j = 0; j < 3; j++) REQUIRE(gpu_weight_upload(&m[j].w, &g[j], err) == DF_OK, "%s", err);
+        float *X = malloc((size_t)N * HID * 4), *all = malloc((size_t)N * HID * 4), *one = malloc((size_t)HID * 4);
+        REQUIRE(X && all && one);
+        for (int64_t i = 0; i < N * HID; i++) X[i] = 2.0f * frand(&s) - 1.0f;
+        float *dX = gpu_malloc((size_t)N * HID * 4), *dH = gpu_malloc((size_t)N * INTER * 4),
+              *dO = gpu_malloc((size_t)N * HID * 4);
+        REQUIRE(dX && dH && dO && gpu_put(dX, X, (size_t)N * HID * 4) == DF_OK);
+        for (int a = 0; a < 2; a++) {
+            REQUIRE(gpu_expert(&g[0], &g[1], &g[2], &acts[a], dX, N, dH, dO, NULL) == DF_OK, "%s", gpu_last_error());
+            REQUIRE(gpu_get(all, dO, (size_t)N * HID * 4) == DF_OK);
+            int diff = 0;
+            for (int i = 0; i < N; i++) {
+                REQUIRE(gpu_expert(&g[0], &g[1], &g[2], &acts[a], dX + i * HID, 1, dH, dO, NULL) == DF_OK, "%s",
+                        gpu_last_error());
+                REQUIRE(gpu_get(one, dO, (size_t)HID * 4) == DF_OK);
+                diff += memcmp(one, all + i * HID, (size_t)HID * 4) != 0;
+            }
+            CHECK(diff == 0, "%lld x %lld, act %d: %d of %d vectors differ from the vector alone", (long long)INTER,
+                  (long long)HID, a, diff, N);
+        }
+        gpu_free(dX); gpu_free(dH); gpu_free(dO);
+        for (int j = 0; j < 3; j++) {
+            gpu_weight_free(&g[j]);
+            hmat_free(&m[j]);
+        }
+        free(X); free(all); free(one);
+    }
 }
 
 TEST(cuda_expert_mxfp4) { check_expert(WT_MXFP4, DT_UNKNOWN, "expert-mxfp4"); }
