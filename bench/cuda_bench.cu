@@ -1,7 +1,7 @@
 /* cuda_bench.cu — bandwidth of the CUDA kernels against the device's own
  * measured ceilings (built by `make cuda` as build/cuda_bench).
  *
- *   build/cuda_bench [GB per matrix, default 2] [quick | experts]
+ *   build/cuda_bench [GB per matrix, default 2] [quick | experts | prefill | vec]
  *
  * Measures, in one process: device-to-device copy (bytes read + written),
  * a read-only probe kernel, host-to-device from pinned and from pageable
@@ -9,7 +9,9 @@
  * given size (far larger than L2) at n = 1, 8, 64, and a K3-shaped MXFP4
  * expert (7168 x 1536, 17.55 MB) over 64 distinct experts, one by one and
  * as layer batches of 16 (gpu_experts; `experts`: ceilings and these
- * only). Weights are
+ * only). `vec`: every bf16 shape of a K3 decode step at n = 1, 2, 4, 8 on
+ * the tensor cores and on the CUDA cores (copies of small matrices, so
+ * that they come from HBM, not L2). Weights are
  * random (never zeros). Times are medians of CUDA-event-timed repeats after
  * a warm-up. GB = 1e9 bytes.
  */
@@ -180,7 +182,8 @@ int main(int argc, char **argv) {
     int quick = argc > 2 && strcmp(argv[2], "quick") == 0; /* ceilings + n=1 only */
     int experts_only = argc > 2 && strcmp(argv[2], "experts") == 0;
     int prefill = argc > 2 && strcmp(argv[2], "prefill") == 0; /* K3 shapes at n = 1 .. 512 */
-    if (prefill) quick = 1;
+    int vec = argc > 2 && strcmp(argv[2], "vec") == 0; /* K3's bf16 shapes at n = 1 .. 8 */
+    if (prefill || vec) quick = 1;
     char why[256];
     if (!gpu_probe(why, sizeof why)) {
         printf("cuda_bench: %s\n", why);
@@ -317,6 +320,52 @@ kernels:
     }
     }
 
+    if (vec) {
+        /* ---- decode: each bf16 shape of a K3 step, tensor cores against CUDA cores ---- */
+        struct { int64_t rows, cols; const char *what; } sh[] = {
+            {12288, 7168, "KDA q/k/v/g"}, {7168, 12288, "o_proj"}, {6144, 7168, "shared gate"},
+            {7168, 6144, "shared down"}, {3584, 7168, "latent down"}, {7168, 3584, "latent up"},
+            {1536, 7168, "q_a"}, {18432, 1536, "q_b"}, {576, 7168, "kv_a"}, {896, 7168, "router"},
+            {128, 7168, "f_a"}, {12288, 128, "f_b"}, {163840, 7168, "head"}, {33792, 7168, "dense gate"},
+            {7168, 33792, "dense down"}};
+        const int ns[] = {1, 2, 4, 8};
+        float *dXp, *dYp;
+        CK(cudaMalloc(&dXp, (size_t)8 * 33792 * 4));
+        CK(cudaMalloc(&dYp, (size_t)8 * 163840 * 4));
+        fill(dXp, (size_t)8 * 33792 * 4, 9, F_FLOAT);
+        gpu_ws ws = {NULL, 0, 1}, wcc = {NULL, 0, 0};
+        printf("\n%-12s %6s %6s %4s |", "matrix", "rows", "cols", "cp");
+        for (int n : ns) printf(" n=%d GB/s tc / cc      |", n);
+        printf("\n");
+        double sum_tc = 0, sum_cc = 0, sum_b = 0;
+        for (auto &m : sh) {
+            const double one = (double)m.rows * m.cols * 2;
+            const int cp = one >= 256e6 ? 1 : (int)(256e6 / one) + 1; /* copies past L2 */
+            std::vector<gpu_weight> g(cp);
+            for (int i = 0; i < cp; i++) make_weight(WT_BF16, m.rows, m.cols, &g[i], 300 + (int)m.rows + i);
+            printf("%-12s %6lld %6lld %4d |", m.what, (long long)m.rows, (long long)m.cols, cp);
+            for (int n : ns) {
+                double t[2];
+                for (int k = 0; k < 2; k++) {
+                    gpu_ws *w = k ? &wcc : &ws;
+                    t[k] = time_it([&] {
+                        for (int i = 0; i < cp; i++) DK(gpu_matmul_tc(&g[i], dXp, n, dYp, m.rows, 0, m.rows, w, NULL));
+                    }, 2, 9) / cp;
+                }
+                printf(" %6.0f / %6.0f %5.2fx |", one / t[0] / 1e9, one / t[1] / 1e9, t[1] / t[0]);
+                if (n == 1) sum_tc += t[0], sum_cc += t[1], sum_b += one;
+            }
+            printf("\n");
+            for (auto &x : g) gpu_weight_free(&x);
+        }
+        printf("n=1, all shapes once: tensor cores %.1f us (%.0f GB/s), CUDA cores %.1f us (%.0f GB/s)\n",
+               sum_tc * 1e6, sum_b / sum_tc / 1e9, sum_cc * 1e6, sum_b / sum_cc / 1e9);
+        gpu_ws_free(&ws);
+        gpu_ws_free(&wcc);
+        CK(cudaFree(dXp));
+        CK(cudaFree(dYp));
+        return 0;
+    }
     if (prefill) {
         /* ---- prefill: K3's bf16 spine shapes and an MXFP4 expert matrix at many vectors ---- */
         printf("\ntensor-core peak (bf16 mma.sync, registers only): %.1f TFLOP/s\n", mma_peak() / 1e12);
