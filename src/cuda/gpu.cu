@@ -509,6 +509,12 @@ template <int T> static __device__ __forceinline__ float apply(float acc, float 
 #ifndef GPU_MM_NB
 #define GPU_MM_NB 4
 #endif
+/* Rows a warp (or split block) holds for n > 8: r for bf16, fewer for the
+ * wider decodes so that R V stays at most 64 (rows_dot decodes them all);
+ * at least 2 (gate + up take pairs). */
+template <int T> constexpr int mm_rows(int r) {
+    return vals<T>() * r <= 64 ? r : 64 / vals<T>() >= 2 ? 64 / vals<T>() : 2;
+}
 
 /* Sum of w[c] * x[c] over one chunk: GPU_CHAINS interleaved partial sums
  * (chain k takes c = k, k + GPU_CHAINS, ...), each left to right, then added
@@ -727,13 +733,13 @@ static df_status matmul_t(const kw &k, int64_t rows, int64_t cols, const float *
     if (split_rows(rows, k.nchunk)) {
         if (n == 1) return launch_split<T, 1, 1>(k, cols, X, n, Y, ldy, row0, row1, s);
         if (n <= 4) return launch_split<T, 1, 4>(k, cols, X, n, Y, ldy, row0, row1, s);
-        if (n <= 8 || vals<T>() > 8) return launch_split<T, 1, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
-        return launch_split<T, GPU_MS_R, GPU_MM_NB>(k, cols, X, n, Y, ldy, row0, row1, s);
+        if (n <= 8) return launch_split<T, 1, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
+        return launch_split<T, mm_rows<T>(GPU_MS_R), GPU_MM_NB>(k, cols, X, n, Y, ldy, row0, row1, s);
     }
     if (n == 1) return launch_matmul<T, GPU_R1, 1>(k, cols, X, n, Y, ldy, row0, row1, s);
     if (n <= 4) return launch_matmul<T, 1, 4>(k, cols, X, n, Y, ldy, row0, row1, s);
-    if (n <= 8 || vals<T>() > 8) return launch_matmul<T, 1, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
-    return launch_matmul<T, GPU_MM_R, GPU_MM_NB>(k, cols, X, n, Y, ldy, row0, row1, s);
+    if (n <= 8) return launch_matmul<T, 1, 8>(k, cols, X, n, Y, ldy, row0, row1, s);
+    return launch_matmul<T, mm_rows<T>(GPU_MM_R), GPU_MM_NB>(k, cols, X, n, Y, ldy, row0, row1, s);
 }
 
 extern "C" df_status gpu_matmul(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy,
@@ -847,13 +853,13 @@ static df_status gateup_t(const gpu_weight *gate, const gpu_weight *up, const gp
     if (split_rows(gate->rows, make_kw(gate).nchunk)) {
         if (n == 1) return launch_gateup_split<T, 1, 1>(gate, up, act, X, n, H, s);
         if (n <= 4) return launch_gateup_split<T, 1, 4>(gate, up, act, X, n, H, s);
-        if (n <= 8 || vals<T>() > 8) return launch_gateup_split<T, 1, 8>(gate, up, act, X, n, H, s);
-        return launch_gateup_split<T, (GPU_MS_R > 1 ? GPU_MS_R / 2 : 1), GPU_MM_NB>(gate, up, act, X, n, H, s);
+        if (n <= 8) return launch_gateup_split<T, 1, 8>(gate, up, act, X, n, H, s);
+        return launch_gateup_split<T, mm_rows<T>(GPU_MS_R) / 2, GPU_MM_NB>(gate, up, act, X, n, H, s);
     }
     if (n == 1) return launch_gateup<T, 2, 1>(gate, up, act, X, n, H, s);
     if (n <= 4) return launch_gateup<T, 1, 4>(gate, up, act, X, n, H, s);
-    if (n <= 8 || vals<T>() > 8) return launch_gateup<T, 1, 8>(gate, up, act, X, n, H, s);
-    return launch_gateup<T, (GPU_MM_R > 1 ? GPU_MM_R / 2 : 1), GPU_MM_NB>(gate, up, act, X, n, H, s);
+    if (n <= 8) return launch_gateup<T, 1, 8>(gate, up, act, X, n, H, s);
+    return launch_gateup<T, mm_rows<T>(GPU_MM_R) / 2, GPU_MM_NB>(gate, up, act, X, n, H, s);
 }
 
 static int same_layout(const gpu_weight *a, const gpu_weight *b) {

@@ -756,21 +756,24 @@ static void check_expert(wt_type t, st_dtype sdt, const char *tag) {
 
 /* gpu_expert over many vectors: each vector's output bit-equal to that
  * vector alone (the gate / up kernel holds several rows and vectors a warp
- * from n > 8), for a split gate / up (384 x 1024) and a plain one (104 x 512). */
+ * from n > 8), for split gates / ups (384 x 1024) of each type the CUDA
+ * cores run and a plain one (bf16 104 x 512). */
 TEST(cuda_expert_bits) {
     if (!need_gpu()) return;
-    enum { N = 13 };
-    static const int64_t shape[2][2] = {{1024, 384}, {512, 104}}; /* hid, inter */
+    enum { N = 13, NC = 5 };
+    static const struct { wt_type t; st_dtype sdt; int64_t hid, inter; } cs[NC] = {
+        {WT_BF16, DT_UNKNOWN, 1024, 384}, {WT_BF16, DT_UNKNOWN, 512, 104}, {WT_FP8_BLOCK, DT_UNKNOWN, 1024, 384},
+        {WT_INT4_G32, DT_BF16, 1024, 384}, {WT_I8_ROW, DT_UNKNOWN, 1024, 384}};
     const gpu_act acts[2] = {{0, 0, 0}, {1, 3.0f, 2.0f}};
-    for (int k = 0; k < 2; k++) {
-        const int64_t HID = shape[k][0], INTER = shape[k][1];
+    for (int k = 0; k < NC; k++) {
+        const int64_t HID = cs[k].hid, INTER = cs[k].inter;
         uint64_t s = seed_of("expert-bits") + (uint64_t)k;
         hmat m[3];
         gpu_weight g[3];
         char err[DF_ERRMSG] = "";
-        hmat_make(&m[0], WT_BF16, INTER, HID, DT_UNKNOWN, s + 1);
-        hmat_make(&m[1], WT_BF16, INTER, HID, DT_UNKNOWN, s + 2);
-        hmat_make(&m[2], WT_BF16, HID, INTER, DT_UNKNOWN, s + 3);
+        hmat_make(&m[0], cs[k].t, INTER, HID, cs[k].sdt, s + 1);
+        hmat_make(&m[1], cs[k].t, INTER, HID, cs[k].sdt, s + 2);
+        hmat_make(&m[2], cs[k].t, HID, INTER, cs[k].sdt, s + 3);
         for (int j = 0; j < 3; j++) REQUIRE(gpu_weight_upload(&m[j].w, &g[j], err) == DF_OK, "%s", err);
         float *X = malloc((size_t)N * HID * 4), *all = malloc((size_t)N * HID * 4), *one = malloc((size_t)HID * 4);
         REQUIRE(X && all && one);
@@ -788,8 +791,8 @@ TEST(cuda_expert_bits) {
                 REQUIRE(gpu_get(one, dO, (size_t)HID * 4) == DF_OK);
                 diff += memcmp(one, all + i * HID, (size_t)HID * 4) != 0;
             }
-            CHECK(diff == 0, "%lld x %lld, act %d: %d of %d vectors differ from the vector alone", (long long)INTER,
-                  (long long)HID, a, diff, N);
+            CHECK(diff == 0, "case %d, %lld x %lld, act %d: %d of %d vectors differ from the vector alone", k,
+                  (long long)INTER, (long long)HID, a, diff, N);
         }
         gpu_free(dX); gpu_free(dH); gpu_free(dO);
         for (int j = 0; j < 3; j++) {
