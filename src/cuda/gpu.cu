@@ -608,6 +608,27 @@ static __device__ __forceinline__ void rows_dot(const kw *const *wp, const int64
 
 enum { WARPS = 8 }; /* warps per block */
 
+/* The matmul kernels' rows rb .. rb + R - 1 of w (clamped to row1 - 1), and
+ * their outputs Y[v][r - row0] for the rows and vectors that exist. */
+template <int R>
+static __device__ __forceinline__ void matmul_rows(const kw &w, int64_t rb, int64_t row1, const kw *(&wp)[R],
+                                                   int64_t (&row)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        wp[r] = &w;
+        row[r] = min(rb + r, row1 - 1);
+    }
+}
+template <int R, int NB>
+static __device__ __forceinline__ void matmul_store(const float (&sum)[R][NB], int64_t rb, int64_t row0, int64_t row1,
+                                                    int v0, int n, float *Y, int64_t ldy) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int v = 0; v < NB; v++)
+            if (rb + r < row1 && v0 + v < n) Y[(int64_t)(v0 + v) * ldy + (rb + r - row0)] = sum[r][v];
+}
+
 /* Block b: vector tile b % ntile (fastest, so tiles of one row block run
  * together and share its weights in L2), row block b / ntile. */
 template <int T, int R, int NB>
@@ -622,19 +643,10 @@ k_matmul(const __grid_constant__ kw w, int64_t cols, const float *__restrict__ X
     const int v0 = tile * NB;
     const kw *wp[R];
     int64_t row[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        wp[r] = &w;
-        row[r] = min(rb + r, row1 - 1);
-    }
+    matmul_rows<R>(w, rb, row1, wp, row);
     float acc[R][NB];
     rows_dot<T, R, NB>(wp, row, X, cols, n, v0, acc, 0, w.nchunk);
-    if ((threadIdx.x & 31) == 0)
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int v = 0; v < NB; v++)
-                if (rb + r < row1 && v0 + v < n) Y[(int64_t)(v0 + v) * ldy + (rb + r - row0)] = acc[r][v];
+    if ((threadIdx.x & 31) == 0) matmul_store<R, NB>(acc, rb, row0, row1, v0, n, Y, ldy);
 }
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -692,19 +704,10 @@ k_matmul_split(const __grid_constant__ kw w, int64_t cols, const float *__restri
     const int64_t rb = row0 + (b / ntile) * R;
     const kw *wp[R];
     int64_t row[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        wp[r] = &w;
-        row[r] = min(rb + r, row1 - 1);
-    }
+    matmul_rows<R>(w, rb, row1, wp, row);
     float sum[R][NB];
     split_sums<T, R, NB>(wp, row, X, cols, n, v0, part, sum);
-    if (threadIdx.x == 0)
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int v = 0; v < NB; v++)
-                if (rb + r < row1 && v0 + v < n) Y[(int64_t)(v0 + v) * ldy + (rb + r - row0)] = sum[r][v];
+    if (threadIdx.x == 0) matmul_store<R, NB>(sum, rb, row0, row1, v0, n, Y, ldy);
 }
 
 template <int T, int R, int NB>
@@ -767,6 +770,29 @@ extern "C" df_status gpu_matvec(const gpu_weight *w, const float *x, float *y, v
 
 /* ---- 5. expert -------------------------------------------------------------- */
 
+/* The gate / up kernels' rows: pairs (gate row, up row) for rows rb ..
+ * rb + RR - 1 (clamped), and their outputs H[v][r] = act(gate, up). */
+template <int RR>
+static __device__ __forceinline__ void gateup_rows(const kw &g, const kw &u, int64_t rb, int64_t inter,
+                                                   const kw *(&wp)[2 * RR], int64_t (&row)[2 * RR]) {
+#pragma unroll
+    for (int i = 0; i < RR; i++) {
+        wp[2 * i] = &g;
+        wp[2 * i + 1] = &u;
+        row[2 * i] = row[2 * i + 1] = min(rb + i, inter - 1);
+    }
+}
+template <int RR, int NB>
+static __device__ __forceinline__ void gateup_store(const gpu_act &act, const float (&sum)[2 * RR][NB], int64_t rb,
+                                                    int v0, int n, int64_t inter, float *H) {
+#pragma unroll
+    for (int i = 0; i < RR; i++)
+#pragma unroll
+        for (int v = 0; v < NB; v++)
+            if (rb + i < inter && v0 + v < n)
+                H[(int64_t)(v0 + v) * inter + rb + i] = gpu_act1(act, sum[2 * i][v], sum[2 * i + 1][v]);
+}
+
 /* H[v][r] = act(gate row r . x_v, up row r . x_v) for RR rows r per warp. */
 template <int T, int RR, int NB>
 __global__ void __launch_bounds__(WARPS * 32)
@@ -780,21 +806,10 @@ k_gateup(const __grid_constant__ kw g, const __grid_constant__ kw u, const gpu_a
     const int v0 = tile * NB;
     const kw *wp[2 * RR];
     int64_t row[2 * RR];
-#pragma unroll
-    for (int i = 0; i < RR; i++) {
-        wp[2 * i] = &g;
-        wp[2 * i + 1] = &u;
-        row[2 * i] = row[2 * i + 1] = min(rb + i, inter - 1);
-    }
+    gateup_rows<RR>(g, u, rb, inter, wp, row);
     float acc[2 * RR][NB];
     rows_dot<T, 2 * RR, NB>(wp, row, X, cols, n, v0, acc, 0, g.nchunk);
-    if ((threadIdx.x & 31) == 0)
-#pragma unroll
-        for (int i = 0; i < RR; i++)
-#pragma unroll
-            for (int v = 0; v < NB; v++)
-                if (rb + i < inter && v0 + v < n)
-                    H[(int64_t)(v0 + v) * inter + rb + i] = gpu_act1(act, acc[2 * i][v], acc[2 * i + 1][v]);
+    if ((threadIdx.x & 31) == 0) gateup_store<RR, NB>(act, acc, rb, v0, n, inter, H);
 }
 
 /* k_gateup for a split gate and up (split_rows): block b is rows RR (b / ntile) .. + RR - 1. */
@@ -808,21 +823,10 @@ k_gateup_split(const __grid_constant__ kw g, const __grid_constant__ kw u, const
     const int64_t rb = (b / ntile) * RR;
     const kw *wp[2 * RR];
     int64_t row[2 * RR];
-#pragma unroll
-    for (int i = 0; i < RR; i++) {
-        wp[2 * i] = &g;
-        wp[2 * i + 1] = &u;
-        row[2 * i] = row[2 * i + 1] = min(rb + i, inter - 1);
-    }
+    gateup_rows<RR>(g, u, rb, inter, wp, row);
     float sum[2 * RR][NB];
     split_sums<T, 2 * RR, NB>(wp, row, X, cols, n, v0, part, sum);
-    if (threadIdx.x == 0)
-#pragma unroll
-        for (int i = 0; i < RR; i++)
-#pragma unroll
-            for (int v = 0; v < NB; v++)
-                if (rb + i < inter && v0 + v < n)
-                    H[(int64_t)(v0 + v) * inter + rb + i] = gpu_act1(act, sum[2 * i][v], sum[2 * i + 1][v]);
+    if (threadIdx.x == 0) gateup_store<RR, NB>(act, sum, rb, v0, n, inter, H);
 }
 
 template <int T, int RR, int NB>
