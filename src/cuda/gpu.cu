@@ -7,9 +7,10 @@
  * tests/cuda/test_cuda.c), placement and caching policy.
  *
  * Work layout of the weight kernels (one warp per row, per 4 rows at n = 1,
- * and bf16 from n = 9 per 4 rows x 4 vectors, rows_dot: each row's weights
- * decoded once per 4 vectors and each vector's x read once per 4 rows, which
- * took a 512-vector bf16 product from ~8 to ~22 TFLOP/s on an H200):
+ * and from n = 9 per 4 rows x 4 vectors, 2 rows for the 32-value decodes,
+ * rows_dot: each row's weights decoded once per 4 vectors and each vector's
+ * x read once per row group, which took a 512-vector bf16 product from ~8
+ * to ~22 TFLOP/s on an H200):
  *
  *   row r bytes:  | chunk 0 | chunk 1 | ... | chunk 31 | chunk 32 | ...
  *                   lane 0    lane 1          lane 31    lane 0
@@ -494,8 +495,9 @@ template <int T> static __device__ __forceinline__ float apply(float acc, float 
 #ifndef GPU_R1
 #define GPU_R1 4
 #endif
-/* bf16 products of n > 8 vectors: GPU_MM_R rows x GPU_MM_NB vectors a warp
- * (a split matrix: GPU_MS_R rows a block). The value of an output never
+/* Products of n > 8 vectors: GPU_MM_R rows x GPU_MM_NB vectors a warp (a
+ * split matrix: GPU_MS_R rows a block), fewer rows for the wider decodes
+ * (mm_rows). The value of an output never
  * depends on them (rows_dot's order is per row and vector). Measured
  * (`cuda_bench 2 prefill`, K3's 12288 x 7168 at n = 512, TFLOP/s): 1 x 8
  * (the n <= 8 shape) 7.9, 2 x 8 14.2, 4 x 8 14.7, 8 x 4 19.5, 4 x 4 21.8;
