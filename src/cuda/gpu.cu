@@ -497,8 +497,8 @@ template <int T> static __device__ __forceinline__ float apply(float acc, float 
 #endif
 /* Products of n > 8 vectors: GPU_MM_R rows x GPU_MM_NB vectors a warp (a
  * split matrix: GPU_MS_R rows a block), fewer rows for the wider decodes
- * (mm_rows). The value of an output never
- * depends on them (rows_dot's order is per row and vector). Measured
+ * (mm_rows). The value of an output never depends on them (rows_dot's
+ * order is per row and vector). Measured
  * (`cuda_bench 2 prefill`, K3's 12288 x 7168 at n = 512, TFLOP/s): 1 x 8
  * (the n <= 8 shape) 7.9, 2 x 8 14.2, 4 x 8 14.7, 8 x 4 19.5, 4 x 4 21.8;
  * split 1536 x 7168: 1 row 4.2, 2 rows 6.8, 4 rows 11.8, 8 rows 11.1. */
@@ -511,12 +511,10 @@ template <int T> static __device__ __forceinline__ float apply(float acc, float 
 #ifndef GPU_MM_NB
 #define GPU_MM_NB 4
 #endif
-/* Rows a warp (or split block) holds for n > 8: r for bf16, fewer for the
- * wider decodes so that R V stays at most 64 (rows_dot decodes them all);
- * at least 2 (gate + up take pairs). */
-template <int T> constexpr int mm_rows(int r) {
-    return vals<T>() * r <= 64 ? r : 64 / vals<T>() >= 2 ? 64 / vals<T>() : 2;
-}
+/* Rows a warp (or split block) holds for n > 8: r, or fewer for the wider
+ * decodes so that R V stays at most 64 (rows_dot decodes them all); every
+ * type's V <= 32 leaves at least 2 (gate + up take pairs). */
+template <int T> constexpr int mm_rows(int r) { return vals<T>() * r <= 64 ? r : 64 / vals<T>(); }
 
 /* Sum of w[c] * x[c] over one chunk: GPU_CHAINS interleaved partial sums
  * (chain k takes c = k, k + GPU_CHAINS, ...), each left to right, then added
