@@ -260,6 +260,7 @@ NVCC_HOST := -ccbin $(patsubst %gcc,%g++,$(CC)) -target-dir $(CUDA_TARGET_DIR)
 endif
 endif
 NVFLAGS   := -O3 -std=c++17 $(CUDA_ARCH) $(NVCC_HOST) -Iinclude -lineinfo -Xcompiler -Wall,-Wextra,-Wno-unused-parameter $(GPU_DEFS)
+comma := ,
 CUDA_SRC  := $(sort $(wildcard src/cuda/*.cu))
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matvec.o kernels/matvec_driver.o \
@@ -285,6 +286,15 @@ $(BUILD)/deltafin-cuda: $(CUDA_CLI_OBJ) $(BUILD)/libdeltafin.a $(BUILD)/libdelta
 $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# wgmma exists only in the architecture-specific sm_90a target: where the
+# build targets compute 9.0 (the default), gpu_bf16_wg.cu is compiled for
+# sm_90a alone (its host side then says so: DF_WG_SM90A); elsewhere its
+# kernels are empty and gpu_bf16_wg_ready() is 0.
+WG_ARCH := $(if $(findstring compute_90,$(CUDA_ARCH)),-gencode arch=compute_90a$(comma)code=sm_90a -DDF_WG_SM90A,$(CUDA_ARCH))
+$(BUILD)/src/cuda/gpu_bf16_wg.o: src/cuda/gpu_bf16_wg.cu $(wildcard src/cuda/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(filter-out $(CUDA_ARCH),$(NVFLAGS)) $(WG_ARCH) -c $< -o $@
 
 $(BUILD)/libdeltafin_cuda.a: $(CUDA_OBJ)
 	@rm -f $@

@@ -1,7 +1,7 @@
 /* cuda_bench.cu — bandwidth of the CUDA kernels against the device's own
  * measured ceilings (built by `make cuda` as build/cuda_bench).
  *
- *   build/cuda_bench [GB per matrix, default 2] [quick | experts | prefill | vec]
+ *   build/cuda_bench [GB per matrix, default 2] [quick | experts | prefill | vec | wg]
  *
  * Measures, in one process: device-to-device copy (bytes read + written),
  * a read-only probe kernel, host-to-device from pinned and from pageable
@@ -11,7 +11,9 @@
  * as layer batches of 16 (gpu_experts; `experts`: ceilings and these
  * only). `vec`: every bf16 shape of a K3 decode step at n = 1, 2, 4, 8 on
  * the tensor cores and on the CUDA cores (copies of small matrices, so
- * that they come from HBM, not L2). Weights are
+ * that they come from HBM, not L2). `wg`: K3's bf16 prompt shapes at n = 64
+ * .. 512 through gpu_bf16_tc's mma.sync blocks and through the wgmma blocks
+ * (gpu_ws.bf16_wg -1 and 1), their outputs compared bit for bit. Weights are
  * random (never zeros). Times are medians of CUDA-event-timed repeats after
  * a warm-up. GB = 1e9 bytes.
  */
@@ -177,6 +179,46 @@ static double mma_peak() {
     return (double)blocks * 8 * iters * 8 * 4096.0 / t;
 }
 
+/* `wg`: gpu_bf16_tc's mma.sync blocks against its wgmma blocks, bits and time */
+static int wg_bench() {
+    struct { int64_t rows, cols; const char *what; } sh[] = {
+        {12288, 7168, "KDA q/k/v/g"}, {7168, 12288, "o_proj"}, {6144, 7168, "shared gate"}, {1536, 7168, "q_a"}};
+    const int ns[] = {64, 70, 128, 256, 512};
+    float *dX, *dY, *dY2;
+    CK(cudaMalloc(&dX, (size_t)512 * 12288 * 4));
+    CK(cudaMalloc(&dY, (size_t)512 * 12288 * 4));
+    CK(cudaMalloc(&dY2, (size_t)512 * 12288 * 4));
+    fill(dX, (size_t)512 * 12288 * 4, 9, F_FLOAT);
+    gpu_ws wm = {NULL, 0, 1, -1, 0}, wg = {NULL, 0, 1, 1, 0}; /* mma.sync blocks only / wgmma blocks always */
+    printf("wgmma blocks present: %s\n", gpu_ws_wg(&wg) > 0 ? "yes" : "no");
+    std::vector<float> a((size_t)512 * 12288), b(a.size());
+    for (auto &m : sh) {
+        gpu_weight g;
+        make_weight(WT_BF16, m.rows, m.cols, &g, 300 + (int)m.rows);
+        const double fl = 2.0 * m.rows * m.cols;
+        for (int n : ns) {
+            const size_t cnt = (size_t)n * m.rows;
+            double to = time_it([&] { DK(gpu_matmul_tc(&g, dX, n, dY, m.rows, 0, m.rows, &wm, NULL)); }, 2, 7);
+            CK(cudaMemcpy(a.data(), dY, cnt * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemset(dY2, 0xff, cnt * 4));
+            DK(gpu_matmul_tc(&g, dX, n, dY2, m.rows, 0, m.rows, &wg, NULL));
+            CK(cudaMemcpy(b.data(), dY2, cnt * 4, cudaMemcpyDeviceToHost));
+            size_t diff = 0;
+            for (size_t i = 0; i < cnt; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+            double tw = time_it([&] { DK(gpu_matmul_tc(&g, dX, n, dY2, m.rows, 0, m.rows, &wg, NULL)); }, 2, 7);
+            printf("%-12s %6lld x %6lld n=%-4d mma.sync %7.2f, wgmma %7.2f TFLOP/s, %zu outputs differ\n", m.what,
+                   (long long)m.rows, (long long)m.cols, n, fl * n / to / 1e12, fl * n / tw / 1e12, diff);
+        }
+        gpu_weight_free(&g);
+    }
+    gpu_ws_free(&wm);
+    gpu_ws_free(&wg);
+    CK(cudaFree(dX));
+    CK(cudaFree(dY));
+    CK(cudaFree(dY2));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     double gb = argc > 1 ? atof(argv[1]) : 2.0;
     int quick = argc > 2 && strcmp(argv[2], "quick") == 0; /* ceilings + n=1 only */
@@ -189,6 +231,7 @@ int main(int argc, char **argv) {
         printf("cuda_bench: %s\n", why);
         return 0;
     }
+    if (argc > 2 && strcmp(argv[2], "wg") == 0) return wg_bench();
     cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
     int memclk = 0, busw = 0;
@@ -267,7 +310,7 @@ kernels:
                100 * bytes / t1 / 1e9 / read_gbps, bytes / t8 / 1e9, fl * 8 / t8 / 1e12,
                bytes / t64 / 1e9, fl * 64 / t64 / 1e12);
         if (gpu_matmul_tc_takes(&g) || gpu_bf16_tc_takes(&g)) { /* the tensor-core path on the same matrix */
-            gpu_ws ws = {NULL, 0, 1};
+            gpu_ws ws = {NULL, 0, 1, 0, 0};
             double c1 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 1, dY, rows, 0, rows, &ws, NULL)); }, 3, 21);
             double c4 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 4, dY, rows, 0, rows, &ws, NULL)); }, 1, 7);
             double c8 = quick ? 1 : time_it([&] { DK(gpu_matmul_tc(&g, dX, 8, dY, rows, 0, rows, &ws, NULL)); }, 1, 5);
@@ -333,7 +376,7 @@ kernels:
         CK(cudaMalloc(&dXp, (size_t)8 * 33792 * 4));
         CK(cudaMalloc(&dYp, (size_t)8 * 163840 * 4));
         fill(dXp, (size_t)8 * 33792 * 4, 9, F_FLOAT);
-        gpu_ws ws = {NULL, 0, 1}, wcc = {NULL, 0, 0};
+        gpu_ws ws = {NULL, 0, 1, 0, 0}, wcc = {NULL, 0, 0, 0, 0};
         printf("\n%-12s %6s %6s %4s |", "matrix", "rows", "cols", "cp");
         for (int n : ns) printf(" n=%d GB/s tc / cc      |", n);
         printf("\n");
@@ -378,7 +421,7 @@ kernels:
         CK(cudaMalloc(&dXp, (size_t)512 * 12288 * 4));
         CK(cudaMalloc(&dYp, (size_t)512 * 12288 * 4));
         fill(dXp, (size_t)512 * 12288 * 4, 9, F_FLOAT);
-        gpu_ws ws = {NULL, 0, 1}, wcc = {NULL, 0, 0}; /* bf16 on the tensor cores / on the CUDA cores */
+        gpu_ws ws = {NULL, 0, 1, 0, 0}, wcc = {NULL, 0, 0, 0, 0}; /* bf16 on the tensor cores / on the CUDA cores */
         printf("%-12s %6s %6s |", "matrix", "rows", "cols");
         for (int n : ns) printf(" n=%-3d GB/s TFLOP/s |", n);
         printf("\n");
@@ -425,7 +468,7 @@ kernels:
     printf("\nexpert MXFP4 %dx%d (%.2f MB), %d distinct experts per pass (%.2f GB)\n", HID, INTER,
            ebytes / 1e6, NE, ebytes * NE / 1e9);
     { /* one expert's products one by one at n = 1: CUDA cores vs tensor cores */
-        gpu_ws ws = {NULL, 0, 0};
+        gpu_ws ws = {NULL, 0, 0, 0, 0};
         double tg = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matvec(&eg[e], dX, dH, NULL)); }, 2, 9);
         double tgc = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matmul_tc(&eg[e], dX, 1, dH, INTER, 0, INTER, &ws, NULL)); }, 2, 9);
         double td = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matvec(&ed[e], dX, dO, NULL)); }, 2, 9);
@@ -449,7 +492,7 @@ kernels:
         enum { B = 16 };
         float *dOB;
         CK(cudaMalloc(&dOB, (size_t)B * 16 * HID * 4));
-        gpu_ws ws = {NULL, 0, 0};
+        gpu_ws ws = {NULL, 0, 0, 0, 0};
         for (int n : ens) {
             std::vector<gpu_expert_job> jobs(NE);
             for (int e = 0; e < NE; e++)

@@ -67,6 +67,9 @@ const char cli_model_opts_help[] =
     "                     exactly into three bf16 limbs (same error bound); faster prefill, but a\n"
     "                     row's last bits then depend on how many rows shared its pass. 0 (default):\n"
     "                     CUDA cores, every row bit-equal whatever the batch\n"
+    "  --bf16-wg MODE     auto (default), on, off: those tensor-core products of many rows on\n"
+    "                     Hopper's wgmma blocks (sm_90 only; the same bits as off). auto takes them\n"
+    "                     where a product fills the GPU\n"
 #else
     "  --device DEV       cpu (this build has no CUDA: build/deltafin-cuda from `make cuda` has cuda)\n"
 #endif
@@ -188,6 +191,15 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
             return -1;
         }
         o->bf16_tc_rows = (int)v;
+        (*i)++;
+        return 1;
+    }
+    if (!strcmp(a, "--bf16-wg")) {
+        if (!val || (strcmp(val, "auto") && strcmp(val, "on") && strcmp(val, "off"))) {
+            fprintf(stderr, "deltafin: --bf16-wg needs auto, on or off\n");
+            return -1;
+        }
+        o->bf16_wg = !strcmp(val, "on") ? 1 : !strcmp(val, "off") ? -1 : 0;
         (*i)++;
         return 1;
     }
@@ -339,7 +351,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     static const df_accel *accel;
     if (o->device != CLI_DEV_CPU && !accel) {
         char err[DF_ERRMSG];
-        accel = gpu_accel_open(0, o->gpu_mem, o->bf16_tc_rows, err);
+        accel = gpu_accel_open(0, o->gpu_mem, o->bf16_tc_rows, o->bf16_wg, err);
         if (!accel && o->device == CLI_DEV_CUDA) {
             fprintf(stderr, "deltafin: --device cuda: %s\n", err);
             return -1;

@@ -140,8 +140,17 @@ typedef struct {
      * (gpu_bf16_tc.cu); 0: never (the CUDA cores, gpu_matmul). A product's
      * rows then depend on whether n reached it (the same bound either way). */
     int bf16_tc_rows;
+    /* Those products of many vectors on Hopper's wgmma blocks
+     * (gpu_bf16_wg.cu; the same bits as the mma.sync blocks): 0 where the
+     * device and build have them and the product fills the device, 1
+     * wherever they have them, -1 never. */
+    int bf16_wg;
+    int wg_known; /* private to gpu_ws_wg: 0 not yet asked, 1 present, 2 absent */
 } gpu_ws;
 void gpu_ws_free(gpu_ws *ws); /* NULL-safe; leaves it empty */
+/* ws->bf16_wg where this build and device run the wgmma blocks (asked once
+ * per ws), else -1. */
+int gpu_ws_wg(gpu_ws *ws);
 
 /* 1 if gpu_matmul_tc runs w on the tensor cores as MXFP4, else 0. */
 int gpu_matmul_tc_takes(const gpu_weight *w);

@@ -1349,7 +1349,8 @@ template <int CAT, class R, class... A, R (*F)(void *, A...)> struct timed<CAT, 
 
 } // namespace
 
-extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_tc_rows, char *err) {
+extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_tc_rows, int bf16_wg,
+                                            char *err) {
     char why[256];
     if (!gpu_probe(why, sizeof why)) {
         snprintf(err, DF_ERRMSG, "%s", why);
@@ -1381,6 +1382,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_
     if (avail < ((int64_t)256 << 20)) avail = (int64_t)256 << 20;
     a->pub.budget = gpu_mem > 0 ? gpu_mem : avail;
     a->ws.bf16_tc_rows = a->ews.bf16_tc_rows = bf16_tc_rows > 0 ? bf16_tc_rows : 0;
+    a->ws.bf16_wg = a->ews.bf16_wg = bf16_wg < 0 ? -1 : bf16_wg > 0 ? 1 : 0;
     snprintf(a->name, sizeof a->name, "cuda:%d %s (sm_%d%d, %d SMs, %.1f GB, %.1f GB free)", device, p.name,
              p.major, p.minor, p.multiProcessorCount, total_b / 1e9, free_b / 1e9);
     a->pub.name = a->name;

@@ -64,16 +64,20 @@ namespace {
 
 enum { BT_CH = 64, BT_CHB = 128, BT_VEC_MAX = 8, BT_STAGES = 3, BT_SLICES = 12 };
 
+} // namespace
+
 /* Slices per row, from the shape alone: enough (tile, slice) warps to keep
  * the device's loads in flight for one vector (about 4096), at most
  * BT_SLICES, at least 4 chunks each. */
-int bf16_slices(int64_t rows, int64_t nch) {
+int gpu_bf16_slices(int64_t rows, int64_t nch) {
     const int64_t tiles = (rows + 15) / 16;
     int64_t s = (4096 + tiles - 1) / tiles;
     if (s > BT_SLICES) s = BT_SLICES;
     if (s > nch / 4) s = nch / 4;
     return s < 1 ? 1 : (int)s;
 }
+
+namespace {
 
 __device__ __forceinline__ int64_t slice_end(int s, int64_t per, int64_t nch) {
     const int64_t e = (int64_t)(s + 1) * per;
@@ -413,7 +417,7 @@ df_status launch_gemm(const bt_mats &mats, const gpu_act &act, int n, int64_t ro
     }
     const dim3 grid((unsigned)((n + C::BN - 1) / C::BN), (unsigned)((row1 - row0 + C::BM - 1) / C::BM));
     k_bt_gemm<NM, MTW, WN><<<grid, 256, smem, s>>>(mats, act, (const uint8_t *)limbs, n, cols, Y, ldy, row0, row1,
-                                                    bf16_slices(rows, cols / BT_CH));
+                                                    gpu_bf16_slices(rows, cols / BT_CH));
     return gpu_cuda_status(cudaGetLastError(), "k_bt_gemm");
 }
 
@@ -489,7 +493,7 @@ df_status launch_vec_stg(const bt_mats &mats, const gpu_act &act, int n, int64_t
 template <int NM>
 df_status launch_vec(const bt_mats &mats, const gpu_act &act, const float *X, int n, int64_t rows, int64_t cols,
                      float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s) {
-    const int S = bf16_slices(rows, cols / BT_CH), tpb = S >= 8 ? 1 : 8 / S; /* S x tpb <= BT_SLICES warps */
+    const int S = gpu_bf16_slices(rows, cols / BT_CH), tpb = S >= 8 ? 1 : 8 / S; /* S x tpb <= BT_SLICES warps */
     const int64_t tiles = (row1 - row0 + 15) / 16, blocks = (tiles + tpb - 1) / tpb;
     if (blocks > 0x7fffffff) return DF_ERR_UNSUPPORTED;
     df_status st = split_limbs(X, n, cols, limbs, s);
@@ -499,6 +503,27 @@ df_status launch_vec(const bt_mats &mats, const gpu_act &act, const float *X, in
     return launch_vec_stg<NM, 2>(mats, act, n, cols, Y, ldy, row0, row1, limbs, S, tpb, blocks, s);
 }
 
+/* The wgmma blocks take a product when they may (wg, gpu_ws_wg) and, under
+ * auto (0), when their grid of 256-row x 64-vector blocks has at least 96
+ * (`cuda_bench 2 wg`, H200: from there they were ahead of the mma.sync
+ * blocks on every K3 shape, 1.2-1.5x at 256 and 512 vectors; below, the
+ * mma.sync blocks' smaller tiles fill the device better). */
+bool wg_takes(int wg, int64_t span, int n, int64_t cols) {
+    if (cols >= (int64_t)1 << 22) return false; /* their 32-bit row offsets */
+    return wg > 0 || (wg == 0 && (span + 255) / 256 * ((n + 63) / 64) >= 96);
+}
+
+__global__ void __launch_bounds__(256) k_wg_act(float *__restrict__ Y, int64_t ldy, const float *__restrict__ U,
+                                               int64_t span, int64_t total, const gpu_act act) {
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (int64_t)gridDim.x * 256) {
+        const int64_t v = i / span, r = i % span;
+        float *y = Y + v * ldy + r;
+        *y = gpu_act1(act, *y, U[i]);
+    }
+}
+
+size_t wg_up_offset(int n, int64_t cols) { return (gpu_bf16_wg_bytes(n, cols) + 255) / 256 * 256; }
+
 } // namespace
 
 extern "C" int gpu_bf16_tc_takes(const gpu_weight *w) {
@@ -506,10 +531,14 @@ extern "C" int gpu_bf16_tc_takes(const gpu_weight *w) {
            ((uintptr_t)w->data & 15) == 0;
 }
 
-size_t gpu_bf16_tc_bytes(int n, int64_t cols) { return (size_t)n * 3 * (size_t)cols * 2; }
+
+size_t gpu_bf16_tc_bytes(int n, int64_t rows, int64_t cols, int nm) {
+    const size_t mma = (size_t)n * 3 * (size_t)cols * 2, wg = wg_up_offset(n, cols);
+    return nm == 2 ? wg + (size_t)n * (size_t)rows * 4 : (wg > mma ? wg : mma);
+}
 
 df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act *act, const float *X, int n,
-                      float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s) {
+                      float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, int wg, cudaStream_t s) {
     if (!gpu_bf16_tc_takes(w0) || (w1 && (!gpu_bf16_tc_takes(w1) || w1->rows != w0->rows || w1->cols != w0->cols)) ||
         (w1 && !act) || !X || !Y || n < 1 || row0 < 0 || row1 > w0->rows || row1 <= row0 || ldy < row1 - row0 ||
         ((uintptr_t)X & 15) || !limbs)
@@ -519,7 +548,16 @@ df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act 
     mats.w[0] = (const uint8_t *)w0->data;
     mats.w[1] = (const uint8_t *)(w1 ? w1->data : w0->data);
     const gpu_act a = act ? *act : gpu_act{0, 0.0f, 0.0f};
-    const int64_t rows = w0->rows, cols = w0->cols;
+    const int64_t rows = w0->rows, cols = w0->cols, span = row1 - row0;
+    if (n > BT_VEC_MAX && wg_takes(wg, span, n, cols)) { /* gate + up: the up's rows after the limbs, then act */
+        df_status st = gpu_bf16_wg(w0, X, n, Y, ldy, row0, row1, limbs, 1, s);
+        if (st || !w1) return st;
+        float *U = (float *)((char *)limbs + wg_up_offset(n, cols));
+        if ((st = gpu_bf16_wg(w1, X, n, U, span, row0, row1, limbs, 0, s))) return st;
+        const int64_t total = (int64_t)n * span, b = (total + 255) / 256;
+        k_wg_act<<<(unsigned)(b < 8192 ? b : 8192), 256, 0, s>>>(Y, ldy, U, span, total, a);
+        return gpu_cuda_status(cudaGetLastError(), "k_wg_act");
+    }
     if (n <= BT_VEC_MAX)
         return w1 ? launch_vec<2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)
                   : launch_vec<1>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s);

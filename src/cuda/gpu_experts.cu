@@ -80,7 +80,7 @@ size_t run_bytes(const gpu_expert_job *jobs, int j0, int j1, int64_t *nvec, cons
     const int64_t inter = jobs[j0].gate->rows;
     if (bf16_job(&jobs[j0], ws->bf16_tc_rows)) {
         const int64_t wide = inter > jobs[j0].gate->cols ? inter : jobs[j0].gate->cols;
-        return bf16_hidden_bytes(&jobs[j0]) + gpu_bf16_tc_bytes(jobs[j0].n, wide);
+        return bf16_hidden_bytes(&jobs[j0]) + gpu_bf16_tc_bytes(jobs[j0].n, inter, wide, 2);
     }
     if (!batchable(&jobs[j0])) return (size_t)(nv * inter) * sizeof(float);
     gpu_tc_job a[RUN_MAX], b[RUN_MAX];
@@ -164,8 +164,9 @@ extern "C" df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gp
         if (bf16_job(&jobs[j0], ws->bf16_tc_rows)) {
             const gpu_expert_job &x = jobs[j0];
             void *limbs = (char *)ws->buf + bf16_hidden_bytes(&x); /* after G */
-            if ((st = gpu_bf16_tc(x.gate, x.up, act, x.X, x.n, G, inter, 0, inter, limbs, s))) return st;
-            if ((st = gpu_bf16_tc(x.down, NULL, NULL, G, x.n, x.out, hid, 0, hid, limbs, s))) return st;
+            const int wg = gpu_ws_wg(ws);
+            if ((st = gpu_bf16_tc(x.gate, x.up, act, x.X, x.n, G, inter, 0, inter, limbs, wg, s))) return st;
+            if ((st = gpu_bf16_tc(x.down, NULL, NULL, G, x.n, x.out, hid, 0, hid, limbs, wg, s))) return st;
             j0 = j1;
             continue;
         }

@@ -161,12 +161,25 @@ typedef struct {
 /* bf16 on the tensor cores (gpu_bf16_tc.cu): Y = w0 X (w1 NULL), or
  * Y = act(w0 X, w1 X) for a gate and an up matrix of one shape, rows
  * [row0, row1), Y[v * ldy + r - row0]; X [n][cols] 16-byte aligned. limbs:
- * device scratch of gpu_bf16_tc_bytes(n, cols) (NULL when that is 0). Each
- * output depends on its row and vector only (bit-equal for any n, row range
- * or caller). gpu_bf16_tc_takes(w0) must hold. Asynchronous on s. */
-size_t gpu_bf16_tc_bytes(int n, int64_t cols);
+ * device scratch of gpu_bf16_tc_bytes(n, rows, cols, w1 ? 2 : 1) (rows of
+ * w0, or more). wg: gpu_ws_wg's answer (may products of many vectors take
+ * the wgmma blocks). Each output depends on its row and vector only
+ * (bit-equal for any n, row range, wg or caller). gpu_bf16_tc_takes(w0)
+ * must hold. Asynchronous on s. */
+size_t gpu_bf16_tc_bytes(int n, int64_t rows, int64_t cols, int nm);
 df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act *act, const float *X, int n,
-                      float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, cudaStream_t s);
+                      float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, int wg, cudaStream_t s);
+/* Slices of a bf16 row on the tensor cores, from its shape alone (rows,
+ * 64-column chunks): part of every such output's order of operations. */
+int gpu_bf16_slices(int64_t rows, int64_t nch);
+/* The same products on Hopper's wgmma (gpu_bf16_wg.cu), one matrix, the
+ * same bits as gpu_bf16_tc's mma.sync kernels (Y, rows and X as there; X
+ * 8-byte aligned). limbs: device scratch of gpu_bf16_wg_bytes(n, cols),
+ * split from X there unless split is 0 (then they are X's from the call
+ * before, of the same n and cols). Asynchronous on s. */
+size_t gpu_bf16_wg_bytes(int n, int64_t cols);
+df_status gpu_bf16_wg(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+                      int64_t row1, void *limbs, int split, cudaStream_t s);
 /* Device scratch bytes gpu_tc_batch needs for these jobs. */
 size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs);
 /* gpu_matmul_tc for every job in few launches (one split launch, one mma

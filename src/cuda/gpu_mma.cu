@@ -715,7 +715,7 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
     if (!bf && !gpu_matmul_tc_takes(w)) return gpu_matmul(w, X, n, Y, ldy, row0, row1, stream);
     const uint8_t *frag = bf ? NULL : (const uint8_t *)w->frag;
     const int vg = n > TC_VEC ? TC_VG : 1; /* groups per pass */
-    const size_t need = bf ? gpu_bf16_tc_bytes(n, w->cols) : (size_t)vg * ws_bytes(w->cols);
+    const size_t need = bf ? gpu_bf16_tc_bytes(n, w->rows, w->cols, 1) : (size_t)vg * ws_bytes(w->cols);
     if (ws->cap < need) {
         gpu_ws_free(ws);
         df_status st = gpu_cuda_status(cudaMalloc(&ws->buf, need), "gpu_matmul_tc workspace");
@@ -726,7 +726,7 @@ extern "C" df_status gpu_matmul_tc(const gpu_weight *w, const float *X, int n, f
         ws->cap = need;
     }
     cudaStream_t s = (cudaStream_t)stream;
-    if (bf) return gpu_bf16_tc(w, NULL, NULL, X, n, Y, ldy, row0, row1, need ? ws->buf : NULL, s);
+    if (bf) return gpu_bf16_tc(w, NULL, NULL, X, n, Y, ldy, row0, row1, ws->buf, gpu_ws_wg(ws), s);
     uint4 *xb = (uint4 *)ws->buf;
     float *inv = (float *)((char *)ws->buf + (size_t)vg * (ws_bytes(w->cols) - TC_VEC * sizeof(float)));
     const int64_t tiles = frag ? (row1 + 15) / 16 - row0 / 16 : (row1 - row0 + 15) / 16;

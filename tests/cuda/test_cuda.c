@@ -488,6 +488,89 @@ TEST(cuda_tc_bf16_block_shapes) {
     free(X); free(Y); free(Z);
 }
 
+/* The wgmma blocks (gpu_ws.bf16_wg = 1, Hopper only) against the mma.sync
+ * blocks (-1), bit for bit: rows in several slices (1024 and 832 columns:
+ * 4 and 3 slices, the last one shorter), tail rows and vectors, a row range,
+ * each vector alone (the one-vector kernel), and a bf16 expert's gate + up
+ * (the act after two products) and down. */
+TEST(cuda_tc_bf16_wg) {
+    if (!need_gpu()) return;
+    gpu_ws on = {0}, off = {0};
+    on.bf16_tc_rows = off.bf16_tc_rows = 1;
+    on.bf16_wg = 1;
+    off.bf16_wg = -1;
+    if (gpu_ws_wg(&on) <= 0) SKIP("no wgmma blocks on this device or build (sm_90a only)");
+    enum { R = 1000, N = 130, HID = 1024, I = 384 }; /* HID >= R: Y and Z hold the expert's outputs too */
+    uint64_t s = seed_of("tc-bf16-wg");
+    const int64_t cols[2] = {1024, 832};
+    char err[DF_ERRMSG] = "";
+    float *X = malloc((size_t)N * 1024 * 4), *Y = malloc((size_t)N * HID * 4), *Z = malloc((size_t)N * HID * 4);
+    REQUIRE(X && Y && Z);
+    for (int64_t i = 0; i < (int64_t)N * 1024; i++) X[i] = 4.0f * frand(&s) - 2.0f;
+    float *dX = gpu_malloc((size_t)N * 1024 * 4), *dY = gpu_malloc((size_t)N * R * 4);
+    REQUIRE(dX && dY && gpu_put(dX, X, (size_t)N * 1024 * 4) == DF_OK);
+    for (int k = 0; k < 2; k++) {
+        const int64_t C = cols[k];
+        hmat m;
+        hmat_make(&m, WT_BF16, R, C, DT_UNKNOWN, s + k);
+        gpu_weight g;
+        REQUIRE(gpu_weight_upload(&m.w, &g, err) == DF_OK, "%s", err);
+        REQUIRE(gpu_matmul_tc(&g, dX, N, dY, R, 0, R, &off, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_get(Y, dY, (size_t)N * R * 4) == DF_OK);
+        REQUIRE(gpu_fill(dY, 0xff, (size_t)N * R * 4) == DF_OK);
+        REQUIRE(gpu_matmul_tc(&g, dX, N, dY, R, 0, R, &on, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_get(Z, dY, (size_t)N * R * 4) == DF_OK);
+        int diff = 0;
+        for (int64_t i = 0; i < (int64_t)N * R; i++) diff += f32_bits(Z[i]) != f32_bits(Y[i]);
+        CHECK(diff == 0, "%lld columns: %d of %d outputs differ between the wgmma and mma.sync blocks",
+              (long long)C, diff, N * R);
+        /* rows 37 .. 900 of 70 vectors, Y rows at span */
+        REQUIRE(gpu_fill(dY, 0xff, (size_t)N * R * 4) == DF_OK);
+        REQUIRE(gpu_matmul_tc(&g, dX, 70, dY, 864, 37, 901, &on, NULL) == DF_OK, "%s", gpu_last_error());
+        REQUIRE(gpu_get(Z, dY, (size_t)70 * 864 * 4) == DF_OK);
+        diff = 0;
+        for (int i = 0; i < 70; i++)
+            for (int r = 0; r < 864; r++) diff += f32_bits(Z[i * 864 + r]) != f32_bits(Y[(int64_t)i * R + 37 + r]);
+        CHECK(diff == 0, "%lld columns, rows 37 .. 900: %d outputs differ", (long long)C, diff);
+        const int alone[] = {0, 63, 64, 129};
+        for (int a = 0; a < 4; a++) {
+            REQUIRE(gpu_matmul_tc(&g, dX + (int64_t)alone[a] * C, 1, dY, R, 0, R, &on, NULL) == DF_OK, "%s",
+                    gpu_last_error());
+            REQUIRE(gpu_get(Z, dY, (size_t)R * 4) == DF_OK);
+            CHECK(memcmp(Z, Y + (int64_t)alone[a] * R, (size_t)R * 4) == 0, "%lld columns: vector %d alone differs",
+                  (long long)C, alone[a]);
+        }
+        gpu_weight_free(&g);
+        hmat_free(&m);
+    }
+    hmat e[3];
+    gpu_weight ge[3];
+    hmat_make(&e[0], WT_BF16, I, HID, DT_UNKNOWN, s + 5);
+    hmat_make(&e[1], WT_BF16, I, HID, DT_UNKNOWN, s + 6);
+    hmat_make(&e[2], WT_BF16, HID, I, DT_UNKNOWN, s + 7);
+    for (int k = 0; k < 3; k++) REQUIRE(gpu_weight_upload(&e[k].w, &ge[k], err) == DF_OK, "%s", err);
+    float *dO = gpu_malloc((size_t)N * HID * 4);
+    REQUIRE(dO);
+    const gpu_act act = {1, 3.0f, 2.0f};
+    gpu_expert_job job = {&ge[0], &ge[1], &ge[2], dX, N, dO};
+    REQUIRE(gpu_experts(&job, 1, &act, &off, NULL) == DF_OK, "%s", gpu_last_error());
+    REQUIRE(gpu_get(Y, dO, (size_t)N * HID * 4) == DF_OK);
+    REQUIRE(gpu_fill(dO, 0xff, (size_t)N * HID * 4) == DF_OK);
+    REQUIRE(gpu_experts(&job, 1, &act, &on, NULL) == DF_OK, "%s", gpu_last_error());
+    REQUIRE(gpu_get(Z, dO, (size_t)N * HID * 4) == DF_OK);
+    CHECK(memcmp(Z, Y, (size_t)N * HID * 4) == 0, "expert gate + up + down: the wgmma blocks differ");
+    gpu_free(dO);
+    for (int k = 0; k < 3; k++) {
+        gpu_weight_free(&ge[k]);
+        hmat_free(&e[k]);
+    }
+    gpu_free(dX);
+    gpu_free(dY);
+    gpu_ws_free(&on);
+    gpu_ws_free(&off);
+    free(X); free(Y); free(Z);
+}
+
 /* x with a huge dynamic range (1e-30 .. 1e4, and exact zeros): the split's
  * per-vector scale keeps the tensor-core path within its bound. */
 TEST(cuda_tc_mxfp4_range) {

@@ -1,0 +1,339 @@
+/* gpu_bf16_wg.cu — bf16 weights times fp32 vectors on Hopper's warpgroup
+ * tensor-core instructions (wgmma), for the many-vector products of a
+ * prompt (gpu_bf16_wg, gpu_internal.h; gpu_bf16_tc sends them here).
+ * Refuses (DF_ERR_UNSUPPORTED, the caller then keeps gpu_bf16_tc's mma.sync
+ * kernels): devices other than compute capability 9.0, builds without an
+ * sm_90a target, columns that are not a multiple of 64.
+ *
+ * Why: gpu_bf16_tc's mma.sync blocks stage 64 weight rows x 3 x 128 limb
+ * rows a chunk and were bound by L2 (~4.5 TB/s staged at ~96 TFLOP/s of the
+ * model's products, bench/cuda_NOTES.md, twenty-fourth session). Here a
+ * block holds 256 weight rows x 64 vectors (4 warpgroups): fewer staged
+ * bytes per product, and wgmma reads the limbs from shared memory itself.
+ *
+ * Bits. The same operations in the same order as gpu_bf16_tc.cu (its header
+ * states the contract and the bound): x split into hi, mid, lo bf16 limbs;
+ * per slice (bf16_slices, the same S) one fp32 accumulator from zero takes,
+ * chunk by chunk, the chunk's four k steps, each the hi, mid, lo limb; the
+ * slices are added in order at their ends. Step j of a chunk takes the same
+ * 16 columns in the same k positions as there: k pair (2t, 2t + 1) is
+ * columns b + 8t + {0, 1} and k pair (2t + 8, 2t + 9) is b + 8t + {2, 3},
+ * b = 4 (j & 1) + 32 (j >> 1). The weights are wgmma's A operand from
+ * registers, loaded exactly as gpu_bf16_tc loads its A fragments; the limbs
+ * are B from shared memory, so k_wg_split writes them already permuted into
+ * that k order. Tests compare every output with gpu_bf16_tc's kernels bit
+ * for bit (tests/cuda: cuda_tc_bf16_wg).
+ *
+ * Limb layout (k_wg_split): [chunk][q][npad][16 bytes], q = (j * 3 + L) * 2
+ * + h the 16-byte half h of step j's limb L, npad = n rounded up to the
+ * block's vectors (the pad vectors zero), so that a block's copy of one q
+ * is one contiguous run and its shared copy is wgmma's no-swizzle K-major
+ * layout: core matrices of 8 vectors x 16 bytes, 128 bytes apart along the
+ * vectors, WG_BN x 16 bytes apart along k.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "gpu.h"
+#include "gpu_internal.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_DEVICE 1 /* this pass compiles for sm_90a: wgmma exists */
+#else
+#define WG_DEVICE 0
+#endif
+
+namespace {
+
+enum {
+    WG_CH = 64,    /* columns a chunk */
+    WG_CHB = 128,  /* bytes of a weight row's chunk */
+    WG_Q = 24,     /* 16-byte limb pieces of a vector's chunk: 4 steps x 3 limbs x 2 halves */
+    WG_NWG = 4,    /* warpgroups a block: 256 weight rows */
+    WG_BN = 64,    /* vectors a block (wgmma's n); n is padded to a multiple */
+    WG_SMEM = 227 << 10
+};
+
+/* A block: NWG warpgroups of 64 weight rows each, BN vectors (wgmma's n:
+ * 64, the one wg_mma). Measured (`cuda_bench 2 wg`, H200, K3's shapes): 4 x 64 at
+ * 88-140 TFLOP/s of the model's products at 512 vectors; 3 x 128 (three
+ * stages) 72-119 and 2 x 128 63-104, so only 4 x 64 is built. */
+template <int NWG, int BN> struct wg_cfg {
+    static constexpr int THREADS = NWG * 128, BM = NWG * 64;
+    static constexpr int A_BYTES = BM * WG_CHB, B_BYTES = WG_Q * BN * 16, STAGE = A_BYTES + B_BYTES;
+    static constexpr int STAGES = WG_SMEM / STAGE > 4 ? 4 : WG_SMEM / STAGE; /* chunks staged, STAGES - 2 ahead */
+    static constexpr int NA = 4, NB = WG_Q * BN / THREADS;                    /* 16-byte copies a thread */
+    static_assert(STAGES >= 3 && NB * THREADS == WG_Q * BN && BN % 64 == 0, "wg_cfg shape");
+};
+
+/* Weight rows in shared memory: 16-byte piece i of row r at i ^ 4 (r & 1)
+ * (gpu_bf16_tc.cu's swizzle: a lane's 16-byte loads of rows g, g + 1 hit
+ * different banks). */
+__device__ __forceinline__ int wswz(int r, int i) { return (r * 8 + (i ^ ((r & 1) << 2))) * 16; }
+
+/* ---- limbs: X [n][cols] fp32 -> [chunk][q][npad][16 B] bf16 ---- */
+__global__ void __launch_bounds__(256) k_wg_split(const float *__restrict__ X, int n, int npad, int64_t cols,
+                                                 uint4 *__restrict__ L) {
+    const int64_t nch = cols / WG_CH, total = (int64_t)npad * nch * 8; /* (vector, chunk, step-half) */
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (int64_t)gridDim.x * 256) {
+        const int p = (int)(i & 7); /* p = 2 j + h */
+        const int64_t vc = i >> 3, v = vc % npad, c = vc / npad;
+        const int j = p >> 1, h = p & 1;
+        uint32_t hi[4] = {0, 0, 0, 0}, mi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+        if (v < n) {
+            /* k pair t of this half: columns b + 2h + 8t + {0, 1} */
+            const float *x = X + v * cols + c * WG_CH + 4 * (j & 1) + 32 * (j >> 1) + 2 * h;
+            const float2 x0 = *(const float2 *)(x), x1 = *(const float2 *)(x + 8);
+            const float2 x2 = *(const float2 *)(x + 16), x3 = *(const float2 *)(x + 24);
+            const float vv[8] = {x0.x, x0.y, x1.x, x1.y, x2.x, x2.y, x3.x, x3.y};
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const float a = vv[2 * t], b = vv[2 * t + 1];
+                const __nv_bfloat162 bh = __floats2bfloat162_rn(a, b);
+                const float ra = __fsub_rn(a, __low2float(bh)), rb = __fsub_rn(b, __high2float(bh));
+                const __nv_bfloat162 bm = __floats2bfloat162_rn(ra, rb);
+                const __nv_bfloat162 bl =
+                    __floats2bfloat162_rn(__fsub_rn(ra, __low2float(bm)), __fsub_rn(rb, __high2float(bm)));
+                hi[t] = *reinterpret_cast<const uint32_t *>(&bh);
+                mi[t] = *reinterpret_cast<const uint32_t *>(&bm);
+                lo[t] = *reinterpret_cast<const uint32_t *>(&bl);
+            }
+        }
+        uint4 *o = L + (c * WG_Q + (j * 3) * 2 + h) * npad + v; /* q = (j 3 + limb) 2 + h */
+        o[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        o[2 * npad] = make_uint4(mi[0], mi[1], mi[2], mi[3]);
+        o[4 * npad] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+}
+
+#if WG_DEVICE
+/* wgmma's shared-memory matrix descriptor: no swizzle, K-major; lbo the byte
+ * step between core matrices along k, sbo along the vectors. */
+__device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    return (uint64_t)((a & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+/* keeps the compiler from moving accumulator reads or writes across a wgmma */
+template <int R> __device__ __forceinline__ void wg_hold(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+/* d += A B: A 64 x 16 (this warp's 16 rows in a0..a3, mma.sync's fragment
+ * layout), B 16 x BN vectors from shared memory (descriptor b). */
+__device__ __forceinline__ void wg_mma(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                       uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+}
+#undef WG_D8
+#endif
+
+__device__ __forceinline__ int64_t wg_slice_end(int s, int64_t per, int64_t nch) {
+    const int64_t e = (int64_t)(s + 1) * per;
+    return e < nch ? e : nch;
+}
+
+/* Block (blockIdx.x: BN vectors, blockIdx.y: BM rows from row0): warpgroup
+ * k takes rows 64 k .. 64 k + 63, its warp w rows 16 w .. 16 w + 15 (warp
+ * 4 k + w of the block). Chunk c's wgmma run while chunk c + 1's fragments
+ * load (two fragment buffers, wgmma.wait_group 1); a slice's sum goes to Y
+ * at the slice's end (Y = 0 + sum, then Y = Y + sum: the fold's order). */
+template <int NWG, int BN>
+__global__ void __launch_bounds__(NWG * 128, 1)
+k_bt_wg(const uint8_t *__restrict__ W, const uint8_t *__restrict__ Lg, int n, int npad, int64_t cols,
+        float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1, int S) {
+#if WG_DEVICE
+    using C = wg_cfg<NWG, BN>;
+    constexpr int ND = BN / 2; /* accumulators a thread: 64 rows x BN over 128 threads */
+    extern __shared__ __align__(128) uint8_t sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t v0 = (int64_t)blockIdx.x * BN;
+    const int64_t r0 = row0 + (int64_t)blockIdx.y * C::BM;
+    const int64_t nch = cols / WG_CH, per = (nch + S - 1) / S, rowb = cols * 2;
+
+    /* copies: thread tid takes weight rows tid / 8 + THREADS / 8 k (piece
+     * tid % 8) and limb pieces tid + THREADS k of the block's WG_Q x BN */
+    const int piece = tid & 7, wrow = tid >> 3;
+    int32_t woff[C::NA];
+#pragma unroll
+    for (int k = 0; k < C::NA; k++)
+        woff[k] = (int32_t)(min((int64_t)(wrow + C::THREADS / 8 * k), row1 - 1 - r0) * rowb + piece * 16);
+    const uint8_t *wb = W + r0 * rowb;
+    const uint8_t *lb = Lg + v0 * 16;
+    auto stage = [&](int buf, int64_t c) {
+        uint8_t *a = sm + (size_t)buf * C::STAGE, *b = a + C::A_BYTES;
+#pragma unroll
+        for (int k = 0; k < C::NA; k++)
+            cp_async16(a + wswz(wrow + C::THREADS / 8 * k, piece), wb + woff[k] + c * WG_CHB, 16);
+        const uint8_t *src = lb + c * WG_Q * (int64_t)npad * 16;
+#pragma unroll
+        for (int k = 0; k < C::NB; k++) {
+            const int i = tid + C::THREADS * k, q = i / BN, v = i % BN;
+            cp_async16(b + i * 16, src + ((int64_t)q * npad + v) * 16, 16);
+        }
+    };
+
+    /* the limbs of stage 0: core matrices 128 bytes apart along the vectors, BN x 16 along k */
+    const uint64_t desc0 = wg_desc(sm + C::A_BYTES, BN * 16, 128);
+    float d[ND];
+#pragma unroll
+    for (int e = 0; e < ND; e++) d[e] = 0.0f;
+    const int arow = warp * 16 + g; /* this lane's rows arow, arow + 8 of the block */
+    /* d[4 i + e]: row arow + 8 (e >> 1), vector 8 i + 2 t + (e & 1) */
+    auto fold = [&](int &s, int64_t c) {
+        if (!(s < S && c + 1 == wg_slice_end(s, per, nch))) return;
+        wg_wait<0>();
+        wg_hold(d);
+        /* made here from laundered values, so that no address or bound is
+         * hoisted out of the chunk loop into registers of its own */
+        int64_t yo = (v0 + 2 * t) * ldy + (r0 + arow - row0), ld = ldy, rl = row1 - (r0 + arow), vl = n - (v0 + 2 * t);
+        asm volatile("mov.b64 %0, %0;" : "+l"(yo));
+        asm volatile("mov.b64 %0, %0;" : "+l"(ld));
+        asm volatile("mov.b64 %0, %0;" : "+l"(rl));
+        asm volatile("mov.b64 %0, %0;" : "+l"(vl));
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float *o = Y + yo + (8 * i + (e & 1)) * ld + 8 * (e >> 1);
+                const bool in = 8 * (e >> 1) < rl && 8 * i + (e & 1) < vl;
+                float y = s > 0 && in ? *o : 0.0f;
+                y = __fadd_rn(y, d[4 * i + e]);
+                for (int s2 = s + 1; s2 < S && c + 1 == wg_slice_end(s2, per, nch); s2++)
+                    y = __fadd_rn(y, 0.0f); /* empty slices ending here too */
+                if (in) *o = y;
+                d[4 * i + e] = 0.0f;
+            }
+        while (s < S && c + 1 == wg_slice_end(s, per, nch)) s++;
+    };
+    auto chunk = [&](int64_t c, uint32_t(&ra)[8], uint32_t(&rb)[8], int &s) {
+        cp_wait<C::STAGES - 3>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* cp.async's writes, seen by wgmma */
+        __syncthreads(); /* and every warpgroup is past chunk c - 2's wgmma: its stage and fragments are free */
+        if (c + C::STAGES - 2 < nch) stage((int)((c + C::STAGES - 2) % C::STAGES), c + C::STAGES - 2);
+        cp_commit();
+        const uint8_t *a = sm + (size_t)(c % C::STAGES) * C::STAGE;
+        const uint4 p0 = *(const uint4 *)(a + wswz(arow, t)), p1 = *(const uint4 *)(a + wswz(arow, 4 + t));
+        const uint4 q0 = *(const uint4 *)(a + wswz(arow + 8, t)), q1 = *(const uint4 *)(a + wswz(arow + 8, 4 + t));
+        ra[0] = p0.x, ra[1] = p0.y, ra[2] = p0.z, ra[3] = p0.w, ra[4] = p1.x, ra[5] = p1.y, ra[6] = p1.z, ra[7] = p1.w;
+        rb[0] = q0.x, rb[1] = q0.y, rb[2] = q0.z, rb[3] = q0.w, rb[4] = q1.x, rb[5] = q1.y, rb[6] = q1.z, rb[7] = q1.w;
+        /* this stage's limb descriptor, made in the loop (not hoisted: one
+         * 64-bit descriptor per stage and step would hold 24 registers each) */
+        uint64_t db = desc0 + (uint64_t)(((c % C::STAGES) * C::STAGE) >> 4);
+        asm volatile("mov.b64 %0, %0;" : "+l"(db));
+        wg_fence();
+        wg_hold(d);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int L = 0; L < 3; L++)
+                wg_mma(d, ra[2 * j], rb[2 * j], ra[2 * j + 1], rb[2 * j + 1],
+                       db + (uint64_t)(((j * 3 + L) * 2 * BN * 16) >> 4));
+        wg_commit();
+        wg_wait<1>(); /* chunk c - 1's wgmma done: its fragments are free */
+        wg_hold(d);
+        fold(s, c);
+    };
+
+#pragma unroll
+    for (int i = 0; i < C::STAGES - 2; i++) {
+        if (i < nch) stage(i, i);
+        cp_commit();
+    }
+    uint32_t fa[2][8], fb[2][8];
+    int s = 0;
+    for (int64_t c = 0; c < nch; c += 2) {
+        chunk(c, fa[0], fb[0], s);
+        if (c + 1 < nch) chunk(c + 1, fa[1], fb[1], s);
+    }
+    wg_wait<0>();
+    cp_wait<0>();
+#endif
+}
+
+template <int NWG, int BN>
+df_status launch_wg(const uint8_t *W, const void *limbs, int n, int64_t npad, int64_t cols, float *Y, int64_t ldy,
+                    int64_t row0, int64_t row1, int S, cudaStream_t s) {
+    using C = wg_cfg<NWG, BN>;
+    const size_t smem = (size_t)C::STAGES * C::STAGE;
+    df_status st = gpu_cuda_status(
+        cudaFuncSetAttribute(k_bt_wg<NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        "k_bt_wg shared memory");
+    if (st) {
+        (void)cudaGetLastError();
+        return st;
+    }
+    if ((row1 - row0 + C::BM - 1) / C::BM > 65535) return DF_ERR_UNSUPPORTED;
+    const dim3 grid((unsigned)((npad + BN - 1) / BN), (unsigned)((row1 - row0 + C::BM - 1) / C::BM));
+    k_bt_wg<NWG, BN><<<grid, C::THREADS, smem, s>>>(W, (const uint8_t *)limbs, n, (int)npad, cols, Y, ldy, row0,
+                                                   row1, S);
+    return gpu_cuda_status(cudaGetLastError(), "k_bt_wg");
+}
+
+} // namespace
+
+/* 1 when this build and device can run k_bt_wg (compute capability 9.0 and
+ * an sm_90a image in this object). */
+static int wg_present(void) {
+#ifndef DF_WG_SM90A
+    return 0; /* no sm_90a pass in this build: k_bt_wg's body is empty */
+#else
+    int dev = 0, ma = 0, mi = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev)) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (ma != 9 || mi != 0) return 0;
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, k_bt_wg<4, 64>) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return fa.binaryVersion == 90;
+#endif
+}
+
+extern "C" int gpu_ws_wg(gpu_ws *ws) {
+    if (ws->bf16_wg < 0) return -1;
+    if (!ws->wg_known) ws->wg_known = wg_present() ? 1 : 2;
+    return ws->wg_known == 1 ? ws->bf16_wg : -1;
+}
+
+size_t gpu_bf16_wg_bytes(int n, int64_t cols) {
+    const size_t npad = ((size_t)n + WG_BN - 1) / WG_BN * WG_BN;
+    return npad * 3 * (size_t)cols * 2;
+}
+
+df_status gpu_bf16_wg(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
+                      int64_t row1, void *limbs, int split, cudaStream_t s) {
+    if (!w || w->type != WT_BF16 || !w->data || w->cols < WG_CH || w->cols % WG_CH || !X || !Y || n < 1 ||
+        row0 < 0 || row1 > w->rows || row1 <= row0 || ldy < row1 - row0 || !limbs || ((uintptr_t)X & 7))
+        return DF_ERR_ARG;
+    const int64_t npad = ((int64_t)n + WG_BN - 1) / WG_BN * WG_BN, cols = w->cols;
+    if ((int64_t)WG_NWG * 64 * cols * 2 >= ((int64_t)1 << 31) || npad > 0x7fffffff)
+        return DF_ERR_UNSUPPORTED; /* the blocks' 32-bit row offsets */
+    df_status st;
+    if (split) {
+        const int64_t total = npad * (cols / WG_CH) * 8, sb = (total + 255) / 256;
+        k_wg_split<<<(unsigned)(sb < 8192 ? sb : 8192), 256, 0, s>>>(X, n, (int)npad, cols, (uint4 *)limbs);
+        if ((st = gpu_cuda_status(cudaGetLastError(), "k_wg_split"))) return st;
+    }
+    return launch_wg<WG_NWG, WG_BN>((const uint8_t *)w->data, limbs, n, npad, cols, Y, ldy, row0, row1,
+                                    gpu_bf16_slices(w->rows, cols / WG_CH), s);
+}
