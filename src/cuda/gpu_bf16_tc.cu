@@ -48,6 +48,10 @@
  *    shared memory serving 3 WN mma. Blocks of 64 x 32, 64 x 64 or
  *    128 x 128 (launch_gemms). One accumulator per output, not one per limb
  *    and chunk, leaves the registers for the large blocks.
+ *  - n > 8 on Hopper, a product that fills the device (wg_takes): the same
+ *    steps on wgmma blocks of 256 rows x 64 vectors, gpu_bf16_wg.cu; a gate
+ *    and up pair as two products there (the up's rows in the scratch after
+ *    the limbs), then the act (k_wg_act).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
