@@ -179,8 +179,40 @@ static double mma_peak() {
     return (double)blocks * 8 * iters * 8 * 4096.0 / t;
 }
 
+/* L2 -> SM read probe: the blocks read a 16 MB buffer (far below L2) again
+ * and again, 16 bytes a thread a load, L1 bypassed. */
+__global__ void __launch_bounds__(512) k_l2_probe(const uint4 *__restrict__ p, uint32_t mask, int reps,
+                                                 uint32_t *out) {
+    uint32_t acc = 0, i = blockIdx.x * 512u * 64u + threadIdx.x;
+    for (int r = 0; r < reps; r++)
+#pragma unroll 8
+        for (int k = 0; k < 64; k++, i += 512) {
+            const uint4 v = __ldcg(p + (i & mask));
+            acc ^= v.x ^ v.y ^ v.z ^ v.w;
+        }
+    if (acc == 0x12345678u) out[0] = acc;
+}
+
 /* `wg`: gpu_bf16_tc's mma.sync blocks against its wgmma blocks, bits and time */
 static int wg_bench() {
+    {
+        int sms = 0;
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        const size_t bytes = (size_t)16 << 20;
+        uint4 *p;
+        uint32_t *o;
+        CK(cudaMalloc(&p, bytes));
+        CK(cudaMalloc(&o, 4));
+        CK(cudaMemset(p, 1, bytes));
+        const int reps = 64;
+        for (int bps : {1, 2, 4}) {
+            double t = time_it([&] { k_l2_probe<<<sms * bps, 512>>>(p, (uint32_t)(bytes / 16 - 1), reps, o); }, 2, 7);
+            printf("L2 read probe (16 MB, %d blocks of 512 an SM): %.0f GB/s\n", bps,
+                   (double)sms * bps * 512 * 64 * reps * 16 / t / 1e9);
+        }
+        CK(cudaFree(p));
+        CK(cudaFree(o));
+    }
     struct { int64_t rows, cols; const char *what; } sh[] = {
         {12288, 7168, "KDA q/k/v/g"}, {7168, 12288, "o_proj"}, {6144, 7168, "shared gate"}, {1536, 7168, "q_a"}};
     const int ns[] = {64, 70, 128, 256, 512};

@@ -50,7 +50,7 @@
  *    and chunk, leaves the registers for the large blocks.
  *  - n > 8 on Hopper, a product that fills the device (wg_takes): the same
  *    steps on wgmma blocks of 256 rows x 64 vectors, gpu_bf16_wg.cu; a gate
- *    and up pair as two products there (the up's rows in the scratch after
+ *    and up pair in one launch there (the up's rows in the scratch after
  *    the limbs), then the act (k_wg_act).
  */
 #include <cuda_bf16.h>
@@ -508,13 +508,14 @@ df_status launch_vec(const bt_mats &mats, const gpu_act &act, const float *X, in
 }
 
 /* The wgmma blocks take a product when they may (wg, gpu_ws_wg) and, under
- * auto (0), when their grid of 256-row x 64-vector blocks has at least 96
+ * auto (0), when their grid of 256-row x 64-vector blocks (of each of nm
+ * matrices, one launch) has at least 96
  * (`cuda_bench 2 wg`, H200: from there they were ahead of the mma.sync
  * blocks on every K3 shape, 1.2-1.5x at 256 and 512 vectors; below, the
  * mma.sync blocks' smaller tiles fill the device better). */
-bool wg_takes(int wg, int64_t span, int n, int64_t cols) {
+bool wg_takes(int wg, int64_t span, int n, int64_t cols, int nm) {
     if (cols >= (int64_t)1 << 22) return false; /* their 32-bit row offsets */
-    return wg > 0 || (wg == 0 && (span + 255) / 256 * ((n + 63) / 64) >= 96);
+    return wg > 0 || (wg == 0 && nm * ((span + 255) / 256) * ((n + 63) / 64) >= 96);
 }
 
 __global__ void __launch_bounds__(256) k_wg_act(float *__restrict__ Y, int64_t ldy, const float *__restrict__ U,
@@ -553,11 +554,10 @@ df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act 
     mats.w[1] = (const uint8_t *)(w1 ? w1->data : w0->data);
     const gpu_act a = act ? *act : gpu_act{0, 0.0f, 0.0f};
     const int64_t rows = w0->rows, cols = w0->cols, span = row1 - row0;
-    if (n > BT_VEC_MAX && wg_takes(wg, span, n, cols)) { /* gate + up: the up's rows after the limbs, then act */
-        df_status st = gpu_bf16_wg(w0, X, n, Y, ldy, row0, row1, limbs, 1, s);
+    if (n > BT_VEC_MAX && wg_takes(wg, span, n, cols, w1 ? 2 : 1)) { /* gate + up: the up's rows after the limbs, then act */
+        float *U = w1 ? (float *)((char *)limbs + wg_up_offset(n, cols)) : NULL;
+        df_status st = gpu_bf16_wg(w0, w1, X, n, Y, ldy, U, row0, row1, limbs, s);
         if (st || !w1) return st;
-        float *U = (float *)((char *)limbs + wg_up_offset(n, cols));
-        if ((st = gpu_bf16_wg(w1, X, n, U, span, row0, row1, limbs, 0, s))) return st;
         const int64_t total = (int64_t)n * span, b = (total + 255) / 256;
         k_wg_act<<<(unsigned)(b < 8192 ? b : 8192), 256, 0, s>>>(Y, ldy, U, span, total, a);
         return gpu_cuda_status(cudaGetLastError(), "k_wg_act");

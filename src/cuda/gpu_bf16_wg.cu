@@ -44,14 +44,24 @@
 #define WG_DEVICE 0
 #endif
 
+#ifndef GPU_WG_NWG
+#define GPU_WG_NWG 4 /* build flag, for measurements */
+#endif
+#ifndef GPU_WG_BN
+#define GPU_WG_BN 64 /* build flag, for measurements: 64 or 128 */
+#endif
+#ifndef GPU_WG_STAGES
+#define GPU_WG_STAGES 4 /* at most; fewer when they do not fit */
+#endif
+
 namespace {
 
 enum {
     WG_CH = 64,    /* columns a chunk */
     WG_CHB = 128,  /* bytes of a weight row's chunk */
     WG_Q = 24,     /* 16-byte limb pieces of a vector's chunk: 4 steps x 3 limbs x 2 halves */
-    WG_NWG = 4,    /* warpgroups a block: 256 weight rows */
-    WG_BN = 64,    /* vectors a block (wgmma's n); n is padded to a multiple */
+    WG_NWG = GPU_WG_NWG, /* warpgroups a block: 256 weight rows */
+    WG_BN = GPU_WG_BN, /* vectors a block (wgmma's n); n is padded to a multiple */
     WG_SMEM = 227 << 10
 };
 
@@ -62,7 +72,7 @@ enum {
 template <int NWG, int BN> struct wg_cfg {
     static constexpr int THREADS = NWG * 128, BM = NWG * 64;
     static constexpr int A_BYTES = BM * WG_CHB, B_BYTES = WG_Q * BN * 16, STAGE = A_BYTES + B_BYTES;
-    static constexpr int STAGES = WG_SMEM / STAGE > 4 ? 4 : WG_SMEM / STAGE; /* chunks staged, STAGES - 2 ahead */
+    static constexpr int STAGES = WG_SMEM / STAGE > GPU_WG_STAGES ? GPU_WG_STAGES : WG_SMEM / STAGE; /* chunks staged, STAGES - 2 ahead */
     static constexpr int NA = 4, NB = WG_Q * BN / THREADS;                    /* 16-byte copies a thread */
     static_assert(STAGES >= 3 && NB * THREADS == WG_Q * BN && BN % 64 == 0, "wg_cfg shape");
 };
@@ -139,6 +149,20 @@ __device__ __forceinline__ void wg_mma(float (&d)[32], uint32_t a0, uint32_t a1,
                  : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
 }
+#if GPU_WG_BN == 128
+__device__ __forceinline__ void wg_mma(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                       uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                 : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+}
+#endif
 #undef WG_D8
 #endif
 
@@ -147,15 +171,24 @@ __device__ __forceinline__ int64_t wg_slice_end(int s, int64_t per, int64_t nch)
     return e < nch ? e : nch;
 }
 
-/* Block (blockIdx.x: BN vectors, blockIdx.y: BM rows from row0): warpgroup
+/* The products of one launch (blockIdx.z): a matrix, or a gate and an up
+ * matrix of one shape (their grids in one, so that a wave holds both). */
+struct wg_mats {
+    const uint8_t *w[2];
+    float *y[2];
+    int64_t ldy[2];
+};
+
+/* Block (blockIdx.x: BN vectors, blockIdx.y: BM rows from row0, blockIdx.z:
+ * the matrix): warpgroup
  * k takes rows 64 k .. 64 k + 63, its warp w rows 16 w .. 16 w + 15 (warp
  * 4 k + w of the block). Chunk c's wgmma run while chunk c + 1's fragments
  * load (two fragment buffers, wgmma.wait_group 1); a slice's sum goes to Y
  * at the slice's end (Y = 0 + sum, then Y = Y + sum: the fold's order). */
 template <int NWG, int BN>
 __global__ void __launch_bounds__(NWG * 128, 1)
-k_bt_wg(const uint8_t *__restrict__ W, const uint8_t *__restrict__ Lg, int n, int npad, int64_t cols,
-        float *__restrict__ Y, int64_t ldy, int64_t row0, int64_t row1, int S) {
+k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, int n, int npad, int64_t cols,
+        int64_t row0, int64_t row1, int S) {
 #if WG_DEVICE
     using C = wg_cfg<NWG, BN>;
     constexpr int ND = BN / 2; /* accumulators a thread: 64 rows x BN over 128 threads */
@@ -173,7 +206,9 @@ k_bt_wg(const uint8_t *__restrict__ W, const uint8_t *__restrict__ Lg, int n, in
 #pragma unroll
     for (int k = 0; k < C::NA; k++)
         woff[k] = (int32_t)(min((int64_t)(wrow + C::THREADS / 8 * k), row1 - 1 - r0) * rowb + piece * 16);
-    const uint8_t *wb = W + r0 * rowb;
+    const uint8_t *wb = mats.w[blockIdx.z] + r0 * rowb;
+    float *const Y = mats.y[blockIdx.z];
+    const int64_t ldy = mats.ldy[blockIdx.z];
     const uint8_t *lb = Lg + v0 * 16;
     auto stage = [&](int buf, int64_t c) {
         uint8_t *a = sm + (size_t)buf * C::STAGE, *b = a + C::A_BYTES;
@@ -267,8 +302,8 @@ k_bt_wg(const uint8_t *__restrict__ W, const uint8_t *__restrict__ Lg, int n, in
 }
 
 template <int NWG, int BN>
-df_status launch_wg(const uint8_t *W, const void *limbs, int n, int64_t npad, int64_t cols, float *Y, int64_t ldy,
-                    int64_t row0, int64_t row1, int S, cudaStream_t s) {
+df_status launch_wg(const wg_mats &mats, int nm, const void *limbs, int n, int64_t npad, int64_t cols, int64_t row0,
+                    int64_t row1, int S, cudaStream_t s) {
     using C = wg_cfg<NWG, BN>;
     const size_t smem = (size_t)C::STAGES * C::STAGE;
     df_status st = gpu_cuda_status(
@@ -279,9 +314,8 @@ df_status launch_wg(const uint8_t *W, const void *limbs, int n, int64_t npad, in
         return st;
     }
     if ((row1 - row0 + C::BM - 1) / C::BM > 65535) return DF_ERR_UNSUPPORTED;
-    const dim3 grid((unsigned)((npad + BN - 1) / BN), (unsigned)((row1 - row0 + C::BM - 1) / C::BM));
-    k_bt_wg<NWG, BN><<<grid, C::THREADS, smem, s>>>(W, (const uint8_t *)limbs, n, (int)npad, cols, Y, ldy, row0,
-                                                   row1, S);
+    const dim3 grid((unsigned)((npad + BN - 1) / BN), (unsigned)((row1 - row0 + C::BM - 1) / C::BM), (unsigned)nm);
+    k_bt_wg<NWG, BN><<<grid, C::THREADS, smem, s>>>(mats, (const uint8_t *)limbs, n, (int)npad, cols, row0, row1, S);
     return gpu_cuda_status(cudaGetLastError(), "k_bt_wg");
 }
 
@@ -301,7 +335,7 @@ static int wg_present(void) {
     }
     if (ma != 9 || mi != 0) return 0;
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, k_bt_wg<4, 64>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, k_bt_wg<WG_NWG, WG_BN>) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
@@ -320,20 +354,27 @@ size_t gpu_bf16_wg_bytes(int n, int64_t cols) {
     return npad * 3 * (size_t)cols * 2;
 }
 
-df_status gpu_bf16_wg(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
-                      int64_t row1, void *limbs, int split, cudaStream_t s) {
+df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X, int n, float *Y, int64_t ldy,
+                      float *U, int64_t row0, int64_t row1, void *limbs, cudaStream_t s) {
+    const gpu_weight *w = w0;
     if (!w || w->type != WT_BF16 || !w->data || w->cols < WG_CH || w->cols % WG_CH || !X || !Y || n < 1 ||
-        row0 < 0 || row1 > w->rows || row1 <= row0 || ldy < row1 - row0 || !limbs || ((uintptr_t)X & 7))
+        row0 < 0 || row1 > w->rows || row1 <= row0 || ldy < row1 - row0 || !limbs || ((uintptr_t)X & 7) ||
+        (w1 && (w1->type != WT_BF16 || !w1->data || w1->rows != w->rows || w1->cols != w->cols || !U)))
         return DF_ERR_ARG;
     const int64_t npad = ((int64_t)n + WG_BN - 1) / WG_BN * WG_BN, cols = w->cols;
     if ((int64_t)WG_NWG * 64 * cols * 2 >= ((int64_t)1 << 31) || npad > 0x7fffffff)
         return DF_ERR_UNSUPPORTED; /* the blocks' 32-bit row offsets */
-    df_status st;
-    if (split) {
-        const int64_t total = npad * (cols / WG_CH) * 8, sb = (total + 255) / 256;
-        k_wg_split<<<(unsigned)(sb < 8192 ? sb : 8192), 256, 0, s>>>(X, n, (int)npad, cols, (uint4 *)limbs);
-        if ((st = gpu_cuda_status(cudaGetLastError(), "k_wg_split"))) return st;
-    }
-    return launch_wg<WG_NWG, WG_BN>((const uint8_t *)w->data, limbs, n, npad, cols, Y, ldy, row0, row1,
+    const int64_t total = npad * (cols / WG_CH) * 8, sb = (total + 255) / 256;
+    k_wg_split<<<(unsigned)(sb < 8192 ? sb : 8192), 256, 0, s>>>(X, n, (int)npad, cols, (uint4 *)limbs);
+    df_status st = gpu_cuda_status(cudaGetLastError(), "k_wg_split");
+    if (st) return st;
+    wg_mats m;
+    m.w[0] = (const uint8_t *)w0->data;
+    m.w[1] = (const uint8_t *)(w1 ? w1->data : w0->data);
+    m.y[0] = Y;
+    m.y[1] = w1 ? U : Y;
+    m.ldy[0] = ldy;
+    m.ldy[1] = row1 - row0;
+    return launch_wg<WG_NWG, WG_BN>(m, w1 ? 2 : 1, limbs, n, npad, cols, row0, row1,
                                     gpu_bf16_slices(w->rows, cols / WG_CH), s);
 }

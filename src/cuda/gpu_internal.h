@@ -172,14 +172,14 @@ df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act 
 /* Slices of a bf16 row on the tensor cores, from its shape alone (rows,
  * 64-column chunks): part of every such output's order of operations. */
 int gpu_bf16_slices(int64_t rows, int64_t nch);
-/* The same products on Hopper's wgmma (gpu_bf16_wg.cu), one matrix, the
- * same bits as gpu_bf16_tc's mma.sync kernels (Y, rows and X as there; X
- * 8-byte aligned). limbs: device scratch of gpu_bf16_wg_bytes(n, cols),
- * split from X there unless split is 0 (then they are X's from the call
- * before, of the same n and cols). Asynchronous on s. */
+/* The same products on Hopper's wgmma (gpu_bf16_wg.cu), the same bits as
+ * gpu_bf16_tc's mma.sync kernels: Y = w0 X (Y, rows and X as there; X
+ * 8-byte aligned) and, when w1 is set (its shape w0's), U = w1 X in rows of
+ * row1 - row0 (no act: the caller applies it). limbs: device scratch of
+ * gpu_bf16_wg_bytes(n, cols). Asynchronous on s. */
 size_t gpu_bf16_wg_bytes(int n, int64_t cols);
-df_status gpu_bf16_wg(const gpu_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
-                      int64_t row1, void *limbs, int split, cudaStream_t s);
+df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X, int n, float *Y, int64_t ldy,
+                      float *U, int64_t row0, int64_t row1, void *limbs, cudaStream_t s);
 /* Device scratch bytes gpu_tc_batch needs for these jobs. */
 size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs);
 /* gpu_matmul_tc for every job in few launches (one split launch, one mma
