@@ -1029,21 +1029,53 @@ __global__ void __launch_bounds__(ABS_T) k_mla_absorb(const void *__restrict__ w
         if (t < n) qlat[((int64_t)h * n + t) * R + r] = acc[t];
 }
 
-template <int I8>
+/* A warp takes RW rows (h, v .. v + RW - 1) of one head and the tokens TK
+ * at a time: per step of its columns r = lane + 32 i it loads RW weights
+ * and TK latent values for RW x TK FMAs (one row and one token a warp read
+ * both for each FMA: bound by L1). Each (row, token) sum is the same chain
+ * as one row and token alone: fmaf over r = lane, lane + 32, ... from zero,
+ * then the butterfly (16, 8, 4, 2, 1), so the bits do not depend on RW, TK
+ * or n. Lane k TK + t stores sum (k, t). RW = TK = 1: a row a warp, a
+ * token at a time (one-token decode). */
+template <int I8, int RW, int TK>
 __global__ void __launch_bounds__(LIFT_WARPS * 32) k_mla_lift(const void *__restrict__ w, const float *__restrict__ wscale,
                                                              int nh, int dn, int dv, int R, const float *__restrict__ olat,
                                                              int n, float *__restrict__ attn) {
+    static_assert(RW * TK <= 32, "a lane stores at most one sum");
     const int lane = threadIdx.x & 31, gw = blockIdx.x * LIFT_WARPS + (threadIdx.x >> 5);
-    if (gw >= nh * dv) return;
-    const int h = gw / dv, v = gw % dv;
-    const int64_t row = (int64_t)h * (dn + dv) + dn + v;
-    for (int t = 0; t < n; t++) {
-        const float *o = olat + ((int64_t)h * n + t) * R;
-        float s = 0.0f;
-        for (int r = lane; r < R; r += 32) s = fmaf(kvb_at<I8>(w, wscale, row, r, R), o[r], s);
+    if ((int64_t)gw * RW >= (int64_t)nh * dv) return;
+    const int h = gw * RW / dv, v0 = gw * RW % dv; /* dv % RW == 0: the RW rows share head h */
+    const int64_t row0 = (int64_t)h * (dn + dv) + dn + v0;
+    for (int t0 = 0; t0 < n; t0 += TK) {
+        float s[RW][TK];
 #pragma unroll
-        for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
-        if (lane == 0) attn[(int64_t)t * nh * dv + (int64_t)h * dv + v] = s;
+        for (int k = 0; k < RW; k++)
+#pragma unroll
+            for (int t = 0; t < TK; t++) s[k][t] = 0.0f;
+        const float *o = olat + ((int64_t)h * n + t0) * R;
+        for (int r = lane; r < R; r += 32) {
+            float wv[RW], ov[TK];
+#pragma unroll
+            for (int k = 0; k < RW; k++) wv[k] = kvb_at<I8>(w, wscale, row0 + k, r, R);
+#pragma unroll
+            for (int t = 0; t < TK; t++) ov[t] = t0 + t < n ? o[(int64_t)t * R + r] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < RW; k++)
+#pragma unroll
+                for (int t = 0; t < TK; t++) s[k][t] = fmaf(wv[k], ov[t], s[k][t]);
+        }
+        float mine = 0.0f;
+#pragma unroll
+        for (int k = 0; k < RW; k++)
+#pragma unroll
+            for (int t = 0; t < TK; t++) {
+                float x = s[k][t];
+#pragma unroll
+                for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+                if (lane == k * TK + t) mine = x;
+            }
+        const int k = lane / TK, t = lane % TK;
+        if (k < RW && t0 + t < n) attn[(int64_t)(t0 + t) * nh * dv + (int64_t)h * dv + v0 + k] = mine;
     }
 }
 
@@ -1086,12 +1118,20 @@ extern "C" df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, c
     df_status st = mla_kv_b_check(kv_b, sh, n);
     if (st != DF_OK) return st;
     if (!olat || !attn) return DF_ERR_ARG;
+    /* 4 rows x 8 tokens a warp when a head's rows split in fours and there
+     * are tokens to share them, else a row a warp, a token at a time */
     const int64_t rows = (int64_t)sh->nh * sh->dv;
-    if (kv_b->type == WT_I8_ROW)
-        k_mla_lift<1><<<(unsigned)cdiv(rows, LIFT_WARPS), LIFT_WARPS * 32, 0, (cudaStream_t)stream>>>(
-            kv_b->data, (const float *)kv_b->scale, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
-    else
-        k_mla_lift<0><<<(unsigned)cdiv(rows, LIFT_WARPS), LIFT_WARPS * 32, 0, (cudaStream_t)stream>>>(
-            kv_b->data, NULL, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
+    const bool four = sh->dv % 4 == 0 && n > 1;
+    const unsigned blocks = (unsigned)cdiv(four ? rows / 4 : rows, LIFT_WARPS);
+    const void *w = kv_b->data;
+    const float *sc = (const float *)kv_b->scale;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (kv_b->type == WT_I8_ROW) {
+        if (four) k_mla_lift<1, 4, 8><<<blocks, LIFT_WARPS * 32, 0, s>>>(w, sc, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
+        else k_mla_lift<1, 1, 1><<<blocks, LIFT_WARPS * 32, 0, s>>>(w, sc, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
+    } else {
+        if (four) k_mla_lift<0, 4, 8><<<blocks, LIFT_WARPS * 32, 0, s>>>(w, NULL, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
+        else k_mla_lift<0, 1, 1><<<blocks, LIFT_WARPS * 32, 0, s>>>(w, NULL, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
+    }
     return launched("k_mla_lift");
 }

@@ -696,7 +696,7 @@ TEST(cuda_res_norm) {
  * kv_b: |y - exact| <= K u sum|w x| with K = dn (absorb) and R/32 + 5
  * (lift), gpu.h's bounds; n = 1 and a 17-token chunk, bf16 and row-int8
  * (the int8 spine's kv_b: q times its row scale); a refused type (fp8) and
- * n > 32. */
+ * n > 32; each token's lift alone bit-equal to its row of the n-token lift. */
 static void check_mla_products(int nh, int dn, int dv, int R, int n, int i8, const char *tag) {
     uint64_t s = seed_of(tag);
     const int dr = 64, dq = dn + dr;
@@ -763,6 +763,26 @@ static void check_mla_products(int nh, int dn, int dv, int R, int n, int i8, con
         }
     CHECK(worst_a <= 1 && worst_l <= 1, "%s: worst absorb %.3g, lift %.3g of the bound", tag, worst_a, worst_l);
     fprintf(stderr, "[%s: worst absorb %.3g, lift %.3g of the bound] ", tag, worst_a, worst_l);
+    /* the lift of each token alone (the one-token kernel) equals its row of the n-token lift, bit for bit */
+    if (n > 1) {
+        float *o1 = malloc((size_t)nh * R * sizeof(float)), *a1 = malloc((size_t)nh * dv * sizeof(float));
+        float *do1 = gpu_malloc((size_t)nh * R * sizeof(float)), *da1 = gpu_malloc((size_t)nh * dv * sizeof(float));
+        REQUIRE(o1 && a1 && do1 && da1);
+        const int ts[3] = {0, n / 2, n - 1};
+        for (int k = 0; k < 3; k++) {
+            for (int h = 0; h < nh; h++) memcpy(o1 + (size_t)h * R, olat + ((size_t)h * n + ts[k]) * R, (size_t)R * 4);
+            REQUIRE(gpu_put(do1, o1, (size_t)nh * R * sizeof(float)) == DF_OK);
+            CHECK(gpu_mla_lift(&g, &sh, do1, 1, da1, NULL) == DF_OK &&
+                      gpu_get(a1, da1, (size_t)nh * dv * sizeof(float)) == DF_OK,
+                  "%s: one-token lift: %s", tag, gpu_last_error());
+            CHECK(memcmp(a1, at + (size_t)ts[k] * nh * dv, (size_t)nh * dv * sizeof(float)) == 0,
+                  "%s: token %d's lift alone differs from its row of n = %d", tag, ts[k], n);
+        }
+        gpu_free(do1);
+        gpu_free(da1);
+        free(o1);
+        free(a1);
+    }
     /* refused: n > 32, a type other than bf16 */
     CHECK(gpu_mla_absorb(&g, &sh, dq_, 33, dql, NULL) == DF_ERR_UNSUPPORTED, "%s: n = 33 must be refused", tag);
     gpu_weight g8 = g;
@@ -790,4 +810,6 @@ TEST(cuda_attn_mla_products) {
     check_mla_products(3, 48, 40, 96, 17, 0, "mla-products-n17");
     check_mla_products(4, 128, 128, 512, 1, 1, "mla-products-i8-n1");
     check_mla_products(3, 48, 40, 96, 17, 1, "mla-products-i8-n17");
+    check_mla_products(2, 128, 128, 512, 32, 0, "mla-products-n32");
+    check_mla_products(2, 16, 6, 64, 9, 0, "mla-products-dv6-n9"); /* dv % 4 != 0: a row a warp */
 }
