@@ -88,23 +88,6 @@ __device__ __forceinline__ int64_t slice_end(int s, int64_t per, int64_t nch) {
     return e < nch ? e : nch;
 }
 
-/* Eight floats as the limbs' four u32 each (value 2i low, 2i + 1 high), two
- * values per conversion (cvt.rn.bf16x2.f32, round to nearest even). */
-__device__ __forceinline__ void split8(const float4 &a, const float4 &b, uint32_t *h, uint32_t *m, uint32_t *l) {
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float x0 = v[2 * i], x1 = v[2 * i + 1];
-        const __nv_bfloat162 bh = __floats2bfloat162_rn(x0, x1);
-        const float r0 = __fsub_rn(x0, __low2float(bh)), r1 = __fsub_rn(x1, __high2float(bh));
-        const __nv_bfloat162 bm = __floats2bfloat162_rn(r0, r1);
-        const __nv_bfloat162 bl =
-            __floats2bfloat162_rn(__fsub_rn(r0, __low2float(bm)), __fsub_rn(r1, __high2float(bm)));
-        h[i] = *reinterpret_cast<const uint32_t *>(&bh);
-        m[i] = *reinterpret_cast<const uint32_t *>(&bm);
-        l[i] = *reinterpret_cast<const uint32_t *>(&bl);
-    }
-}
 
 /* One k step of one 16-row tile against one 8-column B tile, its three
  * limbs in order into one accumulator: d += W hi, d += W mid, d += W lo.
@@ -258,7 +241,7 @@ __global__ void __launch_bounds__(256) k_bt_split(const float *__restrict__ X, i
         const int64_t v = i / (cols / 8), q = i % (cols / 8);
         const float4 *x = (const float4 *)(X + v * cols + q * 8);
         uint32_t h[4], m[4], l[4];
-        split8(x[0], x[1], h, m, l);
+        bf16_limbs8(x[0], x[1], h, m, l);
         uint4 *o = L + (v * 3) * (cols / 8) + q;
         o[0] = make_uint4(h[0], h[1], h[2], h[3]);
         o[cols / 8] = make_uint4(m[0], m[1], m[2], m[3]);

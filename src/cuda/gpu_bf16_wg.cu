@@ -96,19 +96,7 @@ __global__ void __launch_bounds__(256) k_wg_split(const float *__restrict__ X, i
             const float *x = X + v * cols + c * WG_CH + 4 * (j & 1) + 32 * (j >> 1) + 2 * h;
             const float2 x0 = *(const float2 *)(x), x1 = *(const float2 *)(x + 8);
             const float2 x2 = *(const float2 *)(x + 16), x3 = *(const float2 *)(x + 24);
-            const float vv[8] = {x0.x, x0.y, x1.x, x1.y, x2.x, x2.y, x3.x, x3.y};
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                const float a = vv[2 * t], b = vv[2 * t + 1];
-                const __nv_bfloat162 bh = __floats2bfloat162_rn(a, b);
-                const float ra = __fsub_rn(a, __low2float(bh)), rb = __fsub_rn(b, __high2float(bh));
-                const __nv_bfloat162 bm = __floats2bfloat162_rn(ra, rb);
-                const __nv_bfloat162 bl =
-                    __floats2bfloat162_rn(__fsub_rn(ra, __low2float(bm)), __fsub_rn(rb, __high2float(bm)));
-                hi[t] = *reinterpret_cast<const uint32_t *>(&bh);
-                mi[t] = *reinterpret_cast<const uint32_t *>(&bm);
-                lo[t] = *reinterpret_cast<const uint32_t *>(&bl);
-            }
+            bf16_limbs8(make_float4(x0.x, x0.y, x1.x, x1.y), make_float4(x2.x, x2.y, x3.x, x3.y), hi, mi, lo);
         }
         uint4 *o = L + (c * WG_Q + (j * 3) * 2 + h) * npad + v; /* q = (j 3 + limb) 2 + h */
         o[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);

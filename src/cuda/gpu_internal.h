@@ -4,6 +4,7 @@
  * registers (load, store, RMSNorm), the tensor-core batch. C++ (nvcc) only. */
 #ifndef DF_CUDA_GPU_INTERNAL_H
 #define DF_CUDA_GPU_INTERNAL_H
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include "gpu.h"
 
@@ -188,6 +189,26 @@ size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs);
  * matrix and vector (the same kernel body, split and work layout).
  * scratch: device, gpu_tc_batch_bytes. Asynchronous on s. */
 df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStream_t s);
+
+/* The three bf16 limbs of eight floats (gpu_bf16_tc.cu, gpu_bf16_wg.cu):
+ * hi = rn(x), mid = rn(x - hi), lo = rn(x - hi - mid), each as four u32
+ * (value 2i low, 2i + 1 high), two values per conversion (cvt.rn.bf16x2.f32,
+ * round to nearest even). */
+static __device__ __forceinline__ void bf16_limbs8(const float4 &a, const float4 &b, uint32_t *h, uint32_t *m, uint32_t *l) {
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        const __nv_bfloat162 bh = __floats2bfloat162_rn(x0, x1);
+        const float r0 = __fsub_rn(x0, __low2float(bh)), r1 = __fsub_rn(x1, __high2float(bh));
+        const __nv_bfloat162 bm = __floats2bfloat162_rn(r0, r1);
+        const __nv_bfloat162 bl =
+            __floats2bfloat162_rn(__fsub_rn(r0, __low2float(bm)), __fsub_rn(r1, __high2float(bm)));
+        h[i] = *reinterpret_cast<const uint32_t *>(&bh);
+        m[i] = *reinterpret_cast<const uint32_t *>(&bm);
+        l[i] = *reinterpret_cast<const uint32_t *>(&bl);
+    }
+}
 
 /* The PTX the tensor-core kernels share (gpu_mma.cu, gpu_bf16_tc.cu). */
 /* d += A B, m16n8k16, fp32 accumulators; A, B f16 (mma_f16) or bf16 (mma_bf16). */
