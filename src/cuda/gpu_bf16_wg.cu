@@ -1,15 +1,16 @@
 /* gpu_bf16_wg.cu — bf16 weights times fp32 vectors on Hopper's warpgroup
  * tensor-core instructions (wgmma), for the many-vector products of a
  * prompt (gpu_bf16_wg, gpu_internal.h; gpu_bf16_tc sends them here).
- * Refuses (DF_ERR_UNSUPPORTED, the caller then keeps gpu_bf16_tc's mma.sync
- * kernels): devices other than compute capability 9.0, builds without an
- * sm_90a target, columns that are not a multiple of 64.
+ * Refuses: devices other than compute capability 9.0 and builds without an
+ * sm_90a target (gpu_ws_wg says -1; the caller keeps gpu_bf16_tc's mma.sync
+ * kernels), columns that are not a multiple of 64 (DF_ERR_ARG), rows of 4M
+ * columns or more (DF_ERR_UNSUPPORTED: 32-bit offsets).
  *
- * Why: gpu_bf16_tc's mma.sync blocks stage 64 weight rows x 3 x 128 limb
- * rows a chunk and were bound by L2 (~4.5 TB/s staged at ~96 TFLOP/s of the
- * model's products, bench/cuda_NOTES.md, twenty-fourth session). Here a
- * block holds 256 weight rows x 64 vectors (4 warpgroups): fewer staged
- * bytes per product, and wgmma reads the limbs from shared memory itself.
+ * Why: gpu_bf16_tc's mma.sync blocks ran K3's large products at ~84-96
+ * TFLOP/s of the model's FLOPs. Here a block holds 256 weight rows x 64
+ * vectors (4 warpgroups) and wgmma reads the limbs from shared memory
+ * itself: 122-140 TFLOP/s at 512 vectors (bench/cuda_NOTES.md, twenty-ninth
+ * session, where L2 was measured not to be the bound).
  *
  * Bits. The same operations in the same order as gpu_bf16_tc.cu (its header
  * states the contract and the bound): x split into hi, mid, lo bf16 limbs;
@@ -65,10 +66,10 @@ enum {
     WG_SMEM = 227 << 10
 };
 
-/* A block: NWG warpgroups of 64 weight rows each, BN vectors (wgmma's n:
- * 64, the one wg_mma). Measured (`cuda_bench 2 wg`, H200, K3's shapes): 4 x 64 at
- * 88-140 TFLOP/s of the model's products at 512 vectors; 3 x 128 (three
- * stages) 72-119 and 2 x 128 63-104, so only 4 x 64 is built. */
+/* A block: NWG warpgroups of 64 weight rows each, BN vectors (wgmma's n,
+ * 64; 128 with -DGPU_WG_BN=128). Measured (`cuda_bench 2 wg`, H200, K3's
+ * shapes at 512 vectors, TFLOP/s of the model's products): 4 x 64 88-140;
+ * 3 x 128 (three stages) 73-120, 2 x 128 64-105; so 4 x 64 is the build. */
 template <int NWG, int BN> struct wg_cfg {
     static constexpr int THREADS = NWG * 128, BM = NWG * 64;
     static constexpr int A_BYTES = BM * WG_CHB, B_BYTES = WG_Q * BN * 16, STAGE = A_BYTES + B_BYTES;
