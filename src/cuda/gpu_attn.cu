@@ -1123,15 +1123,10 @@ extern "C" df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, c
     const int64_t rows = (int64_t)sh->nh * sh->dv;
     const bool four = sh->dv % 4 == 0 && n > 1;
     const unsigned blocks = (unsigned)cdiv(four ? rows / 4 : rows, LIFT_WARPS);
-    const void *w = kv_b->data;
-    const float *sc = (const float *)kv_b->scale;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (kv_b->type == WT_I8_ROW) {
-        if (four) k_mla_lift<1, 4, 8><<<blocks, LIFT_WARPS * 32, 0, s>>>(w, sc, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
-        else k_mla_lift<1, 1, 1><<<blocks, LIFT_WARPS * 32, 0, s>>>(w, sc, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
-    } else {
-        if (four) k_mla_lift<0, 4, 8><<<blocks, LIFT_WARPS * 32, 0, s>>>(w, NULL, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
-        else k_mla_lift<0, 1, 1><<<blocks, LIFT_WARPS * 32, 0, s>>>(w, NULL, sh->nh, sh->dn, sh->dv, sh->R, olat, n, attn);
-    }
+    const bool i8 = kv_b->type == WT_I8_ROW;
+    void (*lift)(const void *, const float *, int, int, int, int, const float *, int, float *) =
+        i8 ? (four ? k_mla_lift<1, 4, 8> : k_mla_lift<1, 1, 1>) : (four ? k_mla_lift<0, 4, 8> : k_mla_lift<0, 1, 1>);
+    lift<<<blocks, LIFT_WARPS * 32, 0, (cudaStream_t)stream>>>(kv_b->data, i8 ? (const float *)kv_b->scale : NULL, sh->nh,
+                                                              sh->dn, sh->dv, sh->R, olat, n, attn);
     return launched("k_mla_lift");
 }

@@ -88,7 +88,6 @@ __device__ __forceinline__ int64_t slice_end(int s, int64_t per, int64_t nch) {
     return e < nch ? e : nch;
 }
 
-
 /* One k step of one 16-row tile against one 8-column B tile, its three
  * limbs in order into one accumulator: d += W hi, d += W mid, d += W lo.
  * a0..a3: the rows' k pairs; h, m, l: the limbs' two u32 of this step. */
@@ -492,10 +491,10 @@ df_status launch_vec(const bt_mats &mats, const gpu_act &act, const float *X, in
 
 /* The wgmma blocks take a product when they may (wg, gpu_ws_wg) and, under
  * auto (0), when their grid of 256-row x 64-vector blocks (of each of nm
- * matrices, one launch) has at least 96
- * (`cuda_bench 2 wg`, H200: from there they were ahead of the mma.sync
- * blocks on every K3 shape, 1.2-1.5x at 256 and 512 vectors; below, the
- * mma.sync blocks' smaller tiles fill the device better). */
+ * matrices, one launch) has at least 96 (`cuda_bench 2 wg`, H200: from
+ * there they were ahead of the mma.sync blocks on every K3 shape, 1.2-1.5x
+ * at 256 and 512 vectors; below, the mma.sync blocks' smaller tiles fill
+ * the device better). */
 bool wg_takes(int wg, int64_t span, int n, int64_t cols, int nm) {
     if (cols >= (int64_t)1 << 22) return false; /* their 32-bit row offsets */
     return wg > 0 || (wg == 0 && nm * ((span + 255) / 256) * ((n + 63) / 64) >= 96);
@@ -519,7 +518,6 @@ extern "C" int gpu_bf16_tc_takes(const gpu_weight *w) {
            ((uintptr_t)w->data & 15) == 0;
 }
 
-
 size_t gpu_bf16_tc_bytes(int n, int64_t rows, int64_t cols, int nm) {
     const size_t mma = (size_t)n * 3 * (size_t)cols * 2, wg = wg_up_offset(n, cols);
     return nm == 2 ? wg + (size_t)n * (size_t)rows * 4 : (wg > mma ? wg : mma);
@@ -537,7 +535,8 @@ df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act 
     mats.w[1] = (const uint8_t *)(w1 ? w1->data : w0->data);
     const gpu_act a = act ? *act : gpu_act{0, 0.0f, 0.0f};
     const int64_t rows = w0->rows, cols = w0->cols, span = row1 - row0;
-    if (n > BT_VEC_MAX && wg_takes(wg, span, n, cols, w1 ? 2 : 1)) { /* gate + up: the up's rows after the limbs, then act */
+    if (n > BT_VEC_MAX && wg_takes(wg, span, n, cols, w1 ? 2 : 1)) {
+        /* gate + up: the up's rows in the scratch after the limbs, then the act */
         float *U = w1 ? (float *)((char *)limbs + wg_up_offset(n, cols)) : NULL;
         df_status st = gpu_bf16_wg(w0, w1, X, n, Y, ldy, U, row0, row1, limbs, s);
         if (st || !w1) return st;

@@ -73,7 +73,8 @@ enum {
 template <int NWG, int BN> struct wg_cfg {
     static constexpr int THREADS = NWG * 128, BM = NWG * 64;
     static constexpr int A_BYTES = BM * WG_CHB, B_BYTES = WG_Q * BN * 16, STAGE = A_BYTES + B_BYTES;
-    static constexpr int STAGES = WG_SMEM / STAGE > GPU_WG_STAGES ? GPU_WG_STAGES : WG_SMEM / STAGE; /* chunks staged, STAGES - 2 ahead */
+    /* chunks staged, STAGES - 2 of them loading ahead */
+    static constexpr int STAGES = WG_SMEM / STAGE > GPU_WG_STAGES ? GPU_WG_STAGES : WG_SMEM / STAGE;
     static constexpr int NA = 4, NB = WG_Q * BN / THREADS;                    /* 16-byte copies a thread */
     static_assert(STAGES >= 3 && NB * THREADS == WG_Q * BN && BN % 64 == 0, "wg_cfg shape");
 };
