@@ -30,14 +30,17 @@
  * k_kda_norm, section 2; the same bits as k_kda: H200, 512 tokens of K3's
  * 96 heads, 3.4 ms -> 1.25 ms a layer).
  *
- * MLA attention (k_mla_attend), a block per (tile of 8 queries, split of
- * positions); a query is one (head, token) (index h * n + t, olat's
- * order), all of them share the cache rows, so a tile reads each row once:
+ * MLA attention (k_mla_attend), a block per (tile of 8 or 16 queries,
+ * split of positions); a query is one (head, token) (index h * n + t,
+ * olat's order), all of them share the cache rows, so a tile reads each row
+ * once:
  *
- *   shared: Q [8][R + dr] | K [32 rows][R + dr, padded] | p [8][32] | alpha
- *   scores: warp w = query w, lane = row of the tile (one dot each)
- *   online softmax per warp (running max m, sum l), then
+ *   shared: Q [QB][R + dr] | K [32 rows][R + dr, padded] | p [QB][32] | alpha
+ *   scores: warp w = queries QPW w .. QPW w + QPW - 1, lane = row of the
+ *           tile (one dot a query; QPW = 2 in prompts: each K load serves two)
+ *   online softmax per query (running max m, sum l), then
  *   acc[q][c] = acc[q][c] * alpha_q + sum_k p[q][k] K[k][c], thread owns c
+ *   (2 columns a thread up to R = 512, else 4)
  *
  * With one split the block writes o = acc / l; otherwise it leaves (m, l,
  * acc) in the workspace and k_mla_combine merges the splits. Splits of 256
@@ -529,12 +532,14 @@ enum {
     MLA_QB = 8,          /* queries per block = warps */
     MLA_KB = 32,         /* cache rows per tile = lanes */
     MLA_T = MLA_QB * 32, /* threads */
-    MLA_CPT = 4,         /* latent columns per thread: R <= 1024 */
-    MLA_MAX_R = MLA_CPT * MLA_T,
+    MLA_MAX_R = 4 * MLA_T, /* latent columns: at most 4 a thread */
     MLA_MAX_DK = 1280,   /* R + dr */
     MLA_SPLIT = 256,     /* positions per split (more past MLA_MAX_SPLITS of them) */
     MLA_MAX_SPLITS = 1024
 };
+/* Two queries a warp from this many queries (a prompt: K3's 64 heads x 64
+ * tokens), while a block's shared memory leaves two blocks an SM */
+enum { MLA_WIDE_Q = 4096, MLA_WIDE_SMEM = 113 * 1024 };
 /* the splits' partial sums of one launch at most (gpu_mla_attend's ws) */
 static const size_t MLA_PART_BYTES = (size_t)256 << 20;
 
@@ -549,19 +554,28 @@ struct mla_args {
     float scale;
 };
 
+/* QPW queries a warp (a block's MLA_QB x QPW queries share each cache row
+ * it stages), CPT latent columns a thread (R <= CPT x MLA_T). Every
+ * query's sums are the one-query-a-warp kernel's, step for step: a score is
+ * one lane's four chains over the columns, a tile's softmax the same
+ * butterflies, P K the rows in order; tiles past a query's position add
+ * exact zeros (p = 0, alpha = 1), so a query's bits never depend on the
+ * queries beside it (QPW) or on R's columns past R (CPT). */
+template <int QPW, int CPT>
 __global__ void __launch_bounds__(MLA_T, 2) k_mla_attend(const __grid_constant__ mla_args a) {
+    constexpr int QB = MLA_QB * QPW;
     extern __shared__ __align__(16) float sm[];
-    float *Qs = sm, *Ks = Qs + MLA_QB * a.qstride, *Ps = Ks + MLA_KB * a.kstride, *alpha = Ps + MLA_QB * MLA_KB;
+    float *Qs = sm, *Ks = Qs + QB * a.qstride, *Ps = Ks + MLA_KB * a.kstride, *alpha = Ps + QB * MLA_KB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int q0 = a.qbeg + blockIdx.x * MLA_QB, split = blockIdx.y;
+    const int q0 = a.qbeg + blockIdx.x * QB, split = blockIdx.y;
     const int R = a.R, dk = a.dk;
     /* the tile's queries: [q_lat | q_pe] rows; absent queries (q0 + qq >= Q) see no position */
     int pmax = -1;
-    for (int qq = 0; qq < MLA_QB; qq++) {
+    for (int qq = 0; qq < QB; qq++) {
         const int qi = q0 + qq;
         if (qi < a.Q) pmax = max(pmax, a.pos + qi % a.n);
     }
-    for (int i = tid; i < MLA_QB * dk; i += MLA_T) {
+    for (int i = tid; i < QB * dk; i += MLA_T) {
         const int qq = i / dk, c = i % dk, qi = q0 + qq;
         float v = 0.0f;
         if (qi < a.Q) {
@@ -570,16 +584,23 @@ __global__ void __launch_bounds__(MLA_T, 2) k_mla_attend(const __grid_constant__
         }
         Qs[qq * a.qstride + c] = v;
     }
-    const int myq = q0 + warp;
-    const int myp = myq < a.Q ? a.pos + myq % a.n : -1; /* last position warp `warp`'s query sees */
+    /* this warp's queries: warp * QPW + j */
+    int myp[QPW]; /* the last position each sees */
+    float m[QPW], l[QPW]; /* running max and sum, the same in every lane */
+#pragma unroll
+    for (int j = 0; j < QPW; j++) {
+        const int qi = q0 + warp * QPW + j;
+        myp[j] = qi < a.Q ? a.pos + qi % a.n : -1;
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+    }
     const int k_begin = split * a.split_len;
     const int k_end = min(k_begin + a.split_len, pmax + 1);
-    float m = -INFINITY, l = 0.0f; /* warp `warp`'s query, the same in every lane */
-    float acc[MLA_QB][MLA_CPT];
+    float acc[QB][CPT];
 #pragma unroll
-    for (int qq = 0; qq < MLA_QB; qq++)
+    for (int qq = 0; qq < QB; qq++)
 #pragma unroll
-        for (int j = 0; j < MLA_CPT; j++) acc[qq][j] = 0.0f;
+        for (int c = 0; c < CPT; c++) acc[qq][c] = 0.0f;
     for (int k0 = k_begin; k0 < k_end; k0 += MLA_KB) {
         const int nk = min(MLA_KB, k_end - k0);
         __syncthreads(); /* the previous tile's K and P are consumed */
@@ -590,77 +611,123 @@ __global__ void __launch_bounds__(MLA_T, 2) k_mla_attend(const __grid_constant__
             *(float4 *)(Ks + r * a.kstride + 4 * c4) = v;
         }
         __syncthreads();
-        /* score of (query warp, row lane): four chains (columns c % 4), then
-         * (0 + 1) + (2 + 3), times the scale */
-        float s = -INFINITY;
-        if (lane < nk && k0 + lane <= myp) {
-            const float4 *qr = (const float4 *)(Qs + warp * a.qstride), *kr = (const float4 *)(Ks + lane * a.kstride);
-            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+        /* scores of (query, row lane): four chains (columns c % 4) a query,
+         * then (0 + 1) + (2 + 3), times the scale; the row is read once for
+         * the warp's QPW queries */
+        float s[QPW];
+        bool live = false;
+#pragma unroll
+        for (int j = 0; j < QPW; j++) live |= lane < nk && k0 + lane <= myp[j];
+        if (live) {
+            const float4 *kr = (const float4 *)(Ks + lane * a.kstride);
+            float d[QPW][4];
+#pragma unroll
+            for (int j = 0; j < QPW; j++) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
             for (int c4 = 0; c4 < d4; c4++) {
-                const float4 x = qr[c4], y = kr[c4];
-                d0 = __fmaf_rn(x.x, y.x, d0);
-                d1 = __fmaf_rn(x.y, y.y, d1);
-                d2 = __fmaf_rn(x.z, y.z, d2);
-                d3 = __fmaf_rn(x.w, y.w, d3);
+                const float4 y = kr[c4];
+#pragma unroll
+                for (int j = 0; j < QPW; j++) {
+                    const float4 x = ((const float4 *)(Qs + (warp * QPW + j) * a.qstride))[c4];
+                    d[j][0] = __fmaf_rn(x.x, y.x, d[j][0]);
+                    d[j][1] = __fmaf_rn(x.y, y.y, d[j][1]);
+                    d[j][2] = __fmaf_rn(x.z, y.z, d[j][2]);
+                    d[j][3] = __fmaf_rn(x.w, y.w, d[j][3]);
+                }
             }
-            s = __fmul_rn(__fadd_rn(__fadd_rn(d0, d1), __fadd_rn(d2, d3)), a.scale);
-        }
-        float tmax = s;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-        const float mn = fmaxf(m, tmax);
-        float p = 0.0f, al = 1.0f;
-        if (mn != -INFINITY) {
-            p = s == -INFINITY ? 0.0f : expf(s - mn);
-            al = m == -INFINITY ? 0.0f : expf(m - mn);
-        }
-        float ts = p;
+            for (int j = 0; j < QPW; j++)
+                s[j] = lane < nk && k0 + lane <= myp[j]
+                           ? __fmul_rn(__fadd_rn(__fadd_rn(d[j][0], d[j][1]), __fadd_rn(d[j][2], d[j][3])), a.scale)
+                           : -INFINITY;
+        } else {
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ts += __shfl_xor_sync(0xffffffffu, ts, o);
-        l = __fadd_rn(__fmul_rn(l, al), ts);
-        m = mn;
-        Ps[warp * MLA_KB + lane] = p;
-        if (lane == 0) alpha[warp] = al;
+            for (int j = 0; j < QPW; j++) s[j] = -INFINITY;
+        }
+#pragma unroll
+        for (int j = 0; j < QPW; j++) {
+            float tmax = s[j];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+            const float mn = fmaxf(m[j], tmax);
+            float p = 0.0f, al = 1.0f;
+            if (mn != -INFINITY) {
+                p = s[j] == -INFINITY ? 0.0f : expf(s[j] - mn);
+                al = m[j] == -INFINITY ? 0.0f : expf(m[j] - mn);
+            }
+            float ts = p;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ts += __shfl_xor_sync(0xffffffffu, ts, o);
+            l[j] = __fadd_rn(__fmul_rn(l[j], al), ts);
+            m[j] = mn;
+            Ps[(warp * QPW + j) * MLA_KB + lane] = p;
+            if (lane == 0) alpha[warp * QPW + j] = al;
+        }
         __syncthreads();
         /* acc = acc * alpha + P K over this tile's rows, columns c = tid + j * MLA_T */
 #pragma unroll
-        for (int qq = 0; qq < MLA_QB; qq++) {
+        for (int qq = 0; qq < QB; qq++) {
             const float aq = alpha[qq];
 #pragma unroll
-            for (int j = 0; j < MLA_CPT; j++) acc[qq][j] = __fmul_rn(acc[qq][j], aq);
+            for (int c = 0; c < CPT; c++) acc[qq][c] = __fmul_rn(acc[qq][c], aq);
         }
-        for (int k = 0; k < nk; k++) {
-            float kv[MLA_CPT];
+        /* rows four at a time: their K columns first, then each query's
+         * four p (one 16-byte load) into its sums, rows in order */
+        int k = 0;
+        for (; k + 4 <= nk; k += 4) {
+            float kv[4][CPT];
 #pragma unroll
-            for (int j = 0; j < MLA_CPT; j++) {
-                const int c = tid + j * MLA_T;
-                kv[j] = c < R ? Ks[k * a.kstride + c] : 0.0f;
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int c = 0; c < CPT; c++) {
+                    const int col = tid + c * MLA_T;
+                    kv[r][c] = col < R ? Ks[(k + r) * a.kstride + col] : 0.0f;
+                }
+#pragma unroll
+            for (int qq = 0; qq < QB; qq++) {
+                const float4 p4 = *(const float4 *)(Ps + qq * MLA_KB + k);
+#pragma unroll
+                for (int c = 0; c < CPT; c++) {
+                    float v = __fmaf_rn(p4.x, kv[0][c], acc[qq][c]);
+                    v = __fmaf_rn(p4.y, kv[1][c], v);
+                    v = __fmaf_rn(p4.z, kv[2][c], v);
+                    acc[qq][c] = __fmaf_rn(p4.w, kv[3][c], v);
+                }
+            }
+        }
+        for (; k < nk; k++) {
+            float kv[CPT];
+#pragma unroll
+            for (int c = 0; c < CPT; c++) {
+                const int col = tid + c * MLA_T;
+                kv[c] = col < R ? Ks[k * a.kstride + col] : 0.0f;
             }
 #pragma unroll
-            for (int qq = 0; qq < MLA_QB; qq++) {
+            for (int qq = 0; qq < QB; qq++) {
                 const float pq = Ps[qq * MLA_KB + k];
 #pragma unroll
-                for (int j = 0; j < MLA_CPT; j++) acc[qq][j] = __fmaf_rn(pq, kv[j], acc[qq][j]);
+                for (int c = 0; c < CPT; c++) acc[qq][c] = __fmaf_rn(pq, kv[c], acc[qq][c]);
             }
         }
     }
-    /* m and l of query qq live in warp qq: share them */
+    /* m and l of each query live in its warp: share them */
     __syncthreads();
-    if (lane == 0) {
-        Ps[warp] = m;
-        Ps[MLA_QB + warp] = l;
-    }
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < QPW; j++) {
+            Ps[warp * QPW + j] = m[j];
+            Ps[QB + warp * QPW + j] = l[j];
+        }
     __syncthreads();
 #pragma unroll
-    for (int qq = 0; qq < MLA_QB; qq++) {
+    for (int qq = 0; qq < QB; qq++) {
         const int qi = q0 + qq;
         if (qi >= a.Q) continue;
-        const float mq = Ps[qq], lq = Ps[MLA_QB + qq];
+        const float mq = Ps[qq], lq = Ps[QB + qq];
         if (a.splits == 1) {
 #pragma unroll
-            for (int j = 0; j < MLA_CPT; j++) {
-                const int c = tid + j * MLA_T;
-                if (c < R) a.olat[(size_t)qi * R + c] = __fdiv_rn(acc[qq][j], lq);
+            for (int c = 0; c < CPT; c++) {
+                const int col = tid + c * MLA_T;
+                if (col < R) a.olat[(size_t)qi * R + col] = __fdiv_rn(acc[qq][c], lq);
             }
         } else {
             float *pp = a.part + ((size_t)(qi - a.qbeg) * a.splits + split) * (2 + R);
@@ -669,9 +736,9 @@ __global__ void __launch_bounds__(MLA_T, 2) k_mla_attend(const __grid_constant__
                 pp[1] = lq;
             }
 #pragma unroll
-            for (int j = 0; j < MLA_CPT; j++) {
-                const int c = tid + j * MLA_T;
-                if (c < R) pp[2 + c] = acc[qq][j];
+            for (int c = 0; c < CPT; c++) {
+                const int col = tid + c * MLA_T;
+                if (col < R) pp[2 + col] = acc[qq][c];
             }
         }
     }
@@ -732,7 +799,6 @@ extern "C" df_status gpu_mla_attend(const mla_shape *sh, const float *cache, con
      * so the 8 rows of a quarter-warp's 16-byte reads hit distinct banks */
     a.kstride = a.dk % 8 ? a.dk : a.dk + 4;
     const int64_t L = (int64_t)pos + n; /* positions the last token sees */
-    const int64_t qtiles = cdiv(a.Q, MLA_QB);
     /* Splits of MLA_SPLIT positions from position 0, whatever n and the
      * other queries: a query's splits past its position are empty and add
      * exact zeros in k_mla_combine, and one split alone gives acc / l either
@@ -744,6 +810,16 @@ extern "C" df_status gpu_mla_attend(const mla_shape *sh, const float *cache, con
     int64_t len = MLA_SPLIT;
     if (cdiv(L, len) > MLA_MAX_SPLITS) len = cdiv(cdiv(L, MLA_MAX_SPLITS), MLA_KB) * MLA_KB;
     if (len >= L) len = L;
+    /* Queries a block: 16 (two a warp) when there are many and 16 rows of
+     * [q_lat | q_pe] still leave room for two blocks an SM; else 8. Latent
+     * columns a thread: 2 up to R = 512, else 4. Neither changes a bit. */
+    const int cpt = a.R <= 2 * MLA_T ? 2 : 4;
+    auto smem_of = [&](int qb) {
+        return ((size_t)qb * a.qstride + (size_t)MLA_KB * a.kstride + (size_t)qb * MLA_KB + qb) * sizeof(float);
+    };
+    const int qpw = cpt == 2 && a.Q >= MLA_WIDE_Q && smem_of(2 * MLA_QB) <= MLA_WIDE_SMEM ? 2 : 1;
+    const int qbk = qpw * MLA_QB;
+    const int64_t qtiles = cdiv(a.Q, qbk);
     if (len > 0x7fffffff || qtiles > 0x7fffffff) return DF_ERR_UNSUPPORTED;
     a.split_len = (int)len;
     a.splits = (int)cdiv(L, len);
@@ -753,23 +829,23 @@ extern "C" df_status gpu_mla_attend(const mla_shape *sh, const float *cache, con
     /* with splits, queries in chunks whose partial sums fit MLA_PART_BYTES
      * (a 32-row K3 prompt piece at 100K positions would want 1.6 GB);
      * tiles never straddle two chunks, and no query's sums depend on them */
-    int64_t chunk = qtiles * MLA_QB;
+    int64_t chunk = qtiles * qbk;
     if (a.splits > 1) {
         const size_t per_q = (size_t)a.splits * (2 + a.R) * sizeof(float);
-        chunk = (int64_t)(MLA_PART_BYTES / per_q) / MLA_QB * MLA_QB;
-        if (chunk < MLA_QB) chunk = MLA_QB;
-        if (chunk > qtiles * MLA_QB) chunk = qtiles * MLA_QB;
+        chunk = (int64_t)(MLA_PART_BYTES / per_q) / qbk * qbk;
+        if (chunk < qbk) chunk = qbk;
+        if (chunk > qtiles * qbk) chunk = qtiles * qbk;
         const int64_t rows = chunk < a.Q ? chunk : a.Q;
         if ((st = ws_reserve(ws, (size_t)rows * per_q, "gpu_mla_attend workspace"))) return st;
         a.part = (float *)ws->buf;
     }
-    const size_t smem = ((size_t)MLA_QB * a.qstride + (size_t)MLA_KB * a.kstride + MLA_QB * MLA_KB + MLA_QB) *
-                        sizeof(float);
-    if ((st = smem_opt_in(k_mla_attend, smem, "k_mla_attend smem"))) return st;
+    const size_t smem = smem_of(qbk);
+    void (*kern)(mla_args) = qpw == 2 ? k_mla_attend<2, 2> : cpt == 2 ? k_mla_attend<1, 2> : k_mla_attend<1, 4>;
+    if ((st = smem_opt_in(kern, smem, "k_mla_attend smem"))) return st;
     for (int64_t qb = 0; qb < a.Q; qb += chunk) {
         const int64_t nq = a.Q - qb < chunk ? a.Q - qb : chunk;
         a.qbeg = (int)qb;
-        k_mla_attend<<<dim3((unsigned)cdiv(nq, MLA_QB), (unsigned)a.splits), MLA_T, smem, s>>>(a);
+        kern<<<dim3((unsigned)cdiv(nq, qbk), (unsigned)a.splits), MLA_T, smem, s>>>(a);
         if ((st = launched("k_mla_attend"))) return st;
         if (a.splits == 1) continue;
         k_mla_combine<<<(unsigned)nq, 256, (size_t)a.splits * sizeof(float), s>>>(a.part, a.splits, a.R, olat, (int)qb);

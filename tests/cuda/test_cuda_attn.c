@@ -501,6 +501,19 @@ TEST(cuda_attn_mla_long) {
     gpu_ws_free(&ws);
 }
 
+/* Prompts with enough queries for two a warp (MLA_WIDE_Q), against one-token
+ * launches (one a warp): K3's widths over two splits, narrow rows (columns
+ * past R), and R = 1024 (four columns a thread, one query a warp). */
+TEST(cuda_attn_mla_prompt) {
+    if (!need_gpu()) return;
+    gpu_ws ws = {0};
+    check_mla_attend(16, 512, 64, 128, 0, 300, 0, &ws, "mla-prompt300-h16");
+    check_mla_attend(64, 96, 32, 16, 200, 70, 0, &ws, "mla-prompt70-h64-narrow");
+    check_mla_attend(16, 1024, 64, 64, 3, 260, 0, &ws, "mla-prompt260-r1024");
+    check_mla_attend(16, 512, 64, 128, 0, 290, 1, &ws, "mla-prompt-mean");
+    gpu_ws_free(&ws);
+}
+
 /* Every position counts once: q = 0 gives equal scores, integer rows give exact sums. */
 TEST(cuda_attn_mla_coverage) {
     if (!need_gpu()) return;
