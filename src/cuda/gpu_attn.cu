@@ -47,11 +47,12 @@
  * positions from position 0 (longer past 1024 of them), so a query's sums
  * depend on its position alone, not on the launch around it.
  *
- * Speed (not yet measured on a GPU): KDA decode runs H blocks, two passes
- * over S per token; MLA is fp32 FMAs fed from shared memory (about one
- * 16-byte load per 4 FMAs in the scores), not tensor cores, so at long
- * contexts it is compute-bound well above the cache-read time; an mma
- * version (as FlashMLA) is the next step if it shows in profiles.
+ * Speed: KDA decode runs H blocks, two passes over S per token; MLA is
+ * fp32 FMAs fed from shared memory (a 16-byte cache-row load per 4 FMAs of
+ * each of the warp's queries in the scores), not tensor cores, so at long
+ * contexts it is bound by shared memory well above the cache-read time (an
+ * mma version, as FlashMLA, would change the sums' order). Measured on the
+ * H200: bench/cuda_NOTES.md.
  *
  * Sections: 1. helpers  2. KDA  3. MLA cache rows  4. MLA attention
  *           5. attention residuals  6. MLA absorbed products
