@@ -538,9 +538,15 @@ enum {
     MLA_SPLIT = 256,     /* positions per split (more past MLA_MAX_SPLITS of them) */
     MLA_MAX_SPLITS = 1024
 };
-/* Two queries a warp from this many queries (a prompt: K3's 64 heads x 64
- * tokens), while a block's shared memory leaves two blocks an SM */
-enum { MLA_WIDE_Q = 4096, MLA_WIDE_SMEM = 113 * 1024 };
+/* Two queries a warp from this many queries (a prompt: K3's 96 heads x 43
+ * tokens or more), while a block's shared memory leaves two blocks an SM.
+ * GPU_MLA_WIDE_QPW 4 (a measurement build): four a warp, one block an SM
+ * (32 query rows: ~150 KB at K3's widths). */
+#ifndef GPU_MLA_WIDE_QPW
+#define GPU_MLA_WIDE_QPW 2
+#endif
+enum { MLA_WIDE_Q = 4096, MLA_WIDE_QPW = GPU_MLA_WIDE_QPW,
+       MLA_WIDE_SMEM = (MLA_WIDE_QPW == 2 ? 113 : 227) * 1024 };
 /* the splits' partial sums of one launch at most (gpu_mla_attend's ws) */
 static const size_t MLA_PART_BYTES = (size_t)256 << 20;
 
@@ -563,7 +569,7 @@ struct mla_args {
  * exact zeros (p = 0, alpha = 1), so a query's bits never depend on the
  * queries beside it (QPW) or on R's columns past R (CPT). */
 template <int QPW, int CPT>
-__global__ void __launch_bounds__(MLA_T, 2) k_mla_attend(const __grid_constant__ mla_args a) {
+__global__ void __launch_bounds__(MLA_T, QPW >= 4 ? 1 : 2) k_mla_attend(const __grid_constant__ mla_args a) {
     constexpr int QB = MLA_QB * QPW;
     extern __shared__ __align__(16) float sm[];
     float *Qs = sm, *Ks = Qs + QB * a.qstride, *Ps = Ks + MLA_KB * a.kstride, *alpha = Ps + QB * MLA_KB;
@@ -818,7 +824,8 @@ extern "C" df_status gpu_mla_attend(const mla_shape *sh, const float *cache, con
     auto smem_of = [&](int qb) {
         return ((size_t)qb * a.qstride + (size_t)MLA_KB * a.kstride + (size_t)qb * MLA_KB + qb) * sizeof(float);
     };
-    const int qpw = cpt == 2 && a.Q >= MLA_WIDE_Q && smem_of(2 * MLA_QB) <= MLA_WIDE_SMEM ? 2 : 1;
+    const int qpw =
+        cpt == 2 && a.Q >= MLA_WIDE_Q && smem_of(MLA_WIDE_QPW * MLA_QB) <= MLA_WIDE_SMEM ? MLA_WIDE_QPW : 1;
     const int qbk = qpw * MLA_QB;
     const int64_t qtiles = cdiv(a.Q, qbk);
     if (len > 0x7fffffff || qtiles > 0x7fffffff) return DF_ERR_UNSUPPORTED;
@@ -841,7 +848,8 @@ extern "C" df_status gpu_mla_attend(const mla_shape *sh, const float *cache, con
         a.part = (float *)ws->buf;
     }
     const size_t smem = smem_of(qbk);
-    void (*kern)(mla_args) = qpw == 2 ? k_mla_attend<2, 2> : cpt == 2 ? k_mla_attend<1, 2> : k_mla_attend<1, 4>;
+    void (*kern)(mla_args) =
+        qpw > 1 ? k_mla_attend<MLA_WIDE_QPW, 2> : cpt == 2 ? k_mla_attend<1, 2> : k_mla_attend<1, 4>;
     if ((st = smem_opt_in(kern, smem, "k_mla_attend smem"))) return st;
     for (int64_t qb = 0; qb < a.Q; qb += chunk) {
         const int64_t nq = a.Q - qb < chunk ? a.Q - qb : chunk;
