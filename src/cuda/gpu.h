@@ -5,7 +5,8 @@
  * type, the fused expert (gate/up + SiLU or SiTU, then down), RMSNorm and the
  * MoE router. Every function here is callable from C; the CUDA types stay in
  * gpu.cu (streams are passed as void *, NULL = the default stream).
- * It also owns the attention step's kernels (gpu_attn.cu, last section):
+ * It also owns the attention step's kernels (last section: gpu_kda.cu,
+ * gpu_mla.cu, gpu_attn_res.cu):
  * the KDA conv + recurrence, the MLA cache-row write and latent attention,
  * and K3's attention-residual mix, each the device twin of an engine-free
  * CPU function (kda_core.h, mla_core.h, ops.h) on the same memory layouts.
@@ -255,7 +256,7 @@ typedef struct {
 df_status gpu_route(const gpu_router *r, const float *logits, int n, int *sel, float *selw,
                     void *stream);
 
-/* ---- attention (gpu_attn.cu) ----------------------------------------------
+/* ---- attention (gpu_kda.cu, gpu_mla.cu, gpu_attn_res.cu) ------------------
  *
  * Device twins of the engine-free CPU functions, on their layouts, so a
  * session's state or cache can be copied host <-> device byte for byte.

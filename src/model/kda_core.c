@@ -4,7 +4,7 @@
  * Refuses: projections, threads, allocation (kda.c does those and calls in
  * here per channel and per head). Every operation is plain fp32 / double C
  * with a fixed order, so the engine's bits do not depend on how the pool
- * splits the work; this file is also the oracle of gpu_kda (gpu_attn.cu).
+ * splits the work; this file is also the oracle of gpu_kda (gpu_kda.cu).
  *
  * Sections: state; the short convolution; the recurrence.
  */

@@ -3,7 +3,7 @@
  * channel and the recurrence of one head, on plain float arrays.
  *
  * kda.c's pool jobs call these (so the CPU engine and the CUDA tests share
- * one oracle); src/cuda/gpu_attn.cu implements the same contract on the
+ * one oracle); src/cuda/gpu_kda.cu implements the same contract on the
  * device and is tested against them. Nothing here allocates, knows the
  * engine or touches a weight format.
  *

@@ -3,7 +3,7 @@
  *
  * Refuses: projections, threads, allocation (mla.c does those and calls in
  * here per token and per (head, token)). Plain fp32 / double C in a fixed
- * order; also the oracle of gpu_mla_write / gpu_mla_attend (gpu_attn.cu).
+ * order; also the oracle of gpu_mla_write / gpu_mla_attend (gpu_mla.cu).
  *
  * Sections: cache rows; attention.
  */

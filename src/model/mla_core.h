@@ -3,7 +3,7 @@
  * attending for one (head, token), on plain float arrays.
  *
  * mla.c calls these (so the CPU engine and the CUDA tests share one oracle);
- * src/cuda/gpu_attn.cu implements the same contract on the device and is
+ * src/cuda/gpu_mla.cu implements the same contract on the device and is
  * tested against them. Nothing here allocates or knows the engine.
  *
  *   cache[pos] = | c_kv (R) | k_pe (dr) |      stride R + dr floats

@@ -1,6 +1,7 @@
-/* test_cuda_attn.c — the attention kernels (gpu_attn.cu) against the
- * engine's own CPU functions (suite cuda_attn_). Built into
- * build/run_cuda_tests; every test skips, saying why, without a GPU.
+/* test_cuda_attn.c — the attention kernels (gpu_kda.cu, gpu_mla.cu,
+ * gpu_attn_res.cu) against the engine's own CPU functions (suite
+ * cuda_attn_). Built into build/run_cuda_tests; every test skips, saying
+ * why, without a GPU.
  *
  * Oracles (linked from the engine: kda_core.o, mla_core.o, ops.o) and the
  * bounds checked (u = 2^-24; random data from a per-test seed; device
