@@ -437,9 +437,10 @@ extern "C" df_status gpu_mla_attend(const mla_shape *sh, const float *cache, con
  * row's scale, as kn_dequant_row gives it): head h's rows h (dn + dv) .. + dn are W_UK,
  * the next dv rows W_UV. Absorb: a block per (head, 128 latent columns),
  * thread r sums q_nope[t][h][d] W_UK[h][d][r] over d ascending (one FMA
- * chain per token, q of the head in shared memory). Lift: a warp per output
- * row (h, v), lanes over r, a fixed butterfly; each row is read once per
- * token (from L1 after the first). Both are fp32 sums over exact weights, so
+ * chain per token, q of the head in shared memory). Lift: a warp per 4
+ * output rows (h, v .. v + 3) x 8 tokens in a prompt, per row and token in
+ * decode, lanes over r, a fixed butterfly per (row, token) (k_mla_lift's
+ * comment). Both are fp32 sums over exact weights, so
  *   |y - exact| <= K u sum |w x|   (K = dn for absorb, R/32 + 5 for lift).
  */
 
