@@ -36,7 +36,9 @@ for r in rows[hdr + 2:]:
         ms = float(r[ti].replace(",", "")) * scale
     except ValueError:
         continue
-    name = r[ki].split("(")[0].replace("void ", "").strip()
+    name = r[ki].replace("(anonymous namespace)::", "")
+    name = name[5:] if name.startswith("void ") else name
+    name = name.split("(")[0].strip()
     n, t = tot.get(name, (0, 0.0))
     tot[name] = (n + 1, t + ms)
 for name, (n, t) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
