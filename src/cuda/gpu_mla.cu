@@ -245,6 +245,11 @@ __global__ void __launch_bounds__(MLA_T, QPW >= 4 ? 1 : 2) k_mla_attend(const __
 #pragma unroll
             for (int c = 0; c < CPT; c++) acc[qq][c] = __fmul_rn(acc[qq][c], aq);
         }
+        /* this thread's column c of cache row k (0 past R) */
+        auto kcol = [&](int k, int c) {
+            const int col = tid + c * MLA_T;
+            return col < R ? Ks[k * a.kstride + col] : 0.0f;
+        };
         /* rows four at a time: their K columns first, then each query's
          * four p (one 16-byte load) into its sums, rows in order */
         int k = 0;
@@ -253,10 +258,7 @@ __global__ void __launch_bounds__(MLA_T, QPW >= 4 ? 1 : 2) k_mla_attend(const __
 #pragma unroll
             for (int r = 0; r < 4; r++)
 #pragma unroll
-                for (int c = 0; c < CPT; c++) {
-                    const int col = tid + c * MLA_T;
-                    kv[r][c] = col < R ? Ks[(k + r) * a.kstride + col] : 0.0f;
-                }
+                for (int c = 0; c < CPT; c++) kv[r][c] = kcol(k + r, c);
 #pragma unroll
             for (int qq = 0; qq < QB; qq++) {
                 const float4 p4 = *(const float4 *)(Ps + qq * MLA_KB + k);
@@ -272,10 +274,7 @@ __global__ void __launch_bounds__(MLA_T, QPW >= 4 ? 1 : 2) k_mla_attend(const __
         for (; k < nk; k++) {
             float kv[CPT];
 #pragma unroll
-            for (int c = 0; c < CPT; c++) {
-                const int col = tid + c * MLA_T;
-                kv[c] = col < R ? Ks[k * a.kstride + col] : 0.0f;
-            }
+            for (int c = 0; c < CPT; c++) kv[c] = kcol(k, c);
 #pragma unroll
             for (int qq = 0; qq < QB; qq++) {
                 const float pq = Ps[qq * MLA_KB + k];
