@@ -6,7 +6,7 @@
  *   make && cc -std=c17 -O2 -D_GNU_SOURCE -Iinclude -pthread bench/kn_stream.c \
  *       build/libdeltafin.a -lm -lpthread -o build/kn_stream
  *   build/kn_stream TYPE LEVEL ROWS COLS [N [REPS [THREADS]]]
- *     TYPE mxfp4 | bf16 | fp8; LEVEL scalar | avx2 | avx512 | amx | neon;
+ *     TYPE mxfp4 | int4 (bf16 scales a 32-column group) | bf16 | fp8; LEVEL scalar | avx2 | avx512 | amx | neon;
  *     N vectors (default 1: a matvec), REPS calls per timing (default 1),
  *     THREADS > 1: the rows split over a pool as the engine's mm() splits
  *     them (chunks of 16 rows; at amx, x packed once by kn_matmul_amx_pool)
@@ -59,13 +59,15 @@ int main(int argc, char **argv) {
     int64_t dbytes, sbytes;
     if (!strcmp(type, "mxfp4")) {
         w.type = WT_MXFP4, dbytes = rows * cols / 2, sbytes = rows * (cols / 32);
+    } else if (!strcmp(type, "int4")) {
+        w.type = WT_INT4_G32, w.scale_dtype = DT_BF16, dbytes = rows * cols / 2, sbytes = rows * (cols / 32) * 2;
     } else if (!strcmp(type, "bf16")) {
         w.type = WT_BF16, dbytes = rows * cols * 2, sbytes = 0;
     } else if (!strcmp(type, "fp8")) {
         w.type = WT_FP8_BLOCK, w.block_rows = w.block_cols = 128, dbytes = rows * cols;
         sbytes = (rows + 127) / 128 * ((cols + 127) / 128) * 4;
     } else {
-        fprintf(stderr, "kn_stream: type %s: mxfp4, bf16 or fp8\n", type);
+        fprintf(stderr, "kn_stream: type %s: mxfp4, int4, bf16 or fp8\n", type);
         return 2;
     }
     if (rows < 1 || cols < 32 || cols % 32 || n < 1 || reps < 1 || threads < 1) {
@@ -88,6 +90,8 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < sbytes; i++) s[i] = (uint8_t)(118 + rnd() % 12);
     if (w.type == WT_FP8_BLOCK)
         for (int64_t i = 0; i < sbytes / 4; i++) ((float *)s)[i] = 0.01f;
+    if (w.type == WT_INT4_G32) /* bf16 scales ~ 0.01 */
+        for (int64_t i = 0; i < sbytes / 2; i++) ((uint16_t *)s)[i] = (uint16_t)(0x3c20 + rnd() % 64);
     w.data = d, w.scale = sbytes ? s : NULL;
     for (int64_t i = 0; i < n * cols; i++) x[i] = frand();
     df_pool *pool = threads > 1 ? pool_new(threads) : NULL;
