@@ -317,6 +317,58 @@ TEST(kn_matvec_int4_f16) { suite(WT_INT4_G32, DT_F16, 0, 0); }
 TEST(kn_matvec_int4_f32) { suite(WT_INT4_G32, DT_F32, 0, 0); }
 TEST(kn_matvec_mxfp4) { suite(WT_MXFP4, DT_UNKNOWN, 0, 0); }
 
+/* MXFP4 scale bytes 0 (2^-127), 1, 254 and 255 (NaN) at every place of the
+ * 8- and 16-group blocks the x86 tiles read their scales in, the tail block
+ * included: every level within the fp32 bound of a float64 reference (the
+ * AVX2 tiles take such blocks apart from the plain ones), NaN where a row
+ * has a 255, and many vectors bit-equal to one. */
+TEST(kn_mxfp4_edge_scales_every_level) {
+    const int64_t rows = 40, cols = 1024 + 96, ng = cols / 32;
+    tmat m;
+    tmat_make(&m, WT_MXFP4, rows, cols, DT_UNKNOWN, 0, 0, 123);
+    uint8_t *sc = m.scale;
+    static const uint8_t edge[] = {0, 255, 1, 254};
+    uint8_t *codes = m.data;
+    for (int64_t r = 0; r < 36; r++) { /* one edge byte a row, at group (5 r) mod ng; rows 36.. none */
+        const int64_t g = (5 * r) % ng;
+        sc[r * ng + g] = edge[r % 4];
+        if (edge[r % 4] == 254) { /* one code of 0.5 there: 2^126, no overflow */
+            memset(codes + r * (cols / 2) + g * 16, 0, 16);
+            codes[r * (cols / 2) + g * 16] = 0x01;
+        }
+    }
+    const int n = 5;
+    float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * rows * sizeof *Y);
+    float *y = malloc((size_t)rows * sizeof *y), *deq = malloc((size_t)cols * sizeof *deq);
+    REQUIRE(X && Y && y && deq);
+    rand_vecs(X, n, cols, 99, 3);
+    for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
+        if (!kn_level_available((kn_level)lv)) continue;
+        const char *ln = kn_level_name((kn_level)lv);
+        kn_matmul((kn_level)lv, &m.w, X, n, Y, rows, 0, rows);
+        int bad = 0, diff = 0;
+        for (int i = 0; i < n; i++) {
+            kn_matvec((kn_level)lv, &m.w, X + i * cols, y, 0, rows);
+            for (int64_t r = 0; r < rows; r++) {
+                diff += !same_bits(Y[i * rows + r], y[r]);
+                kn_dequant_row(&m.w, r, deq);
+                double acc = 0, mag = 0;
+                for (int64_t c = 0; c < cols; c++) {
+                    acc += (double)deq[c] * X[i * cols + c];
+                    mag += fabs((double)deq[c] * X[i * cols + c]);
+                }
+                const int want_nan = r < 36 && edge[r % 4] == 255;
+                const int ok = want_nan ? isnan(y[r]) : fabs(y[r] - acc) <= (double)(cols + 2) * 0x1p-24 * mag + 1e-35;
+                if (!ok && bad++ < 3) CHECK(0, "%s row %lld vector %d: %.9g vs ref %.9g", ln, (long long)r, i, y[r], acc);
+            }
+        }
+        CHECK(bad == 0, "%s: %d outputs off", ln, bad);
+        CHECK(diff == 0, "%s: %d outputs of many vectors differ from one", ln, diff);
+    }
+    free(X), free(Y), free(y), free(deq);
+    tmat_free(&m);
+}
+
 /* 4-bit weights against x with a wide range inside its 32-column groups
  * (values 2^0 .. 2^-40 apart, zero groups, a subnormal group), a tail
  * chunk, and a NaN: every level within the fp32 bound plus kernels.h's

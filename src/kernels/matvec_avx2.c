@@ -281,23 +281,21 @@ enum { N_I4_BF16, N_I4_F16, N_I4_F32, N_MX };
 /* 8 group scales of a row from sp as fp32 (lanes past `left` are don't-care):
  * e8m0 by exponent construction (0 -> 2^-127 and 255 -> NaN, as the scalar
  * reference), bf16 by a shift, f16 by vcvtph2ps. */
-AI __m256 scales8(int k, const void *scale, int64_t idx, int64_t left) {
-    const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
-    const uint8_t *sp = (const uint8_t *)scale + idx * ssz;
-    uint8_t tmp[32] = {0};
-    if (left < 8) {
-        memcpy(tmp, sp, (size_t)(left * ssz));
-        sp = tmp;
-    }
+AI __m256 scales8_full(int k, const uint8_t *sp) {
     switch (k) {
     case N_MX: {
-        __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sp));
-        __m256i bits = _mm256_slli_epi32(e, 23);
-        bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000),
-                                  _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
-        bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000),
-                                  _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
-        return _mm256_castsi256_ps(bits);
+        uint64_t e8;
+        memcpy(&e8, sp, 8);
+        const __m256i e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)e8));
+        const __m256i bits = _mm256_slli_epi32(e, 23);
+        /* e << 23 is the value unless a byte is 0 or 255 (looked for on the
+         * scalar ports: a zero byte of e8 or of ~e8) */
+        const uint64_t lo = 0x0101010101010101u, hi = 0x8080808080808080u;
+        if (!(((e8 - lo) & ~e8 & hi) | ((~e8 - lo) & e8 & hi))) return _mm256_castsi256_ps(bits);
+        __m256i b = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000),
+                                       _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+        b = _mm256_blendv_epi8(b, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
+        return _mm256_castsi256_ps(b);
     }
     case N_I4_BF16:
         return _mm256_castsi256_ps(
@@ -305,6 +303,14 @@ AI __m256 scales8(int k, const void *scale, int64_t idx, int64_t left) {
     case N_I4_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sp));
     default: return _mm256_loadu_ps((const float *)sp);
     }
+}
+AI __m256 scales8(int k, const void *scale, int64_t idx, int64_t left) {
+    const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
+    const uint8_t *sp = (const uint8_t *)scale + idx * ssz;
+    if (left >= 8) return scales8_full(k, sp);
+    uint8_t tmp[32] = {0};
+    memcpy(tmp, sp, (size_t)(left * ssz));
+    return scales8_full(k, tmp);
 }
 
 /* The 4-bit tiles in integers, as matvec_avx512.c's (same fixed point for
@@ -319,17 +325,11 @@ AI __m256 scales8(int k, const void *scale, int64_t idx, int64_t left) {
  * fp32 and one FMA with the lane's (group scale x 2^-s). */
 enum { CH = 64, CH_BYTES = 256, CH_XS = 56 /* floats: the 8-group block's 2^-s, in its first chunk */ };
 
-AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
-                 float *Y, int64_t ldy) {
-    const int64_t cols = w->cols, ng = cols / 32, nch = (cols + CH - 1) / CH;
-    const uint8_t *q[TR];
-    int64_t si[TR];
-    __m256 acc[TR][TV], sx[TR][TV];
-    UNROLL for (int j = 0; j < nr; j++) {
-        q[j] = (const uint8_t *)w->data + (r + j) * (cols / 2);
-        si[j] = (r + j) * ng;
-        UNROLL for (int v = 0; v < nv; v++) acc[j][v] = sx[j][v] = _mm256_setzero_ps();
-    }
+/* One chunk (64 columns from c; `full`, else only its first group) of
+ * nib_tile's rows and vectors into acc; sx: each (row, vector)'s 8 lane
+ * scales of the chunk's 8-group block, sidx: the chunk's place in it. */
+AI void nib_chunk(int k, int nr, int nv, const uint8_t *const q[TR], int64_t c, int full,
+                  const __m256 sx[TR][TV], __m256i sidx, const float *X, int64_t ldx, __m256 acc[TR][TV]) {
     const __m256i tab = k == N_MX
         ? _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                            12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
@@ -338,60 +338,101 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
 #ifndef KN_AVXVNNI
     const __m256i ones = _mm256_set1_epi16(1), k256 = _mm256_set1_epi16(256);
 #endif
+    UNROLL for (int j = 0; j < nr; j++) {
+        const __m256i b = full ? _mm256_loadu_si256((const __m256i *)(q[j] + c / 2))
+                               : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(q[j] + c / 2)));
+        __m256i ue = _mm256_and_si256(b, m0f), uo = _mm256_and_si256(_mm256_srli_epi16(b, 4), m0f);
+        if (k == N_MX) {
+            ue = _mm256_shuffle_epi8(tab, ue);
+            uo = _mm256_shuffle_epi8(tab, uo);
+        }
+        UNROLL for (int v = 0; v < nv; v++) {
+            const __m256i *xp = (const __m256i *)(X + v * ldx + c);
+#ifdef KN_AVXVNNI
+            /* the same integer per lane, by vpdpbusd (four u x L a lane) */
+            __m256i a = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ue, _mm256_loadu_si256(xp + 0));
+            a = _mm256_dpbusd_avx_epi32(a, uo, _mm256_loadu_si256(xp + 1));
+            a = _mm256_slli_epi32(a, 8);
+            a = _mm256_dpbusd_avx_epi32(a, ue, _mm256_loadu_si256(xp + 2));
+            a = _mm256_dpbusd_avx_epi32(a, uo, _mm256_loadu_si256(xp + 3));
+            a = _mm256_slli_epi32(a, 8);
+            a = _mm256_dpbusd_avx_epi32(a, ue, _mm256_loadu_si256(xp + 4));
+            a = _mm256_dpbusd_avx_epi32(a, uo, _mm256_loadu_si256(xp + 5));
+            a = _mm256_add_epi32(a, _mm256_loadu_si256(xp + 6)); /* - c0 sum X */
+#else
+            const __m256i t0 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 0)),
+                                                _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 1)));
+            const __m256i t1 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 2)),
+                                                _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 3)));
+            const __m256i t2 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 4)),
+                                                _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 5)));
+            __m256i a = _mm256_add_epi32(_mm256_madd_epi16(t0, k256), _mm256_madd_epi16(t1, ones));
+            a = _mm256_add_epi32(_mm256_slli_epi32(a, 8), _mm256_madd_epi16(t2, ones));
+            a = _mm256_add_epi32(a, _mm256_loadu_si256(xp + 6)); /* - c0 sum X */
+#endif
+            acc[j][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_permutevar8x32_ps(sx[j][v], sidx), acc[j][v]);
+        }
+    }
+}
+
+/* Each (row, vector)'s lane scales of the 8-group block from group g: the
+ * weight scale times x's 2^-s (exact), and the scales' stream prefetched. */
+AI void nib_block_scales(int k, const df_weight *w, const int64_t si[TR], int nr, int nv, int64_t g,
+                         int64_t c, const float *X, int64_t ldx, __m256 sx[TR][TV]) {
+    const int64_t ng = w->cols / 32;
+    const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
+    UNROLL for (int j = 0; j < nr; j++) {
+        const __m256 ws = scales8(k, w->scale, si[j] + g, ng - g);
+        UNROLL for (int v = 0; v < nv; v++)
+            sx[j][v] = _mm256_mul_ps(ws, _mm256_loadu_ps(X + v * ldx + c + CH_XS));
+        _mm_prefetch((const char *)w->scale + (si[j] + g + PF_SCALES) * ssz, _MM_HINT_T0);
+    }
+}
+
+/* The streams a chunk from c prefetches: one vector, the same columns of
+ * the next tile's rows into L2 (next: their distance); else in the rows. */
+AI void nib_chunk_pf(const uint8_t *const q[TR], int nr, int64_t next, int64_t c) {
+    if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + c / 2, _MM_HINT_T1);
+    else UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
+}
+
+/* Whole 8-group blocks of full chunks run unrolled (each chunk's place in
+ * its block a constant); the chunks after them one at a time. Both do the
+ * same arithmetic per chunk, so the split changes no bits. */
+AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
+                 float *Y, int64_t ldy) {
+    const int64_t cols = w->cols, ng = cols / 32, nfull = cols / CH, nch = (cols + CH - 1) / CH;
+    const uint8_t *q[TR];
+    int64_t si[TR];
+    __m256 acc[TR][TV], sx[TR][TV];
+    UNROLL for (int j = 0; j < nr; j++) {
+        q[j] = (const uint8_t *)w->data + (r + j) * (cols / 2);
+        si[j] = (r + j) * ng;
+        UNROLL for (int v = 0; v < nv; v++) acc[j][v] = sx[j][v] = _mm256_setzero_ps();
+    }
     const __m256i lane_grp = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
     /* one vector: this chunk of the next tile's rows into L2 (a tile ahead) */
     const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2);
     if (nv == 1 && !next) kn_pf_nib_rows(w, r + nr, nr, ssz);
-    for (int64_t ch = 0; ch < nch; ch++) {
-        const int64_t g = ch * 2, c = ch * CH;
-        if ((ch & 3) == 0) { /* a block of 8 groups: weight scale times x's 2^-s (exact) */
-            UNROLL for (int j = 0; j < nr; j++) {
-                const __m256 ws = scales8(k, w->scale, si[j] + g, ng - g);
-                UNROLL for (int v = 0; v < nv; v++)
-                    sx[j][v] = _mm256_mul_ps(ws, _mm256_loadu_ps(X + v * ldx + c + CH_XS));
-                _mm_prefetch((const char *)w->scale + (si[j] + g + PF_SCALES) * ssz, _MM_HINT_T0);
+    int64_t ch = 0;
+    if (nv == 1) { /* (many vectors are bound by their decode; unrolled, they lost ~5%) */
+        for (; ch + 4 <= nfull; ch += 4) {
+            nib_block_scales(k, w, si, nr, nv, ch * 2, ch * CH, X, ldx, sx);
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                nib_chunk_pf(q, nr, next, (ch + i) * CH);
+                nib_chunk(k, nr, nv, q, (ch + i) * CH, 1, sx, _mm256_add_epi32(lane_grp, _mm256_set1_epi32(2 * i)), X,
+                          ldx, acc);
             }
         }
+    }
+    for (; ch < nch; ch++) {
+        const int64_t c = ch * CH;
+        if ((ch & 3) == 0) nib_block_scales(k, w, si, nr, nv, ch * 2, c, X, ldx, sx);
         const __m256i sidx = _mm256_add_epi32(lane_grp, _mm256_set1_epi32((int)(ch & 3) * 2));
-        if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + c / 2, _MM_HINT_T1);
-        else UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
-        const int full = c + CH <= cols;
-        UNROLL for (int j = 0; j < nr; j++) {
-            const __m256i b = full ? _mm256_loadu_si256((const __m256i *)(q[j] + c / 2))
-                                   : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(q[j] + c / 2)));
-            __m256i ue = _mm256_and_si256(b, m0f), uo = _mm256_and_si256(_mm256_srli_epi16(b, 4), m0f);
-            if (k == N_MX) {
-                ue = _mm256_shuffle_epi8(tab, ue);
-                uo = _mm256_shuffle_epi8(tab, uo);
-            }
-            UNROLL for (int v = 0; v < nv; v++) {
-                const __m256i *xp = (const __m256i *)(X + v * ldx + c);
-#ifdef KN_AVXVNNI
-                /* the same integer per lane, by vpdpbusd (four u x L a lane) */
-                __m256i a = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ue, _mm256_loadu_si256(xp + 0));
-                a = _mm256_dpbusd_avx_epi32(a, uo, _mm256_loadu_si256(xp + 1));
-                a = _mm256_slli_epi32(a, 8);
-                a = _mm256_dpbusd_avx_epi32(a, ue, _mm256_loadu_si256(xp + 2));
-                a = _mm256_dpbusd_avx_epi32(a, uo, _mm256_loadu_si256(xp + 3));
-                a = _mm256_slli_epi32(a, 8);
-                a = _mm256_dpbusd_avx_epi32(a, ue, _mm256_loadu_si256(xp + 4));
-                a = _mm256_dpbusd_avx_epi32(a, uo, _mm256_loadu_si256(xp + 5));
-                a = _mm256_add_epi32(a, _mm256_loadu_si256(xp + 6)); /* - c0 sum X */
-#else
-                const __m256i t0 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 0)),
-                                                    _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 1)));
-                const __m256i t1 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 2)),
-                                                    _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 3)));
-                const __m256i t2 = _mm256_add_epi16(_mm256_maddubs_epi16(ue, _mm256_loadu_si256(xp + 4)),
-                                                    _mm256_maddubs_epi16(uo, _mm256_loadu_si256(xp + 5)));
-                __m256i a = _mm256_add_epi32(_mm256_madd_epi16(t0, k256), _mm256_madd_epi16(t1, ones));
-                a = _mm256_add_epi32(_mm256_slli_epi32(a, 8), _mm256_madd_epi16(t2, ones));
-                a = _mm256_add_epi32(a, _mm256_loadu_si256(xp + 6)); /* - c0 sum X */
-#endif
-                acc[j][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_permutevar8x32_ps(sx[j][v], sidx), acc[j][v]);
-            }
-        }
+        nib_chunk_pf(q, nr, next, c);
+        if (ch < nfull) nib_chunk(k, nr, nv, q, c, 1, sx, sidx, X, ldx, acc);
+        else nib_chunk(k, nr, nv, q, c, 0, sx, sidx, X, ldx, acc);
     }
     UNROLL for (int j = 0; j < nr; j++) UNROLL for (int v = 0; v < nv; v++) Y[v * ldy + j] = hsum8(acc[j][v]);
 }
