@@ -353,15 +353,17 @@ AI void nib_chunk(int k, int nr, int nv, const uint8_t *const q[TR], int64_t c, 
         __m512i xl[7];
         UNROLL for (int i = 0; i < 7; i++) xl[i] = _mm512_loadu_si512(xp + i);
         UNROLL for (int j = 0; j < nr; j++) {
-            __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ue[j], xl[0]);
-            a = _mm512_dpbusd_epi32(a, uo[j], xl[1]);
-            a = _mm512_slli_epi32(a, 8);
-            a = _mm512_dpbusd_epi32(a, ue[j], xl[2]);
-            a = _mm512_dpbusd_epi32(a, uo[j], xl[3]);
-            a = _mm512_slli_epi32(a, 8);
-            a = _mm512_dpbusd_epi32(a, ue[j], xl[4]);
-            a = _mm512_dpbusd_epi32(a, uo[j], xl[5]);
-            a = _mm512_add_epi32(a, xl[6]); /* - c0 sum X */
+            /* the three digits' sums side by side, the correction as a2's
+             * start (integer sums: the same value as one chain; shorter
+             * dependencies: Zen 4, one vector in cache, +5%) */
+            __m512i a0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ue[j], xl[0]);
+            __m512i a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ue[j], xl[2]);
+            __m512i a2 = _mm512_dpbusd_epi32(xl[6], ue[j], xl[4]);
+            a0 = _mm512_dpbusd_epi32(a0, uo[j], xl[1]);
+            a1 = _mm512_dpbusd_epi32(a1, uo[j], xl[3]);
+            a2 = _mm512_dpbusd_epi32(a2, uo[j], xl[5]);
+            __m512i a = _mm512_add_epi32(_mm512_slli_epi32(a0, 8), a1);
+            a = _mm512_add_epi32(_mm512_slli_epi32(a, 8), a2);
             acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(sidx, sx[j][v]), acc[j][v]);
         }
     }
