@@ -529,7 +529,7 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
 
 /* rows x vectors for prefill, within the 16 registers: accumulators (2 per
  * output) plus the decoded weights of the tile's rows */
-enum { D_MR = 2, D_MV = 2, F_MR = 1, F_MV = 2, N_MR = 1, N_MV = 4 };
+enum { D_MR = 3, D_MV = 2, F_MR = 1, F_MV = 4, N_MR = 2, N_MV = 4 };
 #ifdef KN_AVXVNNI
 KN_LEVEL(kn_matmul_avxvnni, bf16_prep, nib_prep_i4, nib_prep_mx)
 #else

@@ -495,7 +495,7 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
 
 /* measured on the 16-core host (bench --kernels, gemm column): dense 4x3
  * beat 4x2 by 14-27% (and a 512-token prefill by 26%), 4-bit 4x2 beat 4x3 */
-enum { D_MR = 4, D_MV = 3, F_MR = 2, F_MV = 2, N_MR = 4, N_MV = 2 };
+enum { D_MR = 4, D_MV = 3, F_MR = 2, F_MV = 4, N_MR = 4, N_MV = 2 };
 KN_LEVEL(kn_matmul_avx512, bf16_prep, nib_prep_i4, nib_prep_mx)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`
