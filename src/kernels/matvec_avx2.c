@@ -389,13 +389,6 @@ AI void nib_block_scales(int k, const df_weight *w, const int64_t si[TR], int nr
     }
 }
 
-/* The streams a chunk from c prefetches: one vector, the same columns of
- * the next tile's rows into L2 (next: their distance); else in the rows. */
-AI void nib_chunk_pf(const uint8_t *const q[TR], int nr, int64_t next, int64_t c) {
-    if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + c / 2, _MM_HINT_T1);
-    else UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
-}
-
 /* Whole 8-group blocks of full chunks run unrolled (each chunk's place in
  * its block a constant); the chunks after them one at a time. Both do the
  * same arithmetic per chunk, so the split changes no bits. */
@@ -420,7 +413,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         for (; ch + 4 <= nfull; ch += 4) {
             nib_block_scales(k, w, si, nr, nv, ch * 2, ch * CH, X, ldx, sx);
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-                nib_chunk_pf(q, nr, next, (ch + i) * CH);
+                kn_pf_step(q, nr, next, (ch + i) * CH / 2);
                 nib_chunk(k, nr, nv, q, (ch + i) * CH, 1, sx, _mm256_add_epi32(lane_grp, _mm256_set1_epi32(2 * i)), X,
                           ldx, acc);
             }
@@ -430,7 +423,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         const int64_t c = ch * CH;
         if ((ch & 3) == 0) nib_block_scales(k, w, si, nr, nv, ch * 2, c, X, ldx, sx);
         const __m256i sidx = _mm256_add_epi32(lane_grp, _mm256_set1_epi32((int)(ch & 3) * 2));
-        nib_chunk_pf(q, nr, next, c);
+        kn_pf_step(q, nr, next, c / 2);
         if (ch < nfull) nib_chunk(k, nr, nv, q, c, 1, sx, sidx, X, ldx, acc);
         else nib_chunk(k, nr, nv, q, c, 0, sx, sidx, X, ldx, acc);
     }

@@ -384,13 +384,6 @@ AI void nib_block_scales(int k, const df_weight *w, const int64_t si[TR], int nr
     }
 }
 
-/* The streams a chunk from c prefetches: one vector, the same chunk of the
- * next tile's rows into L2 (next: their distance; a tile ahead); many
- * vectors (their decode is the limit) or a matrix's last tile, in the rows. */
-AI void nib_chunk_pf(const uint8_t *const q[TR], int nr, int64_t next, int64_t c) {
-    if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + c / 2, _MM_HINT_T1);
-    else UNROLL for (int j = 0; j < nr; j++) kn_pf(q[j] + c / 2, 64);
-}
 
 AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
@@ -417,7 +410,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         for (; ch + 4 <= nfull; ch += 4) {
             nib_block_scales(k, w, si, nr, nv, ch * 4, ch * CH, X, ldx, sx);
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-                nib_chunk_pf(q, nr, next, (ch + i) * CH);
+                kn_pf_step(q, nr, next, (ch + i) * CH / 2);
                 nib_chunk(k, nr, nv, q, (ch + i) * CH, 1, 0, sx, _mm512_add_epi32(lane_grp, _mm512_set1_epi32(4 * i)),
                           X, ldx, acc);
             }
@@ -427,7 +420,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         const int64_t c = ch * CH;
         if ((ch & 3) == 0) nib_block_scales(k, w, si, nr, nv, ch * 4, c, X, ldx, sx);
         const __m512i sidx = _mm512_add_epi32(lane_grp, _mm512_set1_epi32((int)(ch & 3) * 4));
-        nib_chunk_pf(q, nr, next, c);
+        kn_pf_step(q, nr, next, c / 2);
         if (ch < nfull) nib_chunk(k, nr, nv, q, c, 1, 0, sx, sidx, X, ldx, acc);
         else nib_chunk(k, nr, nv, q, c, 0, ((__mmask64)1 << ((cols - c) / 2)) - 1, sx, sidx, X, ldx, acc);
     }

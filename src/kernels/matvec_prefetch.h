@@ -4,7 +4,8 @@
  *
  * Owns: the default distance (KN_PF: AVX2 256 bytes; matvec_avx512.c sets
  * 512, see there), the within-row stream prefetch (kn_pf) and the
- * head of the next tile's rows (kn_pf_rows, kn_pf_nib_rows). Refuses: any
+ * head of the next tile's rows (kn_pf_rows, kn_pf_nib_rows), a tile's step
+ * over its rows or the next tile's (kn_pf_step). Refuses: any
  * arithmetic on weights. A tile's rows are short streams (3.6 KB for a
  * 7168-column MXFP4 row): the within-row prefetch only runs KN_PF bytes
  * ahead of the tile, so without the next tile's heads every tile began with
@@ -48,6 +49,16 @@ KN_PF_AI void kn_pf_nib_rows(const df_weight *w, int64_t r, int nr, int ssz) {
         _mm_prefetch((const char *)w->scale + (r + j) * ng * ssz, _MM_HINT_T0);
     }
 }
+/* One step of a tile's row streams, off bytes into each of its nr rows q:
+ * with next (kn_pf_next_tile) the same bytes of the next tile's rows into
+ * L2, else KN_PF bytes ahead in its own (64 bytes of each). */
+KN_PF_AI void kn_pf_step(const uint8_t *const *q, int nr, int64_t next, int64_t off) {
+    if (next)
+        _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + off, _MM_HINT_T1);
+    else
+        _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) kn_pf(q[j] + off, 64);
+}
+
 /* Bytes from a tile's rows to the next tile's (the tile-ahead prefetch of
  * one-vector tiles: each step prefetches the columns it reads there into
  * L2), or 0 where that does not apply: many vectors, or no whole next tile. */
