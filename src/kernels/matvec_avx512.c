@@ -336,16 +336,22 @@ enum { CH = 128, CH_BYTES = 512, CH_XS = 112 };
  * lane scales of the chunk's 16-group block. */
 AI void nib_chunk(int k, int nr, int nv, const uint8_t *const q[TR], int64_t c, int full, __mmask64 cm,
                   const __m512 sx[TR][TV], __m512i sidx, const float *X, int64_t ldx, __m512 acc[TR][TV]) {
-    /* u = 2 e2m1 + 12 (int4: u = q) by the low 4 bits of an index (vpermb reads 6) */
-    const __m512i tab = k == N_MX
-        ? _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0))
-        : _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    /* MXFP4: u = 2 e2m1 + 12 by the low 4 bits of an index (vpermb reads 6);
+     * int4: u = q, the nibble by a mask (2.6% faster than an identity vpermb) */
+    const __m512i tab =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
     __m512i ue[TR], uo[TR];
     UNROLL for (int j = 0; j < nr; j++) {
         const __m512i b = full ? _mm512_loadu_si512(q[j] + c / 2) : _mm512_maskz_loadu_epi8(cm, q[j] + c / 2);
         /* low nibbles: byte k's own; high: shifted down within each 16-bit word */
-        ue[j] = _mm512_permutexvar_epi8(b, tab);
-        uo[j] = _mm512_permutexvar_epi8(_mm512_srli_epi16(b, 4), tab);
+        if (k == N_MX) {
+            ue[j] = _mm512_permutexvar_epi8(b, tab);
+            uo[j] = _mm512_permutexvar_epi8(_mm512_srli_epi16(b, 4), tab);
+        } else {
+            const __m512i m0f = _mm512_set1_epi8(0x0f);
+            ue[j] = _mm512_and_si512(b, m0f);
+            uo[j] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m0f);
+        }
     }
     UNROLL for (int v = 0; v < nv; v++) {
         /* x's planes loaded once a chunk, shared by the rows */
