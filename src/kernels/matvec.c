@@ -21,7 +21,8 @@
  * Every form has the same error bound, (cols + 2) * 2^-24 * sum_c |w x|, and
  * a one-hot x reproduces kn_dequant_row bit-exactly at every level. The
  * levels differ only in summation order (scalar: one accumulator per group,
- * left to right; SIMD: fixed lanes, two accumulators per row, fixed tree).
+ * left to right; SIMD: fixed lanes, one or two accumulators per row by
+ * level and type, fixed tree).
  *
  * Sections: 1. detection  2. dequant  3. scalar dot per type  4. dispatch
  */

@@ -10,18 +10,22 @@
  *
  * A tile computes nr rows x nv vectors (nr, nv compile-time: NR x 1 for
  * decode, a per-type mr x mv for prefill, and 1-row variants of both). Every
- * (row, vector) output owns two accumulators a0/a1 fed in a fixed pattern
- * that depends only on cols (full 16-column steps: a0 gets columns 0-7, a1
- * columns 8-15, except bf16: a0 the step's even columns, a1 its odd ones,
- * from one 32-byte load split by a shift and a mask, x laid out to match by
- * bf16_prep; a lone 8-column step goes to a0; the zero-padded tail to a1),
- * then hsum(a0 + a1). All tiles run the same always-inlined body, so a
- * value does not depend on which tile computed it (kernels.h's contract).
+ * dense (row, vector) output owns one accumulator fed in a fixed order that
+ * depends only on cols (each full 16-column step: columns 0-7, then 8-15,
+ * except bf16: the step's even columns, then its odd ones, from one 32-byte
+ * load split by a shift and a mask, x laid out to match by bf16_prep; then
+ * a lone 8-column step; then the zero-padded tail), then hsum. One chain an
+ * output lets a prefill tile hold 4 x 2 outputs in the 16 registers (with
+ * two accumulators an output, 3 x 2 and the x loads of every row: bf16 79
+ * -> 93 GFLOP/s a thread on Zen 4). All tiles run the same always-inlined
+ * body, so a value does not depend on which tile computed it (kernels.h's
+ * contract).
  *
- * fp8 blocks keep per-block partials in the same two-lane-set pattern and
- * multiply them by the scale once per block (see matvec.c for the value
- * computed); int4 / mxfp4 groups run in integers on a fixed-point x (section
- * 4, one accumulator an output).
+ * fp8 blocks keep per-block partials in two lane sets (p0: each 16-column
+ * step's columns 0-7 and a lone 8-column step, p1: columns 8-15 and the
+ * padded tail) and multiply them by the scale once per block into a0 / a1
+ * (see matvec.c for the value computed); int4 / mxfp4 groups run in
+ * integers on a fixed-point x (section 4, one accumulator an output).
  *
  * Streaming: for one vector each tile prefetches the columns it reads of
  * the next tile's rows into L2 (as matvec_avx512.c); many vectors, and a
@@ -87,10 +91,10 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
     const int64_t cols = w->cols;
     const int es = esize(e);
     const char *row[TR];
-    __m256 a0[TR][TV], a1[TR][TV];
+    __m256 acc[TR][TV];
     UNROLL for (int j = 0; j < nr; j++) {
         row[j] = (const char *)w->data + (r + j) * cols * es;
-        UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm256_setzero_ps();
+        UNROLL for (int v = 0; v < nv; v++) acc[j][v] = _mm256_setzero_ps();
     }
     /* one vector: the same columns of the next tile's rows into L2 (a tile
      * ahead, as matvec_avx512.c); else KN_PF bytes ahead in each row */
@@ -118,17 +122,15 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
             } else {
                 w0 = ld8(e, row[j], c), w1 = ld8(e, row[j], c + 8);
             }
-            UNROLL for (int v = 0; v < nv; v++) {
-                a0[j][v] = _mm256_fmadd_ps(w0, x0[v], a0[j][v]);
-                a1[j][v] = _mm256_fmadd_ps(w1, x1[v], a1[j][v]);
-            }
+            UNROLL for (int v = 0; v < nv; v++)
+                acc[j][v] = _mm256_fmadd_ps(w1, x1[v], _mm256_fmadd_ps(w0, x0[v], acc[j][v]));
         }
     }
     if (c + 8 <= cols) {
         UNROLL for (int j = 0; j < nr; j++) {
             __m256 w0 = ld8(e, row[j], c);
             UNROLL for (int v = 0; v < nv; v++)
-                a0[j][v] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(X + v * ldx + c), a0[j][v]);
+                acc[j][v] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(X + v * ldx + c), acc[j][v]);
         }
         c += 8;
     }
@@ -140,11 +142,11 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
             memcpy(wt, row[j] + c * es, (size_t)((cols - c) * es));
             __m256 w1 = ld8(e, wt, 0);
             UNROLL for (int v = 0; v < nv; v++)
-                a1[j][v] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt[v]), a1[j][v]);
+                acc[j][v] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt[v]), acc[j][v]);
         }
     }
     UNROLL for (int j = 0; j < nr; j++) UNROLL for (int v = 0; v < nv; v++) {
-        float s = hsum8(_mm256_add_ps(a0[j][v], a1[j][v]));
+        float s = hsum8(acc[j][v]);
         if (e == E_I8) {
             /* row scale after the sum, as a vector op so it is never contracted */
             __m128 m = _mm_mul_ss(_mm_set_ss(s), _mm_set_ss(((const float *)w->scale)[r + j]));
@@ -520,9 +522,10 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
 
 /* ---- 5. tiles per type ----------------------------------------------------- */
 
-/* rows x vectors for prefill, within the 16 registers: accumulators (2 per
- * output) plus the decoded weights of the tile's rows */
-enum { D_MR = 3, D_MV = 2, F_MR = 1, F_MV = 4, N_MR = 2, N_MV = 4 };
+/* rows x vectors for prefill, within the 16 registers: the accumulators
+ * (dense: one an output, fp8: two) plus the decoded weights of the tile's
+ * rows and x */
+enum { D_MR = 4, D_MV = 2, F_MR = 1, F_MV = 4, N_MR = 2, N_MV = 4 };
 #ifdef KN_AVXVNNI
 KN_LEVEL(kn_matmul_avxvnni, bf16_prep, nib_prep_i4, nib_prep_mx)
 #else
