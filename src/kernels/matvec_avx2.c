@@ -391,9 +391,10 @@ AI void nib_block_scales(int k, const df_weight *w, const int64_t si[TR], int nr
     }
 }
 
-/* Whole 8-group blocks of full chunks run unrolled (each chunk's place in
- * its block a constant); the chunks after them one at a time. Both do the
- * same arithmetic per chunk, so the split changes no bits. */
+/* Whole 8-group blocks of full chunks run unrolled for one vector (each
+ * chunk's place in its block a constant); the chunks after them, and many
+ * vectors, one at a time. Both do the same arithmetic per chunk, so the
+ * split changes no bits. */
 AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
     const int64_t cols = w->cols, ng = cols / 32, nfull = cols / CH, nch = (cols + CH - 1) / CH;
@@ -523,8 +524,10 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
 /* ---- 5. tiles per type ----------------------------------------------------- */
 
 /* rows x vectors for prefill, within the 16 registers: the accumulators
- * (dense: one an output, fp8: two) plus the decoded weights of the tile's
- * rows and x */
+ * (dense: one an output; fp8: two and two block partials) plus the decoded
+ * weights of the tile's rows and x. Zen 4 VM, one thread (bench --kernels,
+ * gemm column): dense 4x2 (one accumulator) beat 3x2, 2x4 and 4x3, fp8 1x4
+ * beat 1x2, 2x2 and 1x3, 4-bit 2x4 beat 1x4, 2x3, 3x2, 4x2 and 3x3. */
 enum { D_MR = 4, D_MV = 2, F_MR = 1, F_MV = 4, N_MR = 2, N_MV = 4 };
 #ifdef KN_AVXVNNI
 KN_LEVEL(kn_matmul_avxvnni, bf16_prep, nib_prep_i4, nib_prep_mx)
