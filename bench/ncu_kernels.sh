@@ -25,7 +25,7 @@ if hdr is None:
 h = rows[hdr]
 ti, ki = h.index("gpu__time_duration.sum"), h.index("Kernel Name")
 unit = rows[hdr + 1][ti] if hdr + 1 < len(rows) and len(rows[hdr + 1]) > ti else ""
-scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}.get(unit)
+scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "second": 1e3, "s": 1e3}.get(unit)
 if scale is None:
     sys.exit("ncu_kernels: unknown time unit %r" % unit)
 tot = {}
