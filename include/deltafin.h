@@ -288,6 +288,10 @@ typedef struct df_accel {
     df_status (*dev_res_norm)(void *ctx, float *xn, float *h, const float *d, int restart, float *anc_out,
                               const float *anchors, int64_t astride, int na, const float *probe, const float *nw,
                               int n, int dim, float eps, char *err);
+    /* Optional: the tensor cores' bf16 rate with fp32 sums, TFLOP/s, measured
+     * now by short kernels: *sync by mma.sync, *wg by Hopper's wgmma (0 where
+     * the build or device lacks it); 0 on failure (bench's prefill floor). */
+    void (*tc_tflops)(void *ctx, double *sync, double *wg);
 } df_accel;
 
 /* df_accel.mla_layer (optional, with the state hooks): a whole MLA layer step with one host
@@ -455,6 +459,11 @@ typedef struct {
     int64_t spine_kept_groups;             /* streamed spine groups planned to stay on the device */
     uint64_t device_passes;                /* forward passes with their activations on the device
                                               (the dev_ hooks: norms and residuals there too) */
+    uint64_t macs_mxfp4, macs_bf16, macs_other; /* multiply-adds of the weight products run on
+                                              the device (rows x cols x vectors), by the weight
+                                              type: MXFP4, bf16 or f16, the rest (bench's
+                                              tensor-core floor; attention's own products not
+                                              counted) */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);
@@ -468,6 +477,8 @@ double df_engine_probe_h2d(df_engine *e);
 /* The accelerator's device read bandwidth (GB/s) measured now by a read
  * probe kernel; 0 without one (or when it offers no probe). */
 double df_engine_probe_device_read(df_engine *e);
+/* The accelerator's tensor-core probe (df_accel.tc_tflops): both 0 without one. */
+void df_engine_probe_device_tc(df_engine *e, double *sync_tflops, double *wg_tflops);
 /* Bytes of a session's state for max_ctx positions (attention caches +
  * recurrent state; scratch not included), and of its recurrent (KDA) part
  * alone (what a rewind trail keeps per token). */

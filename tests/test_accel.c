@@ -67,11 +67,14 @@ static void fake_release(void *ctx, void *handle) {
     fake_live--;
 }
 
+/* multiply-adds the stand-in ran (df_accel_stats.macs_* must sum to it) */
+static uint64_t fake_macs;
 static df_status fake_matmul(void *ctx, void *handle, const float *X, int n, float *Y, int64_t ldy, int64_t row0,
                              int64_t row1, char *err) {
     (void)err;
     fake_h *h = handle;
     kn_matmul(*(kn_level *)ctx, &h->w, X, n, Y, ldy, row0, row1);
+    fake_macs += (uint64_t)(row1 - row0) * (uint64_t)h->w.cols * (uint64_t)n;
     return DF_OK;
 }
 
@@ -182,6 +185,7 @@ static df_status fake_queue(void *ctx, void *gate, void *up, void *down, int sit
     p->dim = d->w.rows;
     p->stride = stride;
     kn_matmul(*(kn_level *)ctx, &d->w, G, n, p->y, d->w.rows, 0, d->w.rows);
+    fake_macs += (uint64_t)n * (uint64_t)(2 * I * g->w.cols + d->w.rows * d->w.cols);
     free(G);
     free(U);
     return DF_OK;
@@ -427,14 +431,22 @@ TEST(model_accel_bit_identical_any_budget) {
                           b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
                           b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL,
                           b >= 4 ? fake_mla_layer : NULL, b >= 4 ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
             df_accel_stats st;
             fake_expert_calls = 0;
             fake_many_calls = 0;
             fake_kda_layer_calls = 0;
             fake_mla_layer_calls = 0;
             fake_tail_calls = 0;
+            fake_macs = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, &read);
+            /* every product the stand-in ran, counted once by its weight type */
+            CHECK(st.macs_mxfp4 + st.macs_bf16 + st.macs_other == fake_macs && fake_macs > 0,
+                  "%s budget %d: %llu + %llu + %llu multiply-adds counted, %llu run", fx[i], b,
+                  (unsigned long long)st.macs_mxfp4, (unsigned long long)st.macs_bf16,
+                  (unsigned long long)st.macs_other, (unsigned long long)fake_macs);
+            CHECK((st.macs_mxfp4 > 0) == (strstr(fx[i], "mxfp4") != NULL),
+                  "%s budget %d: %llu MXFP4 multiply-adds", fx[i], b, (unsigned long long)st.macs_mxfp4);
             CHECK((fake_expert_calls > 0) == (b >= 3), "%s budget %d: %d expert calls", fx[i], b, fake_expert_calls);
             CHECK(fake_nq == 0, "%s budget %d: %d queued experts never finished", fx[i], b, fake_nq);
             CHECK((fake_many_calls > 0) == (b >= 3), "%s budget %d: %d matmul_many calls", fx[i], b, fake_many_calls);
@@ -609,7 +621,7 @@ TEST(model_accel_kda_failure_resets) {
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                   fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL, NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;
@@ -1013,7 +1025,7 @@ TEST(model_accel_stream_spine_not_reread) {
                           fake_state_zero, fake_kda, fake_mla, NULL, fake_matmul_many,
                           b == 1 ? fake_kda_layer : NULL, b == 1 ? fake_mla_layer : NULL,
                           b == 1 ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, 0, &st, &later);
@@ -1066,7 +1078,7 @@ TEST(model_accel_stream_spine_device_failure) {
                           fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda,
                           fake_mla, NULL, flaky_matmul_many, b ? fake_kda_layer : NULL, b ? fake_mla_layer : NULL,
                           b ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, b ? 1 : 2, &st, &later);

@@ -334,6 +334,16 @@ static void upload_pending(acc_table *t, acc_ent *e, const df_weight *w) {
     pin_spine_ranges(t);
 }
 
+/* The multiply-adds of w times n vectors, by weight type (bench's
+ * tensor-core floor: df_accel_stats.macs_*). */
+static void count_macs(acc_table *t, const df_weight *w, int n) {
+    if (!w || n < 1) return;
+    const uint64_t m = (uint64_t)w->rows * (uint64_t)w->cols * (uint64_t)n;
+    if (w->type == WT_MXFP4) t->st.macs_mxfp4 += m;
+    else if (w->type == WT_BF16 || w->type == WT_F16) t->st.macs_bf16 += m;
+    else t->st.macs_other += m;
+}
+
 static int run(acc_table *t, void *h, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
     double t0 = now_s();
     df_status st = t->a->matmul(t->a->ctx, h, X, n, Y, ldy, 0, w->rows, t->err);
@@ -344,6 +354,7 @@ static int run(acc_table *t, void *h, const df_weight *w, const float *X, int n,
     }
     t->st.calls++;
     t->st.device_read_bytes += (uint64_t)wt_bytes(w);
+    count_macs(t, w, n);
     return 1;
 }
 
@@ -603,6 +614,7 @@ static void acc_mm_many(acc_table *t, const mm_req *r, int count, int *done) {
     if (np && st == DF_OK) {
         t->st.calls += (uint64_t)np;
         t->st.device_read_bytes += (uint64_t)bytes;
+        for (int k = 0; k < np; k++) count_macs(t, r[pick[k]].w, n[k]);
     }
 }
 
@@ -674,6 +686,7 @@ int acc_expert_queue(acc_table *t, const df_weight w[3], int situ, float beta, f
     if (ok) {
         t->st.calls += 3;
         t->st.device_read_bytes += (uint64_t)hs.bytes;
+        for (int k = 0; k < 3; k++) count_macs(t, mats[k], n);
     }
     return ok;
 }
@@ -762,6 +775,7 @@ int acc_moe_tail(acc_table *t, int n, int K, const float *selw, const float *rou
     if (r != 1) return r;
     t->st.calls++;
     t->st.device_read_bytes += (uint64_t)wt_bytes(lat_up);
+    count_macs(t, lat_up, n);
     return 1;
 }
 
@@ -780,6 +794,7 @@ int acc_kda_layer(acc_table *t, const df_accel_kda *layer, void *state, int n, c
     if (r != 1) return r;
     t->st.calls += (uint64_t)hs.count;
     t->st.kda_calls++;
+    for (int k = 0; k < DF_KDA_MATS; k++) count_macs(t, w[k], n);
     t->st.device_read_bytes += (uint64_t)hs.bytes + (uint64_t)layer->H * layer->D * layer->D * sizeof(float);
     return 1;
 }
@@ -803,6 +818,7 @@ int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos,
     if (r != 1) return r;
     t->st.calls += (uint64_t)hs.count - 1;
     t->st.mla_calls++;
+    for (int k = 0; k < DF_MLA_MATS; k++) count_macs(t, w[k], n);
     t->st.device_read_bytes += (uint64_t)hs.bytes + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
     return 1;
 }
@@ -840,6 +856,7 @@ void acc_reset_stats(acc_table *t) {
     t->st.kda_calls = t->st.mla_calls = 0;
     t->st.device_read_bytes = 0;
     t->st.device_passes = 0;
+    t->st.macs_mxfp4 = t->st.macs_bf16 = t->st.macs_other = 0;
 }
 
 void acc_describe(const acc_table *t, char *b, size_t cap, int64_t expert_bytes, int n_experts) {
