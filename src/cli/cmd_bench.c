@@ -134,6 +134,9 @@ static double bench_prefill_again(df_engine *e, const int32_t *prompt, int nprom
     dev->cache_evictions -= d0.cache_evictions;
     dev->tier_hits -= d0.tier_hits;
     dev->upload_bytes -= d0.upload_bytes;
+    dev->macs_mxfp4 -= d0.macs_mxfp4;
+    dev->macs_bf16 -= d0.macs_bf16;
+    dev->macs_other -= d0.macs_other;
     double sorted[AGAIN_MAX];
     memcpy(sorted, runs, (size_t)nrun * sizeof *sorted);
     qsort(sorted, (size_t)nrun, sizeof *sorted, cmp_double);
@@ -311,6 +314,18 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         again ? bench_prefill_again(e, prompt, nprompt, first_tok, again, again_runs, &again_same, again_part, &again_dev)
               : 0;
     if (again && again_s <= 0) goto done;
+    /* a warm prompt against the tensor cores' measured bf16 rate: the
+     * device's products as the model counts them, and as the exact forms
+     * run them (x in limbs: MXFP4 two f16, bf16 three bf16, other types
+     * once), at the faster of mma.sync and wgmma */
+    double tc_sync = 0, tc_wg = 0;
+    if (again && again_dev.calls) df_engine_probe_device_tc(e, &tc_sync, &tc_wg);
+    const double tc_rate = (tc_sync > tc_wg ? tc_sync : tc_wg) * 1e12;
+    const double dev_mx = again ? (double)again_dev.macs_mxfp4 / again : 0,
+                 dev_bf = again ? (double)again_dev.macs_bf16 / again : 0,
+                 dev_ot = again ? (double)again_dev.macs_other / again : 0;
+    const double dev_flops = 2 * (dev_mx + dev_bf + dev_ot), limb_flops = 2 * (2 * dev_mx + 3 * dev_bf + dev_ot);
+    const double tc_floor = tc_rate > 0 ? dev_flops / tc_rate : 0, tc_limb_floor = tc_rate > 0 ? limb_flops / tc_rate : 0;
     double best_floor = mem_floor > floor_s ? mem_floor : floor_s;
     /* prefill reads each needed expert once per chunk: its own floor is the
      * larger of its reads at the disk rate and one pass over the weights */
@@ -402,6 +417,18 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         json_object_set_new(o, "bf16_tc_rows", json_integer(mo->bf16_tc_rows));
         json_object_set_new(o, "bf16_wg", json_string(mo->bf16_wg > 0 ? "on" : mo->bf16_wg < 0 ? "off" : "auto"));
         json_object_set_new(o, "hbm_floor_s_per_token", json_real(hbm_floor));
+        if (tc_rate > 0) {
+            json_object_set_new(o, "device_tc_tflops_mma_sync", json_real(tc_sync));
+            json_object_set_new(o, "device_tc_tflops_wgmma", json_real(tc_wg));
+            json_object_set_new(o, "prefill_again_device_gflop", json_real(dev_flops / 1e9));
+            json_object_set_new(o, "prefill_again_device_gflop_mxfp4", json_real(2 * dev_mx / 1e9));
+            json_object_set_new(o, "prefill_again_device_gflop_bf16", json_real(2 * dev_bf / 1e9));
+            json_object_set_new(o, "prefill_again_device_tflops", json_real(dev_flops / again_s / 1e12));
+            json_object_set_new(o, "prefill_tc_floor_s", json_real(tc_floor));
+            json_object_set_new(o, "prefill_tc_limb_floor_s", json_real(tc_limb_floor));
+            json_object_set_new(o, "prefill_tc_share", json_real(tc_floor / again_s));
+            json_object_set_new(o, "prefill_tc_limb_share", json_real(tc_limb_floor / again_s));
+        }
         json_object_set_new(o, "hbm_ratio", json_real(hbm_floor > 0 ? med / hbm_floor : 0));
         json_object_set_new(o, "device_waits_per_token", json_real((double)(ac.sync_calls - ac0.sync_calls) / ntok));
         json_object_set_new(o, "device_passes_per_token",
@@ -454,6 +481,14 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
                        "                            from device copies, %.0f uploads (per warm prompt)\n",
                        (double)again_dev.calls / again, (double)again_dev.cpu_calls / again,
                        (double)again_dev.tier_hits / again, (double)again_dev.cache_uploads / again);
+            if (tc_rate > 0)
+                printf("prefill again, tensor cores %.1f TFLOP/s of the device's products (%.1f GFLOP: MXFP4 %.1f,\n"
+                       "                            bf16 %.1f, other %.1f); tensor-core probe (bf16, fp32 sums, same\n"
+                       "                            run) %.0f TFLOP/s mma.sync, %.0f wgmma: the prompt runs at %.1f%% of\n"
+                       "                            the faster counting the model's FLOPs, %.1f%% counting the exact\n"
+                       "                            forms' limbs (x as 2 f16 limbs for MXFP4, 3 bf16 for bf16)\n",
+                       dev_flops / again_s / 1e12, dev_flops / 1e9, 2 * dev_mx / 1e9, 2 * dev_bf / 1e9,
+                       2 * dev_ot / 1e9, tc_sync, tc_wg, 100 * tc_floor / again_s, 100 * tc_limb_floor / again_s);
         }
         printf("decode median               %.4f s/token (%.2f tokens/s)\n", med, med > 0 ? 1 / med : 0);
         printf("spine                       %s\n", df_engine_spine_why(e));

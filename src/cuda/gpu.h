@@ -376,6 +376,14 @@ df_status gpu_mla_absorb(const gpu_weight *kv_b, const mla_shape *sh, const floa
 df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, const float *olat, int n, float *attn,
                        void *stream);
 
+/* The tensor cores' bf16 rate with fp32 accumulation in TFLOP/s (1e12
+ * FLOP/s, a multiply-add two), measured now (gpu_tc_probe.cu): *sync by
+ * mma.sync m16n8k16 (the form of the MXFP4 and bf16 blocks), *wg by
+ * wgmma m64n256k16 where the build and device have it (else 0). Each the
+ * median of five timed launches after a warm-up. DF_ERR_IO on a CUDA
+ * failure (gpu_last_error). */
+df_status gpu_tc_probe(void *stream, double *sync_tflops, double *wg_tflops);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1291,6 +1291,14 @@ double acc_read_gbps(void *ctx) {
     return gbps;
 }
 
+/* The tensor cores' bf16 rates (gpu_tc_probe): 0 on failure. */
+static void acc_tc_tflops(void *ctx, double *sync, double *wg) {
+    acc *a = (acc *)ctx;
+    cudaSetDevice(a->device);
+    if (gpu_tc_probe(a->stream, sync, wg) != DF_OK) *sync = *wg = 0;
+    cudaGetLastError();
+}
+
 #if GPU_TIMELINE
 /* A measurement build (-DGPU_TIMELINE=1; nsys is not on the device machine):
  * each hook below runs between two events on the product stream, and the
@@ -1397,6 +1405,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_
     a->pub.unpin = acc_unpin;
     a->pub.h2d_gbps = acc_h2d_gbps;
     a->pub.read_gbps = acc_read_gbps;
+    a->pub.tc_tflops = acc_tc_tflops;
     a->pub.expert_queue = TL(16, acc_expert_queue);
     a->pub.expert_finish = TL(2, acc_expert_finish);
 #ifndef GPU_NO_MOE_TAIL

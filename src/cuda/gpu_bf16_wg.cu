@@ -153,6 +153,24 @@ __device__ __forceinline__ void wg_mma(float (&d)[64], uint32_t a0, uint32_t a1,
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
 }
 #endif
+/* d += A B for the tensor-core probe: A 64 x 16 and B 16 x 256 both from
+ * shared memory (descriptors a, b), m64n256k16: wgmma's widest form. */
+__device__ __forceinline__ void wg_mma_ss256(float (&d)[128], uint64_t a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+                 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+                 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+                 "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+                 "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56),
+                   WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104), WG_D8(112), WG_D8(120)
+                 : "l"(a), "l"(b), "r"(1));
+}
 #undef WG_D8
 #endif
 
@@ -309,6 +327,39 @@ df_status launch_wg(const wg_mats &mats, int nm, const void *limbs, int n, int64
     return gpu_cuda_status(cudaGetLastError(), "k_bt_wg");
 }
 
+/* The tensor-core probe's wgmma half (gpu_tc_probe.cu times it): each of
+ * WG_PROBE_WG warpgroups a block issues `iters` x 8 m64n256k16 bf16 wgmma
+ * into one accumulator set, operands from a zeroed shared tile (their
+ * values do not change the rate); a sum of the results that is never
+ * 1234.5 keeps them. */
+enum { WG_PROBE_WG = 2, WG_PROBE_A = 64 * 16 * 2, WG_PROBE_B = 256 * 16 * 2 };
+__global__ void __launch_bounds__(WG_PROBE_WG * 128) k_wg_probe(int iters, float *out) {
+#if WG_DEVICE
+    __shared__ __align__(128) uint8_t sm[WG_PROBE_A + WG_PROBE_B];
+    for (int i = threadIdx.x; i < (WG_PROBE_A + WG_PROBE_B) / 16; i += blockDim.x)
+        ((uint4 *)sm)[i] = make_uint4(0, 0, 0, 0);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the stores, seen by wgmma */
+    __syncthreads();
+    /* no-swizzle K-major core matrices: 8 rows x 16 bytes, 128 bytes apart
+     * along k, 256 along the rows */
+    const uint64_t a = wg_desc(sm, 128, 256), b = wg_desc(sm + WG_PROBE_A, 128, 256);
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) d[i] = 0.0f;
+    for (int it = 0; it < iters; it++) {
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < 8; j++) wg_mma_ss256(d, a, b);
+        wg_commit();
+        wg_wait<0>();
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 128; i++) sum += d[i];
+    if (sum == 1234.5f) out[0] = sum;
+#endif
+}
+
 } // namespace
 
 /* 1 when this build and device can run k_bt_wg (compute capability 9.0 and
@@ -337,6 +388,17 @@ extern "C" int gpu_ws_wg(gpu_ws *ws) {
     if (ws->bf16_wg < 0) return -1;
     if (!ws->wg_known) ws->wg_known = wg_present() ? 1 : 2;
     return ws->wg_known == 1 ? ws->bf16_wg : -1;
+}
+
+/* Launches the probe's wgmma kernel (blocks x WG_PROBE_WG warpgroups, each
+ * iters x 8 wgmma of 2 x 64 x 256 x 16 FLOPs) on s: its FLOPs in *flops, or
+ * DF_ERR_UNSUPPORTED where k_bt_wg cannot run (no sm_90a image, another
+ * device). */
+df_status gpu_wg_probe_launch(int blocks, int iters, float *out, double *flops, cudaStream_t s) {
+    if (!wg_present()) return DF_ERR_UNSUPPORTED;
+    k_wg_probe<<<(unsigned)blocks, WG_PROBE_WG * 128, 0, s>>>(iters, out);
+    *flops = (double)blocks * WG_PROBE_WG * iters * 8 * 2.0 * 64 * 256 * 16;
+    return gpu_cuda_status(cudaGetLastError(), "k_wg_probe");
 }
 
 size_t gpu_bf16_wg_bytes(int n, int64_t cols) {

@@ -181,6 +181,10 @@ int gpu_bf16_slices(int64_t rows, int64_t nch);
 size_t gpu_bf16_wg_bytes(int n, int64_t cols);
 df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X, int n, float *Y, int64_t ldy,
                       float *U, int64_t row0, int64_t row1, void *limbs, cudaStream_t s);
+/* The tensor-core probe's wgmma kernel (gpu_bf16_wg.cu; gpu_tc_probe
+ * times it): blocks x iters x 8 x 2 warpgroups of m64n256k16 bf16 wgmma on
+ * s, their FLOPs in *flops; DF_ERR_UNSUPPORTED where k_bt_wg cannot run. */
+df_status gpu_wg_probe_launch(int blocks, int iters, float *out, double *flops, cudaStream_t s);
 /* Device scratch bytes gpu_tc_batch needs for these jobs. */
 size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs);
 /* gpu_matmul_tc for every job in few launches (one split launch, one mma

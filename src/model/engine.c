@@ -906,6 +906,12 @@ double df_engine_probe_device_read(df_engine *e) {
     return a && a->read_gbps ? a->read_gbps(a->ctx) : 0.0;
 }
 
+void df_engine_probe_device_tc(df_engine *e, double *sync_tflops, double *wg_tflops) {
+    const df_accel *a = e->opts.accel;
+    *sync_tflops = *wg_tflops = 0;
+    if (a && a->tc_tflops) a->tc_tflops(a->ctx, sync_tflops, wg_tflops);
+}
+
 df_status df_engine_probe_disk(df_engine *e, double seconds, double *gbps, char err[DF_ERRMSG]) {
     int best = 0;
     int64_t best_size = -1;

@@ -488,6 +488,19 @@ TEST(cuda_tc_bf16_block_shapes) {
     free(X); free(Y); free(Z);
 }
 
+/* bench's tensor-core probe: a rate from mma.sync, and from wgmma exactly
+ * where the wgmma blocks run (magnitudes only: 1 TFLOP/s to 100 PFLOP/s). */
+TEST(cuda_tc_probe_rates) {
+    if (!need_gpu()) return;
+    double sync = -1, wg = -1;
+    REQUIRE(gpu_tc_probe(NULL, &sync, &wg) == DF_OK, "%s", gpu_last_error());
+    CHECK(sync > 1 && sync < 1e5, "mma.sync %.1f TFLOP/s", sync);
+    gpu_ws on = {0};
+    on.bf16_wg = 1;
+    if (gpu_ws_wg(&on) > 0) CHECK(wg > 1 && wg < 1e5, "wgmma %.1f TFLOP/s", wg);
+    else CHECK(wg == 0, "wgmma %.1f TFLOP/s without the wgmma blocks", wg);
+}
+
 /* The wgmma blocks (gpu_ws.bf16_wg = 1, Hopper only) against the mma.sync
  * blocks (-1), bit for bit: rows in several slices (1024 and 832 columns:
  * 4 and 3 slices, the last one shorter), tail rows and vectors, a row range,
