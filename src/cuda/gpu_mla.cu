@@ -113,7 +113,10 @@ enum {
 #ifndef GPU_MLA_WIDE_QPW
 #define GPU_MLA_WIDE_QPW 2
 #endif
-enum { MLA_WIDE_Q = 4096, MLA_WIDE_QPW = GPU_MLA_WIDE_QPW,
+#ifndef GPU_MLA_WIDE_Q
+#define GPU_MLA_WIDE_Q 4096
+#endif
+enum { MLA_WIDE_Q = GPU_MLA_WIDE_Q, MLA_WIDE_QPW = GPU_MLA_WIDE_QPW,
        MLA_WIDE_SMEM = (MLA_WIDE_QPW == 2 ? 113 : 227) * 1024 };
 /* the splits' partial sums of one launch at most (gpu_mla_attend's ws) */
 static const size_t MLA_PART_BYTES = (size_t)256 << 20;
