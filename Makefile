@@ -283,7 +283,10 @@ $(BUILD)/cuda-cli/%.o: %.c
 $(BUILD)/deltafin-cuda: $(CUDA_CLI_OBJ) $(BUILD)/libdeltafin.a $(BUILD)/libdeltafin_cuda.a
 	$(NVCC) $(CUDA_ARCH) $(NVCC_HOST) -o $@ $(CUDA_CLI_OBJ) $(BUILD)/libdeltafin.a $(BUILD)/libdeltafin_cuda.a $(LDLIBS)
 
-$(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.h)
+# the CUDA objects see deltafin.h's structs (df_accel, its stats) and the
+# format / model headers gpu.h includes: any change there rebuilds them
+CUDA_HDRS := $(wildcard src/cuda/*.h) include/deltafin.h $(wildcard src/format/*.h src/model/*.h src/base/*.h)
+$(BUILD)/src/cuda/%.o: src/cuda/%.cu $(CUDA_HDRS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -292,7 +295,7 @@ $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.h)
 # sm_90a alone (its host side then says so: DF_WG_SM90A); elsewhere its
 # kernels are empty and gpu_bf16_wg_ready() is 0.
 WG_ARCH := $(if $(findstring compute_90,$(CUDA_ARCH)),-gencode arch=compute_90a$(comma)code=sm_90a -DDF_WG_SM90A,$(CUDA_ARCH))
-$(BUILD)/src/cuda/gpu_bf16_wg.o: src/cuda/gpu_bf16_wg.cu $(wildcard src/cuda/*.h)
+$(BUILD)/src/cuda/gpu_bf16_wg.o: src/cuda/gpu_bf16_wg.cu $(CUDA_HDRS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(filter-out $(CUDA_ARCH),$(NVFLAGS)) $(WG_ARCH) -c $< -o $@
 
