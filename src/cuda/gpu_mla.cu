@@ -106,15 +106,17 @@ enum {
     MLA_SPLIT = 256,     /* positions per split (more past MLA_MAX_SPLITS of them) */
     MLA_MAX_SPLITS = 1024
 };
-/* Two queries a warp from this many queries (a prompt: K3's 96 heads x 43
- * tokens or more), while a block's shared memory leaves two blocks an SM.
+/* Two queries a warp from this many queries (a prompt: K3's 96 heads x 32
+ * tokens, one of the engine's 32-row pieces; 4096 until the thirty-second
+ * session, which no K3 piece reached), while a block's shared memory leaves
+ * two blocks an SM.
  * GPU_MLA_WIDE_QPW 4 (a measurement build): four a warp, one block an SM
  * (32 query rows: ~150 KB at K3's widths). */
 #ifndef GPU_MLA_WIDE_QPW
 #define GPU_MLA_WIDE_QPW 2
 #endif
 #ifndef GPU_MLA_WIDE_Q
-#define GPU_MLA_WIDE_Q 4096
+#define GPU_MLA_WIDE_Q 3072
 #endif
 enum { MLA_WIDE_Q = GPU_MLA_WIDE_Q, MLA_WIDE_QPW = GPU_MLA_WIDE_QPW,
        MLA_WIDE_SMEM = (MLA_WIDE_QPW == 2 ? 113 : 227) * 1024 };

@@ -512,6 +512,9 @@ TEST(cuda_attn_mla_prompt) {
     check_mla_attend(64, 96, 32, 16, 200, 70, 0, &ws, "mla-prompt70-h64-narrow");
     check_mla_attend(16, 1024, 64, 64, 3, 260, 0, &ws, "mla-prompt260-r1024");
     check_mla_attend(16, 512, 64, 128, 0, 290, 1, &ws, "mla-prompt-mean");
+    /* one of the engine's 32-row pieces of a K3 prompt (96 heads: 3072
+     * queries, the threshold), across the split at 256 */
+    check_mla_attend(96, 512, 64, 128, 230, 32, 0, &ws, "mla-prompt32-h96-k3-piece");
     gpu_ws_free(&ws);
 }
 
