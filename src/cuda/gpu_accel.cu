@@ -1,6 +1,7 @@
 /* gpu_accel.cu — the CUDA df_accel; see gpu_accel.h. */
 #include "gpu_accel.h"
 #include "gpu.h"
+#include "gpu_internal.h"
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1206,34 +1207,9 @@ void acc_unpin(void *ctx, void *ptr) {
 }
 
 /* t[0..4] in ascending order (insertion sort): t[2] is the median. */
-static void sort5(double t[5]) {
-    for (int i = 0; i < 5; i++)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x;
-        }
-}
-
-/* GB/s of op moving `bytes`: six runs of op on a->stream timed between two
- * events, the first a warm-up, the median of the other five; 0 when an
- * event cannot be made. When a run's timing fails, t[2] is used as it
- * stands (the runs timed so far, unsorted). */
+/* GB/s of op moving `bytes` on a->stream (gpu_median_rate). */
 template <typename Op> static double median_gbps(acc *a, size_t bytes, Op op) {
-    double t[5] = {0};
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) goto out;
-    for (int i = 0; i < 6; i++) {
-        float ms = 0;
-        cudaEventRecord(e0, a->stream);
-        op();
-        cudaEventRecord(e1, a->stream);
-        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
-        if (i) t[i - 1] = ms * 1e-3; /* the first one warms up */
-    }
-    sort5(t);
-out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    return t[2] > 0 ? bytes / t[2] / 1e9 : 0.0;
+    return gpu_median_rate(a->stream, (double)bytes, op) / 1e9;
 }
 
 /* Median of 5 timed 256 MiB copies from page-locked memory. */

@@ -12,6 +12,34 @@
  * gpu_last_error() and returns DF_ERR_NOMEM (allocation) or DF_ERR_IO. */
 df_status gpu_cuda_status(cudaError_t e, const char *what);
 
+/* units per second of op (bench's probes: bytes, FLOPs): six runs of op on
+ * s timed between two events, the first a warm-up, the median of the other
+ * five; 0 when an event cannot be made. When a run's timing fails, the
+ * middle of the runs timed so far (unsorted) is used as it stands. */
+template <typename Op> static double gpu_median_rate(cudaStream_t s, double units, Op op) {
+    double t[5] = {0};
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) goto out;
+    for (int i = 0; i < 6; i++) {
+        float ms = 0;
+        cudaEventRecord(e0, s);
+        op();
+        cudaEventRecord(e1, s);
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) goto out;
+        if (i) t[i - 1] = ms * 1e-3; /* the first one warms up */
+    }
+    for (int i = 1; i < 5; i++) /* sorted: t[2] the median */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            const double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return t[2] > 0 ? units / t[2] : 0.0;
+}
+
 /* ffn.c's act_apply for one element (same formulas, CUDA's expf/tanhf):
  * the fused expert (gpu.cu) and the expert batch (gpu_experts.cu) share it,
  * so their hidden activations are bit-equal. */

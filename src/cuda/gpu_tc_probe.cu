@@ -2,8 +2,9 @@
  * gpu.h): bench's floor for a prompt on the device, as the DRAM and FMA
  * probes are the CPU's and k_read_probe the device's read floor.
  *
- * Owns: the mma.sync probe kernel and the timing of both probes (the wgmma
- * kernel lives in gpu_bf16_wg.cu, the only file built for sm_90a).
+ * Owns: the mma.sync probe kernel and the probe of both forms (the wgmma
+ * kernel lives in gpu_bf16_wg.cu, the only file built for sm_90a; the
+ * timing is gpu_median_rate, the device read probe's too).
  * Refuses: nothing; a form the device or build lacks reads 0.
  *
  * Both kernels run independent chains of one instruction on operands whose
@@ -36,47 +37,6 @@ __global__ void __launch_bounds__(TP_WARPS * 32) k_tc_probe(int iters, float *ou
     if (sum == 1234.5f) out[0] = sum;
 }
 
-void sort5(double t[5]) {
-    for (int i = 1; i < 5; i++)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            const double x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
-}
-
-/* TFLOP/s of launch(): one warm-up, the median of five timed runs;
- * launch returns DF_OK and its FLOPs, or a status that ends the probe. */
-template <typename Launch> df_status median_tflops(cudaStream_t s, Launch launch, double *tflops) {
-    *tflops = 0;
-    double t[5] = {0}, flops = 0;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    df_status st = DF_OK;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
-        st = gpu_cuda_status(cudaGetLastError(), "tc probe events");
-        goto out;
-    }
-    for (int i = 0; i < 6; i++) {
-        float ms = 0;
-        cudaEventRecord(e0, s);
-        if ((st = launch(&flops)) != DF_OK) goto out;
-        cudaEventRecord(e1, s);
-        cudaError_t e = cudaEventSynchronize(e1);
-        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
-        if (e != cudaSuccess) {
-            st = gpu_cuda_status(e, "tc probe");
-            goto out;
-        }
-        if (i) t[i - 1] = ms * 1e-3; /* the first one warms up */
-    }
-    sort5(t);
-    if (t[2] > 0) *tflops = flops / t[2] / 1e12;
-out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    return st;
-}
-
 } // namespace
 
 extern "C" df_status gpu_tc_probe(void *stream, double *sync_tflops, double *wg_tflops) {
@@ -88,21 +48,20 @@ extern "C" df_status gpu_tc_probe(void *stream, double *sync_tflops, double *wg_
         return gpu_cuda_status(cudaGetLastError(), "tc probe: device");
     float *out = NULL;
     if (cudaMalloc((void **)&out, sizeof *out) != cudaSuccess) return gpu_cuda_status(cudaGetLastError(), "tc probe");
-    /* ~10 ms a launch at ~600 TFLOP/s (mma.sync) and ~800 (wgmma) on 132 SMs */
-    const int blocks = sms * TP_BLOCKS_PER_SM;
-    df_status st = median_tflops(
-        s,
-        [&](double *flops) {
-            k_tc_probe<<<(unsigned)blocks, TP_WARPS * 32, 0, s>>>(48, out);
-            *flops = (double)blocks * TP_WARPS * 48 * TP_CHAINS * 2.0 * 16 * 8 * 16;
-            return gpu_cuda_status(cudaGetLastError(), "k_tc_probe");
-        },
-        sync_tflops);
-    if (st == DF_OK) {
-        st = median_tflops(s, [&](double *flops) { return gpu_wg_probe_launch(sms * 2, 8, out, flops, s); },
-                           wg_tflops);
-        if (st == DF_ERR_UNSUPPORTED) st = DF_OK, *wg_tflops = 0;
-    }
+    /* ~10 ms a launch at ~600 TFLOP/s (mma.sync) and ~800 (wgmma) on 132 SMs;
+     * a first launch checks each form (and says its FLOPs), then the timed ones */
+    const int blocks = sms * TP_BLOCKS_PER_SM, iters = 48;
+    const double sync_flops = (double)blocks * TP_WARPS * iters * TP_CHAINS * 2.0 * 16 * 8 * 16;
+    auto sync_launch = [&] { k_tc_probe<<<(unsigned)blocks, TP_WARPS * 32, 0, s>>>(iters, out); };
+    sync_launch();
+    df_status st = gpu_cuda_status(cudaGetLastError(), "k_tc_probe");
+    if (st == DF_OK) *sync_tflops = gpu_median_rate(s, sync_flops, sync_launch) / 1e12;
+    double wg_flops = 0;
+    const df_status wst = st == DF_OK ? gpu_wg_probe_launch(sms * 2, 8, out, &wg_flops, s) : DF_ERR_UNSUPPORTED;
+    if (wst == DF_OK)
+        *wg_tflops = gpu_median_rate(s, wg_flops, [&] { gpu_wg_probe_launch(sms * 2, 8, out, &wg_flops, s); }) / 1e12;
+    else if (wst != DF_ERR_UNSUPPORTED)
+        st = wst;
     cudaFree(out);
     return st;
 }
