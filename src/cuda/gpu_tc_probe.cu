@@ -48,18 +48,22 @@ extern "C" df_status gpu_tc_probe(void *stream, double *sync_tflops, double *wg_
         return gpu_cuda_status(cudaGetLastError(), "tc probe: device");
     float *out = NULL;
     if (cudaMalloc((void **)&out, sizeof *out) != cudaSuccess) return gpu_cuda_status(cudaGetLastError(), "tc probe");
-    /* ~10 ms a launch at ~600 TFLOP/s (mma.sync) and ~800 (wgmma) on 132 SMs;
-     * a first launch checks each form (and says its FLOPs), then the timed ones */
-    const int blocks = sms * TP_BLOCKS_PER_SM, iters = 48;
+    /* ~5-10 ms a launch at 600-1000 TFLOP/s on 132 SMs. The thirty-second
+     * session's 48 and 8 iterations made launches of ~20-30 us, which read
+     * 330-364 (mma.sync) and 593-660 TFLOP/s where cuda_bench's long
+     * mma.sync loop had read 595-629: likely the launch's ramp, not the
+     * rate (not yet measured at this length). A first launch checks each
+     * form (and says its FLOPs), then the timed ones. */
+    const int blocks = sms * TP_BLOCKS_PER_SM, iters = 48 * 256, wg_iters = 8 * 256;
     const double sync_flops = (double)blocks * TP_WARPS * iters * TP_CHAINS * 2.0 * 16 * 8 * 16;
     auto sync_launch = [&] { k_tc_probe<<<(unsigned)blocks, TP_WARPS * 32, 0, s>>>(iters, out); };
     sync_launch();
     df_status st = gpu_cuda_status(cudaGetLastError(), "k_tc_probe");
     if (st == DF_OK) *sync_tflops = gpu_median_rate(s, sync_flops, sync_launch) / 1e12;
     double wg_flops = 0;
-    const df_status wst = st == DF_OK ? gpu_wg_probe_launch(sms * 2, 8, out, &wg_flops, s) : DF_ERR_UNSUPPORTED;
+    const df_status wst = st == DF_OK ? gpu_wg_probe_launch(sms * 2, wg_iters, out, &wg_flops, s) : DF_ERR_UNSUPPORTED;
     if (wst == DF_OK)
-        *wg_tflops = gpu_median_rate(s, wg_flops, [&] { gpu_wg_probe_launch(sms * 2, 8, out, &wg_flops, s); }) / 1e12;
+        *wg_tflops = gpu_median_rate(s, wg_flops, [&] { gpu_wg_probe_launch(sms * 2, wg_iters, out, &wg_flops, s); }) / 1e12;
     else if (wst != DF_ERR_UNSUPPORTED)
         st = wst;
     cudaFree(out);
