@@ -147,6 +147,11 @@ typedef struct {
      * wherever they have them, -1 never. */
     int bf16_wg;
     int wg_known; /* private to gpu_ws_wg: 0 not yet asked, 1 present, 2 absent */
+    /* MXFP4 batches of many vectors on the fragment layout (gpu_experts):
+     * 1 with x staged in shared memory (k_mx_frag_xs), -1 the k-split
+     * kernel (k_mx_frag_batch), 0 the build's default (GPU_FRAG_XS); the
+     * same bits either way. */
+    int frag_xs;
 } gpu_ws;
 void gpu_ws_free(gpu_ws *ws); /* NULL-safe; leaves it empty */
 /* ws->bf16_wg where this build and device run the wgmma blocks (asked once

@@ -219,8 +219,8 @@ size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs);
  * launch per 64 products): every job's matrices MXFP4 of one shape (else
  * DF_ERR_ARG). Each output row is bit-equal to gpu_matmul_tc's for that
  * matrix and vector (the same kernel body, split and work layout).
- * scratch: device, gpu_tc_batch_bytes. Asynchronous on s. */
-df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStream_t s);
+ * scratch: device, gpu_tc_batch_bytes. xs: gpu_ws.frag_xs. Asynchronous on s. */
+df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs, cudaStream_t s);
 
 /* The three bf16 limbs of eight floats (gpu_bf16_tc.cu, gpu_bf16_wg.cu):
  * hi = rn(x), mid = rn(x - hi), lo = rn(x - hi - mid), each as four u32

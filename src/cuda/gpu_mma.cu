@@ -49,6 +49,10 @@
  * 53% of the device's copy bandwidth (1.7 TB/s, 40%, on the CUDA cores);
  * the fragment layout 3.1 TB/s, 72-74%; a layer's 16 experts in one batch
  * 38% -> 55%.
+ *
+ * A batch's items of many vectors on the fragment layout take one of two
+ * kernels of the same bits (gpu_ws.frag_xs): the k split above, or x
+ * staged in shared memory for warps that each own a tile (k_mx_frag_xs).
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -307,23 +311,24 @@ __device__ __forceinline__ float block_scale(const uint8_t *sr, int64_t b, uint3
 
 /* acc[mt][v] += the four blocks of group m of tile mt (its code words wa4,
  * wb4, scales sca, scb; see the file comment), for the nvg groups of four
- * vectors v (their splits gstride uint4 apart): the weights are decoded
+ * vectors v (xl(v, b): this lane's uint4 of block b of group v's split,
+ * from global memory or a shared stage): the weights are decoded
  * once for all of them, and each block's x is loaded once for the MT tiles
  * (a tile's sums are those of a one-tile call: the same bits). */
-template <int SC, int VG, int MT>
+template <int SC, int VG, int MT, class XL>
 __device__ __forceinline__ void group_sum_w(float (&acc)[MT][VG][4], const uint32_t (&wa4)[MT][4],
                                             const uint32_t (&wb4)[MT][4], int64_t m, int64_t nblk,
-                                            const bool (&xcol)[VG], const uint4 *xp, int64_t gstride,
-                                            const float (&f)[VG], int nvg, const uint8_t *sa, const uint8_t *sb,
-                                            const uint32_t (&sca)[MT], const uint32_t (&scb)[MT]) {
+                                            const bool (&xcol)[VG], const XL &xl, const float (&f)[VG], int nvg,
+                                            const uint8_t *sa, const uint8_t *sb, const uint32_t (&sca)[MT],
+                                            const uint32_t (&scb)[MT]) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const int64_t b = m * 4 + k;
         if (b >= nblk) break;
-        uint4 xs[VG]; /* every group's x first: their loads in flight together */
+        uint4 xs[VG]; /* from global memory every group's x first: their loads in flight together */
 #pragma unroll
         for (int v = 0; v < VG; v++)
-            xs[v] = v < nvg && xcol[v] ? __ldg(xp + v * gstride + b * 32) : make_uint4(0, 0, 0, 0);
+            if (XL::ahead) xs[v] = v < nvg && xcol[v] ? xl(v, b) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             const uint32_t wa = wa4[mt][k], wb = wb4[mt][k];
@@ -340,7 +345,7 @@ __device__ __forceinline__ void group_sum_w(float (&acc)[MT][VG][4], const uint3
 #pragma unroll
             for (int v = 0; v < VG; v++) {
                 if (v >= nvg) break;
-                const uint4 xv = xs[v];
+                const uint4 xv = XL::ahead ? xs[v] : xcol[v] ? xl(v, b) : make_uint4(0, 0, 0, 0);
                 const float fa = __fmul_rn(sfa, f[v]);
                 const float fb = __fmul_rn(sfb, f[v]);
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -355,6 +360,15 @@ __device__ __forceinline__ void group_sum_w(float (&acc)[MT][VG][4], const uint3
     }
 }
 
+/* x from global memory: group v's splits gstride uint4 apart, block b's 32
+ * uint4 at b * 32 (xp: this lane's first) */
+struct x_global {
+    static constexpr bool ahead = true;
+    const uint4 *xp;
+    int64_t gstride;
+    __device__ __forceinline__ uint4 operator()(int v, int64_t b) const { return __ldg(xp + v * gstride + b * 32); }
+};
+
 /* group_sum_w with the group's codes staged at cur (rows g and g + 8 of ROWB bytes) */
 template <int SC, int VG>
 __device__ __forceinline__ void group_sum(float (&acc)[1][VG][4], const uint8_t *cur, int g, int t, int64_t m,
@@ -368,8 +382,7 @@ __device__ __forceinline__ void group_sum(float (&acc)[1][VG][4], const uint8_t 
         wb[0][k] = *(const uint32_t *)(cur + (g + 8) * ROWB + 16 * k + 4 * t);
     }
     const uint32_t sa1[1] = {sca}, sb1[1] = {scb};
-    group_sum_w<SC, VG, 1>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, sa,
-                           sb, sa1, sb1);
+    group_sum_w<SC, VG, 1>(acc, wa, wb, m, nblk, xcol, x_global{xp, gstride}, f, nvg, sa, sb, sa1, sb1);
 }
 
 
@@ -625,10 +638,11 @@ __device__ __forceinline__ void mx_tc_tile_frag(float (*part)[32][4], const uint
             }
             /* the plain-scale form only when every tile's scales are plain
              * (both forms give plain scales the same value) */
+            const x_global xl{xp, gstride};
             if (plain)
-                group_sum_w<SC_PLAIN, VG, MT>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, NULL, NULL, sca, scb);
+                group_sum_w<SC_PLAIN, VG, MT>(acc, wa, wb, m, nblk, xcol, xl, f, nvg, NULL, NULL, sca, scb);
             else
-                group_sum_w<SC_PACKED, VG, MT>(acc, wa, wb, m, nblk, xcol, xp, gstride, f, nvg, NULL, NULL, sca, scb);
+                group_sum_w<SC_PACKED, VG, MT>(acc, wa, wb, m, nblk, xcol, xl, f, nvg, NULL, NULL, sca, scb);
         }
     }
 #pragma unroll
@@ -677,6 +691,135 @@ __global__ void __launch_bounds__(KS * 32, GPU_FRAG_WARPS > 0 ? GPU_FRAG_WARPS /
     const tc_item &it = t.it[blockIdx.y];
     mx_tc_tile_frag<KS, VG, MT>(part, it.frag, cols, it.xb, it.inv, it.nv, it.Y, it.ldy, 0, rows,
                                 (int64_t)blockIdx.x * MT);
+}
+
+/* The many-vector fragment batches with x staged in shared memory
+ * (GPU_FRAG_XS): a block of XS_W warps owns XS_W consecutive 16-row tiles of
+ * one item, one tile a warp, and every warp sums all of its tile's groups
+ * for all the item's vector groups. The block walks the groups in the k
+ * split's order, class by class (c = 0 .. KS - 1: groups c, c + KS, ...),
+ * and stages each group's x (every vector group's 2 KB) once for its warps
+ * by cp.async, XS_P stages deep; each warp's weights come straight from the
+ * fragment layout, one group ahead in registers. A class's sum is the
+ * k-split warp c's partial sum, and the classes are added in warp order as
+ * tile_sums adds them (an empty class adds +0 as its idle warp does), so
+ * every output has the bits of k_mx_frag_batch. Against it: no block
+ * reduction, x from shared memory (k_mx_frag_batch's warps each load their
+ * own from L2), XS_W-fold reuse of each x load, and fewer registers an
+ * output (one tile a warp: more warps an SM). */
+#ifndef GPU_FRAG_XS
+#define GPU_FRAG_XS 0 /* gpu_ws.frag_xs's default: off until measured on a device (bench/cuda_NOTES.md) */
+#endif
+#ifndef GPU_XS_W
+#define GPU_XS_W 8
+#endif
+#ifndef GPU_XS_P
+#define GPU_XS_P 3
+#endif
+#ifndef GPU_XS_BLOCKS
+#define GPU_XS_BLOCKS 3 /* blocks an SM the registers are capped for (80: no spill) */
+#endif
+enum { XS_W = GPU_XS_W, XS_P = GPU_XS_P, XS_GRP = 4 * 32 }; /* uint4 of one vector group's x in a group */
+
+/* the group after m in the walk (class by class), or -1 */
+__device__ __forceinline__ int64_t walk_next(int64_t m, int64_t ngrp, int KS) {
+    if (m + KS < ngrp) return m + KS;
+    const int64_t c = m % KS + 1;
+    return c < KS && c < ngrp ? c : -1;
+}
+
+struct x_stage {
+    static constexpr bool ahead = false; /* loaded where used: shared memory's latency is short */
+    const uint4 *s; /* this lane's uint4 of the staged group's first block of vector group 0 */
+    int64_t b0;     /* the staged group's first block */
+    __device__ __forceinline__ uint4 operator()(int v, int64_t b) const { return s[v * XS_GRP + (b - b0) * 32]; }
+};
+
+template <int KS, int VG>
+__global__ void __launch_bounds__(XS_W * 32, GPU_XS_BLOCKS)
+k_mx_frag_xs(const __grid_constant__ tc_tab tt, int64_t cols, int64_t rows) {
+    __shared__ __align__(16) uint4 xs[XS_P][VG][XS_GRP];
+    __shared__ float4 sums[XS_W][VG][32]; /* each lane's running sum over the classes (registers kept for acc) */
+    const tc_item &it = tt.it[blockIdx.y];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n = it.nv;
+    const int64_t nblk = cols / 32, ngrp = frag_groups(cols), gstride = nblk * 32;
+    const int nvg = min(VG, (n + TC_VEC - 1) / TC_VEC);
+    const int64_t r0 = ((int64_t)blockIdx.x * XS_W + warp) * 16;
+    const bool live = r0 < rows; /* a tile past the matrix: stages x, sums nothing */
+    const uint8_t *base = it.frag + (r0 >> 4) * ngrp * FRAG_BYTES;
+    bool xcol[VG];
+    float f[VG], acc[1][VG][4];
+    float4(&sum)[VG][32] = sums[warp];
+#pragma unroll
+    for (int v = 0; v < VG; v++) {
+        const int nv = n - v * TC_VEC;
+        xcol[v] = g < 2 * nv;
+        f[v] = (v < nvg && t < nv ? it.inv[v * TC_VEC + t] : 1.0f) * E2M1_UNDO;
+    }
+    /* stage group m's x (its blocks below nblk; the rest zero) into xs[p] */
+    auto stage = [&](int64_t m, int p) {
+        for (int i = threadIdx.x; i < nvg * XS_GRP; i += XS_W * 32) {
+            const int v = i / XS_GRP, u = i % XS_GRP;
+            const bool in = m * 4 + u / 32 < nblk;
+            cp_async16(&xs[p][v][u], in ? it.xb + v * gstride + m * XS_GRP + u : it.xb, in ? 16 : 0);
+        }
+    };
+    int64_t ms = 0; /* the next group to stage, in walk order */
+#pragma unroll
+    for (int p = 0; p < XS_P - 1; p++) {
+        if (ms >= 0) stage(ms, p), ms = walk_next(ms, ngrp, KS);
+        cp_commit();
+    }
+    uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
+    uint2 sc = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+    if (live) frag_load(base, lane, c0, c1, sc);
+    int64_t i = 0;
+    for (int c = 0; c < KS; c++) {
+#pragma unroll
+        for (int v = 0; v < VG; v++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[0][v][q] = 0.0f;
+        for (int64_t m = c; m < ngrp; m += KS, i++) {
+            cp_wait<XS_P - 2>();
+            __syncthreads(); /* group i's stage is in; every warp is done with group i - 1's */
+            if (ms >= 0) stage(ms, (int)((i + XS_P - 1) % XS_P)), ms = walk_next(ms, ngrp, KS);
+            cp_commit();
+            if (!live) continue;
+            const uint32_t wa[1][4] = {{c0.x, c0.z, c1.x, c1.z}}, wb[1][4] = {{c0.y, c0.w, c1.y, c1.w}};
+            const uint32_t sca[1] = {sc.x}, scb[1] = {sc.y};
+            const int64_t mn = walk_next(m, ngrp, KS);
+            if (mn >= 0) frag_load(base + mn * FRAG_BYTES, lane, c0, c1, sc);
+            const x_stage xl{&xs[i % XS_P][0][lane], m * 4};
+            if (plain_warp(sca[0], scb[0]))
+                group_sum_w<SC_PLAIN, VG, 1>(acc, wa, wb, m, nblk, xcol, xl, f, nvg, NULL, NULL, sca, scb);
+            else
+                group_sum_w<SC_PACKED, VG, 1>(acc, wa, wb, m, nblk, xcol, xl, f, nvg, NULL, NULL, sca, scb);
+        }
+        /* tile_sums' order: class 0's sum, then + each later class's */
+#pragma unroll
+        for (int v = 0; v < VG; v++) {
+            const float4 a = make_float4(acc[0][v][0], acc[0][v][1], acc[0][v][2], acc[0][v][3]);
+            if (c) {
+                const float4 o = sum[v][lane];
+                sum[v][lane] = make_float4(__fadd_rn(o.x, a.x), __fadd_rn(o.y, a.y), __fadd_rn(o.z, a.z),
+                                           __fadd_rn(o.w, a.w));
+            } else {
+                sum[v][lane] = a;
+            }
+        }
+    }
+    cp_wait<0>();
+    if (!live) return;
+#pragma unroll
+    for (int v = 0; v < VG; v++) {
+        if (v >= nvg || t >= n - v * TC_VEC) break;
+        float *y = it.Y + (int64_t)(v * TC_VEC + t) * it.ldy;
+        const float4 o = sum[v][lane];
+        if (r0 + g < rows) y[r0 + g] = __fadd_rn(o.x, o.y);
+        if (r0 + g + 8 < rows) y[r0 + g + 8] = __fadd_rn(o.z, o.w);
+    }
 }
 
 template <int KS, int P, bool S4, int VG>
@@ -794,7 +937,7 @@ size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs) {
     return (size_t)tc_groups(jobs, njobs) * ws_bytes(jobs[0].w0->cols);
 }
 
-static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, cudaStream_t s) {
+static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, int xs, cudaStream_t s) {
     if (!count) return DF_OK;
     int wide = 0, frag = 1; /* an item of more than one group: the many-group kernel */
     for (int i = 0; i < count; i++) wide |= t.it[i].nv > TC_VEC, frag &= t.it[i].frag != NULL;
@@ -803,7 +946,10 @@ static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t r
         using C = decltype(c);
         const dim3 grid((unsigned)((rows + 15) / 16), (unsigned)count);
         const dim3 grid_mt((unsigned)((rows + 16 * TC_MT - 1) / (16 * TC_MT)), (unsigned)count);
-        if (frag && wide)
+        const dim3 grid_xs((unsigned)((rows + 16 * XS_W - 1) / (16 * XS_W)), (unsigned)count);
+        if (frag && wide && (xs > 0 || (xs == 0 && GPU_FRAG_XS)))
+            k_mx_frag_xs<C::KS, TCB_VG><<<grid_xs, XS_W * 32, 0, s>>>(t, cols, rows);
+        else if (frag && wide)
             k_mx_frag_batch<C::KS, TCB_VG, TC_MT><<<grid_mt, C::KS * 32, 0, s>>>(t, cols, rows);
         else if (frag)
             k_mx_frag_batch<C::KS, 1, 1><<<grid, C::KS * 32, 0, s>>>(t, cols, rows);
@@ -815,7 +961,7 @@ static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t r
     });
 }
 
-df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStream_t s) {
+df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs, cudaStream_t s) {
     if (njobs < 1) return DF_OK;
     if (!jobs || !scratch || !jobs[0].w0) return DF_ERR_ARG;
     const int64_t rows = jobs[0].w0->rows, cols = jobs[0].w0->cols;
@@ -871,9 +1017,9 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, cudaStr
                 it.ldy = jobs[j].ldy;
                 it.nv = jobs[j].n - v0 < TCB_PASS ? jobs[j].n - v0 : TCB_PASS;
                 if (nt == TCB_MAX) {
-                    if ((st = flush_items(tt, nt, cols, rows, s))) return st;
+                    if ((st = flush_items(tt, nt, cols, rows, xs, s))) return st;
                     nt = 0;
                 }
             }
-    return flush_items(tt, nt, cols, rows, s);
+    return flush_items(tt, nt, cols, rows, xs, s);
 }

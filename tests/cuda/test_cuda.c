@@ -1035,6 +1035,113 @@ TEST(cuda_experts_batch) {
     }
 }
 
+/* The fragment layout's many-vector batches, both kernels (gpu_ws.frag_xs:
+ * the k split, and x staged in shared memory with the k split's classes
+ * walked in order, one tile a warp), on shapes the layer batch above does
+ * not reach: more than 2048 columns (eight
+ * classes), a last group of fewer than four blocks, row blocks cut by the
+ * matrix's end, classes with no group (down: 7 blocks, four classes), jobs
+ * past 16 vectors (two items each), a few 2^-127 scales (the packed-scale
+ * form). Bit-equal to the staged layout's batches and to each vector alone;
+ * against the CPU as above. */
+TEST(cuda_frag_batch_shapes) {
+    if (!need_gpu()) return;
+    enum { H = 2336, I = 224, NJ = 3 };
+    static const int n_of[NJ] = {21, 6, 17};
+    uint64_t s = seed_of("frag-batch-shapes");
+    hmat m[NJ][3];
+    gpu_weight g[NJ][3], gf[NJ][3];
+    gpu_expert_job js[NJ], jf[NJ];
+    float *X[NJ], *dX[NJ], *dO[NJ], *a[NJ], *b[NJ];
+    char err[DF_ERRMSG] = "";
+    const gpu_act act = {0, 0, 0};
+    for (int j = 0; j < NJ; j++) {
+        const int n = n_of[j];
+        hmat_make(&m[j][0], WT_MXFP4, I, H, DT_UNKNOWN, s + 10 * j + 1);
+        hmat_make(&m[j][1], WT_MXFP4, I, H, DT_UNKNOWN, s + 10 * j + 2);
+        hmat_make(&m[j][2], WT_MXFP4, H, I, DT_UNKNOWN, s + 10 * j + 3);
+        for (int k = 0; k < 3; k++) {
+            uint8_t *sc = m[j][k].scale;
+            for (int64_t i = 7 * k + j; i < m[j][k].w.rows * (m[j][k].w.cols / 32); i += 97) sc[i] = 0;
+            REQUIRE(gpu_weight_upload(&m[j][k].w, &g[j][k], err) == DF_OK, "%s", err);
+            REQUIRE(gpu_weight_upload_frag(&m[j][k].w, &gf[j][k], err) == DF_OK, "%s", err);
+        }
+        X[j] = malloc((size_t)n * H * sizeof(float));
+        a[j] = malloc((size_t)n * H * sizeof(float));
+        b[j] = malloc((size_t)n * H * sizeof(float));
+        REQUIRE(X[j] && a[j] && b[j]);
+        for (int i = 0; i < n * H; i++) X[j][i] = 2.0f * frand(&s);
+        dX[j] = gpu_malloc((size_t)n * H * sizeof(float));
+        dO[j] = gpu_malloc((size_t)n * H * sizeof(float));
+        REQUIRE(dX[j] && dO[j]);
+        REQUIRE(gpu_put(dX[j], X[j], (size_t)n * H * sizeof(float)) == DF_OK);
+        js[j] = (gpu_expert_job){&g[j][0], &g[j][1], &g[j][2], dX[j], n, dO[j]};
+        jf[j] = (gpu_expert_job){&gf[j][0], &gf[j][1], &gf[j][2], dX[j], n, dO[j]};
+    }
+    gpu_ws ws = {0};
+    REQUIRE(gpu_experts(js, NJ, &act, &ws, NULL) == DF_OK, "%s", gpu_last_error());
+    for (int j = 0; j < NJ; j++) REQUIRE(gpu_get(a[j], dO[j], (size_t)n_of[j] * H * sizeof(float)) == DF_OK);
+    /* both many-vector kernels of the fragment layout: the k split, then x staged */
+    for (int xs = -1; xs <= 1; xs += 2) {
+        ws.frag_xs = xs;
+        for (int j = 0; j < NJ; j++) REQUIRE(gpu_fill(dO[j], 0xff, (size_t)n_of[j] * H * sizeof(float)) == DF_OK);
+        REQUIRE(gpu_experts(jf, NJ, &act, &ws, NULL) == DF_OK, "%s", gpu_last_error());
+        for (int j = 0; j < NJ; j++) {
+            REQUIRE(gpu_get(b[j], dO[j], (size_t)n_of[j] * H * sizeof(float)) == DF_OK);
+            CHECK(memcmp(a[j], b[j], (size_t)n_of[j] * H * sizeof(float)) == 0,
+                  "job %d n=%d frag_xs %d: fragment layout != staged", j, n_of[j], xs);
+        }
+    }
+    float *G = malloc((size_t)21 * I * sizeof(float)), *U = malloc((size_t)21 * I * sizeof(float));
+    float *ref = malloc((size_t)21 * H * sizeof(float));
+    REQUIRE(G && U && ref);
+    double worst = 0;
+    for (int j = 0; j < NJ; j++) {
+        const int n = n_of[j];
+        kn_matmul(KN_SCALAR, &m[j][0].w, X[j], n, G, I, 0, I);
+        kn_matmul(KN_SCALAR, &m[j][1].w, X[j], n, U, I, 0, I);
+        act_cpu(&act, G, U, (int64_t)n * I);
+        kn_matmul(KN_SCALAR, &m[j][2].w, G, n, ref, H, 0, H);
+        for (int i = 0; i < n; i++) {
+            double d2 = 0, r2 = 0;
+            for (int c = 0; c < H; c++) {
+                double d = (double)b[j][i * H + c] - ref[i * H + c];
+                d2 += d * d;
+                r2 += (double)ref[i * H + c] * ref[i * H + c];
+            }
+            const double rel = sqrt(d2 / r2);
+            if (!(rel <= 1e-5)) CHECK(0, "job %d vector %d: relative error %.3g > 1e-5", j, i, rel);
+            if (rel > worst) worst = rel;
+        }
+        for (int i = 0; i < n; i += 5) { /* n = 1 runs the one-vector kernels */
+            gpu_expert_job v1 = jf[j];
+            v1.X = dX[j] + (size_t)i * H;
+            v1.n = 1;
+            REQUIRE(gpu_experts(&v1, 1, &act, &ws, NULL) == DF_OK, "%s", gpu_last_error());
+            REQUIRE(gpu_get(a[j], dO[j], H * sizeof(float)) == DF_OK);
+            CHECK(memcmp(a[j], b[j] + (size_t)i * H, H * sizeof(float)) == 0, "job %d vector %d: n = 1 != row of n = %d",
+                  j, i, n);
+        }
+    }
+    fprintf(stderr, "[frag-batch-shapes: worst normwise relative error %.2e, bound 1e-5] ", worst);
+    gpu_ws_free(&ws);
+    free(G);
+    free(U);
+    free(ref);
+    for (int j = 0; j < NJ; j++) {
+        for (int k = 0; k < 3; k++) {
+            gpu_weight_free(&g[j][k]);
+            gpu_weight_free(&gf[j][k]);
+            hmat_free(&m[j][k]);
+        }
+        gpu_free(dX[j]);
+        gpu_free(dO[j]);
+        free(X[j]);
+        free(a[j]);
+        free(b[j]);
+    }
+}
+
 /* gpu_sigmoid_mul (MLA's output gate on the device) against x * op_sigmoid(g):
  * within 8 ulp per element (CUDA's expf is within 2 ulp of glibc's, and for
  * large |g| the relative error of exp passes through the add and divide). */
