@@ -661,7 +661,8 @@ k_mx_tc_frag(const uint8_t *__restrict__ frag, int64_t cols, const uint4 *__rest
 }
 
 /* A batch's products (gpu_tc_batch): block (tile, i) runs tile `tile` of
- * item i, all items of one shape; an item is up to TCB_PASS vectors of one job. */
+ * item i, all items of one shape; an item is up to TCB_PASS vectors of one job
+ * (XS_PASS for k_mx_frag_xs). */
 enum { TCB_MAX = 64 };
 struct tc_item {
     const uint8_t *data, *scale, *frag; /* frag: the fragment layout, or NULL */
@@ -719,7 +720,16 @@ __global__ void __launch_bounds__(KS * 32, GPU_FRAG_WARPS > 0 ? GPU_FRAG_WARPS /
 #ifndef GPU_XS_BLOCKS
 #define GPU_XS_BLOCKS 3 /* blocks an SM the registers are capped for (80: no spill) */
 #endif
-enum { XS_W = GPU_XS_W, XS_P = GPU_XS_P, XS_GRP = 4 * 32 }; /* uint4 of one vector group's x in a group */
+/* vector groups an item of this kernel holds (its items need not be the
+ * other kernels': an output's sums do not depend on its item's other
+ * vectors). More groups, fewer passes over an expert's weights when it
+ * sees more than 16 rows; within 48 KB of static shared memory. */
+#ifndef GPU_XS_VG
+#define GPU_XS_VG GPU_TCB_VG
+#endif
+enum { XS_W = GPU_XS_W, XS_P = GPU_XS_P, XS_VG = GPU_XS_VG, XS_PASS = TC_VEC * XS_VG,
+       XS_GRP = 4 * 32 }; /* XS_GRP: uint4 of one vector group's x in a group */
+static_assert((XS_P * XS_GRP + XS_W * 32) * XS_VG * 16 <= 48 * 1024, "k_mx_frag_xs: static shared memory");
 
 /* the group after m in the walk (class by class), or -1 */
 __device__ __forceinline__ int64_t walk_next(int64_t m, int64_t ngrp, int KS) {
@@ -937,7 +947,8 @@ size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs) {
     return (size_t)tc_groups(jobs, njobs) * ws_bytes(jobs[0].w0->cols);
 }
 
-static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, int xs, cudaStream_t s) {
+/* use_xs: the items are k_mx_frag_xs's (all in the fragment layout, up to XS_PASS vectors) */
+static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, bool use_xs, cudaStream_t s) {
     if (!count) return DF_OK;
     int wide = 0, frag = 1; /* an item of more than one group: the many-group kernel */
     for (int i = 0; i < count; i++) wide |= t.it[i].nv > TC_VEC, frag &= t.it[i].frag != NULL;
@@ -947,8 +958,8 @@ static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t r
         const dim3 grid((unsigned)((rows + 15) / 16), (unsigned)count);
         const dim3 grid_mt((unsigned)((rows + 16 * TC_MT - 1) / (16 * TC_MT)), (unsigned)count);
         const dim3 grid_xs((unsigned)((rows + 16 * XS_W - 1) / (16 * XS_W)), (unsigned)count);
-        if (frag && wide && (xs > 0 || (xs == 0 && GPU_FRAG_XS)))
-            k_mx_frag_xs<C::KS, TCB_VG><<<grid_xs, XS_W * 32, 0, s>>>(t, cols, rows);
+        if (frag && wide && use_xs)
+            k_mx_frag_xs<C::KS, XS_VG><<<grid_xs, XS_W * 32, 0, s>>>(t, cols, rows);
         else if (frag && wide)
             k_mx_frag_batch<C::KS, TCB_VG, TC_MT><<<grid_mt, C::KS * 32, 0, s>>>(t, cols, rows);
         else if (frag)
@@ -997,12 +1008,16 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs,
             }
             if (v == jobs[j].n - 1) gi += (jobs[j].n + TC_VEC - 1) / TC_VEC;
         }
-    /* the products, TCB_MAX per launch */
+    /* the products, TCB_MAX per launch, in items of up to `pass` vectors */
+    bool all_frag = true;
+    for (int j = 0; j < njobs; j++) all_frag = all_frag && jobs[j].w0->frag && (!jobs[j].w1 || jobs[j].w1->frag);
+    const bool use_xs = all_frag && (xs > 0 || (xs == 0 && GPU_FRAG_XS));
+    const int pass = use_xs ? (int)XS_PASS : (int)TCB_PASS;
     tc_tab tt;
     int nt = 0;
     gi = 0;
     for (int j = 0; j < njobs; gi += (jobs[j].n + TC_VEC - 1) / TC_VEC, j++)
-        for (int v0 = 0; v0 < jobs[j].n; v0 += TCB_PASS)
+        for (int v0 = 0; v0 < jobs[j].n; v0 += pass)
             for (int k = 0; k < 2; k++) {
                 const gpu_weight *w = k ? jobs[j].w1 : jobs[j].w0;
                 if (!w) continue;
@@ -1015,11 +1030,11 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs,
                 it.inv = inv0 + g0 * TC_VEC;
                 it.Y = (k ? jobs[j].Y1 : jobs[j].Y0) + (int64_t)v0 * jobs[j].ldy;
                 it.ldy = jobs[j].ldy;
-                it.nv = jobs[j].n - v0 < TCB_PASS ? jobs[j].n - v0 : TCB_PASS;
+                it.nv = jobs[j].n - v0 < pass ? jobs[j].n - v0 : pass;
                 if (nt == TCB_MAX) {
-                    if ((st = flush_items(tt, nt, cols, rows, xs, s))) return st;
+                    if ((st = flush_items(tt, nt, cols, rows, use_xs, s))) return st;
                     nt = 0;
                 }
             }
-    return flush_items(tt, nt, cols, rows, xs, s);
+    return flush_items(tt, nt, cols, rows, use_xs, s);
 }
