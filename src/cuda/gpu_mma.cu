@@ -328,7 +328,7 @@ __device__ __forceinline__ void group_sum_w(float (&acc)[MT][VG][4], const uint3
         uint4 xs[VG]; /* from global memory every group's x first: their loads in flight together */
 #pragma unroll
         for (int v = 0; v < VG; v++)
-            if (XL::ahead) xs[v] = v < nvg && xcol[v] ? xl(v, b) : make_uint4(0, 0, 0, 0);
+            if constexpr (XL::ahead) xs[v] = v < nvg && xcol[v] ? xl(v, b) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             const uint32_t wa = wa4[mt][k], wb = wb4[mt][k];
