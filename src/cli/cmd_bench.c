@@ -137,6 +137,7 @@ static double bench_prefill_again(df_engine *e, const int32_t *prompt, int nprom
     dev->macs_mxfp4 -= d0.macs_mxfp4;
     dev->macs_bf16 -= d0.macs_bf16;
     dev->macs_other -= d0.macs_other;
+    dev->device_read_bytes -= d0.device_read_bytes;
     double sorted[AGAIN_MAX];
     memcpy(sorted, runs, (size_t)nrun * sizeof *sorted);
     qsort(sorted, (size_t)nrun, sizeof *sorted, cmp_double);
@@ -326,6 +327,12 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
                  dev_ot = again ? (double)again_dev.macs_other / again : 0;
     const double dev_flops = 2 * (dev_mx + dev_bf + dev_ot), limb_flops = 2 * (2 * dev_mx + 3 * dev_bf + dev_ot);
     const double tc_floor = tc_rate > 0 ? dev_flops / tc_rate : 0, tc_limb_floor = tc_rate > 0 ? limb_flops / tc_rate : 0;
+    /* and against the device's memory: what its work read (each product's
+     * weights once, KDA states, MLA cache rows) at the read probe's rate;
+     * the larger of the two floors bounds the prompt from below */
+    const double dev_rd = again ? (double)again_dev.device_read_bytes / again : 0;
+    const double hbm_pfloor = hbm > 0 ? dev_rd / (hbm * 1e9) : 0;
+    const double dev_pfloor = hbm_pfloor > tc_limb_floor ? hbm_pfloor : tc_limb_floor;
     double best_floor = mem_floor > floor_s ? mem_floor : floor_s;
     /* prefill reads each needed expert once per chunk: its own floor is the
      * larger of its reads at the disk rate and one pass over the weights */
@@ -428,6 +435,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
             json_object_set_new(o, "prefill_tc_limb_floor_s", json_real(tc_limb_floor));
             json_object_set_new(o, "prefill_tc_share", json_real(tc_floor / again_s));
             json_object_set_new(o, "prefill_tc_limb_share", json_real(tc_limb_floor / again_s));
+            json_object_set_new(o, "prefill_again_device_read_gb", json_real(dev_rd / 1e9));
+            json_object_set_new(o, "prefill_hbm_floor_s", json_real(hbm_pfloor));
+            json_object_set_new(o, "prefill_hbm_share", json_real(hbm_pfloor / again_s));
+            json_object_set_new(o, "prefill_device_floor_s", json_real(dev_pfloor));
+            json_object_set_new(o, "prefill_device_floor_share", json_real(dev_pfloor / again_s));
         }
         json_object_set_new(o, "hbm_ratio", json_real(hbm_floor > 0 ? med / hbm_floor : 0));
         json_object_set_new(o, "device_waits_per_token", json_real((double)(ac.sync_calls - ac0.sync_calls) / ntok));
@@ -489,6 +501,11 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
                        "                            forms' limbs (x as 2 f16 limbs for MXFP4, 3 bf16 for bf16)\n",
                        dev_flops / again_s / 1e12, dev_flops / 1e9, 2 * dev_mx / 1e9, 2 * dev_bf / 1e9,
                        2 * dev_ot / 1e9, tc_sync, tc_wg, 100 * tc_floor / again_s, 100 * tc_limb_floor / again_s);
+            if (tc_rate > 0 && hbm > 0)
+                printf("prefill again, device reads %.2f GB (each product's weights once, KDA states, MLA cache\n"
+                       "                            rows): %.4f s at the read probe's %.0f GB/s, %.1f%% of the prompt;\n"
+                       "                            the larger floor (limbs or reads) %.4f s, %.1f%%\n",
+                       dev_rd / 1e9, hbm_pfloor, hbm, 100 * hbm_pfloor / again_s, dev_pfloor, 100 * dev_pfloor / again_s);
         }
         printf("decode median               %.4f s/token (%.2f tokens/s)\n", med, med > 0 ? 1 / med : 0);
         printf("spine                       %s\n", df_engine_spine_why(e));

@@ -303,6 +303,15 @@ static int write_ids(const char *dir, int n, char path[600]) {
     return fclose(f) == 0 ? 0 : -1;
 }
 
+/* The number after "key": in a JSON object printed by bench --json, or -1. */
+static double json_field(const char *out, const char *key) {
+    char k[96];
+    snprintf(k, sizeof k, "\"%s\"", key);
+    const char *p = strstr(out, k);
+    if (!p || !(p = strchr(p + strlen(k), ':'))) return -1;
+    return atof(p + 1);
+}
+
 /* The decode step with its activations on the device (km_forward_dev over
  * the dev_ hooks: norms, attention residuals and the residual stream on the
  * device, one host wait per MoE layer): synth's tiny Kimi K3 and
@@ -359,14 +368,15 @@ TEST(cuda_engine_decode_step_on_device) {
                   bin(), model);
         CHECK(strstr(out, "\"prefill_again_same_token\":true") != NULL, "%s: warm prefill on the device: %s",
               arch[i], out);
-        const char *w = strstr(out, "\"device_waits_per_token\"");
-        double waits = -1, passes = -1;
-        if (w && (w = strchr(w, ':'))) waits = atof(w + 1);
-        const char *p = strstr(out, "\"device_passes_per_token\"");
-        if (p && (p = strchr(p, ':'))) passes = atof(p + 1);
+        const double waits = json_field(out, "device_waits_per_token"), passes = json_field(out, "device_passes_per_token");
         fprintf(stderr, "    %-12s host waits per decoded token: %.1f; device passes %.1f\n", arch[i], waits, passes);
         CHECK(rc == 0 && waits >= 0, "%s: bench reports no device waits: %s", arch[i], out);
         CHECK(passes >= 1.0, "%s: decode did not run with its activations on the device: %s", arch[i], out);
+        /* the warm prompt's two device floors, and the larger of them */
+        const double hf = json_field(out, "prefill_hbm_floor_s"), lf = json_field(out, "prefill_tc_limb_floor_s"),
+                     df = json_field(out, "prefill_device_floor_s");
+        CHECK(json_field(out, "prefill_again_device_read_gb") > 0 && hf > 0 && lf > 0 && df == (hf > lf ? hf : lf),
+              "%s: warm prompt's device floors: reads %g s, limbs %g s, larger %g s: %s", arch[i], hf, lf, df, out);
     }
 }
 
