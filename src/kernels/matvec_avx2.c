@@ -44,7 +44,7 @@
 #define AI static inline __attribute__((always_inline))
 /* NR rows for one vector (decode); each type's table sets its own rows x
  * vectors for several vectors (prefill), within TR x TV */
-enum { NR = 4, TR = 5, TV = 6, PF_SCALES = 64 /* groups ahead */ };
+enum { NR = 4, TR = 5, TV = 4, PF_SCALES = 64 /* groups ahead */ };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
 
@@ -529,14 +529,12 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
  * gemm column): dense 5x2 (one accumulator: ten FMA chains, two more than
  * the FMA latency needs, x held in four registers; bf16 86 -> 96 GFLOP/s
  * against 4x2, 6x2 70, 3x2 76) beat 4x2, 3x2, 2x4 and 4x3, fp8 1x4 beat
- * 1x2, 2x2 and 1x3, 4-bit 2x6 (kn_stream, 24 vectors: 62 GFLOP/s) beat 2x4
- * (60), 3x4, 2x5, 3x3, 4x3 (58-60) and 1x8 (54); the AVX-VNNI build keeps
- * 2x4, measured on the host where it runs. */
-#ifdef KN_AVXVNNI
+ * 1x2, 2x2 and 1x3, 4-bit 2x4 (kn_stream, 24 vectors: 60 GFLOP/s) beat
+ * 3x4, 2x5, 3x3, 4x3 (58-60) and 1x8 (54), and 2x6 (62 at multiples of 6
+ * vectors) loses where a product's vectors are not: the last n % 6 run one
+ * at a time (5 vectors: 49 against 57; K3's experts see ~9 in a 512-row
+ * block). */
 enum { D_MR = 5, D_MV = 2, F_MR = 1, F_MV = 4, N_MR = 2, N_MV = 4 };
-#else
-enum { D_MR = 5, D_MV = 2, F_MR = 1, F_MV = 4, N_MR = 2, N_MV = 6 };
-#endif
 #ifdef KN_AVXVNNI
 KN_LEVEL(kn_matmul_avxvnni, bf16_prep, nib_prep_i4, nib_prep_mx)
 #else
