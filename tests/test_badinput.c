@@ -217,6 +217,16 @@ TEST(bench_warmup_stays_out_of_the_figures) {
     int commas = 0;
     for (const char *c = runs ? strchr(runs, '[') : NULL; c && *c && *c != ']'; c++) commas += *c == ',';
     CHECK(runs && commas == 2, "three warm prompts, each listed: %s", out);
+    /* the memory floor's rate: the better of the probes before and after */
+    const char *dg = strstr(out, "\"dram_gbps\":"), *dp = strstr(out, "\"dram_gbps_probes\":[");
+    double d = dg ? strtod(dg + strlen("\"dram_gbps\":"), NULL) : 0, p0 = 0, p1 = 0;
+    if (dp) {
+        char *end;
+        p0 = strtod(dp + strlen("\"dram_gbps_probes\":["), &end);
+        p1 = *end == ',' ? strtod(end + 1, NULL) : 0;
+    }
+    CHECK(d > 0 && p0 > 0 && p1 > 0 && d == (p0 > p1 ? p0 : p1), "dram_gbps %g of the probes %g, %g: %s", d, p0, p1,
+          out);
     rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --prefill-again 0 2>&1", t_bin());
     CHECK(rc == 2 && strstr(out, "--prefill-again"), "zero runs: exit %d: %s", rc, out);
     rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --warmup 2 --spec ngram 2>&1", t_bin());
