@@ -28,7 +28,7 @@
  * integers on a fixed-point x (section 4, one accumulator an output).
  *
  * Streaming: for one vector each tile prefetches the columns it reads of
- * the next tile's rows into L2 (as matvec_avx512.c); many vectors, and a
+ * the next tile's rows (as matvec_avx512.c); many vectors, and a
  * matrix's last tile, prefetch KN_PF bytes ahead in each row, and the head
  * of the next tile's rows (matvec_prefetch.h).
  *
@@ -96,7 +96,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         row[j] = (const char *)w->data + (r + j) * cols * es;
         UNROLL for (int v = 0; v < nv; v++) acc[j][v] = _mm256_setzero_ps();
     }
-    /* one vector: the same columns of the next tile's rows into L2 (a tile
+    /* one vector: the same columns of the next tile's rows (a tile
      * ahead, as matvec_avx512.c); else KN_PF bytes ahead in each row */
     const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
     if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
@@ -104,7 +104,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
     for (; c + 16 <= cols; c += 16) {
         /* 16 columns are 16-64 bytes: one prefetch per 64 */
         if (es == 4 || (c & (es == 2 ? 16 : 48)) == 0) {
-            if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch(row[j] + next + c * es, _MM_HINT_T1);
+            if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch(row[j] + next + c * es, KN_PF_NEXT_HINT);
             else UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 64);
         }
         __m256 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
@@ -408,7 +408,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
     }
     const __m256i lane_grp = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
-    /* one vector: this chunk of the next tile's rows into L2 (a tile ahead) */
+    /* one vector: this chunk of the next tile's rows (a tile ahead) */
     const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2);
     if (nv == 1 && !next) kn_pf_nib_rows(w, r + nr, nr, ssz);
     int64_t ch = 0;

@@ -20,7 +20,7 @@
  * Masked loads zero the lanes past the end, so tails need no copies.
  *
  * Streaming: for one vector (decode) each tile prefetches the columns it is
- * reading of the next tile's rows into L2, a tile ahead (Zen 4 VM, 2
+ * reading of the next tile's rows, a tile ahead (KN_PF_NEXT_HINT; Zen 4 VM, 2
  * threads: the 4-bit kernels ~15 -> ~30 GB/s, int8 ~26 -> ~41; one stream
  * KN_PF bytes ahead in the row had been measured on the Xeon host, whose
  * figures with this scheme are in bench/cpu_NOTES.md). Many vectors, and the
@@ -106,7 +106,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         row[j] = (const char *)w->data + (r + j) * cols * es;
         UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
     }
-    /* one vector: the same columns of the next tile's rows into L2, as nib_tile */
+    /* one vector: the same columns of the next tile's rows, as nib_tile */
     const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
     if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     int64_t c = 0;
@@ -114,7 +114,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         if (next) {
             if (es == 1 ? (c & 32) == 0 : 1)
                 UNROLL for (int j = 0; j < nr; j++) UNROLL for (int o = 0; o < 32 * es; o += 64)
-                    _mm_prefetch(row[j] + next + c * es + o, _MM_HINT_T1);
+                    _mm_prefetch(row[j] + next + c * es + o, KN_PF_NEXT_HINT);
         } else if (es == 1 ? (c & 32) == 0 : 1) UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 32 * es < 64 ? 64 : 32 * es);
         __m512 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {
@@ -409,7 +409,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
     const __m512i lane_grp = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
     /* Streaming one vector, each chunk prefetches the same chunk of the
-     * next tile's rows into L2 (a tile ahead; Zen 4 VM, kn_stream 98304 x
+     * next tile's rows (a tile ahead, KN_PF_NEXT_HINT; Zen 4 VM, kn_stream 98304 x
      * 3584: 8 -> 16 GB/s one thread, 15-18 -> 30-32 two, against 512 bytes
      * ahead in the row); the last tile of the matrix prefetches in its rows. */
     const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2);

@@ -3,7 +3,8 @@
  * both levels.
  *
  * Owns: the default distance (KN_PF: AVX2 256 bytes; matvec_avx512.c sets
- * 512, see there), the within-row stream prefetch (kn_pf) and the
+ * 512, see there), the tile-ahead prefetch's cache level (KN_PF_NEXT_HINT),
+ * the within-row stream prefetch (kn_pf) and the
  * head of the next tile's rows (kn_pf_rows, kn_pf_nib_rows), a tile's step
  * over its rows or the next tile's (kn_pf_step). Refuses: any
  * arithmetic on weights. A tile's rows are short streams (3.6 KB for a
@@ -20,6 +21,15 @@
 
 #ifndef KN_PF
 #define KN_PF 256 /* bytes ahead (a level may set its own before including this) */
+#endif
+
+/* Where the tile-ahead prefetch (a tile's columns of the next tile's rows)
+ * puts its lines: T0, was T1 (L2). A 2-vCPU Zen 5 VM, two threads streaming
+ * 1.6 GB (`kn_stream T avx512 49152 7168 1 20 2`), six rounds alternating,
+ * medians, GB/s: bf16 36.5 -> 41.4, int4 35.5 -> 43.6, mxfp4 32.8 -> 38.2;
+ * AVX2 within its noise (bench/cpu_NOTES.md, thirty-fifth session). */
+#ifndef KN_PF_NEXT_HINT
+#define KN_PF_NEXT_HINT _MM_HINT_T0
 #endif
 
 #define KN_PF_AI static inline __attribute__((always_inline))
@@ -50,11 +60,11 @@ KN_PF_AI void kn_pf_nib_rows(const df_weight *w, int64_t r, int nr, int ssz) {
     }
 }
 /* One step of a tile's row streams, off bytes into each of its nr rows q:
- * with next (kn_pf_next_tile) the same bytes of the next tile's rows into
- * L2, else KN_PF bytes ahead in its own (64 bytes of each). */
+ * with next (kn_pf_next_tile) the same bytes of the next tile's rows
+ * (KN_PF_NEXT_HINT), else KN_PF bytes ahead in its own (64 bytes of each). */
 KN_PF_AI void kn_pf_step(const uint8_t *const *q, int nr, int64_t next, int64_t off) {
     if (next)
-        _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + off, _MM_HINT_T1);
+        _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + off, KN_PF_NEXT_HINT);
     else
         _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) kn_pf(q[j] + off, 64);
 }
