@@ -24,12 +24,16 @@
 #endif
 
 /* Where the tile-ahead prefetch (a tile's columns of the next tile's rows)
- * puts its lines: T0, was T1 (L2). A 2-vCPU Zen 5 VM, two threads streaming
- * 1.6 GB (`kn_stream T avx512 49152 7168 1 20 2`), six rounds alternating,
- * medians, GB/s: bf16 36.5 -> 41.4, int4 35.5 -> 43.6, mxfp4 32.8 -> 38.2;
- * AVX2 within its noise (bench/cpu_NOTES.md, thirty-fifth session). */
+ * puts its lines: T1 (L2), or T0 where a build sets it. Measured both ways
+ * (bench/cpu_NOTES.md, thirty-fifth session): a 2-vCPU Zen 5 VM, two
+ * threads streaming 1.6 GB (`kn_stream T avx512 49152 7168 1 20 2`, six
+ * rounds alternating, medians, GB/s) T1 -> T0: bf16 36.5 -> 41.4, int4 35.5
+ * -> 43.6, mxfp4 32.8 -> 38.2; but the GPU machine's 16-core Xeon, `bench
+ * --kernels --threads 16`, four rounds, % of the probe: mxfp4 97.5 -> 91,
+ * int4 99.5 -> 95, bf16 128 -> 125, and two pinned threads within their
+ * noise. So T1 stays the default. */
 #ifndef KN_PF_NEXT_HINT
-#define KN_PF_NEXT_HINT _MM_HINT_T0
+#define KN_PF_NEXT_HINT _MM_HINT_T1
 #endif
 
 #define KN_PF_AI static inline __attribute__((always_inline))
