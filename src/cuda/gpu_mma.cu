@@ -709,7 +709,11 @@ __global__ void __launch_bounds__(KS * 32, GPU_FRAG_WARPS > 0 ? GPU_FRAG_WARPS /
  * own from L2), XS_W-fold reuse of each x load, and fewer registers an
  * output (one tile a warp: more warps an SM). */
 #ifndef GPU_FRAG_XS
-#define GPU_FRAG_XS 0 /* gpu_ws.frag_xs's default: off until measured on a device (bench/cuda_NOTES.md) */
+/* gpu_ws.frag_xs's default: on. H100, K3s warm 512-token prompt (`bench
+ * --decode --device cuda --prefill-again 3 --bf16-tc-rows 9`), alternating:
+ * k split 0.0555 / 0.0549 s, x staged 0.0519 / 0.0517, logits md5-equal
+ * (bench/cuda_NOTES.md, thirty-fifth session) */
+#define GPU_FRAG_XS 1
 #endif
 #ifndef GPU_XS_W
 #define GPU_XS_W 8
