@@ -28,7 +28,6 @@ enum { MAX_MATS = 4096, MAX_SHARDS = 256 };
 typedef struct {
     char path[4096];
     const char *base;
-    size_t size;
 } shard_map;
 
 static const char *map_shard(shard_map *sh, int *nsh, const char *path) {
@@ -42,7 +41,7 @@ static const char *map_shard(shard_map *sh, int *nsh, const char *path) {
     close(fd);
     if (m == MAP_FAILED) return NULL;
     snprintf(sh[*nsh].path, sizeof sh[*nsh].path, "%s", path);
-    sh[*nsh].base = m, sh[*nsh].size = (size_t)n;
+    sh[*nsh].base = m;
     return sh[(*nsh)++].base;
 }
 

@@ -322,7 +322,6 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
     const double dram_first = dram, dram_after = df_dram_probe(nthr, cpus, df_probe_default_mb(), 0.5);
     if (dram_after > dram) dram = dram_after;
     /* the other floor: every weight byte of a step read once from RAM */
-
     int64_t spine = df_engine_spine_bytes_per_token(e);
     double touched = (double)spine + (double)df_engine_expert_bytes(e) * df_engine_experts_per_token(e) * nmoe_layers(e);
     double mem_floor = dram > 0 ? touched / (dram * 1e9) : 0;

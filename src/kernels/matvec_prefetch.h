@@ -68,7 +68,8 @@ KN_PF_AI void kn_pf_nib_rows(const df_weight *w, int64_t r, int nr, int ssz) {
  * (KN_PF_NEXT_HINT), else KN_PF bytes ahead in its own (64 bytes of each). */
 KN_PF_AI void kn_pf_step(const uint8_t *const *q, int nr, int64_t next, int64_t off) {
     if (next)
-        _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) _mm_prefetch((const char *)q[j] + next + off, KN_PF_NEXT_HINT);
+        _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++)
+            _mm_prefetch((const char *)q[j] + next + off, KN_PF_NEXT_HINT);
     else
         _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) kn_pf(q[j] + off, 64);
 }
