@@ -291,11 +291,12 @@ $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(CUDA_HDRS)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 # wgmma exists only in the architecture-specific sm_90a target: where the
-# build targets compute 9.0 (the default), gpu_bf16_wg.cu is compiled for
-# sm_90a alone (its host side then says so: DF_WG_SM90A); elsewhere its
-# kernels are empty and gpu_bf16_wg_ready() is 0.
+# build targets compute 9.0 (the default), the wgmma files (gpu_bf16_wg.cu,
+# gpu_mx_wg.cu) are compiled for sm_90a alone (their host side then says so:
+# DF_WG_SM90A); elsewhere their kernels are empty and gpu_ws_wg_present()
+# is 0.
 WG_ARCH := $(if $(findstring compute_90,$(CUDA_ARCH)),-gencode arch=compute_90a$(comma)code=sm_90a -DDF_WG_SM90A,$(CUDA_ARCH))
-$(BUILD)/src/cuda/gpu_bf16_wg.o: src/cuda/gpu_bf16_wg.cu $(CUDA_HDRS)
+$(BUILD)/src/cuda/gpu_bf16_wg.o $(BUILD)/src/cuda/gpu_mx_wg.o: $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(CUDA_HDRS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(filter-out $(CUDA_ARCH),$(NVFLAGS)) $(WG_ARCH) -c $< -o $@
 

@@ -221,7 +221,7 @@ static int wg_bench() {
     CK(cudaMalloc(&dY, (size_t)512 * 12288 * 4));
     CK(cudaMalloc(&dY2, (size_t)512 * 12288 * 4));
     fill(dX, (size_t)512 * 12288 * 4, 9, F_FLOAT);
-    gpu_ws wm = {NULL, 0, 1, -1, 0, 0}, wg = {NULL, 0, 1, 1, 0, 0}; /* mma.sync blocks only / wgmma blocks always */
+    gpu_ws wm = {NULL, 0, 1, -1, 0, 0, 0}, wg = {NULL, 0, 1, 1, 0, 0, 0}; /* mma.sync blocks only / wgmma blocks always */
     printf("wgmma blocks present: %s\n", gpu_ws_wg(&wg) > 0 ? "yes" : "no");
     std::vector<float> a((size_t)512 * 12288), b(a.size());
     for (auto &m : sh) {
@@ -342,7 +342,7 @@ kernels:
                100 * bytes / t1 / 1e9 / read_gbps, bytes / t8 / 1e9, fl * 8 / t8 / 1e12,
                bytes / t64 / 1e9, fl * 64 / t64 / 1e12);
         if (gpu_matmul_tc_takes(&g) || gpu_bf16_tc_takes(&g)) { /* the tensor-core path on the same matrix */
-            gpu_ws ws = {NULL, 0, 1, 0, 0, 0};
+            gpu_ws ws = {NULL, 0, 1, 0, 0, 0, 0};
             double c1 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 1, dY, rows, 0, rows, &ws, NULL)); }, 3, 21);
             double c4 = time_it([&] { DK(gpu_matmul_tc(&g, dX, 4, dY, rows, 0, rows, &ws, NULL)); }, 1, 7);
             double c8 = quick ? 1 : time_it([&] { DK(gpu_matmul_tc(&g, dX, 8, dY, rows, 0, rows, &ws, NULL)); }, 1, 5);
@@ -408,7 +408,7 @@ kernels:
         CK(cudaMalloc(&dXp, (size_t)8 * 33792 * 4));
         CK(cudaMalloc(&dYp, (size_t)8 * 163840 * 4));
         fill(dXp, (size_t)8 * 33792 * 4, 9, F_FLOAT);
-        gpu_ws ws = {NULL, 0, 1, 0, 0, 0}, wcc = {NULL, 0, 0, 0, 0, 0};
+        gpu_ws ws = {NULL, 0, 1, 0, 0, 0, 0}, wcc = {NULL, 0, 0, 0, 0, 0, 0};
         printf("\n%-12s %6s %6s %4s |", "matrix", "rows", "cols", "cp");
         for (int n : ns) printf(" n=%d GB/s tc / cc      |", n);
         printf("\n");
@@ -453,7 +453,7 @@ kernels:
         CK(cudaMalloc(&dXp, (size_t)512 * 12288 * 4));
         CK(cudaMalloc(&dYp, (size_t)512 * 12288 * 4));
         fill(dXp, (size_t)512 * 12288 * 4, 9, F_FLOAT);
-        gpu_ws ws = {NULL, 0, 1, 0, 0, 0}, wcc = {NULL, 0, 0, 0, 0, 0}; /* bf16 on the tensor cores / on the CUDA cores */
+        gpu_ws ws = {NULL, 0, 1, 0, 0, 0, 0}, wcc = {NULL, 0, 0, 0, 0, 0, 0}; /* bf16 on the tensor cores / on the CUDA cores */
         printf("%-12s %6s %6s |", "matrix", "rows", "cols");
         for (int n : ns) printf(" n=%-3d GB/s TFLOP/s |", n);
         printf("\n");
@@ -500,7 +500,7 @@ kernels:
     printf("\nexpert MXFP4 %dx%d (%.2f MB), %d distinct experts per pass (%.2f GB)\n", HID, INTER,
            ebytes / 1e6, NE, ebytes * NE / 1e9);
     { /* one expert's products one by one at n = 1: CUDA cores vs tensor cores */
-        gpu_ws ws = {NULL, 0, 0, 0, 0, 0};
+        gpu_ws ws = {NULL, 0, 0, 0, 0, 0, 0};
         double tg = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matvec(&eg[e], dX, dH, NULL)); }, 2, 9);
         double tgc = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matmul_tc(&eg[e], dX, 1, dH, INTER, 0, INTER, &ws, NULL)); }, 2, 9);
         double td = time_it([&] { for (int e = 0; e < NE; e++) DK(gpu_matvec(&ed[e], dX, dO, NULL)); }, 2, 9);
@@ -521,10 +521,10 @@ kernels:
                ebytes * NE / te / 1e9, 100 * ebytes * NE / te / 1e9 / copy_gbps);
     }
     { /* a layer's 16 experts in one batch (gpu_experts: two tensor-core launches) */
-        enum { B = 16 };
+        enum { B = 16, EW = 48 }; /* EW: the vectors an output slot holds */
         float *dOB;
-        CK(cudaMalloc(&dOB, (size_t)B * 16 * HID * 4));
-        gpu_ws ws = {NULL, 0, 0, 0, 0, 0};
+        CK(cudaMalloc(&dOB, (size_t)B * EW * HID * 4));
+        gpu_ws ws = {NULL, 0, 0, 0, 0, 0, 0};
         for (int n : ens) {
             std::vector<gpu_expert_job> jobs(NE);
             for (int e = 0; e < NE; e++)
@@ -546,34 +546,36 @@ kernels:
                 fr.push_back(p);
             }
         float *dOF;
-        CK(cudaMalloc(&dOF, (size_t)B * 16 * HID * 4));
-        /* both many-vector kernels (gpu_ws.frag_xs: k split, x staged in shared memory) */
-        for (int xs : {-1, 1})
-        for (int n : ens) {
-            ws.frag_xs = xs;
+        CK(cudaMalloc(&dOF, (size_t)B * EW * HID * 4));
+        /* the many-vector kernels (gpu_ws.frag_xs: k split, x staged in
+         * shared memory; gpu_ws.frag_wg: wgmma, xs = 2 here) */
+        for (int xs : {-1, 1, 2})
+        for (int n : {1, 4, 16, 48}) {
+            ws.frag_xs = xs > 0 ? 1 : -1;
+            ws.frag_wg = xs == 2 ? 1 : -1;
             if (n <= 4 && xs > 0) continue; /* one kernel below 5 vectors */
             std::vector<gpu_expert_job> jobs(B);
-            for (int e = 0; e < B; e++) jobs[e] = {&eg[e], &eu[e], &ed[e], dX, n, dOB + (size_t)e * 16 * HID};
+            for (int e = 0; e < B; e++) jobs[e] = {&eg[e], &eu[e], &ed[e], dX, n, dOB + (size_t)e * EW * HID};
             DK(gpu_experts(jobs.data(), B, &act, &ws, NULL));
             for (int e = 0; e < NE; e++) eg[e].frag = fr[3 * e], eu[e].frag = fr[3 * e + 1], ed[e].frag = fr[3 * e + 2];
-            for (int e = 0; e < B; e++) jobs[e].out = dOF + (size_t)e * 16 * HID;
+            for (int e = 0; e < B; e++) jobs[e].out = dOF + (size_t)e * EW * HID;
             DK(gpu_experts(jobs.data(), B, &act, &ws, NULL));
             CK(cudaDeviceSynchronize());
-            std::vector<float> h1((size_t)B * 16 * HID), h2(h1.size());
+            std::vector<float> h1((size_t)B * EW * HID), h2(h1.size());
             CK(cudaMemcpy(h1.data(), dOB, h1.size() * 4, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(h2.data(), dOF, h2.size() * 4, cudaMemcpyDeviceToHost));
             int same = 1;
             for (int e = 0; e < B; e++)
-                same &= memcmp(&h1[(size_t)e * 16 * HID], &h2[(size_t)e * 16 * HID], (size_t)n * HID * 4) == 0;
+                same &= memcmp(&h1[(size_t)e * EW * HID], &h2[(size_t)e * EW * HID], (size_t)n * HID * 4) == 0;
             std::vector<gpu_expert_job> all(NE);
             for (int e = 0; e < NE; e++)
-                all[e] = {&eg[e], &eu[e], &ed[e], dX, n, dOB + (size_t)(e % B) * 16 * HID};
+                all[e] = {&eg[e], &eu[e], &ed[e], dX, n, dOB + (size_t)(e % B) * EW * HID};
             double te = time_it([&] {
                 for (int l = 0; l < NE / B; l++) DK(gpu_experts(&all[l * B], B, &act, &ws, NULL));
             }, 1, 7);
             printf("  batch of %d, n=%-3d %8.1f us/expert  %7.1f GB/s  %5.1f%% of copy  (fragment layout%s; bits %s)\n",
                    B, n, te / NE * 1e6, ebytes * NE / te / 1e9, 100 * ebytes * NE / te / 1e9 / copy_gbps,
-                   n <= 4 ? "" : xs > 0 ? ", x staged" : ", k split", same ? "equal" : "DIFFER");
+                   n <= 4 ? "" : xs == 2 ? ", wgmma" : xs > 0 ? ", x staged" : ", k split", same ? "equal" : "DIFFER");
             for (int e = 0; e < NE; e++) eg[e].frag = eu[e].frag = ed[e].frag = NULL;
         }
         for (void *p : fr) CK(cudaFree(p));

@@ -1,26 +1,34 @@
 #!/bin/sh
 # cuda_variant.sh — a measurement build: build/deltafin-cuda and
-# build/cuda_bench again with one CUDA file recompiled with -D flags (the
+# build/cuda_bench again with CUDA files recompiled with -D flags (the
 # kernels' build knobs: GPU_FRAG_XS, GPU_XS_BLOCKS, GPU_TCB_VG,
 # GPU_MLA_WIDE_Q, ...), written beside them as OUT_PREFIX-deltafin-cuda and
 # OUT_PREFIX-cuda_bench, so a device call can run a variant against the
 # default build side by side. Needs `make cuda` first (it links against its
-# objects); builds no GPU code for anything but sm_90. LIBS overrides the
+# objects); builds no GPU code for anything but sm_90 (sm_90a for the
+# wgmma files, as the Makefile does). LIBS overrides the
 # link's libraries (the Makefile's LDLIBS of an x86-64 build by default).
 #
 #   bench/cuda_variant.sh OUT_PREFIX src/cuda/gpu_mma.cu -DGPU_XS_BLOCKS=4
+#   bench/cuda_variant.sh z0 src/cuda/gpu_mma.cu src/cuda/gpu_mx_wg.cu -DGPU_FRAG_WG=1 -DGPU_MW_ZERO=0
 set -eu
-[ $# -ge 2 ] || { echo "usage: $0 OUT_PREFIX FILE.cu [-DNAME=VALUE ...]" >&2; exit 2; }
-out=$1; src=$2; shift 2
+[ $# -ge 2 ] || { echo "usage: $0 OUT_PREFIX FILE.cu [FILE.cu ...] [-DNAME=VALUE ...]" >&2; exit 2; }
+out=$1; shift
+srcs=
+while [ $# -gt 0 ]; do case "$1" in *.cu) srcs="$srcs $1"; shift ;; *) break ;; esac; done
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 A="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
 [ -f build/libdeltafin_cuda.a ] && [ -f build/libdeltafin.a ] || { echo "$0: run make cuda first" >&2; exit 1; }
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-b=$(basename "$src" .cu)
-"$NVCC" -O3 -std=c++17 $A -Iinclude -lineinfo "$@" -c "$src" -o "$d/$b.o"
 cp build/libdeltafin_cuda.a "$d/lib.a"
-ar r "$d/lib.a" "$d/$b.o" 2>/dev/null
+for src in $srcs; do
+    b=$(basename "$src" .cu)
+    FA=$A
+    case "$b" in gpu_bf16_wg | gpu_mx_wg) FA="-gencode arch=compute_90a,code=sm_90a -DDF_WG_SM90A" ;; esac # the Makefile's WG_ARCH
+    "$NVCC" -O3 -std=c++17 $FA -Iinclude -lineinfo "$@" -c "$src" -o "$d/$b.o"
+    ar r "$d/lib.a" "$d/$b.o" 2>/dev/null
+done
 "$NVCC" $A -o "$out-deltafin-cuda" build/cuda-cli/src/cli/*.o build/libdeltafin.a "$d/lib.a" \
     ${LIBS:--lmicrohttpd -lpcre2-8 -ljansson -luring -lcurl -lnettle -lm -lpthread -lmvec}
 "$NVCC" -O3 -std=c++17 $A -Iinclude -o "$out-cuda_bench" bench/cuda_bench.cu "$d/lib.a"

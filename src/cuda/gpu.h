@@ -152,11 +152,18 @@ typedef struct {
      * kernel (k_mx_frag_batch), 0 the build's default (GPU_FRAG_XS); the
      * same bits either way. */
     int frag_xs;
+    /* Those batches on Hopper's wgmma (gpu_mx_wg.cu; the same bits, items
+     * of up to 48 vectors): 1 where the device and build have it, 0 the
+     * build's default (GPU_FRAG_WG), -1 never (frag_xs then picks). */
+    int frag_wg;
 } gpu_ws;
 void gpu_ws_free(gpu_ws *ws); /* NULL-safe; leaves it empty */
 /* ws->bf16_wg where this build and device run the wgmma blocks (asked once
  * per ws), else -1. */
 int gpu_ws_wg(gpu_ws *ws);
+/* 1 when this build and device run the wgmma kernels (compute capability
+ * 9.0 and an sm_90a image; asked once per ws). */
+int gpu_ws_wg_present(gpu_ws *ws);
 
 /* 1 if gpu_matmul_tc runs w on the tensor cores as MXFP4, else 0. */
 int gpu_matmul_tc_takes(const gpu_weight *w);

@@ -38,12 +38,8 @@
 
 #include "gpu.h"
 #include "gpu_internal.h"
+#include "gpu_wgmma.h"
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_DEVICE 1 /* this pass compiles for sm_90a: wgmma exists */
-#else
-#define WG_DEVICE 0
-#endif
 
 #ifndef GPU_WG_NWG
 #define GPU_WG_NWG 4 /* build flag, for measurements */
@@ -108,23 +104,6 @@ __global__ void __launch_bounds__(256) k_wg_split(const float *__restrict__ X, i
 }
 
 #if WG_DEVICE
-/* wgmma's shared-memory matrix descriptor: no swizzle, K-major; lbo the byte
- * step between core matrices along k, sbo along the vectors. */
-__device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
-    return (uint64_t)((a & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-/* keeps the compiler from moving accumulator reads or writes across a wgmma */
-template <int R> __device__ __forceinline__ void wg_hold(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 #define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
 /* d += A B: A 64 x 16 (this warp's 16 rows in a0..a3, mma.sync's fragment
@@ -384,10 +363,14 @@ static int wg_present(void) {
 #endif
 }
 
+extern "C" int gpu_ws_wg_present(gpu_ws *ws) {
+    if (!ws->wg_known) ws->wg_known = wg_present() ? 1 : 2;
+    return ws->wg_known == 1;
+}
+
 extern "C" int gpu_ws_wg(gpu_ws *ws) {
     if (ws->bf16_wg < 0) return -1;
-    if (!ws->wg_known) ws->wg_known = wg_present() ? 1 : 2;
-    return ws->wg_known == 1 ? ws->bf16_wg : -1;
+    return gpu_ws_wg_present(ws) ? ws->bf16_wg : -1;
 }
 
 /* Launches the probe's wgmma kernel (blocks x WG_PROBE_WG warpgroups, each

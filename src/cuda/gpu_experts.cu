@@ -188,13 +188,14 @@ extern "C" df_status gpu_experts(const gpu_expert_job *jobs, int njobs, const gp
             b[j - j0] = {jobs[j].down, NULL, G + off * inter, jobs[j].n, jobs[j].out, NULL, hid};
             off += jobs[j].n;
         }
-        if ((st = gpu_tc_batch(a, j1 - j0, tcs, ws->frag_xs, s))) return st;
+        const int wg = ws->frag_wg >= 0 && gpu_ws_wg_present(ws) ? ws->frag_wg : -1;
+        if ((st = gpu_tc_batch(a, j1 - j0, tcs, ws->frag_xs, wg, s))) return st;
         const int64_t count = nv * inter;
         int64_t blocks = (count + 255) / 256;
         if (blocks > 4096) blocks = 4096;
         k_act<<<(unsigned)blocks, 256, 0, s>>>(G, U, count, *act);
         if ((st = gpu_cuda_status(cudaGetLastError(), "k_act"))) return st;
-        if ((st = gpu_tc_batch(b, j1 - j0, tcs, ws->frag_xs, s))) return st;
+        if ((st = gpu_tc_batch(b, j1 - j0, tcs, ws->frag_xs, wg, s))) return st;
         j0 = j1;
     }
     return DF_OK;

@@ -213,14 +213,24 @@ df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X
  * times it): blocks x iters x 8 x 2 warpgroups of m64n256k16 bf16 wgmma on
  * s, their FLOPs in *flops; DF_ERR_UNSUPPORTED where k_bt_wg cannot run. */
 df_status gpu_wg_probe_launch(int blocks, int iters, float *out, double *flops, cudaStream_t s);
+/* A batch's many-vector products on the fragment layout on wgmma
+ * (gpu_mx_wg.cu), the same bits as gpu_mma.cu's kernels: t's count items
+ * (each in the fragment layout, at most GPU_MX_WG_PASS vectors, their
+ * splits in wgmma's order), all rows x cols; ks: the k split's classes of
+ * that shape (4 or 8). DF_ERR_UNSUPPORTED without an sm_90a build (the
+ * caller asks gpu_ws_wg_present first). Asynchronous on s. */
+enum { GPU_MX_WG_PASS = 48 };
+struct gpu_tc_tab;
+df_status gpu_mx_wg_batch(const gpu_tc_tab &t, int count, int64_t cols, int64_t rows, int ks, cudaStream_t s);
 /* Device scratch bytes gpu_tc_batch needs for these jobs. */
 size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs);
 /* gpu_matmul_tc for every job in few launches (one split launch, one mma
  * launch per 64 products): every job's matrices MXFP4 of one shape (else
  * DF_ERR_ARG). Each output row is bit-equal to gpu_matmul_tc's for that
  * matrix and vector (the same kernel body, split and work layout).
- * scratch: device, gpu_tc_batch_bytes. xs: gpu_ws.frag_xs. Asynchronous on s. */
-df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs, cudaStream_t s);
+ * scratch: device, gpu_tc_batch_bytes. xs: gpu_ws.frag_xs; wg: gpu_ws.frag_wg
+ * where gpu_ws_wg_present, else -1. Asynchronous on s. */
+df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs, int wg, cudaStream_t s);
 
 /* The three bf16 limbs of eight floats (gpu_bf16_tc.cu, gpu_bf16_wg.cu):
  * hi = rn(x), mid = rn(x - hi), lo = rn(x - hi - mid), each as four u32

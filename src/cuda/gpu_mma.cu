@@ -60,17 +60,10 @@
 
 #include "gpu.h"
 #include "gpu_internal.h"
-
-#ifndef GPU_TC_QUAD
-#define GPU_TC_QUAD 1 /* 0: decode code pairs by shifts and masks (e2m1_pair), ~2% slower */
-#endif
-#ifndef GPU_TC_SUBNORMAL
-#define GPU_TC_SUBNORMAL 1 /* 0: scale the e2m1 codes out of the f16 subnormals (HMUL2) */
-#endif
+#include "gpu_mx_frag.h"
 
 namespace {
 
-enum { TC_VEC = 4 }; /* vectors per mma: 8 columns = 4 x (hi, lo) */
 /* groups of TC_VEC vectors per pass over the weights when there are more
  * than TC_VEC (prefill): the weights are read and decoded once for them all */
 #ifndef GPU_TC_VG
@@ -152,10 +145,32 @@ __device__ __forceinline__ float block_absmax(float m, float *red) {
 
 enum { SPLIT_G = 4 }; /* groups of 8 values per thread held in registers: cols <= 8192 */
 
+/* Lane t's hi and lo words of block b of slot v: in mma order (xb [block]
+ * [8 columns][4 lanes] uint4, what the mma.sync kernels load), or with WGL
+ * in wgmma's (gpu_mx_wg.cu: [block][4 halves of the two k steps][8 columns]
+ * uint4 of the four lanes' word j = half, each 16 bytes one column's 8 k
+ * values in the mma's k order). */
+template <bool WGL>
+__device__ __forceinline__ void xsplit_store(uint4 *xb, int64_t b, int v, int t, const uint32_t (&hw)[4],
+                                             const uint32_t (&lw)[4]) {
+    if (!WGL) {
+        xb[(b * 8 + 2 * v) * 4 + t] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+        xb[(b * 8 + 2 * v + 1) * 4 + t] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+        return;
+    }
+    uint32_t *w = (uint32_t *)(xb + b * 32);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        w[(j * 8 + 2 * v) * 4 + t] = hw[j];
+        w[(j * 8 + 2 * v + 1) * 4 + t] = lw[j];
+    }
+}
+
 /* One block splits one vector x into slot v of xb / inv: k from max|x|,
- * then hi/lo in mma order. red: 8 floats of shared memory. A 16-byte
+ * then hi/lo in mma order (WGL: xsplit_store). red: 8 floats of shared memory. A 16-byte
  * aligned x of at most 256 SPLIT_G groups of 8 is read once, every load
  * in flight at once (a decode vector is latency-bound on one block). */
+template <bool WGL = false>
 __device__ __forceinline__ void xsplit_one(const float *__restrict__ x, int64_t cols, uint4 *xb, float *inv, int v,
                                            float *red) {
     const int64_t nq = cols / 8; /* one uint4 per (8 values, hi or lo) */
@@ -184,8 +199,7 @@ __device__ __forceinline__ void xsplit_one(const float *__restrict__ x, int64_t 
             split_pair(a[g].y, c[g].y, k, &hw[1], &lw[1]);
             split_pair(a[g].z, c[g].z, k, &hw[2], &lw[2]);
             split_pair(a[g].w, c[g].w, k, &hw[3], &lw[3]);
-            xb[(b * 8 + 2 * v) * 4 + t] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-            xb[(b * 8 + 2 * v + 1) * 4 + t] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+            xsplit_store<WGL>(xb, b, v, t, hw, lw);
         }
         return;
     }
@@ -200,8 +214,7 @@ __device__ __forceinline__ void xsplit_one(const float *__restrict__ x, int64_t 
         uint32_t hw[4], lw[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) split_pair(s[j], s[j + 4], k, &hw[j], &lw[j]);
-        xb[(b * 8 + 2 * v) * 4 + t] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-        xb[(b * 8 + 2 * v + 1) * 4 + t] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+        xsplit_store<WGL>(xb, b, v, t, hw, lw);
     }
 }
 
@@ -223,64 +236,13 @@ struct split_tab {
     float *inv[SPLIT_MAX];
     int slot[SPLIT_MAX];
 };
+template <bool WGL>
 __global__ void __launch_bounds__(256) k_xsplit_batch(const __grid_constant__ split_tab t, int64_t cols) {
     __shared__ float red[8];
     const int e = blockIdx.x;
-    xsplit_one(t.x[e], cols, t.xb[e], t.inv[e], t.slot[e], red);
+    xsplit_one<WGL>(t.x[e], cols, t.xb[e], t.inv[e], t.slot[e], red);
 }
 
-/* Codes j and j + 4 of u as one f16x2, exact: the f16 bits (s << 15) |
- * (e1 e0 m << 9) are value * 2^-14 (e = 0 on the subnormals); times 2^14. */
-#if !GPU_TC_SUBNORMAL
-__device__ __forceinline__ uint32_t e2m1_scale_up(uint32_t h) { /* times 2^14, exact */
-    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&h), __half2half2(__ushort_as_half(0x7400)));
-    return *reinterpret_cast<uint32_t *>(&r);
-}
-#endif
-#if !GPU_TC_QUAD
-__device__ __forceinline__ uint32_t e2m1_pair(uint32_t u, int j) {
-    uint32_t v = u << (12 - 4 * j);
-    uint32_t h = (v & 0x80008000u) | ((v >> 3) & 0x0e000e00u);
-#if GPU_TC_SUBNORMAL
-    return h; /* the tensor cores take the f16 subnormals as they are */
-#else
-    return e2m1_scale_up(h);
-#endif
-}
-#endif
-#if GPU_TC_SUBNORMAL
-#define E2M1_UNDO 16384.0f
-#else
-#define E2M1_UNDO 1.0f
-#endif
-
-/* The four f16x2 A registers of one lane's u32 at once: each code's high
- * f16 byte hb = (s << 7) | (e1 e0 m << 1) (the low byte is 0), built for the
- * even codes (low nibbles) and the odd ones (high nibbles) four at a time,
- * then paired with zero bytes by byte permutes. Same values as e2m1_pair. */
-#if GPU_TC_QUAD
-__device__ __forceinline__ void e2m1_quad(uint32_t u, uint32_t (&h)[4]) {
-    const uint32_t lo = ((u << 4) & 0x80808080u) | ((u << 1) & 0x0e0e0e0eu); /* codes 0 2 4 6 */
-    const uint32_t hi = (u & 0x80808080u) | ((u >> 3) & 0x0e0e0e0eu);        /* codes 1 3 5 7 */
-    h[0] = __byte_perm(lo, 0u, 0x2404); /* codes 0, 4 */
-    h[1] = __byte_perm(hi, 0u, 0x2404); /* codes 1, 5 */
-    h[2] = __byte_perm(lo, 0u, 0x3414); /* codes 2, 6 */
-    h[3] = __byte_perm(hi, 0u, 0x3414); /* codes 3, 7 */
-#if !GPU_TC_SUBNORMAL
-#pragma unroll
-    for (int j = 0; j < 4; j++) h[j] = e2m1_scale_up(h[j]);
-#endif
-}
-#endif
-
-__device__ __forceinline__ float e8m0(uint32_t s) {
-    return __uint_as_float(s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : s << 23);
-}
-/* byte k of four packed e8m0 scales */
-__device__ __forceinline__ float e8m0_of(uint32_t s4, int k) {
-    const uint32_t s = (s4 >> (8 * k)) & 0xffu;
-    return e8m0(s);
-}
 
 /* How a group finds its block scales: one byte load each (any cols), four
  * packed bytes with the 0 / 255 cases, four packed bytes none of which is 0
@@ -512,22 +474,11 @@ k_mx_tc(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale, int
     mx_tc_tile<KS, P, S4, VG>(stage, part, data, scale, cols, xb, inv, n, Y, ldy, row0, row1, blockIdx.x);
 }
 
-/* ---- the fragment layout (gpu_mx_frag_pack) ----
- * A matrix re-laid once on the device so that each lane loads what it feeds
- * the mma straight from global memory, whole lines, no staging: per 16-row
- * tile and group m of four 32-value blocks a chunk of FRAG_BYTES: lane
- * l = 4 g + t's eight code words as two uint4, at 16 l and 512 + 16 l,
- * {wa0, wb0, wa1, wb1} and {wa2, wb2, wa3, wb3} (wa_k: bytes 4t .. 4t+3 of
- * block 4m + k of row g; wb_k: of row g + 8), then 8 scale bytes per g (row
- * g's four, row g + 8's four). Rows past the matrix repeat its last row,
- * blocks past it are zero codes under scale 127 (never summed). The sums
- * are the staged kernel's, in its order: the same bits. */
-enum { FRAG_CODES = 1024, FRAG_BYTES = FRAG_CODES + 64 };
+/* ---- the fragment layout (gpu_mx_frag_pack; gpu_mx_frag.h describes it) ----
+ * The sums on it are the staged kernel's, in its order: the same bits. */
 #ifndef GPU_FRAG_D
 #define GPU_FRAG_D 1 /* groups a warp holds in registers ahead of the one it sums (1, 2, 4 measured: 1 best, bench/cuda_NOTES.md) */
 #endif
-
-__host__ __device__ inline int64_t frag_groups(int64_t cols) { return (cols / 32 + 3) / 4; }
 
 /* One thread per (tile, group, lane): its 32 code bytes, and lanes t = 0
  * their row pair's 8 scale bytes. */
@@ -559,16 +510,6 @@ __global__ void __launch_bounds__(256) k_mx_frag_pack(const uint8_t *__restrict_
         for (int k = 0; k < 8; k++) c[FRAG_CODES + 8 * g + k] = sc[k];
 }
 
-__device__ __forceinline__ uint4 ld_stream16(const uint8_t *p) { return __ldcs((const uint4 *)p); }
-__device__ __forceinline__ uint2 ld_stream8(const uint8_t *p) { return __ldcs((const uint2 *)p); }
-
-/* lane's part of the group chunk at c: its two code uint4s and its row
- * pair's scale bytes (the layout above) */
-__device__ __forceinline__ void frag_load(const uint8_t *c, int lane, uint4 &c0, uint4 &c1, uint2 &sc) {
-    c0 = ld_stream16(c + 16 * lane);
-    c1 = ld_stream16(c + 512 + 16 * lane);
-    sc = ld_stream8(c + FRAG_CODES + 8 * (lane >> 2));
-}
 
 /* mx_tc_tile on the fragment layout: the same groups per warp, the same
  * sums; each warp keeps GPU_FRAG_D groups in flight in registers. MT
@@ -663,18 +604,8 @@ k_mx_tc_frag(const uint8_t *__restrict__ frag, int64_t cols, const uint4 *__rest
 /* A batch's products (gpu_tc_batch): block (tile, i) runs tile `tile` of
  * item i, all items of one shape; an item is up to TCB_PASS vectors of one job
  * (XS_PASS for k_mx_frag_xs). */
-enum { TCB_MAX = 64 };
-struct tc_item {
-    const uint8_t *data, *scale, *frag; /* frag: the fragment layout, or NULL */
-    const uint4 *xb;
-    const float *inv;
-    float *Y;
-    int64_t ldy;
-    int nv;
-};
-struct tc_tab {
-    tc_item it[TCB_MAX];
-};
+typedef gpu_tc_item tc_item;
+typedef gpu_tc_tab tc_tab;
 /* k_mx_tc_batch when every item is in the fragment layout: no stage */
 /* Warps an SM the fragment batches are compiled to hold (registers capped to
  * fit: 16 warps = 128 a thread): two 8-warp blocks of gate + up, four 4-warp
@@ -715,6 +646,10 @@ __global__ void __launch_bounds__(KS * 32, GPU_FRAG_WARPS > 0 ? GPU_FRAG_WARPS /
  * (bench/cuda_NOTES.md, thirty-fifth session) */
 #define GPU_FRAG_XS 1
 #endif
+/* gpu_ws.frag_wg's default (gpu_mx_wg.cu): off until measured */
+#ifndef GPU_FRAG_WG
+#define GPU_FRAG_WG 0
+#endif
 #ifndef GPU_XS_W
 #define GPU_XS_W 8
 #endif
@@ -735,12 +670,6 @@ enum { XS_W = GPU_XS_W, XS_P = GPU_XS_P, XS_VG = GPU_XS_VG, XS_PASS = TC_VEC * X
        XS_GRP = 4 * 32 }; /* XS_GRP: uint4 of one vector group's x in a group */
 static_assert((XS_P * XS_GRP + XS_W * 32) * XS_VG * 16 <= 48 * 1024, "k_mx_frag_xs: static shared memory");
 
-/* the group after m in the walk (class by class), or -1 */
-__device__ __forceinline__ int64_t walk_next(int64_t m, int64_t ngrp, int KS) {
-    if (m + KS < ngrp) return m + KS;
-    const int64_t c = m % KS + 1;
-    return c < KS && c < ngrp ? c : -1;
-}
 
 struct x_stage {
     static constexpr bool ahead = false; /* loaded where used: shared memory's latency is short */
@@ -951,9 +880,13 @@ size_t gpu_tc_batch_bytes(const gpu_tc_job *jobs, int njobs) {
     return (size_t)tc_groups(jobs, njobs) * ws_bytes(jobs[0].w0->cols);
 }
 
-/* use_xs: the items are k_mx_frag_xs's (all in the fragment layout, up to XS_PASS vectors) */
-static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, bool use_xs, cudaStream_t s) {
+/* use_xs: the items are k_mx_frag_xs's (all in the fragment layout, up to
+ * XS_PASS vectors); use_wg: gpu_mx_wg_batch's (up to GPU_MX_WG_PASS, the
+ * splits in its order) */
+static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t rows, bool use_xs, bool use_wg,
+                             cudaStream_t s) {
     if (!count) return DF_OK;
+    if (use_wg) return tc_layout(rows, cols, [&](auto c) { return gpu_mx_wg_batch(t, count, cols, rows, decltype(c)::KS, s); });
     int wide = 0, frag = 1; /* an item of more than one group: the many-group kernel */
     for (int i = 0; i < count; i++) wide |= t.it[i].nv > TC_VEC, frag &= t.it[i].frag != NULL;
     /* gpu_matmul_tc's layout, so every row is bit-equal to it */
@@ -976,7 +909,7 @@ static df_status flush_items(const tc_tab &t, int count, int64_t cols, int64_t r
     });
 }
 
-df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs, cudaStream_t s) {
+df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs, int wg, cudaStream_t s) {
     if (njobs < 1) return DF_OK;
     if (!jobs || !scratch || !jobs[0].w0) return DF_ERR_ARG;
     const int64_t rows = jobs[0].w0->rows, cols = jobs[0].w0->cols;
@@ -989,6 +922,15 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs,
                 return DF_ERR_ARG;
         }
     if (rows > 16 * (int64_t)0x7fffffff) return DF_ERR_UNSUPPORTED;
+    /* every item in the fragment layout and one of more than TC_VEC vectors:
+     * the many-vector kernels (wgmma's wants the splits in its own order) */
+    bool all_frag = true, wide = false;
+    for (int j = 0; j < njobs; j++) {
+        all_frag = all_frag && jobs[j].w0->frag && (!jobs[j].w1 || jobs[j].w1->frag);
+        wide = wide || jobs[j].n > TC_VEC;
+    }
+    const bool use_wg = all_frag && wide && (wg > 0 || (wg == 0 && GPU_FRAG_WG));
+    const bool use_xs = !use_wg && all_frag && (xs > 0 || (xs == 0 && GPU_FRAG_XS));
     const int64_t ng = tc_groups(jobs, njobs);
     const size_t xbytes = ws_bytes(cols) - TC_VEC * sizeof(float);
     uint8_t *base = (uint8_t *)scratch;
@@ -1006,17 +948,15 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs,
             sp.inv[ns] = inv0 + g * TC_VEC;
             sp.slot[ns] = v % TC_VEC;
             if (++ns == SPLIT_MAX || (j == njobs - 1 && v == jobs[j].n - 1)) {
-                k_xsplit_batch<<<ns, 256, 0, s>>>(sp, cols);
+                if (use_wg) k_xsplit_batch<true><<<ns, 256, 0, s>>>(sp, cols);
+                else k_xsplit_batch<false><<<ns, 256, 0, s>>>(sp, cols);
                 if ((st = gpu_cuda_status(cudaGetLastError(), "k_xsplit_batch"))) return st;
                 ns = 0;
             }
             if (v == jobs[j].n - 1) gi += (jobs[j].n + TC_VEC - 1) / TC_VEC;
         }
     /* the products, TCB_MAX per launch, in items of up to `pass` vectors */
-    bool all_frag = true;
-    for (int j = 0; j < njobs; j++) all_frag = all_frag && jobs[j].w0->frag && (!jobs[j].w1 || jobs[j].w1->frag);
-    const bool use_xs = all_frag && (xs > 0 || (xs == 0 && GPU_FRAG_XS));
-    const int pass = use_xs ? (int)XS_PASS : (int)TCB_PASS;
+    const int pass = use_wg ? (int)GPU_MX_WG_PASS : use_xs ? (int)XS_PASS : (int)TCB_PASS;
     tc_tab tt;
     int nt = 0;
     gi = 0;
@@ -1036,9 +976,9 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs,
                 it.ldy = jobs[j].ldy;
                 it.nv = jobs[j].n - v0 < pass ? jobs[j].n - v0 : pass;
                 if (nt == TCB_MAX) {
-                    if ((st = flush_items(tt, nt, cols, rows, use_xs, s))) return st;
+                    if ((st = flush_items(tt, nt, cols, rows, use_xs, use_wg, s))) return st;
                     nt = 0;
                 }
             }
-    return flush_items(tt, nt, cols, rows, use_xs, s);
+    return flush_items(tt, nt, cols, rows, use_xs, use_wg, s);
 }

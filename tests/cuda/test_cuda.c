@@ -1035,19 +1035,21 @@ TEST(cuda_experts_batch) {
     }
 }
 
-/* The fragment layout's many-vector batches, both kernels (gpu_ws.frag_xs:
- * the k split, and x staged in shared memory with the k split's classes
- * walked in order, one tile a warp), on shapes the layer batch above does
+/* The fragment layout's many-vector batches, all three kernels
+ * (gpu_ws.frag_xs: the k split, and x staged in shared memory with the k
+ * split's classes walked in order, one tile a warp; gpu_ws.frag_wg: wgmma,
+ * where the device and build have it), on shapes the layer batch above does
  * not reach: more than 2048 columns (eight
  * classes), a last group of fewer than four blocks, row blocks cut by the
  * matrix's end, classes with no group (down: 7 blocks, four classes), jobs
- * past 16 vectors (two items each), a few 2^-127 scales (the packed-scale
+ * past 16 vectors (two items each) and past 48 (two wgmma items, its widest
+ * form), a few 2^-127 scales (the packed-scale
  * form). Bit-equal to the staged layout's batches and to each vector alone;
  * against the CPU as above. */
 TEST(cuda_frag_batch_shapes) {
     if (!need_gpu()) return;
-    enum { H = 2336, I = 224, NJ = 3 };
-    static const int n_of[NJ] = {21, 6, 17};
+    enum { H = 2336, I = 224, NJ = 4, NBIG = 53 };
+    static const int n_of[NJ] = {21, 6, 17, NBIG};
     uint64_t s = seed_of("frag-batch-shapes");
     hmat m[NJ][3];
     gpu_weight g[NJ][3], gf[NJ][3];
@@ -1081,19 +1083,22 @@ TEST(cuda_frag_batch_shapes) {
     gpu_ws ws = {0};
     REQUIRE(gpu_experts(js, NJ, &act, &ws, NULL) == DF_OK, "%s", gpu_last_error());
     for (int j = 0; j < NJ; j++) REQUIRE(gpu_get(a[j], dO[j], (size_t)n_of[j] * H * sizeof(float)) == DF_OK);
-    /* both many-vector kernels of the fragment layout: the k split, then x staged */
-    for (int xs = -1; xs <= 1; xs += 2) {
-        ws.frag_xs = xs;
+    /* the many-vector kernels of the fragment layout: the k split, x staged, wgmma */
+    static const char *const kname[3] = {"k split", "x staged", "wgmma"};
+    for (int kind = 0; kind < 3; kind++) {
+        ws.frag_xs = kind ? 1 : -1;
+        ws.frag_wg = kind == 2 ? 1 : -1;
         for (int j = 0; j < NJ; j++) REQUIRE(gpu_fill(dO[j], 0xff, (size_t)n_of[j] * H * sizeof(float)) == DF_OK);
         REQUIRE(gpu_experts(jf, NJ, &act, &ws, NULL) == DF_OK, "%s", gpu_last_error());
         for (int j = 0; j < NJ; j++) {
             REQUIRE(gpu_get(b[j], dO[j], (size_t)n_of[j] * H * sizeof(float)) == DF_OK);
             CHECK(memcmp(a[j], b[j], (size_t)n_of[j] * H * sizeof(float)) == 0,
-                  "job %d n=%d frag_xs %d: fragment layout != staged", j, n_of[j], xs);
+                  "job %d n=%d %s: fragment layout != staged", j, n_of[j], kname[kind]);
         }
     }
-    float *G = malloc((size_t)21 * I * sizeof(float)), *U = malloc((size_t)21 * I * sizeof(float));
-    float *ref = malloc((size_t)21 * H * sizeof(float));
+    fprintf(stderr, "[wgmma %s] ", gpu_ws_wg_present(&ws) ? "ran" : "absent: x staged twice");
+    float *G = malloc((size_t)NBIG * I * sizeof(float)), *U = malloc((size_t)NBIG * I * sizeof(float));
+    float *ref = malloc((size_t)NBIG * H * sizeof(float));
     REQUIRE(G && U && ref);
     double worst = 0;
     for (int j = 0; j < NJ; j++) {
