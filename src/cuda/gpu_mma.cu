@@ -50,9 +50,10 @@
  * the fragment layout 3.1 TB/s, 72-74%; a layer's 16 experts in one batch
  * 38% -> 55%.
  *
- * A batch's items of many vectors on the fragment layout take one of two
- * kernels of the same bits (gpu_ws.frag_xs): the k split above, or x
- * staged in shared memory for warps that each own a tile (k_mx_frag_xs).
+ * A batch's items of many vectors on the fragment layout take one of three
+ * kernels of the same bits: the k split above, x staged in shared memory
+ * for warps that each own a tile (k_mx_frag_xs; gpu_ws.frag_xs picks
+ * between the two), or wgmma (gpu_mx_wg.cu; gpu_ws.frag_wg).
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
