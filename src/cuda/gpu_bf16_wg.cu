@@ -40,7 +40,6 @@
 #include "gpu_internal.h"
 #include "gpu_wgmma.h"
 
-
 #ifndef GPU_WG_NWG
 #define GPU_WG_NWG 4 /* build flag, for measurements */
 #endif

@@ -244,7 +244,6 @@ __global__ void __launch_bounds__(256) k_xsplit_batch(const __grid_constant__ sp
     xsplit_one<WGL>(t.x[e], cols, t.xb[e], t.inv[e], t.slot[e], red);
 }
 
-
 /* How a group finds its block scales: one byte load each (any cols), four
  * packed bytes with the 0 / 255 cases, four packed bytes none of which is 0
  * or 255 (the common case: the bits are byte << 23). */
@@ -511,7 +510,6 @@ __global__ void __launch_bounds__(256) k_mx_frag_pack(const uint8_t *__restrict_
         for (int k = 0; k < 8; k++) c[FRAG_CODES + 8 * g + k] = sc[k];
 }
 
-
 /* mx_tc_tile on the fragment layout: the same groups per warp, the same
  * sums; each warp keeps GPU_FRAG_D groups in flight in registers. MT
  * tiles from tile0 (those of the matrix): each warp's groups of all of them,
@@ -670,7 +668,6 @@ __global__ void __launch_bounds__(KS * 32, GPU_FRAG_WARPS > 0 ? GPU_FRAG_WARPS /
 enum { XS_W = GPU_XS_W, XS_P = GPU_XS_P, XS_VG = GPU_XS_VG, XS_PASS = TC_VEC * XS_VG,
        XS_GRP = 4 * 32 }; /* XS_GRP: uint4 of one vector group's x in a group */
 static_assert((XS_P * XS_GRP + XS_W * 32) * XS_VG * 16 <= 48 * 1024, "k_mx_frag_xs: static shared memory");
-
 
 struct x_stage {
     static constexpr bool ahead = false; /* loaded where used: shared memory's latency is short */
