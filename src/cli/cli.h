@@ -37,6 +37,7 @@ typedef struct {
     int64_t gpu_mem;        /* --gpu-mem: device memory for matrices, 0 = free memory - 2 GiB */
     int bf16_tc_rows;       /* --bf16-tc-rows: bf16 products of this many rows on the tensor cores, 0 = never */
     int bf16_wg;            /* --bf16-wg: 0 auto, 1 on, -1 off (gpu_ws.bf16_wg) */
+    int mx_wg;              /* --mx-wg: 0 auto, 1 on, -1 off (gpu_ws.frag_wg) */
     const char *meta_cache; /* --meta-cache DIR|off; NULL = the user cache folder */
 } cli_model_opts;
 

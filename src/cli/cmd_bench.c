@@ -433,6 +433,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         json_object_set_new(o, "device_read_gbps", json_real(hbm));
         json_object_set_new(o, "bf16_tc_rows", json_integer(mo->bf16_tc_rows));
         json_object_set_new(o, "bf16_wg", json_string(mo->bf16_wg > 0 ? "on" : mo->bf16_wg < 0 ? "off" : "auto"));
+        json_object_set_new(o, "mx_wg", json_string(mo->mx_wg > 0 ? "on" : mo->mx_wg < 0 ? "off" : "auto"));
         json_object_set_new(o, "hbm_floor_s_per_token", json_real(hbm_floor));
         if (tc_rate > 0) {
             json_object_set_new(o, "device_tc_tflops_mma_sync", json_real(tc_sync));

@@ -70,6 +70,9 @@ const char cli_model_opts_help[] =
     "  --bf16-wg MODE     auto (default), on, off: those tensor-core products of many rows on\n"
     "                     Hopper's wgmma blocks (sm_90 only; the same bits as off). auto takes them\n"
     "                     where a product fills the GPU\n"
+    "  --mx-wg MODE       auto (default), on, off: the routed MXFP4 experts of a prompt (many rows\n"
+    "                     an expert) on Hopper's wgmma, items of up to 48 rows (sm_90 only; the\n"
+    "                     same bits as off). auto: the build's default (GPU_FRAG_WG, off)\n"
 #else
     "  --device DEV       cpu (this build has no CUDA: build/deltafin-cuda from `make cuda` has cuda)\n"
 #endif
@@ -200,6 +203,15 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
             return -1;
         }
         o->bf16_wg = !strcmp(val, "on") ? 1 : !strcmp(val, "off") ? -1 : 0;
+        (*i)++;
+        return 1;
+    }
+    if (!strcmp(a, "--mx-wg")) {
+        if (!val || (strcmp(val, "auto") && strcmp(val, "on") && strcmp(val, "off"))) {
+            fprintf(stderr, "deltafin: --mx-wg needs auto, on or off\n");
+            return -1;
+        }
+        o->mx_wg = !strcmp(val, "on") ? 1 : !strcmp(val, "off") ? -1 : 0;
         (*i)++;
         return 1;
     }
@@ -351,7 +363,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     static const df_accel *accel;
     if (o->device != CLI_DEV_CPU && !accel) {
         char err[DF_ERRMSG];
-        accel = gpu_accel_open(0, o->gpu_mem, o->bf16_tc_rows, o->bf16_wg, err);
+        accel = gpu_accel_open(0, o->gpu_mem, o->bf16_tc_rows, o->bf16_wg, o->mx_wg, err);
         if (!accel && o->device == CLI_DEV_CUDA) {
             fprintf(stderr, "deltafin: --device cuda: %s\n", err);
             return -1;

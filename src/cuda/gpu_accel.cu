@@ -1333,7 +1333,7 @@ template <int CAT, class R, class... A, R (*F)(void *, A...)> struct timed<CAT, 
 
 } // namespace
 
-extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_tc_rows, int bf16_wg,
+extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_tc_rows, int bf16_wg, int mx_wg,
                                             char *err) {
     char why[256];
     if (!gpu_probe(why, sizeof why)) {
@@ -1367,6 +1367,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_
     a->pub.budget = gpu_mem > 0 ? gpu_mem : avail;
     a->ws.bf16_tc_rows = a->ews.bf16_tc_rows = bf16_tc_rows > 0 ? bf16_tc_rows : 0;
     a->ws.bf16_wg = a->ews.bf16_wg = bf16_wg < 0 ? -1 : bf16_wg > 0 ? 1 : 0;
+    a->ews.frag_wg = mx_wg < 0 ? -1 : mx_wg > 0 ? 1 : 0;
     snprintf(a->name, sizeof a->name, "cuda:%d %s (sm_%d%d, %d SMs, %.1f GB, %.1f GB free)", device, p.name,
              p.major, p.minor, p.multiProcessorCount, total_b / 1e9, free_b / 1e9);
     a->pub.name = a->name;

@@ -47,9 +47,11 @@ extern "C" {
 /* Opens device `device`. gpu_mem: bytes of device memory for matrices
  * (0: free memory minus 2 GiB). bf16_tc_rows: bf16 products of at least
  * this many rows on the tensor cores (gpu_ws), 0: never; bf16_wg: those of
- * many rows on the wgmma blocks, gpu_ws.bf16_wg's 0 auto, 1 on, -1 off. NULL with one line
- * in err (DF_ERRMSG) when there is no usable device. */
-const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_tc_rows, int bf16_wg, char *err);
+ * many rows on the wgmma blocks, gpu_ws.bf16_wg's 0 auto, 1 on, -1 off;
+ * mx_wg: the MXFP4 expert batches of many rows on wgmma, gpu_ws.frag_wg's
+ * 0 (the build's default), 1, -1. NULL with one line in err (DF_ERRMSG)
+ * when there is no usable device. */
+const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_tc_rows, int bf16_wg, int mx_wg, char *err);
 /* Frees everything the accelerator holds (NULL-safe). Close engines first. */
 void gpu_accel_close(const df_accel *a);
 
