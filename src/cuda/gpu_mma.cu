@@ -707,12 +707,7 @@ k_mx_frag_xs(const __grid_constant__ tc_tab tt, int64_t cols, int64_t rows) {
             cp_async16(&xs[p][v][u], in ? it.xb + v * gstride + m * XS_GRP + u : it.xb, in ? 16 : 0);
         }
     };
-    int64_t ms = 0; /* the next group to stage, in walk order */
-#pragma unroll
-    for (int p = 0; p < XS_P - 1; p++) {
-        if (ms >= 0) stage(ms, p), ms = walk_next(ms, ngrp, KS);
-        cp_commit();
-    }
+    int64_t ms = walk_stage_first<XS_P>(stage, ngrp, KS); /* the next group to stage, in walk order */
     uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
     uint2 sc = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
     if (live) frag_load(base, lane, c0, c1, sc);
@@ -725,8 +720,7 @@ k_mx_frag_xs(const __grid_constant__ tc_tab tt, int64_t cols, int64_t rows) {
         for (int64_t m = c; m < ngrp; m += KS, i++) {
             cp_wait<XS_P - 2>();
             __syncthreads(); /* group i's stage is in; every warp is done with group i - 1's */
-            if (ms >= 0) stage(ms, (int)((i + XS_P - 1) % XS_P)), ms = walk_next(ms, ngrp, KS);
-            cp_commit();
+            walk_stage_next<XS_P>(stage, ms, i, ngrp, KS);
             if (!live) continue;
             const uint32_t wa[1][4] = {{c0.x, c0.z, c1.x, c1.z}}, wb[1][4] = {{c0.y, c0.w, c1.y, c1.w}};
             const uint32_t sca[1] = {sc.x}, scb[1] = {sc.y};

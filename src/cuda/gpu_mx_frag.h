@@ -21,6 +21,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "gpu_internal.h"
+
 #ifndef GPU_TC_QUAD
 #define GPU_TC_QUAD 1 /* 0: decode code pairs by shifts and masks (e2m1_pair), ~2% slower */
 #endif
@@ -121,6 +123,26 @@ __device__ __forceinline__ int64_t walk_next(int64_t m, int64_t ngrp, int KS) {
     if (m + KS < ngrp) return m + KS;
     const int64_t c = m % KS + 1;
     return c < KS && c < ngrp ? c : -1;
+}
+
+/* The staging of a walk (the x-staged and wgmma batches): stage(m, p) puts
+ * group m into stage p by cp.async. walk_stage_first stages the walk's
+ * first P - 1 groups, one cp.async group each, and returns the next group
+ * to stage (-1: none left); walk_stage_next, at the walk's i-th group,
+ * stages the one P - 1 ahead into the stage it frees, and commits. */
+template <int P, class F> __device__ __forceinline__ int64_t walk_stage_first(F &&stage, int64_t ngrp, int KS) {
+    int64_t ms = 0;
+#pragma unroll
+    for (int p = 0; p < P - 1; p++) {
+        if (ms >= 0) stage(ms, p), ms = walk_next(ms, ngrp, KS);
+        cp_commit();
+    }
+    return ms;
+}
+template <int P, class F>
+__device__ __forceinline__ void walk_stage_next(F &&stage, int64_t &ms, int64_t i, int64_t ngrp, int KS) {
+    if (ms >= 0) stage(ms, (int)((i + P - 1) % P)), ms = walk_next(ms, ngrp, KS);
+    cp_commit();
 }
 
 } // namespace

@@ -146,12 +146,7 @@ k_mx_frag_wg(const __grid_constant__ gpu_tc_tab tt, int64_t cols, int64_t rows) 
             cp_async16(st + (kq * NVG + vg) * 128 + pc * 16, in ? (const void *)src : (const void *)it.xb, in ? 16 : 0);
         }
     };
-    int64_t ms = 0; /* the next group to stage, in walk order */
-#pragma unroll
-    for (int p = 0; p < MW_P - 1; p++) {
-        if (ms >= 0) stage(ms, p), ms = walk_next(ms, ngrp, KS);
-        cp_commit();
-    }
+    int64_t ms = walk_stage_first<MW_P>(stage, ngrp, KS); /* the next group to stage, in walk order */
     uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
     uint2 sc = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
     if (live) frag_load(base, lane, c0, c1, sc);
@@ -168,8 +163,7 @@ k_mx_frag_wg(const __grid_constant__ gpu_tc_tab tt, int64_t cols, int64_t rows) 
             cp_wait<MW_P - 2>();
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* cp.async's writes, seen by wgmma */
             __syncthreads(); /* group i's stage is in; every warpgroup is done with group i - 1's */
-            if (ms >= 0) stage(ms, (int)((i + MW_P - 1) % MW_P)), ms = walk_next(ms, ngrp, KS);
-            cp_commit();
+            walk_stage_next<MW_P>(stage, ms, i, ngrp, KS);
             const uint32_t wa[4] = {c0.x, c0.z, c1.x, c1.z}, wb[4] = {c0.y, c0.w, c1.y, c1.w};
             const uint32_t sca = sc.x, scb = sc.y;
             const int64_t mn = walk_next(m, ngrp, KS);
