@@ -70,35 +70,36 @@ __host__ __device__ constexpr int mw_smem_bytes(int nv) { return MW_P * mw_stage
 #if WG_DEVICE
 #define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
-/* d += A B: A 64 x 16 f16 (this warp's 16 rows in a0..a3, mma.sync's
- * fragment layout), B 16 x 2 NV f16 from shared memory (descriptor b). */
+/* d = A B + (acc ? d : 0): A 64 x 16 f16 (this warp's 16 rows in a0..a3,
+ * mma.sync's fragment layout), B 16 x 2 NV f16 from shared memory
+ * (descriptor b). */
 template <int NV> struct wg_f16;
 template <> struct wg_f16<16> {
     static __device__ __forceinline__ void mma(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint64_t b) {
+                                               uint64_t b, int acc) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
                      "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
                      : WG_D8(0), WG_D8(8)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(acc));
     }
 };
 template <> struct wg_f16<32> {
     static __device__ __forceinline__ void mma(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint64_t b) {
+                                               uint64_t b, int acc) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
                      "%24,%25,%26,%27,%28,%29,%30,%31}, "
                      "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
                      : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(acc));
     }
 };
 template <> struct wg_f16<48> {
     static __device__ __forceinline__ void mma(float (&d)[48], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint64_t b) {
+                                               uint64_t b, int acc) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
@@ -106,7 +107,7 @@ template <> struct wg_f16<48> {
                      "%46,%47}, "
                      "{%48,%49,%50,%51}, %52, p, 1, 1, 0;\n}\n"
                      : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(acc));
     }
 };
 #undef WG_D8
@@ -135,15 +136,23 @@ k_mx_frag_wg(const __grid_constant__ gpu_tc_tab tt, int64_t cols, int64_t rows) 
 #pragma unroll
     for (int i = 0; i < NVG; i++) f[i] = (i < nvg && TC_VEC * i + t < n ? it.inv[TC_VEC * i + t] : 1.0f) * E2M1_UNDO;
 
-    /* group m's x into stage p: piece (k q, vector group vg, 16 bytes pc) */
+    /* group m's x into stage p: a vector group's 128 pieces of 16 bytes
+     * lie in the split as u = 8 kq + pc (k q kq, 16 bytes pc: block m * 4
+     * + kq / 4), and go to stage offset (kq NVG + vg) 128 + 16 pc. A thread
+     * keeps one u and takes every (MW_THREADS / 128)-th vector group, so its
+     * addresses step by constants (a group's index arithmetic, not a piece's). */
+    static_assert(NVG % (MW_THREADS / 128) == 0, "k_mx_frag_wg: vector groups a thread stages");
+    const int su = tid & 127, svg = tid >> 7;
     auto stage = [&](int64_t m, int p) {
-        uint8_t *st = sm + (size_t)p * STAGE;
-        for (int i = tid; i < 32 * NV; i += MW_THREADS) {
-            const int pc = i & 7, vg = (i >> 3) % NVG, kq = (i >> 3) / NVG;
-            const int64_t b = m * 4 + (kq >> 2);
-            const bool in = vg < nvg && b < nblk;
-            const uint4 *src = it.xb + vg * gstride + b * 32 + (kq & 3) * 8 + pc;
-            cp_async16(st + (kq * NVG + vg) * 128 + pc * 16, in ? (const void *)src : (const void *)it.xb, in ? 16 : 0);
+        uint8_t *dst = sm + (size_t)p * STAGE + ((su >> 3) * NVG + svg) * 128 + (su & 7) * 16;
+        const uint4 *src = it.xb + svg * gstride + m * 128 + su;
+        const bool bin = m * 4 + (su >> 5) < nblk;
+#pragma unroll
+        for (int r = 0; r < NVG / (MW_THREADS / 128); r++) {
+            const int vg = svg + r * (MW_THREADS / 128);
+            const bool in = bin && vg < nvg;
+            cp_async16(dst + r * (MW_THREADS / 128) * 128, in ? (const void *)(src + r * (MW_THREADS / 128) * gstride)
+                                                                 : (const void *)it.xb, in ? 16 : 0);
         }
     };
     int64_t ms = walk_stage_first<MW_P>(stage, ngrp, KS); /* the next group to stage, in walk order */
@@ -155,6 +164,8 @@ k_mx_frag_wg(const __grid_constant__ gpu_tc_tab tt, int64_t cols, int64_t rows) 
      * direction), core matrices 128 apart along the columns */
     const uint64_t desc0 = wg_desc(sm, NV * 32, 128);
     float acc[NV], d0[NV], d1[NV];
+#pragma unroll
+    for (int e = 0; e < NV; e++) d0[e] = d1[e] = 0.0f; /* never read (each block's first k step ignores d) */
     int64_t i = 0;
     for (int c = 0; c < KS; c++) {
 #pragma unroll
@@ -171,28 +182,33 @@ k_mx_frag_wg(const __grid_constant__ gpu_tc_tab tt, int64_t cols, int64_t rows) 
             uint64_t db = desc0 + (uint64_t)(((i % MW_P) * STAGE) >> 4);
             asm volatile("mov.b64 %0, %0;" : "+l"(db)); /* made here, not hoisted per stage */
             const int nb = (int)min((int64_t)4, nblk - m * 4); /* blocks of this group inside the matrix */
-            /* block k's two k steps into dd, from zero (mma.sync's d = 0; d += ...; d += ...) */
+            /* block k's two k steps into dd: the first writes A B (scale-d 0),
+             * the second adds. mma.sync's kernels sum from +0 (d = 0; d += ...;
+             * d += ...); the two differ at most in the sign of an all-zero
+             * sum, which cannot reach y: acc starts at +0, and fma(s, +-0, +0)
+             * is +0 under round-to-nearest, fma(s, +-0, a) = a otherwise, so acc
+             * is never -0. (ptxas makes the same substitution for zeroed
+             * accumulators on its own where it can prove them zero.) */
             auto issue = [&](float(&dd)[NV], int k) {
                 uint32_t ha[4], hb[4];
                 e2m1_quad(wa[k], ha);
                 e2m1_quad(wb[k], hb);
-#pragma unroll
-                for (int e = 0; e < NV; e++) dd[e] = 0.0f;
                 wg_fence();
                 wg_hold(dd);
                 const uint64_t bk = db + (uint64_t)((k * 4 * NV * 32) >> 4);
-                wg_f16<NV>::mma(dd, ha[0], hb[0], ha[1], hb[1], bk);
-                wg_f16<NV>::mma(dd, ha[2], hb[2], ha[3], hb[3], bk + (uint64_t)((2 * NV * 32) >> 4));
+                wg_f16<NV>::mma(dd, ha[0], hb[0], ha[1], hb[1], bk, 0);
+                wg_f16<NV>::mma(dd, ha[2], hb[2], ha[3], hb[3], bk + (uint64_t)((2 * NV * 32) >> 4), 1);
                 wg_commit();
             };
             /* acc += block k's sums times its scales: dd[4 j + e] is row g + 8 (e >> 1),
-             * column 8 j + 2 t + (e & 1): vector 4 j + t's hi (e even) or lo limb */
+             * column 8 j + 2 t + (e & 1): vector 4 j + t's hi (e even) or lo limb.
+             * Every j: the vector groups past nvg fold their zero columns into
+             * sums that are never written (no branch per j). */
             auto fold = [&](float(&dd)[NV], int k) {
                 wg_hold(dd);
                 const float sfa = e8m0_of(sca, k), sfb = e8m0_of(scb, k);
 #pragma unroll
                 for (int j = 0; j < NVG; j++) {
-                    if (j >= nvg) break;
                     const float fa = __fmul_rn(sfa, f[j]), fb = __fmul_rn(sfb, f[j]);
                     acc[4 * j + 0] = __fmaf_rn(fa, dd[4 * j + 0], acc[4 * j + 0]);
                     acc[4 * j + 1] = __fmaf_rn(fa, dd[4 * j + 1], acc[4 * j + 1]);
