@@ -72,7 +72,7 @@ const char cli_model_opts_help[] =
     "                     where a product fills the GPU\n"
     "  --mx-wg MODE       auto (default), on, off: the routed MXFP4 experts of a prompt (many rows\n"
     "                     an expert) on Hopper's wgmma, items of up to 48 rows (sm_90 only; the\n"
-    "                     same bits as off). auto: the build's default (GPU_FRAG_WG, off)\n"
+    "                     same bits as off). auto: the build's default (GPU_FRAG_WG, on)\n"
 #else
     "  --device DEV       cpu (this build has no CUDA: build/deltafin-cuda from `make cuda` has cuda)\n"
 #endif

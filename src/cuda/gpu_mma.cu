@@ -645,9 +645,13 @@ __global__ void __launch_bounds__(KS * 32, GPU_FRAG_WARPS > 0 ? GPU_FRAG_WARPS /
  * (bench/cuda_NOTES.md, thirty-fifth session) */
 #define GPU_FRAG_XS 1
 #endif
-/* gpu_ws.frag_wg's default (gpu_mx_wg.cu): off until measured */
+/* gpu_ws.frag_wg's default (gpu_mx_wg.cu): on. H100, K3s warm 512-token
+ * prompt (as above), alternating, one binary: --mx-wg off 0.0522 / 0.0510 /
+ * 0.0510 s, on 0.0473 / 0.0481 / 0.0479; ncu, the expert batches' kernel
+ * 23.5 -> 18.4 ms; logits md5-equal (bench/cuda_NOTES.md, thirty-seventh
+ * session) */
 #ifndef GPU_FRAG_WG
-#define GPU_FRAG_WG 0
+#define GPU_FRAG_WG 1
 #endif
 #ifndef GPU_XS_W
 #define GPU_XS_W 8
