@@ -10,7 +10,7 @@
 # link's libraries (the Makefile's LDLIBS of an x86-64 build by default).
 #
 #   bench/cuda_variant.sh OUT_PREFIX src/cuda/gpu_mma.cu -DGPU_XS_BLOCKS=4
-#   bench/cuda_variant.sh z0 src/cuda/gpu_mma.cu src/cuda/gpu_mx_wg.cu -DGPU_FRAG_WG=1 -DGPU_MW_ZERO=0
+#   bench/cuda_variant.sh p4 src/cuda/gpu_mma.cu src/cuda/gpu_mx_wg.cu -DGPU_FRAG_WG=0 -DGPU_MW_P=4
 set -eu
 [ $# -ge 2 ] || { echo "usage: $0 OUT_PREFIX FILE.cu [FILE.cu ...] [-DNAME=VALUE ...]" >&2; exit 2; }
 out=$1; shift
