@@ -141,7 +141,7 @@ template <int P, class F> __device__ __forceinline__ int64_t walk_stage_first(F 
 }
 template <int P, class F>
 __device__ __forceinline__ void walk_stage_next(F &&stage, int64_t &ms, int64_t i, int64_t ngrp, int KS) {
-    if (ms >= 0) stage(ms, (int)((i + P - 1) % P)), ms = walk_next(ms, ngrp, KS);
+    if (ms >= 0) stage(ms, (int)(((uint32_t)i + P - 1) % P)), ms = walk_next(ms, ngrp, KS); /* 32-bit: i < 2^31 groups */
     cp_commit();
 }
 

@@ -142,17 +142,19 @@ k_mx_frag_wg(const __grid_constant__ gpu_tc_tab tt, int64_t cols, int64_t rows) 
      * keeps one u and takes every (MW_THREADS / 128)-th vector group, so its
      * addresses step by constants (a group's index arithmetic, not a piece's). */
     static_assert(NVG % (MW_THREADS / 128) == 0, "k_mx_frag_wg: vector groups a thread stages");
+    constexpr int SV = MW_THREADS / 128; /* vector groups between a thread's pieces */
     const int su = tid & 127, svg = tid >> 7;
+    const uint4 *const sx = it.xb + svg * gstride + su; /* this thread's first piece of group 0 */
+    const int64_t sstep = SV * gstride;                 /* its next piece's, in uint4 */
+    uint8_t *const sdst = sm + ((su >> 3) * NVG + svg) * 128 + (su & 7) * 16;
     auto stage = [&](int64_t m, int p) {
-        uint8_t *dst = sm + (size_t)p * STAGE + ((su >> 3) * NVG + svg) * 128 + (su & 7) * 16;
-        const uint4 *src = it.xb + svg * gstride + m * 128 + su;
+        uint8_t *dst = sdst + p * STAGE;
+        const uint4 *src = sx + m * 128;
         const bool bin = m * 4 + (su >> 5) < nblk;
 #pragma unroll
-        for (int r = 0; r < NVG / (MW_THREADS / 128); r++) {
-            const int vg = svg + r * (MW_THREADS / 128);
-            const bool in = bin && vg < nvg;
-            cp_async16(dst + r * (MW_THREADS / 128) * 128, in ? (const void *)(src + r * (MW_THREADS / 128) * gstride)
-                                                                 : (const void *)it.xb, in ? 16 : 0);
+        for (int r = 0; r < NVG / SV; r++, src += sstep) {
+            const bool in = bin && svg + r * SV < nvg;
+            cp_async16(dst + r * SV * 128, in ? (const void *)src : (const void *)it.xb, in ? 16 : 0);
         }
     };
     int64_t ms = walk_stage_first<MW_P>(stage, ngrp, KS); /* the next group to stage, in walk order */
@@ -179,7 +181,7 @@ k_mx_frag_wg(const __grid_constant__ gpu_tc_tab tt, int64_t cols, int64_t rows) 
             const uint32_t sca = sc.x, scb = sc.y;
             const int64_t mn = walk_next(m, ngrp, KS);
             if (live && mn >= 0) frag_load(base + mn * FRAG_BYTES, lane, c0, c1, sc);
-            uint64_t db = desc0 + (uint64_t)(((i % MW_P) * STAGE) >> 4);
+            uint64_t db = desc0 + (uint64_t)((((uint32_t)i % MW_P) * STAGE) >> 4); /* 32-bit: i < 2^31 groups */
             asm volatile("mov.b64 %0, %0;" : "+l"(db)); /* made here, not hoisted per stage */
             const int nb = (int)min((int64_t)4, nblk - m * 4); /* blocks of this group inside the matrix */
             /* block k's two k steps into dd: the first writes A B (scale-d 0),
