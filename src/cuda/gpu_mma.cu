@@ -917,7 +917,8 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs,
                 !(k ? jobs[j].Y1 : jobs[j].Y0) || jobs[j].n < 1 || jobs[j].ldy < rows)
                 return DF_ERR_ARG;
         }
-    if (rows > 16 * (int64_t)0x7fffffff) return DF_ERR_UNSUPPORTED;
+    /* the walks count groups of 128 columns in 32 bits (walk_stage_next) */
+    if (rows > 16 * (int64_t)0x7fffffff || cols / 128 > 0x7fffffff) return DF_ERR_UNSUPPORTED;
     /* every item in the fragment layout and one of more than TC_VEC vectors:
      * the many-vector kernels (wgmma's wants the splits in its own order) */
     bool all_frag = true, wide = false;
