@@ -308,6 +308,24 @@ TEST(kn_matvec_f32) { suite(WT_F32, DT_UNKNOWN, 0, 0); }
 TEST(kn_matvec_bf16) { suite(WT_BF16, DT_UNKNOWN, 0, 0); }
 TEST(kn_matvec_f16) { suite(WT_F16, DT_UNKNOWN, 0, 0); }
 TEST(kn_matvec_i8_row) { suite(WT_I8_ROW, DT_UNKNOWN, 0, 0); }
+/* Rows wide enough that a level may walk a row block's prefill tiles by
+ * column blocks (matvec_avx512.c's dense_rows: x of 3 vectors past 24 KB),
+ * with a 16-column step and a masked tail, and row blocks of more than 8
+ * tiles (int8): matmul stays bit-equal to matvec (check_matrix). */
+TEST(kn_matmul_wide_dense_rows) {
+    static const wt_type T[] = {WT_F32, WT_BF16, WT_F16, WT_I8_ROW};
+    static const int64_t R[] = {9, 67}, C[] = {4160, 5017, 6160};
+    uint64_t seed = 91;
+    for (int t = 0; t < N(T); t++)
+        for (int i = 0; i < N(R); i++)
+            for (int k = 0; k < N(C); k++) {
+                tmat m;
+                tmat_make(&m, T[t], R[i], C[k], DT_UNKNOWN, 0, 0, seed);
+                check_matrix(&m, seed++);
+                tmat_free(&m);
+            }
+}
+
 TEST(kn_matvec_fp8_block) {
     static const int blk[][2] = {{128, 128}, {3, 5}, {16, 16}, {1, 7}, {7, 48}, {2, 1000}};
     for (int i = 0; i < N(blk); i++) suite(WT_FP8_BLOCK, DT_UNKNOWN, blk[i][0], blk[i][1]);

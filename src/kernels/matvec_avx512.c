@@ -19,6 +19,10 @@
  * that computed it (the 4-bit tiles likewise, one accumulator, section 4).
  * Masked loads zero the lanes past the end, so tails need no copies.
  *
+ * Prefill: a row block's dense tiles go by column blocks (dense_rows, the
+ * driver's many_rows), so a block of x stays in L1 for up to 8 tiles; each
+ * output keeps dense_tile's FMAs in dense_tile's order.
+ *
  * Streaming: for one vector (decode) each tile prefetches the columns it is
  * reading of the next tile's rows, a tile ahead (KN_PF_NEXT_HINT; Zen 4 VM, 2
  * threads: the 4-bit kernels ~15 -> ~30 GB/s, int8 ~26 -> ~41; one stream
@@ -96,21 +100,13 @@ AI __m512 ld16(int e, const void *p, int64_t c, __mmask16 k, int masked) {
     }
 }
 
-AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const float *X,
-                   int64_t ldx, float *Y, int64_t ldy) {
-    const int64_t cols = w->cols;
+/* A dense tile's 32-column steps [c0, c1) (multiples of 32) into a0 / a1:
+ * with next (kn_pf_next_tile) prefetching the same columns of the next
+ * tile's rows, else KN_PF bytes ahead in its own. */
+AI void dense_steps(int e, const char *const *row, int nr, int nv, const float *X, int64_t ldx, int64_t c0,
+                    int64_t c1, int64_t next, __m512 a0[TR][TV], __m512 a1[TR][TV]) {
     const int es = esize(e);
-    const char *row[TR];
-    __m512 a0[TR][TV], a1[TR][TV];
-    UNROLL for (int j = 0; j < nr; j++) {
-        row[j] = (const char *)w->data + (r + j) * cols * es;
-        UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
-    }
-    /* one vector: the same columns of the next tile's rows, as nib_tile */
-    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
-    if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
-    int64_t c = 0;
-    for (; c + 32 <= cols; c += 32) {
+    for (int64_t c = c0; c < c1; c += 32) {
         if (next) {
             if (es == 1 ? (c & 32) == 0 : 1)
                 UNROLL for (int j = 0; j < nr; j++) UNROLL for (int o = 0; o < 32 * es; o += 64)
@@ -137,6 +133,14 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
             }
         }
     }
+}
+
+/* A dense tile's columns after its full steps (a 16-column step, the masked
+ * tail), then each output's hsum(a0 + a1) (times the row scale for int8) into Y. */
+AI void dense_finish(int e, const df_weight *w, int64_t r, const char *const *row, int nr, int nv, const float *X,
+                     int64_t ldx, float *Y, int64_t ldy, __m512 a0[TR][TV], __m512 a1[TR][TV]) {
+    const int64_t cols = w->cols;
+    int64_t c = cols / 32 * 32;
     if (c + 16 <= cols) {
         UNROLL for (int j = 0; j < nr; j++) {
             __m512 w0 = ld16(e, row[j], c, 0, 0);
@@ -161,6 +165,23 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
         }
         Y[v * ldy + j] = s;
     }
+}
+
+AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const float *X,
+                   int64_t ldx, float *Y, int64_t ldy) {
+    const int64_t cols = w->cols;
+    const int es = esize(e);
+    const char *row[TR];
+    __m512 a0[TR][TV], a1[TR][TV];
+    UNROLL for (int j = 0; j < nr; j++) {
+        row[j] = (const char *)w->data + (r + j) * cols * es;
+        UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
+    }
+    /* one vector: the same columns of the next tile's rows, as nib_tile */
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
+    if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
+    dense_steps(e, row, nr, nv, X, ldx, 0, cols / 32 * 32, next, a0, a1);
+    dense_finish(e, w, r, row, nr, nv, X, ldx, Y, ldy, a0, a1);
 }
 
 /* x for the bf16 tiles: per full 32-column step its 16 even columns, then
@@ -499,6 +520,61 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
  * beat 4x2 by 14-27% (and a 512-token prefill by 26%), 4-bit 4x2 beat 4x3;
  * on a Zen 4 VM fp8 2x4 beat 2x2 by 31% (one thread) */
 enum { D_MR = 4, D_MV = 3, F_MR = 2, F_MV = 4, N_MR = 4, N_MV = 2 };
+
+/* ntiles D_MR x D_MV dense tiles from row r (the driver's many-vector
+ * walk over a row block), with the columns in blocks whose x takes at most
+ * DR_X_BYTES: a block's x then stays in L1 while up to DR_TILES tiles pass
+ * over it, where a whole tile's x (3 vectors of 7168 columns: 86 KB) came
+ * from L2 for every tile. Each tile's accumulators wait in buf between
+ * blocks, and its blocks are its steps in order, so every output takes
+ * dense_tile's FMAs in dense_tile's order: the same bits. */
+enum { DR_X_BYTES = 24 << 10, DR_TILES = 8 };
+AI void dense_rows(int e, const df_weight *w, int64_t r, int64_t ntiles, const float *X, int64_t ldx, float *Y,
+                   int64_t ldy) {
+    const int64_t cols = w->cols, full = cols / 32 * 32, cb = DR_X_BYTES / (D_MV * 4) / 32 * 32;
+    const int es = esize(e);
+    if (full <= cb) { /* x fits: tile by tile */
+        for (int64_t t = 0; t < ntiles; t++) dense_tile(e, w, r + t * D_MR, D_MR, D_MV, X, ldx, Y + t * D_MR, ldy);
+        return;
+    }
+    _Alignas(64) __m512 buf[DR_TILES][2][D_MR][D_MV];
+    for (int64_t t0 = 0; t0 < ntiles; t0 += DR_TILES) {
+        const int nt = ntiles - t0 < DR_TILES ? (int)(ntiles - t0) : DR_TILES;
+        for (int64_t c0 = 0; c0 < full; c0 += cb) {
+            const int64_t c1 = c0 + cb < full ? c0 + cb : full;
+            for (int t = 0; t < nt; t++) {
+                const int64_t rt = r + (t0 + t) * D_MR;
+                const char *row[TR];
+                __m512 a0[TR][TV], a1[TR][TV];
+                UNROLL for (int j = 0; j < D_MR; j++) {
+                    row[j] = (const char *)w->data + (rt + j) * cols * es;
+                    UNROLL for (int v = 0; v < D_MV; v++) {
+                        a0[j][v] = c0 ? buf[t][0][j][v] : _mm512_setzero_ps();
+                        a1[j][v] = c0 ? buf[t][1][j][v] : _mm512_setzero_ps();
+                    }
+                }
+                dense_steps(e, row, D_MR, D_MV, X, ldx, c0, c1, 0, a0, a1);
+                if (c1 < full)
+                    UNROLL for (int j = 0; j < D_MR; j++) UNROLL for (int v = 0; v < D_MV; v++) {
+                        buf[t][0][j][v] = a0[j][v];
+                        buf[t][1][j][v] = a1[j][v];
+                    }
+                else
+                    dense_finish(e, w, rt, row, D_MR, D_MV, X, ldx, Y + (t0 + t) * D_MR, ldy, a0, a1);
+            }
+        }
+    }
+}
+
+#define DENSE_ROWS_(name, e)                                                                                \
+    static void name##_rows(const df_weight *w, int64_t r, int64_t ntiles, const float *X, int64_t ldx, float *Y, \
+                            int64_t ldy) { dense_rows(e, w, r, ntiles, X, ldx, Y, ldy); }
+DENSE_ROWS_(f32, E_F32)
+DENSE_ROWS_(bf16, E_BF16)
+DENSE_ROWS_(f16, E_F16)
+DENSE_ROWS_(i8, E_I8)
+#undef KN_ROWS
+#define KN_ROWS(name) name##_rows
 KN_LEVEL(kn_matmul_avx512, bf16_prep, nib_prep_i4, nib_prep_mx)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`

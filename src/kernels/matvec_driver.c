@@ -54,6 +54,11 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
             const float *x = xs + (int64_t)i * ldx;
             float *y = Y + (int64_t)i * ldy;
             int64_t r = b0;
+            if (t->many_rows && b1 - r >= t->mr) {
+                const int64_t nt = (b1 - r) / t->mr;
+                t->many_rows(w, r, nt, x, ldx, y + (r - row0), ldy);
+                r += nt * t->mr;
+            }
             for (; r + t->mr <= b1; r += t->mr) t->many(w, r, x, ldx, y + (r - row0), ldy);
             /* two or more rows left: one more whole tile ending at b1, over
              * rows of this call (those before r are written again with the
