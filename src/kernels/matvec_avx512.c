@@ -19,9 +19,9 @@
  * that computed it (the 4-bit tiles likewise, one accumulator, section 4).
  * Masked loads zero the lanes past the end, so tails need no copies.
  *
- * Prefill: a row block's dense tiles go by column blocks (dense_rows, the
- * driver's many_rows), so a block of x stays in L1 for up to 8 tiles; each
- * output keeps dense_tile's FMAs in dense_tile's order.
+ * Prefill: the dense tiles also run by column ranges (dense_part, the
+ * driver's many_part), so the driver can keep a block of x in L1 across
+ * tiles; each output keeps dense_tile's FMAs in dense_tile's order.
  *
  * Streaming: for one vector (decode) each tile prefetches the columns it is
  * reading of the next tile's rows, a tile ahead (KN_PF_NEXT_HINT; Zen 4 VM, 2
@@ -521,60 +521,42 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
  * on a Zen 4 VM fp8 2x4 beat 2x2 by 31% (one thread) */
 enum { D_MR = 4, D_MV = 3, F_MR = 2, F_MV = 4, N_MR = 4, N_MV = 2 };
 
-/* ntiles D_MR x D_MV dense tiles from row r (the driver's many-vector
- * walk over a row block), with the columns in blocks whose x takes at most
- * DR_X_BYTES: a block's x then stays in L1 while up to DR_TILES tiles pass
- * over it, where a whole tile's x (3 vectors of 7168 columns: 86 KB) came
- * from L2 for every tile. Each tile's accumulators wait in buf between
- * blocks, and its blocks are its steps in order, so every output takes
- * dense_tile's FMAs in dense_tile's order: the same bits. */
-enum { DR_X_BYTES = 24 << 10, DR_TILES = 8 };
-AI void dense_rows(int e, const df_weight *w, int64_t r, int64_t ntiles, const float *X, int64_t ldx, float *Y,
-                   int64_t ldy) {
-    const int64_t cols = w->cols, full = cols / 32 * 32, cb = DR_X_BYTES / (D_MV * 4) / 32 * 32;
+/* The D_MR x D_MV dense tile at row r over columns [c0, c1) (kn_part_fn:
+ * the driver's column blocks, so a block's x stays in L1 across tiles):
+ * dense_tile's steps in dense_tile's order, a0 then a1 parked in acc
+ * between parts. */
+enum { DENSE_PART_ACC = 2 * D_MR * D_MV * 16 };
+AI void dense_part(int e, const df_weight *w, int64_t r, int64_t c0, int64_t c1, const float *X, int64_t ldx,
+                   float *acc, float *Y, int64_t ldy) {
+    const int64_t cols = w->cols;
     const int es = esize(e);
-    if (full <= cb) { /* x fits: tile by tile */
-        for (int64_t t = 0; t < ntiles; t++) dense_tile(e, w, r + t * D_MR, D_MR, D_MV, X, ldx, Y + t * D_MR, ldy);
-        return;
-    }
-    _Alignas(64) __m512 buf[DR_TILES][2][D_MR][D_MV];
-    for (int64_t t0 = 0; t0 < ntiles; t0 += DR_TILES) {
-        const int nt = ntiles - t0 < DR_TILES ? (int)(ntiles - t0) : DR_TILES;
-        for (int64_t c0 = 0; c0 < full; c0 += cb) {
-            const int64_t c1 = c0 + cb < full ? c0 + cb : full;
-            for (int t = 0; t < nt; t++) {
-                const int64_t rt = r + (t0 + t) * D_MR;
-                const char *row[TR];
-                __m512 a0[TR][TV], a1[TR][TV];
-                UNROLL for (int j = 0; j < D_MR; j++) {
-                    row[j] = (const char *)w->data + (rt + j) * cols * es;
-                    UNROLL for (int v = 0; v < D_MV; v++) {
-                        a0[j][v] = c0 ? buf[t][0][j][v] : _mm512_setzero_ps();
-                        a1[j][v] = c0 ? buf[t][1][j][v] : _mm512_setzero_ps();
-                    }
-                }
-                dense_steps(e, row, D_MR, D_MV, X, ldx, c0, c1, 0, a0, a1);
-                if (c1 < full)
-                    UNROLL for (int j = 0; j < D_MR; j++) UNROLL for (int v = 0; v < D_MV; v++) {
-                        buf[t][0][j][v] = a0[j][v];
-                        buf[t][1][j][v] = a1[j][v];
-                    }
-                else
-                    dense_finish(e, w, rt, row, D_MR, D_MV, X, ldx, Y + (t0 + t) * D_MR, ldy, a0, a1);
-            }
+    const char *row[TR];
+    __m512 a0[TR][TV], a1[TR][TV];
+    UNROLL for (int j = 0; j < D_MR; j++) {
+        row[j] = (const char *)w->data + (r + j) * cols * es;
+        UNROLL for (int v = 0; v < D_MV; v++) {
+            a0[j][v] = c0 ? _mm512_load_ps(acc + (j * D_MV + v) * 16) : _mm512_setzero_ps();
+            a1[j][v] = c0 ? _mm512_load_ps(acc + ((D_MR + j) * D_MV + v) * 16) : _mm512_setzero_ps();
         }
     }
+    dense_steps(e, row, D_MR, D_MV, X, ldx, c0, c1, 0, a0, a1);
+    if (c1 < cols / 32 * 32)
+        UNROLL for (int j = 0; j < D_MR; j++) UNROLL for (int v = 0; v < D_MV; v++) {
+            _mm512_store_ps(acc + (j * D_MV + v) * 16, a0[j][v]);
+            _mm512_store_ps(acc + ((D_MR + j) * D_MV + v) * 16, a1[j][v]);
+        }
+    else
+        dense_finish(e, w, r, row, D_MR, D_MV, X, ldx, Y, ldy, a0, a1);
 }
-
-#define DENSE_ROWS_(name, e)                                                                                \
-    static void name##_rows(const df_weight *w, int64_t r, int64_t ntiles, const float *X, int64_t ldx, float *Y, \
-                            int64_t ldy) { dense_rows(e, w, r, ntiles, X, ldx, Y, ldy); }
-DENSE_ROWS_(f32, E_F32)
-DENSE_ROWS_(bf16, E_BF16)
-DENSE_ROWS_(f16, E_F16)
-DENSE_ROWS_(i8, E_I8)
-#undef KN_ROWS
-#define KN_ROWS(name) name##_rows
+#define DENSE_PART_(name, e)                                                                                   \
+    static void name##_part(const df_weight *w, int64_t r, int64_t c0, int64_t c1, const float *X, int64_t ldx, \
+                            float *acc, float *Y, int64_t ldy) { dense_part(e, w, r, c0, c1, X, ldx, acc, Y, ldy); }
+DENSE_PART_(f32, E_F32)
+DENSE_PART_(bf16, E_BF16)
+DENSE_PART_(f16, E_F16)
+DENSE_PART_(i8, E_I8)
+#undef KN_PART
+#define KN_PART(name) name##_part, 32, DENSE_PART_ACC
 KN_LEVEL(kn_matmul_avx512, bf16_prep, nib_prep_i4, nib_prep_mx)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`

@@ -19,6 +19,35 @@ static void prep_vectors(kn_prep_fn prep, const df_weight *w, const float *X, in
     for (int v = v0; v < v1; v++) prep(X + (int64_t)v * cols, cols, out + (int64_t)v * ld);
 }
 
+/* ntiles many tiles from row r down, by column blocks whose x (mv vectors)
+ * takes at most PART_X_BYTES, up to PART_TILES tiles a block: a block's x
+ * stays in L1 while the tiles pass over it, where a whole tile's x (3
+ * vectors of 7168 columns: 86 KB) came from L2 for every tile. Each tile's
+ * accumulators wait in acc between blocks; its parts run its columns in
+ * order, so every output has the many tile's bits (kn_part_fn). */
+enum { PART_X_BYTES = 24 << 10, PART_TILES = 8, PART_ACC_MAX = 512 };
+static void many_by_columns(const kn_tiles *t, const df_weight *w, int64_t r, int64_t ntiles, const float *x,
+                            int64_t ldx, float *y, int64_t ldy) {
+    const int64_t step = t->part_step, full = w->cols / step * step;
+    int64_t cb = PART_X_BYTES / ((int64_t)t->mv * (int64_t)sizeof(float)) / step * step;
+    if (cb < step) cb = step;
+    if (full <= cb) { /* the whole x of mv vectors fits: tile by tile */
+        for (int64_t i = 0; i < ntiles; i++) t->many(w, r + i * t->mr, x, ldx, y + i * t->mr, ldy);
+        return;
+    }
+    ASSERT(t->part_acc > 0 && t->part_acc <= PART_ACC_MAX && t->part_acc % 16 == 0);
+    _Alignas(64) float acc[PART_TILES * PART_ACC_MAX];
+    for (int64_t t0 = 0; t0 < ntiles; t0 += PART_TILES) {
+        const int nt = ntiles - t0 < PART_TILES ? (int)(ntiles - t0) : PART_TILES;
+        for (int64_t c0 = 0; c0 < full; c0 += cb) {
+            const int64_t c1 = c0 + cb < full ? c0 + cb : full;
+            for (int i = 0; i < nt; i++)
+                t->many_part(w, r + (t0 + i) * t->mr, c0, c1, x, ldx, acc + i * t->part_acc, y + (t0 + i) * t->mr,
+                             ldy);
+        }
+    }
+}
+
 /* X: n vectors as given (prepped 0, one every cols floats), or as t->prep
  * wrote them (prepped 1, one every kn_px_len(cols) floats). */
 static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n, float *Y,
@@ -54,9 +83,9 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
             const float *x = xs + (int64_t)i * ldx;
             float *y = Y + (int64_t)i * ldy;
             int64_t r = b0;
-            if (t->many_rows && b1 - r >= t->mr) {
+            if (t->many_part && b1 - r >= t->mr) {
                 const int64_t nt = (b1 - r) / t->mr;
-                t->many_rows(w, r, nt, x, ldx, y + (r - row0), ldy);
+                many_by_columns(t, w, r, nt, x, ldx, y + (r - row0), ldy);
                 r += nt * t->mr;
             }
             for (; r + t->mr <= b1; r += t->mr) t->many(w, r, x, ldx, y + (r - row0), ldy);

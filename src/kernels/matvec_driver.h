@@ -17,8 +17,8 @@
  * blocks of about 256 KB of weights, so a block stays in L2 while the
  * block's vectors pass over it; inside a row block, vectors in groups of mv
  * through the mr-row "many" tile (weights decoded once per group of
- * vectors: prefill; a level's many_rows, where it has one, takes the block's
- * whole many tiles in one call, in the order that keeps x in L1), the
+ * vectors: prefill; where a level has many_part, by column blocks across
+ * the block's tiles, so that x stays in L1), the
  * vectors left over one at a time through the nr-row
  * "one" tile (decode). Leftover rows take the 1-row variants. A level that
  * reorders x (prep) has each vector of a block prepared once per call.
@@ -36,17 +36,23 @@ typedef void (*kn_tile_fn)(const df_weight *w, int64_t r, const float *X, int64_
  * so a level may pad its last chunk). */
 typedef void (*kn_prep_fn)(const float *x, int64_t cols, float *out);
 
-/* ntiles many tiles from row r down (mr rows each) against mv vectors, in
- * whatever order keeps x in cache, each output with the many tile's bits. */
-typedef void (*kn_rows_fn)(const df_weight *w, int64_t r, int64_t ntiles, const float *X, int64_t ldx, float *Y,
-                           int64_t ldy);
+/* Columns [c0, c1) of the mr x mv many tile at row r (c0, c1 multiples of
+ * the level's part_step, c1 at most cols rounded down to it): its
+ * accumulators start from zero where c0 is 0, else from acc (part_acc
+ * floats, 64-byte aligned); where c1 is the last whole step it finishes
+ * (the columns past it, the sums into Y as the many tile writes them),
+ * else it leaves them in acc. A tile's parts over its columns in order
+ * take the many tile's operations in its order: the same bits. */
+typedef void (*kn_part_fn)(const df_weight *w, int64_t r, int64_t c0, int64_t c1, const float *X, int64_t ldx,
+                           float *acc, float *Y, int64_t ldy);
 typedef struct {
     kn_tile_fn one, one_1;   /* nr rows x 1 vector, 1 row x 1 vector */
     kn_tile_fn many, many_1; /* mr rows x mv vectors, 1 row x mv vectors (NULL: none) */
     int nr, mr, mv;          /* mv <= KN_DRIVE_MAX_MV */
     kn_prep_fn prep;         /* NULL: tiles read x as given */
     int64_t row_bytes;       /* bytes of one row of weights (data + scales) */
-    kn_rows_fn many_rows;    /* a row block's whole many tiles at once (NULL: tile by tile) */
+    kn_part_fn many_part;    /* the many tile by column ranges (NULL: whole tiles only) */
+    int part_step, part_acc; /* many_part's column step, floats of its accumulators */
 } kn_tiles;
 
 enum { KN_DRIVE_MAX_MV = 8 };
@@ -87,10 +93,11 @@ int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const fl
                             int64_t ldy) { body(__VA_ARGS__ w, r, mr, mv, X, ldx, Y, ldy); }         \
     static void name##_many1(const df_weight *w, int64_t r, const float *X, int64_t ldx,          \
                              float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, 1, mv, X, ldx, Y, ldy); }
-#define KN_TABLE_(name, mr, mv, prep, rows) {name##_one, name##_one1, name##_many, name##_many1, NR, mr, mv, prep, 0, rows}
-/* The dense kinds' kn_rows_fn: a level that has one (dense_rows) redefines
- * this as name##_rows after including this header, before KN_LEVEL. */
-#define KN_ROWS(name) NULL
+#define KN_TABLE_(name, mr, mv, prep, part) {name##_one, name##_one1, name##_many, name##_many1, NR, mr, mv, prep, 0, part}
+/* The dense kinds' many_part, step and accumulator floats: a level that has
+ * them redefines this after including this header, before KN_LEVEL. */
+#define KN_NO_PART NULL, 0, 0
+#define KN_PART(name) KN_NO_PART
 #define KN_LEVEL(entry, prep_bf16, prep_i4, prep_mx)                                                       \
     KN_TILES_(f32, D_MR, D_MV, dense_tile, E_F32,)                                                 \
     KN_TILES_(bf16, D_MR, D_MV, dense_tile, E_BF16,)                                               \
@@ -102,15 +109,15 @@ int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const fl
     KN_TILES_(i4f, N_MR, N_MV, nib_tile, N_I4_F32,)                                                \
     KN_TILES_(mx, N_MR, N_MV, nib_tile, N_MX,)                                                     \
     static const kn_tiles kn_level_tables_[KN_K_COUNT] = {                                         \
-        [KN_K_F32] = KN_TABLE_(f32, D_MR, D_MV, NULL, KN_ROWS(f32)),                                             \
-        [KN_K_BF16] = KN_TABLE_(bf16, D_MR, D_MV, prep_bf16, KN_ROWS(bf16)),                                      \
-        [KN_K_F16] = KN_TABLE_(f16, D_MR, D_MV, NULL, KN_ROWS(f16)),                                             \
-        [KN_K_I8] = KN_TABLE_(i8, D_MR, D_MV, NULL, KN_ROWS(i8)),                                               \
-        [KN_K_FP8] = KN_TABLE_(fp8, F_MR, F_MV, NULL, NULL),                                             \
-        [KN_K_I4_BF16] = KN_TABLE_(i4b, N_MR, N_MV, prep_i4, NULL),                                      \
-        [KN_K_I4_F16] = KN_TABLE_(i4h, N_MR, N_MV, prep_i4, NULL),                                       \
-        [KN_K_I4_F32] = KN_TABLE_(i4f, N_MR, N_MV, prep_i4, NULL),                                       \
-        [KN_K_MXFP4] = KN_TABLE_(mx, N_MR, N_MV, prep_mx, NULL),                                         \
+        [KN_K_F32] = KN_TABLE_(f32, D_MR, D_MV, NULL, KN_PART(f32)),                                             \
+        [KN_K_BF16] = KN_TABLE_(bf16, D_MR, D_MV, prep_bf16, KN_PART(bf16)),                                      \
+        [KN_K_F16] = KN_TABLE_(f16, D_MR, D_MV, NULL, KN_PART(f16)),                                             \
+        [KN_K_I8] = KN_TABLE_(i8, D_MR, D_MV, NULL, KN_PART(i8)),                                               \
+        [KN_K_FP8] = KN_TABLE_(fp8, F_MR, F_MV, NULL, KN_NO_PART),                                             \
+        [KN_K_I4_BF16] = KN_TABLE_(i4b, N_MR, N_MV, prep_i4, KN_NO_PART),                                      \
+        [KN_K_I4_F16] = KN_TABLE_(i4h, N_MR, N_MV, prep_i4, KN_NO_PART),                                       \
+        [KN_K_I4_F32] = KN_TABLE_(i4f, N_MR, N_MV, prep_i4, KN_NO_PART),                                       \
+        [KN_K_MXFP4] = KN_TABLE_(mx, N_MR, N_MV, prep_mx, KN_NO_PART),                                         \
     };                                                                                             \
     int entry(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,      \
               int64_t row1) {                                                                      \
