@@ -309,9 +309,9 @@ TEST(kn_matvec_bf16) { suite(WT_BF16, DT_UNKNOWN, 0, 0); }
 TEST(kn_matvec_f16) { suite(WT_F16, DT_UNKNOWN, 0, 0); }
 TEST(kn_matvec_i8_row) { suite(WT_I8_ROW, DT_UNKNOWN, 0, 0); }
 /* Rows wide enough that the driver walks a row block's prefill tiles by
- * column blocks (many_part: x of the tile's vectors past 24 KB, AVX-512 and
- * AVX2), with a 16- or 8-column step and a tail, and row blocks of more
- * than 8 tiles (int8): matmul stays bit-equal to matvec (check_matrix). */
+ * column blocks (many_part, where a level has it: x of the tile's vectors
+ * past 24 KB), with a 16-column step and a masked tail, and row blocks of
+ * more than 8 tiles (int8): matmul stays bit-equal to matvec (check_matrix). */
 TEST(kn_matmul_wide_dense_rows) {
     static const wt_type T[] = {WT_F32, WT_BF16, WT_F16, WT_I8_ROW};
     static const int64_t R[] = {9, 67}, C[] = {4160, 5017, 6160};

@@ -86,13 +86,22 @@ AI __m256 ld8(int e, const void *p, int64_t c) {
     }
 }
 
-/* A dense tile's 16-column steps [c0, c1) (multiples of 16) into acc: with
- * next (kn_pf_next_tile) prefetching the same columns of the next tile's
- * rows (a tile ahead, as matvec_avx512.c), else KN_PF bytes ahead in each row. */
-AI void dense_steps(int e, const char *const *row, int nr, int nv, const float *X, int64_t ldx, int64_t c0,
-                    int64_t c1, int64_t next, __m256 acc[TR][TV]) {
+AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const float *X,
+                   int64_t ldx, float *Y, int64_t ldy) {
+    const int64_t cols = w->cols;
     const int es = esize(e);
-    for (int64_t c = c0; c < c1; c += 16) {
+    const char *row[TR];
+    __m256 acc[TR][TV];
+    UNROLL for (int j = 0; j < nr; j++) {
+        row[j] = (const char *)w->data + (r + j) * cols * es;
+        UNROLL for (int v = 0; v < nv; v++) acc[j][v] = _mm256_setzero_ps();
+    }
+    /* one vector: the same columns of the next tile's rows (a tile
+     * ahead, as matvec_avx512.c); else KN_PF bytes ahead in each row */
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
+    if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
         /* 16 columns are 16-64 bytes: one prefetch per 64 */
         if (es == 4 || (c & (es == 2 ? 16 : 48)) == 0) {
             if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch(row[j] + next + c * es, KN_PF_NEXT_HINT);
@@ -117,15 +126,6 @@ AI void dense_steps(int e, const char *const *row, int nr, int nv, const float *
                 acc[j][v] = _mm256_fmadd_ps(w1, x1[v], _mm256_fmadd_ps(w0, x0[v], acc[j][v]));
         }
     }
-}
-
-/* A dense tile's columns after its full steps (an 8-column step, the padded
- * tail), then each output's sum (times the row scale for int8) into Y. */
-AI void dense_finish(int e, const df_weight *w, int64_t r, const char *const *row, int nr, int nv, const float *X,
-                     int64_t ldx, float *Y, int64_t ldy, __m256 acc[TR][TV]) {
-    const int64_t cols = w->cols;
-    const int es = esize(e);
-    int64_t c = cols / 16 * 16;
     if (c + 8 <= cols) {
         UNROLL for (int j = 0; j < nr; j++) {
             __m256 w0 = ld8(e, row[j], c);
@@ -154,22 +154,6 @@ AI void dense_finish(int e, const df_weight *w, int64_t r, const char *const *ro
         }
         Y[v * ldy + j] = s;
     }
-}
-
-AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const float *X,
-                   int64_t ldx, float *Y, int64_t ldy) {
-    const int64_t cols = w->cols;
-    const int es = esize(e);
-    const char *row[TR];
-    __m256 acc[TR][TV];
-    UNROLL for (int j = 0; j < nr; j++) {
-        row[j] = (const char *)w->data + (r + j) * cols * es;
-        UNROLL for (int v = 0; v < nv; v++) acc[j][v] = _mm256_setzero_ps();
-    }
-    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
-    if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
-    dense_steps(e, row, nr, nv, X, ldx, 0, cols / 16 * 16, next, acc);
-    dense_finish(e, w, r, row, nr, nv, X, ldx, Y, ldy, acc);
 }
 
 /* x for the bf16 tiles: per full 16-column step its 8 even columns, then
@@ -551,38 +535,6 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
  * at a time (5 vectors: 49 against 57; K3's experts see ~9 in a 512-row
  * block). */
 enum { D_MR = 5, D_MV = 2, F_MR = 1, F_MV = 4, N_MR = 2, N_MV = 4 };
-
-/* The D_MR x D_MV dense tile at row r over columns [c0, c1) (kn_part_fn:
- * the driver's column blocks keep a block's x in L1 across tiles):
- * dense_tile's steps in dense_tile's order, acc parked between parts. */
-enum { DENSE_PART_ACC = (D_MR * D_MV * 8 + 15) / 16 * 16 };
-AI void dense_part(int e, const df_weight *w, int64_t r, int64_t c0, int64_t c1, const float *X, int64_t ldx,
-                   float *buf, float *Y, int64_t ldy) {
-    const int64_t cols = w->cols;
-    const int es = esize(e);
-    const char *row[TR];
-    __m256 acc[TR][TV];
-    UNROLL for (int j = 0; j < D_MR; j++) {
-        row[j] = (const char *)w->data + (r + j) * cols * es;
-        UNROLL for (int v = 0; v < D_MV; v++)
-            acc[j][v] = c0 ? _mm256_load_ps(buf + (j * D_MV + v) * 8) : _mm256_setzero_ps();
-    }
-    dense_steps(e, row, D_MR, D_MV, X, ldx, c0, c1, 0, acc);
-    if (c1 < cols / 16 * 16)
-        UNROLL for (int j = 0; j < D_MR; j++) UNROLL for (int v = 0; v < D_MV; v++)
-            _mm256_store_ps(buf + (j * D_MV + v) * 8, acc[j][v]);
-    else
-        dense_finish(e, w, r, row, D_MR, D_MV, X, ldx, Y, ldy, acc);
-}
-#define DENSE_PART_(name, e)                                                                                   \
-    static void name##_part(const df_weight *w, int64_t r, int64_t c0, int64_t c1, const float *X, int64_t ldx, \
-                            float *buf, float *Y, int64_t ldy) { dense_part(e, w, r, c0, c1, X, ldx, buf, Y, ldy); }
-DENSE_PART_(f32, E_F32)
-DENSE_PART_(bf16, E_BF16)
-DENSE_PART_(f16, E_F16)
-DENSE_PART_(i8, E_I8)
-#undef KN_PART
-#define KN_PART(name) name##_part, 16, DENSE_PART_ACC
 #ifdef KN_AVXVNNI
 KN_LEVEL(kn_matmul_avxvnni, bf16_prep, nib_prep_i4, nib_prep_mx)
 #else
