@@ -308,10 +308,12 @@ TEST(kn_matvec_f32) { suite(WT_F32, DT_UNKNOWN, 0, 0); }
 TEST(kn_matvec_bf16) { suite(WT_BF16, DT_UNKNOWN, 0, 0); }
 TEST(kn_matvec_f16) { suite(WT_F16, DT_UNKNOWN, 0, 0); }
 TEST(kn_matvec_i8_row) { suite(WT_I8_ROW, DT_UNKNOWN, 0, 0); }
-/* Rows wide enough that the driver walks a row block's prefill tiles by
+/* Rows wide enough that the driver walks the prefill tiles by panels and
  * column blocks (many_part, where a level has it: x of the tile's vectors
- * past 24 KB), with a 16-column step and a masked tail, and row blocks of
- * more than 8 tiles (int8): matmul stays bit-equal to matvec (check_matrix). */
+ * past 24 KB), with a 16-column step and a masked tail: matmul stays
+ * bit-equal to matvec (check_matrix: 7 vectors). Then 41 vectors over 139
+ * rows (two panels of 16 tiles and rows past the last tile) and a sub-range
+ * of rows, at every level, each output bit-equal to matvec's. */
 TEST(kn_matmul_wide_dense_rows) {
     static const wt_type T[] = {WT_F32, WT_BF16, WT_F16, WT_I8_ROW};
     static const int64_t R[] = {9, 67}, C[] = {4160, 5017, 6160};
@@ -324,6 +326,29 @@ TEST(kn_matmul_wide_dense_rows) {
                 check_matrix(&m, seed++);
                 tmat_free(&m);
             }
+    const int n = 41;
+    const int64_t rows = 139, cols = 4176, r0 = 3, r1 = 137, ldy = r1 - r0 + 2;
+    float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * ldy * sizeof *Y);
+    float *y = malloc((size_t)rows * sizeof *y);
+    REQUIRE(X && Y && y);
+    rand_vecs(X, n, cols, 17, 1);
+    for (int t = 0; t < N(T); t++) {
+        tmat m;
+        tmat_make(&m, T[t], rows, cols, DT_UNKNOWN, 0, 0, seed++);
+        for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
+            if (!kn_level_available((kn_level)lv)) continue;
+            kn_matmul((kn_level)lv, &m.w, X, n, Y, ldy, r0, r1);
+            int diff = 0;
+            for (int i = 0; i < n; i++) {
+                kn_matvec((kn_level)lv, &m.w, X + (int64_t)i * cols, y, r0, r1);
+                for (int64_t r = 0; r < r1 - r0; r++) diff += !same_bits(Y[i * ldy + r], y[r]);
+            }
+            CHECK(diff == 0, "%s %s %lldx%lld, %d vectors: matmul differs from matvec in %d outputs",
+                  wt_type_name(T[t]), kn_level_name((kn_level)lv), (long long)rows, (long long)cols, n, diff);
+        }
+        tmat_free(&m);
+    }
+    free(X), free(Y), free(y);
 }
 
 TEST(kn_matvec_fp8_block) {

@@ -19,32 +19,56 @@ static void prep_vectors(kn_prep_fn prep, const df_weight *w, const float *X, in
     for (int v = v0; v < v1; v++) prep(X + (int64_t)v * cols, cols, out + (int64_t)v * ld);
 }
 
-/* ntiles many tiles from row r down, by column blocks whose x (mv vectors)
- * takes at most PART_X_BYTES, up to PART_TILES tiles a block: a block's x
- * stays in L1 while the tiles pass over it, where a whole tile's x (3
- * vectors of 7168 columns: 86 KB) came from L2 for every tile. Each tile's
- * accumulators wait in acc between blocks; its parts run its columns in
- * order, so every output has the many tile's bits (kn_part_fn). */
-enum { PART_X_BYTES = 24 << 10, PART_TILES = 8, PART_ACC_MAX = 512 };
-static void many_by_columns(const kn_tiles *t, const df_weight *w, int64_t r, int64_t ntiles, const float *x,
-                            int64_t ldx, float *y, int64_t ldy) {
-    const int64_t step = t->part_step, full = w->cols / step * step;
+/* Prefill by panels (levels with many_part, where x of a group of mv
+ * vectors is wider than PART_X_BYTES): rows in panels of PART_TILES many
+ * tiles, each panel by column blocks whose x of one group takes at most
+ * PART_X_BYTES, and inside a column block every group of the vector block
+ * over the panel's tiles. A block's x of one group stays in L1 across the
+ * panel's tiles, and the panel's weights of one block (16 x 4 rows x 2048
+ * bf16 columns: 256 KB) in L2 across the groups. Before, a row block of a
+ * 33792-column matrix was a tile or two (256 KB of weights), and each such
+ * block streamed the vector block's whole x (4 MB) from L3. Each tile's
+ * accumulators wait in a buffer between column blocks; its parts run its
+ * columns in order, so every output has the many tile's bits (kn_part_fn). */
+enum { PART_X_BYTES = 24 << 10, PART_TILES = 16, PART_ACC_MAX = 512 };
+
+/* Columns a part covers: 0 where a group's whole x fits PART_X_BYTES (whole
+ * tiles then) or the level has no parts. */
+static int64_t part_cols(const kn_tiles *t, int64_t cols) {
+    if (!t->many || !t->many_part) return 0;
+    const int64_t step = t->part_step, full = cols / step * step;
     int64_t cb = PART_X_BYTES / ((int64_t)t->mv * (int64_t)sizeof(float)) / step * step;
     if (cb < step) cb = step;
-    if (full <= cb) { /* the whole x of mv vectors fits: tile by tile */
-        for (int64_t i = 0; i < ntiles; i++) t->many(w, r + i * t->mr, x, ldx, y + i * t->mr, ldy);
-        return;
-    }
-    ASSERT(t->part_acc > 0 && t->part_acc <= PART_ACC_MAX && t->part_acc % 16 == 0);
-    _Alignas(64) float acc[PART_TILES * PART_ACC_MAX];
+    return full > cb ? cb : 0;
+}
+
+/* Groups [0, groups) of mv vectors (x of group g at x + g mv ldx) over rows
+ * [row0, row1) by panels, cb columns a part (part_cols). */
+static void many_by_panels(const kn_tiles *t, const df_weight *w, int64_t row0, int64_t row1, int groups,
+                           int64_t cb, const float *x, int64_t ldx, float *Y, int64_t ldy) {
+    const int64_t full = w->cols / t->part_step * t->part_step, gx = (int64_t)t->mv * ldx, gy = (int64_t)t->mv * ldy;
+    const int64_t ntiles = (row1 - row0) / t->mr, pa = t->part_acc;
+    ASSERT(pa > 0 && pa <= PART_ACC_MAX && pa % 16 == 0);
+    float *acc = ntiles > 0 ? aligned_alloc(64, (size_t)groups * PART_TILES * (size_t)pa * sizeof *acc) : NULL;
+    ASSERT(ntiles == 0 || acc);
     for (int64_t t0 = 0; t0 < ntiles; t0 += PART_TILES) {
         const int nt = ntiles - t0 < PART_TILES ? (int)(ntiles - t0) : PART_TILES;
+        const int64_t r = row0 + t0 * t->mr;
         for (int64_t c0 = 0; c0 < full; c0 += cb) {
             const int64_t c1 = c0 + cb < full ? c0 + cb : full;
-            for (int i = 0; i < nt; i++)
-                t->many_part(w, r + (t0 + i) * t->mr, c0, c1, x, ldx, acc + i * t->part_acc, y + (t0 + i) * t->mr,
-                             ldy);
+            for (int g = 0; g < groups; g++)
+                for (int i = 0; i < nt; i++)
+                    t->many_part(w, r + i * t->mr, c0, c1, x + g * gx, ldx, acc + ((int64_t)g * PART_TILES + i) * pa,
+                                 Y + g * gy + (r - row0) + i * t->mr, ldy);
         }
+    }
+    free(acc);
+    /* rows past the last whole tile: as drive_block's */
+    int64_t r = row0 + ntiles * t->mr;
+    if (r == row1) return;
+    for (int g = 0; g < groups; g++) {
+        if (row1 - r >= 2 && ntiles > 0) t->many(w, row1 - t->mr, x + g * gx, ldx, Y + g * gy + (row1 - t->mr - row0), ldy);
+        else for (int64_t q = r; q < row1; q++) t->many_1(w, q, x + g * gx, ldx, Y + g * gy + (q - row0), ldy);
     }
 }
 
@@ -76,18 +100,17 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
         prep_vectors(t->prep, w, X, 0, n, xbuf);
         xs = xbuf;
     }
+    /* vectors [0, i0) by panels over all the rows, where parts pay */
+    const int64_t cb = part_cols(t, cols);
+    const int i0 = cb ? n / mv * mv : 0;
+    if (i0) many_by_panels(t, w, row0, row1, i0 / mv, cb, xs, ldx, Y, ldy);
     for (int64_t b0 = row0; b0 < row1; b0 += rb) {
         const int64_t b1 = b0 + rb < row1 ? b0 + rb : row1;
-        int i = 0;
+        int i = i0;
         for (; t->many && i + mv <= n; i += mv) {
             const float *x = xs + (int64_t)i * ldx;
             float *y = Y + (int64_t)i * ldy;
             int64_t r = b0;
-            if (t->many_part && b1 - r >= t->mr) {
-                const int64_t nt = (b1 - r) / t->mr;
-                many_by_columns(t, w, r, nt, x, ldx, y + (r - row0), ldy);
-                r += nt * t->mr;
-            }
             for (; r + t->mr <= b1; r += t->mr) t->many(w, r, x, ldx, y + (r - row0), ldy);
             /* two or more rows left: one more whole tile ending at b1, over
              * rows of this call (those before r are written again with the

@@ -17,8 +17,10 @@
  * blocks of about 256 KB of weights, so a block stays in L2 while the
  * block's vectors pass over it; inside a row block, vectors in groups of mv
  * through the mr-row "many" tile (weights decoded once per group of
- * vectors: prefill; where a level has many_part, by column blocks across
- * the block's tiles, so that x stays in L1), the
+ * vectors: prefill; where a level has many_part and a group's x is past
+ * 24 KB, all rows instead in panels of 16 tiles, each by column blocks,
+ * every group of the vector block over the panel per column block, so
+ * that a group's x stays in L1 and the panel's weights in L2), the
  * vectors left over one at a time through the nr-row
  * "one" tile (decode). Leftover rows take the 1-row variants. A level that
  * reorders x (prep) has each vector of a block prepared once per call.
