@@ -219,7 +219,7 @@ df_status gpu_wg_probe_launch(int blocks, int iters, float *out, double *flops, 
  * splits in wgmma's order), all rows x cols; ks: the k split's classes of
  * that shape (4 or 8). DF_ERR_UNSUPPORTED without an sm_90a build (the
  * caller asks gpu_ws_wg_present first). Asynchronous on s. */
-enum { GPU_MX_WG_PASS = 48 };
+enum { GPU_MX_WG_PASS = 48, GPU_MX_WG_NV = 16 }; /* vectors an item; a launch's n: its largest item's, rounded up to GPU_MX_WG_NV */
 struct gpu_tc_tab;
 df_status gpu_mx_wg_batch(const gpu_tc_tab &t, int count, int64_t cols, int64_t rows, int ks, cudaStream_t s);
 /* Device scratch bytes gpu_tc_batch needs for these jobs. */

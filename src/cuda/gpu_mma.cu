@@ -952,17 +952,24 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs,
             }
             if (v == jobs[j].n - 1) gi += (jobs[j].n + TC_VEC - 1) / TC_VEC;
         }
-    /* the products, TCB_MAX per launch, in items of up to `pass` vectors */
+    /* the products, TCB_MAX per launch, in items of up to `pass` vectors;
+     * wgmma's launches by the items' vector class (its n is the launch's
+     * largest item's, rounded up to GPU_MX_WG_NV: a 10-vector item beside
+     * a 40-vector one ran n = 48's tensor work and fold). An item's outputs
+     * do not depend on its launch, so the bits do not change. */
     const int pass = use_wg ? (int)GPU_MX_WG_PASS : use_xs ? (int)XS_PASS : (int)TCB_PASS;
-    tc_tab tt;
-    int nt = 0;
+    enum { CLASSES = GPU_MX_WG_PASS / GPU_MX_WG_NV };
+    tc_tab tt[CLASSES];
+    int nt[CLASSES] = {0};
     gi = 0;
     for (int j = 0; j < njobs; gi += (jobs[j].n + TC_VEC - 1) / TC_VEC, j++)
-        for (int v0 = 0; v0 < jobs[j].n; v0 += pass)
+        for (int v0 = 0; v0 < jobs[j].n; v0 += pass) {
+            const int nv = jobs[j].n - v0 < pass ? jobs[j].n - v0 : pass;
+            const int c = use_wg ? (nv - 1) / GPU_MX_WG_NV : 0;
             for (int k = 0; k < 2; k++) {
                 const gpu_weight *w = k ? jobs[j].w1 : jobs[j].w0;
                 if (!w) continue;
-                tc_item &it = tt.it[nt++];
+                tc_item &it = tt[c].it[nt[c]++];
                 it.data = (const uint8_t *)w->data;
                 it.scale = (const uint8_t *)w->scale;
                 it.frag = (const uint8_t *)w->frag;
@@ -971,11 +978,14 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs,
                 it.inv = inv0 + g0 * TC_VEC;
                 it.Y = (k ? jobs[j].Y1 : jobs[j].Y0) + (int64_t)v0 * jobs[j].ldy;
                 it.ldy = jobs[j].ldy;
-                it.nv = jobs[j].n - v0 < pass ? jobs[j].n - v0 : pass;
-                if (nt == TCB_MAX) {
-                    if ((st = flush_items(tt, nt, cols, rows, use_xs, use_wg, s))) return st;
-                    nt = 0;
+                it.nv = nv;
+                if (nt[c] == TCB_MAX) {
+                    if ((st = flush_items(tt[c], nt[c], cols, rows, use_xs, use_wg, s))) return st;
+                    nt[c] = 0;
                 }
             }
-    return flush_items(tt, nt, cols, rows, use_xs, use_wg, s);
+        }
+    for (int c = 0; c < CLASSES; c++)
+        if ((st = flush_items(tt[c], nt[c], cols, rows, use_xs, use_wg, s))) return st;
+    return DF_OK;
 }

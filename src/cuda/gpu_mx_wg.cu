@@ -279,6 +279,7 @@ df_status launch_mw(const gpu_tc_tab &t, int count, int64_t cols, int64_t rows, 
 
 template <int KS>
 df_status launch_mw_ks(const gpu_tc_tab &t, int count, int64_t cols, int64_t rows, int nv, cudaStream_t s) {
+    static_assert(GPU_MX_WG_NV == 16 && GPU_MX_WG_PASS == 48, "one kernel per class of GPU_MX_WG_NV vectors");
     if (nv <= 16) return launch_mw<KS, 16>(t, count, cols, rows, s);
     if (nv <= 32) return launch_mw<KS, 32>(t, count, cols, rows, s);
     return launch_mw<KS, 48>(t, count, cols, rows, s);
