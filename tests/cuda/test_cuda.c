@@ -1043,13 +1043,14 @@ TEST(cuda_experts_batch) {
  * classes), a last group of fewer than four blocks, row blocks cut by the
  * matrix's end, classes with no group (down: 7 blocks, four classes), jobs
  * past 16 vectors (two items each) and past 48 (two wgmma items, its widest
- * form), a few 2^-127 scales (the packed-scale
+ * form), an item in each of wgmma's vector classes, a few 2^-127 scales (the packed-scale
  * form). Bit-equal to the staged layout's batches and to each vector alone;
  * against the CPU as above. */
 TEST(cuda_frag_batch_shapes) {
     if (!need_gpu()) return;
-    enum { H = 2336, I = 224, NJ = 4, NBIG = 53 };
-    static const int n_of[NJ] = {21, 6, 17, NBIG};
+    enum { H = 2336, I = 224, NJ = 7, NBIG = 53 };
+    /* wgmma's vector classes of 8 (NBIG: items of 48 and 5) */
+    static const int n_of[NJ] = {21, 6, 17, NBIG, 13, 30, 38};
     uint64_t s = seed_of("frag-batch-shapes");
     hmat m[NJ][3];
     gpu_weight g[NJ][3], gf[NJ][3];
