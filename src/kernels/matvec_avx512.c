@@ -167,16 +167,26 @@ AI void dense_finish(int e, const df_weight *w, int64_t r, const char *const *ro
     }
 }
 
+/* A dense tile's row pointers, and its accumulators: zero (acc NULL) or
+ * as dense_part parked them in acc (a0 then a1, nr x nv each). */
+AI void dense_start(int e, const df_weight *w, int64_t r, int nr, int nv, const float *acc, const char *row[TR],
+                    __m512 a0[TR][TV], __m512 a1[TR][TV]) {
+    UNROLL for (int j = 0; j < nr; j++) {
+        row[j] = (const char *)w->data + (r + j) * w->cols * esize(e);
+        UNROLL for (int v = 0; v < nv; v++) {
+            a0[j][v] = acc ? _mm512_load_ps(acc + (j * nv + v) * 16) : _mm512_setzero_ps();
+            a1[j][v] = acc ? _mm512_load_ps(acc + ((nr + j) * nv + v) * 16) : _mm512_setzero_ps();
+        }
+    }
+}
+
 AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const float *X,
                    int64_t ldx, float *Y, int64_t ldy) {
     const int64_t cols = w->cols;
     const int es = esize(e);
     const char *row[TR];
     __m512 a0[TR][TV], a1[TR][TV];
-    UNROLL for (int j = 0; j < nr; j++) {
-        row[j] = (const char *)w->data + (r + j) * cols * es;
-        UNROLL for (int v = 0; v < nv; v++) a0[j][v] = a1[j][v] = _mm512_setzero_ps();
-    }
+    dense_start(e, w, r, nr, nv, NULL, row, a0, a1);
     /* one vector: the same columns of the next tile's rows, as nib_tile */
     const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
     if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
@@ -529,16 +539,9 @@ enum { DENSE_PART_ACC = 2 * D_MR * D_MV * 16 };
 AI void dense_part(int e, const df_weight *w, int64_t r, int64_t c0, int64_t c1, const float *X, int64_t ldx,
                    float *acc, float *Y, int64_t ldy) {
     const int64_t cols = w->cols;
-    const int es = esize(e);
     const char *row[TR];
     __m512 a0[TR][TV], a1[TR][TV];
-    UNROLL for (int j = 0; j < D_MR; j++) {
-        row[j] = (const char *)w->data + (r + j) * cols * es;
-        UNROLL for (int v = 0; v < D_MV; v++) {
-            a0[j][v] = c0 ? _mm512_load_ps(acc + (j * D_MV + v) * 16) : _mm512_setzero_ps();
-            a1[j][v] = c0 ? _mm512_load_ps(acc + ((D_MR + j) * D_MV + v) * 16) : _mm512_setzero_ps();
-        }
-    }
+    dense_start(e, w, r, D_MR, D_MV, c0 ? acc : NULL, row, a0, a1);
     dense_steps(e, row, D_MR, D_MV, X, ldx, c0, c1, 0, a0, a1);
     if (c1 < cols / 32 * 32)
         UNROLL for (int j = 0; j < D_MR; j++) UNROLL for (int v = 0; v < D_MV; v++) {
