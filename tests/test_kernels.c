@@ -351,6 +351,62 @@ TEST(kn_matmul_wide_dense_rows) {
     free(X), free(Y), free(y);
 }
 
+/* Enough vectors for a level's lanes (the dense kinds' prefill with the rows
+ * in the SIMD lanes, KN_LANES_MIN_N): 72 and 67 vectors over rows 3..199 of
+ * 203 (four 48-row tiles, two panels, rows past them), with columns that
+ * end in a whole step, a 16-column step, a masked tail, both, or have no
+ * whole step, and more than one column block: every output bit-equal to
+ * matvec's at every level; the bf16 ones also through kn_matmul_px with x
+ * prepared once (the engine's form), rows in pieces. */
+TEST(kn_matmul_lanes_same_bits) {
+    static const wt_type T[] = {WT_F32, WT_BF16, WT_F16, WT_I8_ROW};
+    static const int64_t C[] = {1024, 1075, 1041, 1039, 2112 + 17, 40, 7};
+    static const int NS[] = {72, 67};
+    const int64_t rows = 203, r0 = 3, r1 = 199, ldy = r1 - r0 + 1;
+    uint64_t seed = 301, rs = 5;
+    for (int k = 0; k < N(C); k++)
+        for (int t = 0; t < N(T); t++) {
+            const int64_t cols = C[k];
+            const int n = NS[(k + t) % N(NS)];
+            float *X = malloc((size_t)n * cols * sizeof *X), *Y = malloc((size_t)n * ldy * sizeof *Y);
+            float *Z = malloc((size_t)n * ldy * sizeof *Z), *y = malloc((size_t)rows * sizeof *y);
+            REQUIRE(X && Y && Z && y);
+            rand_vecs(X, n, cols, seed, 3);
+            tmat m;
+            tmat_make(&m, T[t], rows, cols, DT_UNKNOWN, 0, 0, seed++);
+            for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
+                if (!kn_level_available((kn_level)lv)) continue;
+                const char *ln = kn_level_name((kn_level)lv), *tn = wt_type_name(T[t]);
+                kn_matmul((kn_level)lv, &m.w, X, n, Y, ldy, r0, r1);
+                int diff = 0;
+                for (int i = 0; i < n; i++) {
+                    kn_matvec((kn_level)lv, &m.w, X + (int64_t)i * cols, y, r0, r1);
+                    for (int64_t r = 0; r < r1 - r0; r++) diff += !same_bits(Y[i * ldy + r], y[r]);
+                }
+                CHECK(diff == 0, "%s %s %lldx%lld, %d vectors: matmul differs from matvec in %d outputs", tn, ln,
+                      (long long)rows, (long long)cols, n, diff);
+                const int64_t pf = kn_px_floats((kn_level)lv, &m.w, n);
+                if (pf <= 0) continue;
+                float *Xp = aligned_alloc(64, (size_t)pf * sizeof *Xp);
+                REQUIRE(Xp);
+                kn_px_prep((kn_level)lv, &m.w, X, 0, n, Xp);
+                for (int64_t a = r0; a < r1;) {
+                    const int64_t len = 40 + (int64_t)(rng_next(&rs) % 90), b = a + len < r1 ? a + len : r1;
+                    kn_matmul_px((kn_level)lv, &m.w, Xp, n, Z + (a - r0), ldy, a, b);
+                    a = b;
+                }
+                diff = 0;
+                for (int i = 0; i < n; i++)
+                    for (int64_t r = 0; r < r1 - r0; r++) diff += !same_bits(Z[i * ldy + r], Y[i * ldy + r]);
+                CHECK(diff == 0, "%s %s %lldx%lld, %d vectors: kn_matmul_px differs from kn_matmul in %d outputs", tn,
+                      ln, (long long)rows, (long long)cols, n, diff);
+                free(Xp);
+            }
+            tmat_free(&m);
+            free(X), free(Y), free(Z), free(y);
+        }
+}
+
 TEST(kn_matvec_fp8_block) {
     static const int blk[][2] = {{128, 128}, {3, 5}, {16, 16}, {1, 7}, {7, 48}, {2, 1000}};
     for (int i = 0; i < N(blk); i++) suite(WT_FP8_BLOCK, DT_UNKNOWN, blk[i][0], blk[i][1]);

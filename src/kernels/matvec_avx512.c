@@ -32,7 +32,7 @@
  * (matvec_prefetch.h).
  *
  * Sections: 1. helpers  2. dense (f32 bf16 f16 i8)  3. fp8 block
- *           4. int4 / mxfp4  5. tiles per type
+ *           4. int4 / mxfp4  5. dense prefill, rows in the lanes  6. tiles per type
  */
 #include "kernels.h"
 #include "matvec_driver.h"
@@ -524,7 +524,206 @@ AI void nib_prep(const float *x, int64_t cols, float *out, int c0, float half) {
 static void nib_prep_i4(const float *x, int64_t cols, float *out) { nib_prep(x, cols, out, 8, 1.0f); }
 static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, cols, out, 12, 0.5f); }
 
-/* ---- 5. tiles per type ----------------------------------------------------- */
+/* ---- 5. dense prefill with the rows in the lanes ---------------------------- */
+
+/* The dense tiles give each output (row, vector) 32 chains of FMAs, one per
+ * position p of a 32-column step (a0's lanes p 0-15, a1's p 16-31: the
+ * column position(c, p) below), each chain over the steps in order, then
+ * hsum(a0 + a1). Here a zmm holds one position's chain for 16 rows (their
+ * weights transposed into wp) and one vector's x is broadcast: the same
+ * FMAs on the same values in the same order per chain, and the same adds
+ * after, so the same bits; but a step of a 48 x 8 block is 24 FMAs against
+ * 3 loads and 8 broadcasts, no decoding (this Zen 5 VM, a kernel alone with
+ * its data in L2: 200 GFLOP/s of 217 the FMA probe reads, where the dense
+ * tile with x in L1 reads ~60%). The weights are decoded and transposed once
+ * per panel and column block, for every group of vectors.
+ * A lane of a position no step has (the tail's) gets weight 0 and x 0: an
+ * FMA then adds +0 to a chain that started at +0, so no value changes. */
+enum { L_Z = 3, L_MR = 16 * L_Z, L_MV = 8, L_STEPS = 32, L_TILES = 2, L_XPAD = 16 };
+
+/* Row row's 32 weights of step c as fp32 in position order (lanes 0-15 in
+ * lo, 16-31 in hi): a full step, or the tail step (c == full / 32) as
+ * dense_finish reads it (a 16-column step to positions 0-15, the masked
+ * rest to 16-31), zero where that has nothing. */
+AI void lanes_wstep(int e, const char *row, int64_t cols, int64_t c, __m512 *lo, __m512 *hi) {
+    const int64_t full = cols / 32 * 32, c0 = c * 32;
+    if (c0 < full) {
+        if (e == E_BF16) {
+            __m512i d = _mm512_loadu_si512(row + c0 * 2);
+            *lo = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
+            *hi = _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0xffff0000u)));
+        } else {
+            *lo = ld16(e, row, c0, 0, 0), *hi = ld16(e, row, c0 + 16, 0, 0);
+        }
+        return;
+    }
+    const int has16 = cols - full >= 16;
+    const int64_t ct = full + (has16 ? 16 : 0);
+    *lo = has16 ? ld16(e, row, full, 0, 0) : _mm512_setzero_ps();
+    *hi = ct < cols ? ld16(e, row, ct, tailmask(cols - ct), 1) : _mm512_setzero_ps();
+}
+
+/* r[j] lane q -> r[q] lane j: unpack 32-bit pairs, then 64-bit pairs, then
+ * 128-bit lanes twice. */
+AI void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    UNROLL for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#define PD_(f, a, b) _mm512_castpd_ps(f(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+    UNROLL for (int i = 0; i < 4; i++) { /* r[4 i + j] lane k: rows 4i..4i+3 of column 4k + j */
+        r[4 * i] = PD_(_mm512_unpacklo_pd, t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = PD_(_mm512_unpackhi_pd, t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = PD_(_mm512_unpacklo_pd, t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = PD_(_mm512_unpackhi_pd, t[4 * i + 1], t[4 * i + 3]);
+    }
+#undef PD_
+    UNROLL for (int j = 0; j < 4; j++) {
+        const __m512 u0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44), u1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xee);
+        const __m512 v0 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44), v1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xee);
+        t[j] = _mm512_shuffle_f32x4(u0, v0, 0x88), t[4 + j] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
+        t[8 + j] = _mm512_shuffle_f32x4(u1, v1, 0x88), t[12 + j] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
+    }
+    UNROLL for (int q = 0; q < 16; q++) r[q] = t[q];
+}
+
+/* x of vector v (position form: bf16_prep's, or as given) for steps
+ * [s0, s0 + ns) into out (32 floats a step, position order), the tail step
+ * as lanes_wstep lays its weights. */
+static void lanes_xcopy(const float *x, int64_t cols, int64_t s0, int ns, float *out) {
+    const int64_t full = cols / 32 * 32;
+    for (int i = 0; i < ns; i++) {
+        const int64_t c0 = (s0 + i) * 32;
+        float *o = out + i * 32;
+        if (c0 < full) {
+            _mm512_store_ps(o, _mm512_loadu_ps(x + c0));
+            _mm512_store_ps(o + 16, _mm512_loadu_ps(x + c0 + 16));
+            continue;
+        }
+        const int has16 = cols - full >= 16;
+        const int64_t ct = full + (has16 ? 16 : 0);
+        _mm512_store_ps(o, has16 ? _mm512_loadu_ps(x + full) : _mm512_setzero_ps());
+        _mm512_store_ps(o + 16, ct < cols ? _mm512_maskz_loadu_ps(tailmask(cols - ct), x + ct) : _mm512_setzero_ps());
+    }
+}
+
+/* One position's chains of a 48-row tile x 8 vectors over ns steps: wp the
+ * tile's weights of that position ([step][48]), xb + p the vectors' x
+ * (xs floats apart, 32 a step), acc the chains (parked, or zero when first). */
+AI void lanes_kern(const float *wp, const float *xb, int64_t xs, int ns, float *acc, int first) {
+    __m512 a[L_Z][L_MV];
+    UNROLL for (int z = 0; z < L_Z; z++) UNROLL for (int v = 0; v < L_MV; v++)
+        a[z][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(acc + (z * L_MV + v) * 16);
+    /* the next call's chains (the next tile's, or the next position's): acc
+     * of every group waits in L3 between column blocks */
+    UNROLL for (int q = 0; q < L_Z * L_MV; q++) _mm_prefetch((const char *)(acc + (L_Z * L_MV + q) * 16), _MM_HINT_T0);
+    for (int c = 0; c < ns; c++) {
+        __m512 w[L_Z];
+        UNROLL for (int z = 0; z < L_Z; z++) w[z] = _mm512_load_ps(wp + c * L_MR + z * 16);
+        UNROLL for (int v = 0; v < L_MV; v++) {
+            const __m512 b = _mm512_set1_ps(xb[v * xs + c * 32]);
+            UNROLL for (int z = 0; z < L_Z; z++) a[z][v] = _mm512_fmadd_ps(w[z], b, a[z][v]);
+        }
+    }
+    UNROLL for (int z = 0; z < L_Z; z++) UNROLL for (int v = 0; v < L_MV; v++)
+        _mm512_store_ps(acc + (z * L_MV + v) * 16, a[z][v]);
+}
+
+/* A tile's chains (acc: [32 positions][L_TILES tiles][L_Z][L_MV] zmm, at
+ * the tile's) to its outputs:
+ * hsum16's adds lane by lane (t = a0 + a1, then halves 8, 4, 2, 1), times
+ * the row scale for int8. */
+AI void lanes_finish(int e, const df_weight *w, int64_t r, const float *acc, float *Y, int64_t ldy) {
+    enum { P = L_TILES * L_Z * L_MV * 16 }; /* floats from one position to the next */
+    UNROLL for (int z = 0; z < L_Z; z++) UNROLL for (int v = 0; v < L_MV; v++) {
+        const float *q = acc + (z * L_MV + v) * 16;
+        __m512 t[16];
+        UNROLL for (int l = 0; l < 16; l++) t[l] = _mm512_add_ps(_mm512_load_ps(q + l * P), _mm512_load_ps(q + (16 + l) * P));
+        UNROLL for (int l = 0; l < 8; l++) t[l] = _mm512_add_ps(t[l], t[l + 8]);
+        UNROLL for (int l = 0; l < 4; l++) t[l] = _mm512_add_ps(t[l], t[l + 4]);
+        __m512 s = _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]));
+        if (e == E_I8) s = _mm512_mul_ps(s, _mm512_loadu_ps((const float *)w->scale + r + z * 16));
+        _mm512_storeu_ps(Y + v * ldy + z * 16, s);
+    }
+}
+
+/* Floats of lanes_prod's scratch: wp and xb, and acc per group of vectors. */
+enum {
+    L_XS = L_STEPS * 32 + L_XPAD, /* floats from one vector's x to the next in xb */
+    L_TILE_ACC = 32 * L_Z * L_MV * 16,
+    L_SCRATCH = 32 * L_TILES * L_STEPS * L_MR + L_MV * L_XS,
+    L_SCRATCH_GROUP = L_TILES * L_TILE_ACC
+};
+
+/* Rows [r0, r0 + rows) x vectors [0, n) (multiples of L_MR and L_MV), x in
+ * position form ldx floats apart; Y[v * ldy + j] is row r0 + j; scratch
+ * (64-byte aligned) L_SCRATCH + n / L_MV x L_SCRATCH_GROUP floats. Rows in
+ * panels of L_TILES tiles; a panel by blocks of L_STEPS steps: its weights
+ * of the block decoded and transposed into wp ([position][tile][step][48]),
+ * then every group of 8 vectors (its x of the block copied into xb) over
+ * every position and tile; chains parked in acc between blocks. */
+AI void lanes_prod(int e, const df_weight *w, int64_t r0, int64_t rows, const float *X, int64_t ldx, int n,
+                   float *Y, int64_t ldy, float *scratch) {
+    const int64_t cols = w->cols, steps = (cols + 31) / 32, es = esize(e);
+    const int groups = n / L_MV;
+    const int64_t xs = L_XS;
+    float *wp = scratch, *xb = wp + 32 * L_TILES * L_STEPS * L_MR, *acc = xb + L_MV * L_XS;
+    for (int64_t pr = 0; pr < rows; pr += L_TILES * L_MR) {
+        const int nt = (int)((rows - pr) / L_MR < L_TILES ? (rows - pr) / L_MR : L_TILES);
+        for (int64_t s0 = 0; s0 < steps; s0 += L_STEPS) {
+            const int ns = (int)(steps - s0 < L_STEPS ? steps - s0 : L_STEPS);
+            for (int t = 0; t < nt; t++)
+                for (int z = 0; z < L_Z; z++) {
+                    const char *row = (const char *)w->data + (r0 + pr + t * L_MR + z * 16) * cols * es;
+                    for (int i = 0; i < ns; i++) {
+                        __m512 lo[16], hi[16];
+                        UNROLL for (int j = 0; j < 16; j++) lanes_wstep(e, row + j * cols * es, cols, s0 + i, &lo[j], &hi[j]);
+                        float *o = wp + ((int64_t)t * L_STEPS + i) * L_MR + z * 16;
+                        const int64_t ps = (int64_t)L_TILES * L_STEPS * L_MR; /* floats from one position to the next */
+                        transpose16(lo);
+                        UNROLL for (int q = 0; q < 16; q++) _mm512_store_ps(o + q * ps, lo[q]);
+                        transpose16(hi);
+                        UNROLL for (int q = 0; q < 16; q++) _mm512_store_ps(o + (16 + q) * ps, hi[q]);
+                    }
+                }
+            /* the weights of the next block (this panel's, else the next
+             * panel's first), a few rows at each (group, position) */
+            int64_t nr0 = r0 + pr, ns0 = s0 + L_STEPS, nrows = (int64_t)nt * L_MR;
+            if (ns0 >= steps) {
+                ns0 = 0, nr0 += (int64_t)L_TILES * L_MR;
+                nrows = r0 + rows - nr0 < L_TILES * L_MR ? r0 + rows - nr0 : L_TILES * L_MR;
+            }
+            const int64_t nbytes = ((steps - ns0 < L_STEPS ? steps - ns0 : L_STEPS) * 32 < cols - ns0 * 32
+                                        ? (steps - ns0 < L_STEPS ? steps - ns0 : L_STEPS) * 32
+                                        : cols - ns0 * 32) * es;
+            const int64_t slots = (int64_t)groups * 32;
+            for (int g = 0; g < groups; g++) {
+                for (int v = 0; v < L_MV; v++) lanes_xcopy(X + (int64_t)(g * L_MV + v) * ldx, cols, s0, ns, xb + v * xs);
+                for (int p = 0; p < 32; p++) {
+                    if (g + 1 < groups) { /* a 32nd of the next group's x */
+                        const float *nx = X + (int64_t)((g + 1) * L_MV + p / 4) * ldx + s0 * 32 + (p % 4) * ns * 8;
+                        for (int o = 0; o < ns * 32; o += 64) _mm_prefetch((const char *)nx + o, _MM_HINT_T1);
+                    }
+                    const int64_t k = (int64_t)g * 32 + p;
+                    for (int64_t q = k * nrows / slots; q < (k + 1) * nrows / slots; q++) {
+                        const char *nw = (const char *)w->data + ((nr0 + q) * cols + ns0 * 32) * es;
+                        for (int64_t o = 0; o < nbytes; o += 64) _mm_prefetch(nw + o, _MM_HINT_T1);
+                    }
+                    for (int t = 0; t < nt; t++)
+                        lanes_kern(wp + ((int64_t)p * L_TILES + t) * L_STEPS * L_MR, xb + p, xs, ns,
+                                   acc + ((int64_t)g * 32 + p) * L_SCRATCH_GROUP / 32 + t * (L_Z * L_MV * 16), s0 == 0);
+                }
+            }
+        }
+        for (int g = 0; g < groups; g++)
+            for (int t = 0; t < nt; t++)
+                lanes_finish(e, w, r0 + pr + t * L_MR, acc + (int64_t)g * L_SCRATCH_GROUP + t * (L_Z * L_MV * 16),
+                             Y + (int64_t)g * L_MV * ldy + pr + t * L_MR, ldy);
+    }
+}
+
+/* ---- 6. tiles per type ----------------------------------------------------- */
 
 /* measured on the 16-core host (bench --kernels, gemm column): dense 4x3
  * beat 4x2 by 14-27% (and a 512-token prefill by 26%), 4-bit 4x2 beat 4x3;
@@ -560,6 +759,17 @@ DENSE_PART_(f16, E_F16)
 DENSE_PART_(i8, E_I8)
 #undef KN_PART
 #define KN_PART(name) name##_part, 32, DENSE_PART_ACC
+#define DENSE_LANES_(name, e)                                                                                   \
+    static void name##_lanes(const df_weight *w, int64_t r0, int64_t rows, const float *X, int64_t ldx, int n, \
+                             float *Y, int64_t ldy, float *scratch) {                                          \
+        lanes_prod(e, w, r0, rows, X, ldx, n, Y, ldy, scratch);                                               \
+    }
+DENSE_LANES_(f32, E_F32)
+DENSE_LANES_(bf16, E_BF16)
+DENSE_LANES_(f16, E_F16)
+DENSE_LANES_(i8, E_I8)
+#undef KN_LANES
+#define KN_LANES(name) name##_lanes, L_MR, L_MV, L_SCRATCH, L_SCRATCH_GROUP
 KN_LEVEL(kn_matmul_avx512, bf16_prep, nib_prep_i4, nib_prep_mx)
 
 /* FMA throughput probe (kn_fma_loop): ACC independent chains of `iters`

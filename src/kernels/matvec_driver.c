@@ -136,9 +136,50 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
  * streams a block's x, not all of X (measured: a 7168 x 18432 bf16 matmul
  * of 256 vectors ran at 55-64% of the FMA probe as one block, 76-84% in
  * blocks of 4 MB). */
+/* Vectors at least this many go through the level's lanes (its weights are
+ * transposed once per panel for all of them). */
+#ifndef KN_LANES_MIN_N
+#define KN_LANES_MIN_N 64
+#endif
+
+/* The lanes' rows and vectors (multiples of lanes_mr, lanes_mv) through
+ * t->lanes, x prepared first where the level reads its own form; the rows
+ * and vectors left over through the tiles. */
+static void drive_lanes(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n, float *Y,
+                        int64_t ldy, int64_t row0, int64_t row1) {
+    const int64_t cols = w->cols, rl = (row1 - row0) / t->lanes_mr * t->lanes_mr;
+    const int nl = n / t->lanes_mv * t->lanes_mv;
+    int64_t ldx = cols;
+    float *xbuf = NULL;
+    const float *xs = X;
+    if (t->prep) {
+        ldx = kn_px_len(cols);
+        if (!prepped) {
+            xbuf = aligned_alloc(64, (size_t)n * (size_t)ldx * sizeof *xbuf);
+            ASSERT(xbuf);
+            prep_vectors(t->prep, w, X, 0, n, xbuf);
+            xs = xbuf;
+        }
+    }
+    float *scratch = aligned_alloc(64, (size_t)(t->lanes_scratch + nl / t->lanes_mv * t->lanes_scratch_group) * sizeof(float));
+    ASSERT(scratch);
+    t->lanes(w, row0, rl, xs, ldx, nl, Y, ldy, scratch);
+    free(scratch);
+    kn_tiles rest = *t;
+    rest.lanes = NULL;
+    const int pp = prepped || xbuf;
+    if (row0 + rl < row1) kn_drive(&rest, w, xs, pp, n, Y + rl, ldy, row0 + rl, row1);
+    if (nl < n) kn_drive(&rest, w, xs + (int64_t)nl * ldx, pp, n - nl, Y + (int64_t)nl * ldy, ldy, row0, row0 + rl);
+    free(xbuf);
+}
+
 void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n, float *Y, int64_t ldy,
               int64_t row0, int64_t row1) {
     if (n <= 0) return;
+    if (t->lanes && n >= KN_LANES_MIN_N && row1 - row0 >= t->lanes_mr) {
+        drive_lanes(t, w, X, prepped, n, Y, ldy, row0, row1);
+        return;
+    }
     const int mv = t->many ? t->mv : 1;
     int64_t cap = w->cols > 0 ? (int64_t)KN_X_BLOCK_BYTES / (w->cols * (int64_t)sizeof(float)) : n;
     cap = cap < mv ? mv : cap / mv * mv;

@@ -47,6 +47,14 @@ typedef void (*kn_prep_fn)(const float *x, int64_t cols, float *out);
  * take the many tile's operations in its order: the same bits. */
 typedef void (*kn_part_fn)(const df_weight *w, int64_t r, int64_t c0, int64_t c1, const float *X, int64_t ldx,
                            float *acc, float *Y, int64_t ldy);
+/* Rows [r0, r0 + rows) (a multiple of lanes_mr) x vectors [0, n) (a
+ * multiple of lanes_mv) of the many tile's products, with the rows in the
+ * SIMD lanes (a level's prefill form for its dense kinds): X in the tiles'
+ * form (after prep), ldx floats apart; Y[v * ldy + j] is row r0 + j;
+ * scratch (64-byte aligned) holds lanes_scratch + n / lanes_mv x
+ * lanes_scratch_group floats. Every output has the many tile's bits. */
+typedef void (*kn_lanes_fn)(const df_weight *w, int64_t r0, int64_t rows, const float *X, int64_t ldx, int n,
+                            float *Y, int64_t ldy, float *scratch);
 typedef struct {
     kn_tile_fn one, one_1;   /* nr rows x 1 vector, 1 row x 1 vector */
     kn_tile_fn many, many_1; /* mr rows x mv vectors, 1 row x mv vectors (NULL: none) */
@@ -55,6 +63,9 @@ typedef struct {
     int64_t row_bytes;       /* bytes of one row of weights (data + scales) */
     kn_part_fn many_part;    /* the many tile by column ranges (NULL: whole tiles only) */
     int part_step, part_acc; /* many_part's column step, floats of its accumulators */
+    kn_lanes_fn lanes;       /* NULL: none */
+    int lanes_mr, lanes_mv;
+    int64_t lanes_scratch, lanes_scratch_group;
 } kn_tiles;
 
 enum { KN_DRIVE_MAX_MV = 8 };
@@ -95,11 +106,14 @@ int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const fl
                             int64_t ldy) { body(__VA_ARGS__ w, r, mr, mv, X, ldx, Y, ldy); }         \
     static void name##_many1(const df_weight *w, int64_t r, const float *X, int64_t ldx,          \
                              float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, 1, mv, X, ldx, Y, ldy); }
-#define KN_TABLE_(name, mr, mv, prep, part) {name##_one, name##_one1, name##_many, name##_many1, NR, mr, mv, prep, 0, part}
+#define KN_TABLE_(name, mr, mv, prep, part, lanes) {name##_one, name##_one1, name##_many, name##_many1, NR, mr, mv, prep, 0, part, lanes}
 /* The dense kinds' many_part, step and accumulator floats: a level that has
  * them redefines this after including this header, before KN_LEVEL. */
 #define KN_NO_PART NULL, 0, 0
 #define KN_PART(name) KN_NO_PART
+/* Likewise the dense kinds' lanes, lanes_mr, lanes_mv and scratch floats. */
+#define KN_NO_LANES NULL, 0, 0, 0, 0
+#define KN_LANES(name) KN_NO_LANES
 #define KN_LEVEL(entry, prep_bf16, prep_i4, prep_mx)                                                       \
     KN_TILES_(f32, D_MR, D_MV, dense_tile, E_F32,)                                                 \
     KN_TILES_(bf16, D_MR, D_MV, dense_tile, E_BF16,)                                               \
@@ -111,15 +125,15 @@ int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const fl
     KN_TILES_(i4f, N_MR, N_MV, nib_tile, N_I4_F32,)                                                \
     KN_TILES_(mx, N_MR, N_MV, nib_tile, N_MX,)                                                     \
     static const kn_tiles kn_level_tables_[KN_K_COUNT] = {                                         \
-        [KN_K_F32] = KN_TABLE_(f32, D_MR, D_MV, NULL, KN_PART(f32)),                                             \
-        [KN_K_BF16] = KN_TABLE_(bf16, D_MR, D_MV, prep_bf16, KN_PART(bf16)),                                      \
-        [KN_K_F16] = KN_TABLE_(f16, D_MR, D_MV, NULL, KN_PART(f16)),                                             \
-        [KN_K_I8] = KN_TABLE_(i8, D_MR, D_MV, NULL, KN_PART(i8)),                                               \
-        [KN_K_FP8] = KN_TABLE_(fp8, F_MR, F_MV, NULL, KN_NO_PART),                                             \
-        [KN_K_I4_BF16] = KN_TABLE_(i4b, N_MR, N_MV, prep_i4, KN_NO_PART),                                      \
-        [KN_K_I4_F16] = KN_TABLE_(i4h, N_MR, N_MV, prep_i4, KN_NO_PART),                                       \
-        [KN_K_I4_F32] = KN_TABLE_(i4f, N_MR, N_MV, prep_i4, KN_NO_PART),                                       \
-        [KN_K_MXFP4] = KN_TABLE_(mx, N_MR, N_MV, prep_mx, KN_NO_PART),                                         \
+        [KN_K_F32] = KN_TABLE_(f32, D_MR, D_MV, NULL, KN_PART(f32), KN_LANES(f32)),                                             \
+        [KN_K_BF16] = KN_TABLE_(bf16, D_MR, D_MV, prep_bf16, KN_PART(bf16), KN_LANES(bf16)),                                      \
+        [KN_K_F16] = KN_TABLE_(f16, D_MR, D_MV, NULL, KN_PART(f16), KN_LANES(f16)),                                             \
+        [KN_K_I8] = KN_TABLE_(i8, D_MR, D_MV, NULL, KN_PART(i8), KN_LANES(i8)),                                               \
+        [KN_K_FP8] = KN_TABLE_(fp8, F_MR, F_MV, NULL, KN_NO_PART, KN_NO_LANES),                                             \
+        [KN_K_I4_BF16] = KN_TABLE_(i4b, N_MR, N_MV, prep_i4, KN_NO_PART, KN_NO_LANES),                                      \
+        [KN_K_I4_F16] = KN_TABLE_(i4h, N_MR, N_MV, prep_i4, KN_NO_PART, KN_NO_LANES),                                       \
+        [KN_K_I4_F32] = KN_TABLE_(i4f, N_MR, N_MV, prep_i4, KN_NO_PART, KN_NO_LANES),                                       \
+        [KN_K_MXFP4] = KN_TABLE_(mx, N_MR, N_MV, prep_mx, KN_NO_PART, KN_NO_LANES),                                         \
     };                                                                                             \
     int entry(const df_weight *w, const float *X, int n, float *Y, int64_t ldy, int64_t row0,      \
               int64_t row1) {                                                                      \
