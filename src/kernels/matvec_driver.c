@@ -19,6 +19,18 @@ static void prep_vectors(kn_prep_fn prep, const df_weight *w, const float *X, in
     for (int v = v0; v < v1; v++) prep(X + (int64_t)v * cols, cols, out + (int64_t)v * ld);
 }
 
+/* Rows [r, b1) of one group of mv vectors after its whole many tiles (y is
+ * row row0's output): two or more rows left, one more whole tile ending at
+ * b1, over rows of this call (those before r are written again with the
+ * same bits: a row's value does not depend on its tile), where a row at a
+ * time runs a fraction of the FMA chains (AVX2 bf16 5 x 2: a lone row costs
+ * ~0.7 of a whole tile, two ~1.4); else a row at a time. */
+static void many_rest(const kn_tiles *t, const df_weight *w, int64_t row0, int64_t r, int64_t b1, const float *x,
+                      int64_t ldx, float *y, int64_t ldy) {
+    if (b1 - r >= 2 && b1 - row0 >= t->mr) t->many(w, b1 - t->mr, x, ldx, y + (b1 - t->mr - row0), ldy);
+    else for (; r < b1; r++) t->many_1(w, r, x, ldx, y + (r - row0), ldy);
+}
+
 /* Prefill by panels (levels with many_part, where x of a group of mv
  * vectors is wider than PART_X_BYTES): rows in panels of PART_TILES many
  * tiles, each panel by column blocks whose x of one group takes at most
@@ -63,13 +75,9 @@ static void many_by_panels(const kn_tiles *t, const df_weight *w, int64_t row0, 
         }
     }
     free(acc);
-    /* rows past the last whole tile: as drive_block's */
-    int64_t r = row0 + ntiles * t->mr;
-    if (r == row1) return;
-    for (int g = 0; g < groups; g++) {
-        if (row1 - r >= 2 && ntiles > 0) t->many(w, row1 - t->mr, x + g * gx, ldx, Y + g * gy + (row1 - t->mr - row0), ldy);
-        else for (int64_t q = r; q < row1; q++) t->many_1(w, q, x + g * gx, ldx, Y + g * gy + (q - row0), ldy);
-    }
+    const int64_t r = row0 + ntiles * t->mr;
+    if (r < row1)
+        for (int g = 0; g < groups; g++) many_rest(t, w, row0, r, row1, x + g * gx, ldx, Y + g * gy, ldy);
 }
 
 /* X: n vectors as given (prepped 0, one every cols floats), or as t->prep
@@ -112,13 +120,7 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
             float *y = Y + (int64_t)i * ldy;
             int64_t r = b0;
             for (; r + t->mr <= b1; r += t->mr) t->many(w, r, x, ldx, y + (r - row0), ldy);
-            /* two or more rows left: one more whole tile ending at b1, over
-             * rows of this call (those before r are written again with the
-             * same bits: a row's value does not depend on its tile), where a
-             * row at a time runs a fraction of the FMA chains (AVX2 bf16 5 x 2:
-             * a lone row costs ~0.7 of a whole tile, two ~1.4) */
-            if (b1 - r >= 2 && b1 - row0 >= t->mr) t->many(w, b1 - t->mr, x, ldx, y + (b1 - t->mr - row0), ldy);
-            else for (; r < b1; r++) t->many_1(w, r, x, ldx, y + (r - row0), ldy);
+            if (r < b1) many_rest(t, w, row0, r, b1, x, ldx, y, ldy);
         }
         for (; i < n; i++) {
             const float *x = xs + (int64_t)i * ldx;
