@@ -702,8 +702,9 @@ AI void lanes_prod(int e, const df_weight *w, int64_t r0, int64_t rows, const fl
                 for (int v = 0; v < L_MV; v++) lanes_xcopy(X + (int64_t)(g * L_MV + v) * ldx, cols, s0, ns, xb + v * xs);
                 for (int p = 0; p < 32; p++) {
                     if (g + 1 < groups) { /* a 32nd of the next group's x */
-                        const float *nx = X + (int64_t)((g + 1) * L_MV + p / 4) * ldx + s0 * 32 + (p % 4) * ns * 8;
-                        for (int o = 0; o < ns * 32; o += 64) _mm_prefetch((const char *)nx + o, _MM_HINT_T1);
+                        enum { PARTS = 32 / L_MV }; /* of a vector's x of the block */
+                        const float *nx = X + (int64_t)((g + 1) * L_MV + p % L_MV) * ldx + s0 * 32 + (p / L_MV) * ns * (32 / PARTS);
+                        for (int o = 0; o < ns * 128 / PARTS; o += 64) _mm_prefetch((const char *)nx + o, _MM_HINT_T1);
                     }
                     const int64_t k = (int64_t)g * 32 + p;
                     for (int64_t q = k * nrows / slots; q < (k + 1) * nrows / slots; q++) {
