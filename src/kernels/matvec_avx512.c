@@ -540,6 +540,7 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
  * A lane of a position no step has (the tail's) gets weight 0 and x 0: an
  * FMA then adds +0 to a chain that started at +0, so no value changes. */
 enum { L_Z = 3, L_MR = 16 * L_Z, L_MV = 8, L_STEPS = 32, L_TILES = 2, L_XPAD = 16 };
+enum { L_TILE_POS = L_Z * L_MV * 16, L_POS = L_TILES * L_TILE_POS }; /* floats of one position's chains: a tile's, a panel's */
 
 /* Row row's 32 weights of step c as fp32 in position order (lanes 0-15 in
  * lo, 16-31 in hi): a full step, or the tail step (c == full / 32) as
@@ -588,23 +589,14 @@ AI void transpose16(__m512 r[16]) {
     UNROLL for (int q = 0; q < 16; q++) r[q] = t[q];
 }
 
-/* x of vector v (position form: bf16_prep's, or as given) for steps
- * [s0, s0 + ns) into out (32 floats a step, position order), the tail step
- * as lanes_wstep lays its weights. */
+/* x of one vector (position form: bf16_prep's, or as given) for steps
+ * [s0, s0 + ns) into out (32 floats a step, position order): as an f32 row,
+ * so the tail step's positions are those of its weights. */
 static void lanes_xcopy(const float *x, int64_t cols, int64_t s0, int ns, float *out) {
-    const int64_t full = cols / 32 * 32;
     for (int i = 0; i < ns; i++) {
-        const int64_t c0 = (s0 + i) * 32;
-        float *o = out + i * 32;
-        if (c0 < full) {
-            _mm512_store_ps(o, _mm512_loadu_ps(x + c0));
-            _mm512_store_ps(o + 16, _mm512_loadu_ps(x + c0 + 16));
-            continue;
-        }
-        const int has16 = cols - full >= 16;
-        const int64_t ct = full + (has16 ? 16 : 0);
-        _mm512_store_ps(o, has16 ? _mm512_loadu_ps(x + full) : _mm512_setzero_ps());
-        _mm512_store_ps(o + 16, ct < cols ? _mm512_maskz_loadu_ps(tailmask(cols - ct), x + ct) : _mm512_setzero_ps());
+        __m512 lo, hi;
+        lanes_wstep(E_F32, (const char *)x, cols, s0 + i, &lo, &hi);
+        _mm512_store_ps(out + i * 32, lo), _mm512_store_ps(out + i * 32 + 16, hi);
     }
 }
 
@@ -617,7 +609,7 @@ AI void lanes_kern(const float *wp, const float *xb, int64_t xs, int ns, float *
         a[z][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(acc + (z * L_MV + v) * 16);
     /* the next call's chains (the next tile's, or the next position's): acc
      * of every group waits in L3 between column blocks */
-    UNROLL for (int q = 0; q < L_Z * L_MV; q++) _mm_prefetch((const char *)(acc + (L_Z * L_MV + q) * 16), _MM_HINT_T0);
+    UNROLL for (int q = 0; q < L_Z * L_MV; q++) _mm_prefetch((const char *)(acc + L_TILE_POS + q * 16), _MM_HINT_T0);
     for (int c = 0; c < ns; c++) {
         __m512 w[L_Z];
         UNROLL for (int z = 0; z < L_Z; z++) w[z] = _mm512_load_ps(wp + c * L_MR + z * 16);
@@ -635,11 +627,10 @@ AI void lanes_kern(const float *wp, const float *xb, int64_t xs, int ns, float *
  * hsum16's adds lane by lane (t = a0 + a1, then halves 8, 4, 2, 1), times
  * the row scale for int8. */
 AI void lanes_finish(int e, const df_weight *w, int64_t r, const float *acc, float *Y, int64_t ldy) {
-    enum { P = L_TILES * L_Z * L_MV * 16 }; /* floats from one position to the next */
     UNROLL for (int z = 0; z < L_Z; z++) UNROLL for (int v = 0; v < L_MV; v++) {
         const float *q = acc + (z * L_MV + v) * 16;
         __m512 t[16];
-        UNROLL for (int l = 0; l < 16; l++) t[l] = _mm512_add_ps(_mm512_load_ps(q + l * P), _mm512_load_ps(q + (16 + l) * P));
+        UNROLL for (int l = 0; l < 16; l++) t[l] = _mm512_add_ps(_mm512_load_ps(q + l * L_POS), _mm512_load_ps(q + (16 + l) * L_POS));
         UNROLL for (int l = 0; l < 8; l++) t[l] = _mm512_add_ps(t[l], t[l + 8]);
         UNROLL for (int l = 0; l < 4; l++) t[l] = _mm512_add_ps(t[l], t[l + 4]);
         __m512 s = _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]));
@@ -651,9 +642,8 @@ AI void lanes_finish(int e, const df_weight *w, int64_t r, const float *acc, flo
 /* Floats of lanes_prod's scratch: wp and xb, and acc per group of vectors. */
 enum {
     L_XS = L_STEPS * 32 + L_XPAD, /* floats from one vector's x to the next in xb */
-    L_TILE_ACC = 32 * L_Z * L_MV * 16,
     L_SCRATCH = 32 * L_TILES * L_STEPS * L_MR + L_MV * L_XS,
-    L_SCRATCH_GROUP = L_TILES * L_TILE_ACC
+    L_SCRATCH_GROUP = 32 * L_POS
 };
 
 /* Rows [r0, r0 + rows) x vectors [0, n) (multiples of L_MR and L_MV), x in
@@ -694,9 +684,8 @@ AI void lanes_prod(int e, const df_weight *w, int64_t r0, int64_t rows, const fl
                 ns0 = 0, nr0 += (int64_t)L_TILES * L_MR;
                 nrows = r0 + rows - nr0 < L_TILES * L_MR ? r0 + rows - nr0 : L_TILES * L_MR;
             }
-            const int64_t nbytes = ((steps - ns0 < L_STEPS ? steps - ns0 : L_STEPS) * 32 < cols - ns0 * 32
-                                        ? (steps - ns0 < L_STEPS ? steps - ns0 : L_STEPS) * 32
-                                        : cols - ns0 * 32) * es;
+            const int64_t ncols = (ns0 + L_STEPS) * 32 < cols ? L_STEPS * 32 : cols - ns0 * 32;
+            const int64_t nbytes = ncols * es;
             const int64_t slots = (int64_t)groups * 32;
             for (int g = 0; g < groups; g++) {
                 for (int v = 0; v < L_MV; v++) lanes_xcopy(X + (int64_t)(g * L_MV + v) * ldx, cols, s0, ns, xb + v * xs);
@@ -713,13 +702,13 @@ AI void lanes_prod(int e, const df_weight *w, int64_t r0, int64_t rows, const fl
                     }
                     for (int t = 0; t < nt; t++)
                         lanes_kern(wp + ((int64_t)p * L_TILES + t) * L_STEPS * L_MR, xb + p, xs, ns,
-                                   acc + ((int64_t)g * 32 + p) * L_SCRATCH_GROUP / 32 + t * (L_Z * L_MV * 16), s0 == 0);
+                                   acc + ((int64_t)g * 32 + p) * L_POS + t * L_TILE_POS, s0 == 0);
                 }
             }
         }
         for (int g = 0; g < groups; g++)
             for (int t = 0; t < nt; t++)
-                lanes_finish(e, w, r0 + pr + t * L_MR, acc + (int64_t)g * L_SCRATCH_GROUP + t * (L_Z * L_MV * 16),
+                lanes_finish(e, w, r0 + pr + t * L_MR, acc + (int64_t)g * L_SCRATCH_GROUP + t * L_TILE_POS,
                              Y + (int64_t)g * L_MV * ldy + pr + t * L_MR, ldy);
     }
 }

@@ -19,6 +19,25 @@ static void prep_vectors(kn_prep_fn prep, const df_weight *w, const float *X, in
     for (int v = v0; v < v1; v++) prep(X + (int64_t)v * cols, cols, out + (int64_t)v * ld);
 }
 
+/* X (n vectors, prepped as kn_drive's) as t's tiles read it: X itself, or
+ * prepared into stack (stack_floats) when it fits, else into a buffer left
+ * in *owned for the caller to free (NULL when none). *ldx: floats from one
+ * vector to the next. */
+static const float *x_for_tiles(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n,
+                                float *stack, int64_t stack_floats, float **owned, int64_t *ldx) {
+    *owned = NULL;
+    *ldx = t->prep ? kn_px_len(w->cols) : w->cols;
+    if (!t->prep || prepped) return X;
+    const int64_t need = (int64_t)n * *ldx;
+    float *buf = stack;
+    if (need > stack_floats) {
+        buf = *owned = aligned_alloc(64, (size_t)need * sizeof *buf);
+        ASSERT(buf);
+    }
+    prep_vectors(t->prep, w, X, 0, n, buf);
+    return buf;
+}
+
 /* Rows [r, b1) of one group of mv vectors after its whole many tiles (y is
  * row row0's output): two or more rows left, one more whole tile ending at
  * b1, over rows of this call (those before r are written again with the
@@ -96,18 +115,9 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
      * columns: preparing x per block cost ~5% of a 1536 x 7168 matmul of
      * 3 to 45 vectors, one thread) */
     _Alignas(64) float xstack[X_STACK];
-    float *xbuf = xstack;
-    const float *xs = X;
-    int64_t ldx = t->prep ? kn_px_len(cols) : cols; /* floats from one vector to the next as the tiles read them */
-    if (t->prep && !prepped) {
-        const int64_t need = (int64_t)n * ldx;
-        if (need > X_STACK) {
-            xbuf = aligned_alloc(64, (size_t)need * sizeof *xbuf);
-            ASSERT(xbuf);
-        }
-        prep_vectors(t->prep, w, X, 0, n, xbuf);
-        xs = xbuf;
-    }
+    float *xbuf;
+    int64_t ldx;
+    const float *xs = x_for_tiles(t, w, X, prepped, n, xstack, X_STACK, &xbuf, &ldx);
     /* vectors [0, i0) by panels over all the rows, where parts pay */
     const int64_t cb = part_cols(t, cols);
     const int i0 = cb ? n / mv * mv : 0;
@@ -130,14 +140,9 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
             for (; r < b1; r++) t->one_1(w, r, x, ldx, y + (r - row0), ldy);
         }
     }
-    if (xbuf != xstack) free(xbuf);
+    free(xbuf);
 }
 
-/* Vectors in equal blocks (a multiple of the many tile's vectors) whose x
- * takes at most KN_X_BLOCK_BYTES, each over all the rows: every row block
- * streams a block's x, not all of X (measured: a 7168 x 18432 bf16 matmul
- * of 256 vectors ran at 55-64% of the FMA probe as one block, 76-84% in
- * blocks of 4 MB). */
 /* Vectors at least this many go through the level's lanes (its weights are
  * transposed once per panel for all of them). */
 #ifndef KN_LANES_MIN_N
@@ -156,20 +161,11 @@ static void drive_block(const kn_tiles *t, const df_weight *w, const float *X, i
  * and vectors left over through the tiles. */
 static void drive_lanes(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n, float *Y,
                         int64_t ldy, int64_t row0, int64_t row1) {
-    const int64_t cols = w->cols, rl = (row1 - row0) / t->lanes_mr * t->lanes_mr;
+    const int64_t rl = (row1 - row0) / t->lanes_mr * t->lanes_mr;
     const int nl = n / t->lanes_mv * t->lanes_mv;
-    int64_t ldx = cols;
-    float *xbuf = NULL;
-    const float *xs = X;
-    if (t->prep) {
-        ldx = kn_px_len(cols);
-        if (!prepped) {
-            xbuf = aligned_alloc(64, (size_t)n * (size_t)ldx * sizeof *xbuf);
-            ASSERT(xbuf);
-            prep_vectors(t->prep, w, X, 0, n, xbuf);
-            xs = xbuf;
-        }
-    }
+    float *xbuf;
+    int64_t ldx;
+    const float *xs = x_for_tiles(t, w, X, prepped, n, NULL, 0, &xbuf, &ldx);
     const int nb = nl < KN_LANES_BLOCK ? nl : KN_LANES_BLOCK;
     float *scratch = aligned_alloc(64, (size_t)(t->lanes_scratch + nb / t->lanes_mv * t->lanes_scratch_group) * sizeof(float));
     ASSERT(scratch);
@@ -179,12 +175,17 @@ static void drive_lanes(const kn_tiles *t, const df_weight *w, const float *X, i
     free(scratch);
     kn_tiles rest = *t;
     rest.lanes = NULL;
-    const int pp = prepped || xbuf;
+    const int pp = prepped || xbuf; /* the tiles' form from here on */
     if (row0 + rl < row1) kn_drive(&rest, w, xs, pp, n, Y + rl, ldy, row0 + rl, row1);
     if (nl < n) kn_drive(&rest, w, xs + (int64_t)nl * ldx, pp, n - nl, Y + (int64_t)nl * ldy, ldy, row0, row0 + rl);
     free(xbuf);
 }
 
+/* Vectors in equal blocks (a multiple of the many tile's vectors) whose x
+ * takes at most KN_X_BLOCK_BYTES, each over all the rows: every row block
+ * streams a block's x, not all of X (measured: a 7168 x 18432 bf16 matmul
+ * of 256 vectors ran at 55-64% of the FMA probe as one block, 76-84% in
+ * blocks of 4 MB). */
 void kn_drive(const kn_tiles *t, const df_weight *w, const float *X, int prepped, int n, float *Y, int64_t ldy,
               int64_t row0, int64_t row1) {
     if (n <= 0) return;
