@@ -63,8 +63,11 @@ void kn_dequant_row(const df_weight *w, int64_t r, float *out);
  * kn_matmul_px computes any row range from them, bit-equal to kn_matmul. */
 int64_t kn_px_floats(kn_level lv, const df_weight *w, int n);
 /* The most floats one prepared vector of cols columns takes (kn_px_floats
- * is at most n times this). */
-static inline int64_t kn_px_len(int64_t cols) { return (cols + 127) / 128 * 128; }
+ * is at most n times this): cols rounded up to 128, and 16 more, so that
+ * vectors are never a multiple of 4 KB apart (K3's 7168, 12288 and 33792
+ * columns are): the AVX-512 prefill reads a column block of 8 vectors in
+ * place, which on a multiple of 4 KB would fall in the same L1 sets. */
+static inline int64_t kn_px_len(int64_t cols) { return (cols + 127) / 128 * 128 + 16; }
 void kn_px_prep(kn_level lv, const df_weight *w, const float *X, int v0, int v1, float *Xp);
 void kn_matmul_px(kn_level lv, const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy,
                   int64_t row0, int64_t row1);

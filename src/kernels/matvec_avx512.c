@@ -651,8 +651,9 @@ enum {
  * (64-byte aligned) L_SCRATCH + n / L_MV x L_SCRATCH_GROUP floats. Rows in
  * panels of L_TILES tiles; a panel by blocks of L_STEPS steps: its weights
  * of the block decoded and transposed into wp ([position][tile][step][48]),
- * then every group of 8 vectors (its x of the block copied into xb) over
- * every position and tile; chains parked in acc between blocks. */
+ * then every group of 8 vectors (its x of the block read in place, or
+ * copied into xb) over every position and tile; chains parked in acc
+ * between blocks. */
 AI void lanes_prod(int e, const df_weight *w, int64_t r0, int64_t rows, const float *X, int64_t ldx, int n,
                    float *Y, int64_t ldy, float *scratch) {
     const int64_t cols = w->cols, steps = (cols + 31) / 32, es = esize(e);
@@ -687,8 +688,14 @@ AI void lanes_prod(int e, const df_weight *w, int64_t r0, int64_t rows, const fl
             const int64_t ncols = (ns0 + L_STEPS) * 32 < cols ? L_STEPS * 32 : cols - ns0 * 32;
             const int64_t nbytes = ncols * es;
             const int64_t slots = (int64_t)groups * 32;
+            /* x read in place where the block has no tail step and vectors
+             * are not a multiple of 4 KB apart (kn_px_len), else copied */
+            const int in_place = (s0 + ns) * 32 <= cols && ldx % 1024 != 0;
+            const int64_t xst = in_place ? ldx : xs;
             for (int g = 0; g < groups; g++) {
-                for (int v = 0; v < L_MV; v++) lanes_xcopy(X + (int64_t)(g * L_MV + v) * ldx, cols, s0, ns, xb + v * xs);
+                const float *xg = in_place ? X + (int64_t)g * L_MV * ldx + s0 * 32 : xb;
+                if (!in_place)
+                    for (int v = 0; v < L_MV; v++) lanes_xcopy(X + (int64_t)(g * L_MV + v) * ldx, cols, s0, ns, xb + v * xs);
                 for (int p = 0; p < 32; p++) {
                     if (g + 1 < groups) { /* a 32nd of the next group's x */
                         enum { PARTS = 32 / L_MV }; /* of a vector's x of the block */
@@ -701,7 +708,7 @@ AI void lanes_prod(int e, const df_weight *w, int64_t r0, int64_t rows, const fl
                         for (int64_t o = 0; o < nbytes; o += 64) _mm_prefetch(nw + o, _MM_HINT_T1);
                     }
                     for (int t = 0; t < nt; t++)
-                        lanes_kern(wp + ((int64_t)p * L_TILES + t) * L_STEPS * L_MR, xb + p, xs, ns,
+                        lanes_kern(wp + ((int64_t)p * L_TILES + t) * L_STEPS * L_MR, xg + p, xst, ns,
                                    acc + ((int64_t)g * 32 + p) * L_POS + t * L_TILE_POS, s0 == 0);
                 }
             }
