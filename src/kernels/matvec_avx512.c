@@ -540,6 +540,7 @@ static void nib_prep_mx(const float *x, int64_t cols, float *out) { nib_prep(x, 
  * A lane of a position no step has (the tail's) gets weight 0 and x 0: an
  * FMA then adds +0 to a chain that started at +0, so no value changes. */
 enum { L_Z = 3, L_MR = 16 * L_Z, L_MV = 8, L_STEPS = 32, L_TILES = 2, L_XPAD = 16 };
+enum { L_SET_FLOATS = 1024 }; /* 4 KB: vectors a multiple of this apart share L1 sets */
 enum { L_TILE_POS = L_Z * L_MV * 16, L_POS = L_TILES * L_TILE_POS }; /* floats of one position's chains: a tile's, a panel's */
 
 /* Row row's 32 weights of step c as fp32 in position order (lanes 0-15 in
@@ -690,7 +691,7 @@ AI void lanes_prod(int e, const df_weight *w, int64_t r0, int64_t rows, const fl
             const int64_t slots = (int64_t)groups * 32;
             /* x read in place where the block has no tail step and vectors
              * are not a multiple of 4 KB apart (kn_px_len), else copied */
-            const int in_place = (s0 + ns) * 32 <= cols && ldx % 1024 != 0;
+            const int in_place = (s0 + ns) * 32 <= cols && ldx % L_SET_FLOATS != 0;
             const int64_t xst = in_place ? ldx : xs;
             for (int g = 0; g < groups; g++) {
                 const float *xg = in_place ? X + (int64_t)g * L_MV * ldx + s0 * 32 : xb;
