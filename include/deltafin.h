@@ -536,7 +536,9 @@ enum { DF_BENCH_GEMM_N = 32 };
  * lacks runs as the default), e.g. "avx512". */
 const char *df_simd_level_name(int simd_level);
 /* The same for people: the name, and the variant of the level that runs
- * (e.g. "avx2 (4-bit tiles by avx-vnni)" on an AVX2 CPU with AVX-VNNI). */
+ * (e.g. "avx2 (4-bit tiles by avx-vnni)" on an AVX2 CPU with AVX-VNNI;
+ * "decode prefetch into L1" where the one-vector tiles prefetch the next
+ * tile's rows into L1 rather than L2, as on AMD CPUs). */
 const char *df_simd_level_desc(int simd_level);
 
 /* Measures a DRAM read probe, a matvec and a DF_BENCH_GEMM_N-vector matmul

@@ -359,7 +359,13 @@ const char *df_simd_level_name(int simd_level) { return kn_level_name(resolve_le
 
 const char *df_simd_level_desc(int simd_level) {
     const kn_level lv = resolve_level(simd_level);
-    return lv == KN_AVX2 && kn_avxvnni_usable() ? "avx2 (4-bit tiles by avx-vnni)" : kn_level_name(lv);
+    const int x86 = lv == KN_AVX2 || lv == KN_AVX512 || lv == KN_AMX;
+    const int l1 = x86 && kn_pf_next_l1(); /* the decode tiles' next-tile prefetch level */
+    if (lv == KN_AVX2 && kn_avxvnni_usable())
+        return l1 ? "avx2 (4-bit tiles by avx-vnni, decode prefetch into L1)" : "avx2 (4-bit tiles by avx-vnni)";
+    if (!l1) return kn_level_name(lv);
+    return lv == KN_AVX2 ? "avx2 (decode prefetch into L1)"
+           : lv == KN_AVX512 ? "avx512 (decode prefetch into L1)" : "amx (decode prefetch into L1)";
 }
 
 int df_bench_kernels(int n_threads, const int *cpus, int simd_level, double mb, double seconds,

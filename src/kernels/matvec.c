@@ -146,6 +146,43 @@ int kn_avxvnni_usable(void) {
 #endif
 }
 
+/* The tile-ahead prefetch's cache level (kn_pf_next, matvec_prefetch.h):
+ * L1 on AMD (and Hygon) CPUs, L2 elsewhere. Measured both ways, two threads
+ * streaming 1.6 GB (`kn_stream T LEVEL 49152 7168 1 5 2`, bench/kn_stream.c,
+ * alternating, medians, GFLOP/s). A 2-vCPU Zen 5 VM, L2 -> L1: AVX-512 bf16
+ * 37.4 -> 41.4, mxfp4 127 -> 144, int4 149 -> 153; its AVX2 level (AVX-VNNI
+ * tiles) mxfp4 88 -> 118, int4 111 -> 128, bf16 40 -> 41 (forty-first
+ * session; the thirty-fifth's: bf16 36.5 -> 41.4, int4 35.5 -> 43.6, mxfp4
+ * 32.8 -> 38.2 GB/s). The GPU machine's 16-core Xeon, `bench --kernels
+ * --threads 16`, four rounds, % of the probe: mxfp4 97.5 -> 91, int4 99.5
+ * -> 95, bf16 128 -> 125, and two pinned threads within their noise: L2
+ * there. A build sets -DKN_PF_NEXT_L1=0 or 1 to measure either anywhere. */
+#if KN_X86 && !defined(KN_PF_NEXT_L1)
+static int pf_next_l1_once(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    char v[13];
+    memcpy(v, &b, 4), memcpy(v + 4, &d, 4), memcpy(v + 8, &c, 4), v[12] = 0;
+    return !strcmp(v, "AuthenticAMD") || !strcmp(v, "HygonGenuine");
+}
+#endif
+
+int kn_pf_next_l1(void) {
+#if defined(KN_PF_NEXT_L1)
+    return KN_PF_NEXT_L1;
+#elif KN_X86
+    static int cached = -1; /* benign race: every thread computes the same value */
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = pf_next_l1_once();
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
+
 /* The best level this CPU runs (KN_AMX included). */
 static kn_level best_level(void) {
     static int cached = -1; /* benign race: every thread computes the same value */

@@ -86,7 +86,7 @@ AI __m256 ld8(int e, const void *p, int64_t c) {
     }
 }
 
-AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const float *X,
+AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, int l1, const float *X,
                    int64_t ldx, float *Y, int64_t ldy) {
     const int64_t cols = w->cols;
     const int es = esize(e);
@@ -104,7 +104,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
     for (; c + 16 <= cols; c += 16) {
         /* 16 columns are 16-64 bytes: one prefetch per 64 */
         if (es == 4 || (c & (es == 2 ? 16 : 48)) == 0) {
-            if (next) UNROLL for (int j = 0; j < nr; j++) _mm_prefetch(row[j] + next + c * es, KN_PF_NEXT_HINT);
+            if (next) UNROLL for (int j = 0; j < nr; j++) kn_pf_next(row[j] + next + c * es, l1);
             else UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 64);
         }
         __m256 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
@@ -189,8 +189,9 @@ AI void fp8_16(__m128i b, __m256 *lo, __m256 *hi) {
 /* Per block of bc columns and row: partials p0/p1 of (fp8 * 2^-8) * x, then
  * a += p * (scale * 2^8). scale * 2^8 is exact unless it overflows (|s| >=
  * 2^120, never in real checkpoints), where p * 2^8 (exact) times s is used. */
-AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
+AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, int l1, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
+    (void)l1; /* its rows are prefetched KN_PF bytes ahead in themselves */
     const int64_t cols = w->cols, bc = w->block_cols;
     const int64_t nbc = (cols + bc - 1) / bc;
     const __m128i m7f = _mm_set1_epi8(0x7f);
@@ -395,7 +396,7 @@ AI void nib_block_scales(int k, const df_weight *w, const int64_t si[TR], int nr
  * chunk's place in its block a constant); the chunks after them, and many
  * vectors, one at a time. Both do the same arithmetic per chunk, so the
  * split changes no bits. */
-AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
+AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, int l1, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
     const int64_t cols = w->cols, ng = cols / 32, nfull = cols / CH, nch = (cols + CH - 1) / CH;
     const uint8_t *q[TR];
@@ -416,7 +417,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         for (; ch + 4 <= nfull; ch += 4) {
             nib_block_scales(k, w, si, nr, nv, ch * 2, ch * CH, X, ldx, sx);
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-                kn_pf_step(q, nr, next, (ch + i) * CH / 2);
+                kn_pf_step(q, nr, next, (ch + i) * CH / 2, l1);
                 nib_chunk(k, nr, nv, q, (ch + i) * CH, 1, sx, _mm256_add_epi32(lane_grp, _mm256_set1_epi32(2 * i)), X,
                           ldx, acc);
             }
@@ -426,7 +427,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         const int64_t c = ch * CH;
         if ((ch & 3) == 0) nib_block_scales(k, w, si, nr, nv, ch * 2, c, X, ldx, sx);
         const __m256i sidx = _mm256_add_epi32(lane_grp, _mm256_set1_epi32((int)(ch & 3) * 2));
-        kn_pf_step(q, nr, next, c / 2);
+        kn_pf_step(q, nr, next, c / 2, l1);
         if (ch < nfull) nib_chunk(k, nr, nv, q, c, 1, sx, sidx, X, ldx, acc);
         else nib_chunk(k, nr, nv, q, c, 0, sx, sidx, X, ldx, acc);
     }

@@ -24,7 +24,7 @@
  * tiles; each output keeps dense_tile's FMAs in dense_tile's order.
  *
  * Streaming: for one vector (decode) each tile prefetches the columns it is
- * reading of the next tile's rows, a tile ahead (KN_PF_NEXT_HINT; Zen 4 VM, 2
+ * reading of the next tile's rows, a tile ahead (into L1 or L2, kn_pf_next; Zen 4 VM, 2
  * threads: the 4-bit kernels ~15 -> ~30 GB/s, int8 ~26 -> ~41; one stream
  * KN_PF bytes ahead in the row had been measured on the Xeon host, whose
  * figures with this scheme are in bench/cpu_NOTES.md). Many vectors, and the
@@ -104,13 +104,13 @@ AI __m512 ld16(int e, const void *p, int64_t c, __mmask16 k, int masked) {
  * with next (kn_pf_next_tile) prefetching the same columns of the next
  * tile's rows, else KN_PF bytes ahead in its own. */
 AI void dense_steps(int e, const char *const *row, int nr, int nv, const float *X, int64_t ldx, int64_t c0,
-                    int64_t c1, int64_t next, __m512 a0[TR][TV], __m512 a1[TR][TV]) {
+                    int64_t c1, int64_t next, int l1, __m512 a0[TR][TV], __m512 a1[TR][TV]) {
     const int es = esize(e);
     for (int64_t c = c0; c < c1; c += 32) {
         if (next) {
             if (es == 1 ? (c & 32) == 0 : 1)
                 UNROLL for (int j = 0; j < nr; j++) UNROLL for (int o = 0; o < 32 * es; o += 64)
-                    _mm_prefetch(row[j] + next + c * es + o, KN_PF_NEXT_HINT);
+                    kn_pf_next(row[j] + next + c * es + o, l1);
         } else if (es == 1 ? (c & 32) == 0 : 1) UNROLL for (int j = 0; j < nr; j++) kn_pf(row[j] + c * es, 32 * es < 64 ? 64 : 32 * es);
         __m512 x0[TV], x1[TV]; /* loaded once, shared by the tile's rows */
         UNROLL for (int v = 0; v < nv; v++) {
@@ -180,7 +180,7 @@ AI void dense_start(int e, const df_weight *w, int64_t r, int nr, int nv, const 
     }
 }
 
-AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const float *X,
+AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, int l1, const float *X,
                    int64_t ldx, float *Y, int64_t ldy) {
     const int64_t cols = w->cols;
     const int es = esize(e);
@@ -190,7 +190,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const f
     /* one vector: the same columns of the next tile's rows, as nib_tile */
     const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
     if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
-    dense_steps(e, row, nr, nv, X, ldx, 0, cols / 32 * 32, next, a0, a1);
+    dense_steps(e, row, nr, nv, X, ldx, 0, cols / 32 * 32, next, l1, a0, a1);
     dense_finish(e, w, r, row, nr, nv, X, ldx, Y, ldy, a0, a1);
 }
 
@@ -221,8 +221,9 @@ AI __m512 fp8_16(__m128i b) {
 
 /* Per block and row: partials p0/p1 of (fp8 * 2^-8) * x, then a += p * (s * 2^8)
  * (or (p * 2^8) * s when s * 2^8 would overflow), as in matvec_avx2.c. */
-AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
+AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, int l1, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
+    (void)l1; /* its rows are prefetched KN_PF bytes ahead in themselves */
     const int64_t cols = w->cols, bc = w->block_cols;
     const int64_t nbc = (cols + bc - 1) / bc;
     const __m128i m7f = _mm_set1_epi8(0x7f);
@@ -425,7 +426,7 @@ AI void nib_block_scales(int k, const df_weight *w, const int64_t si[TR], int nr
  * chunk's place in its block a constant); the chunks after them, and many
  * vectors, one at a time. Both do the same arithmetic per chunk, so the
  * split changes no bits. */
-AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
+AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, int l1, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
     const int64_t cols = w->cols, ng = cols / 32, nfull = cols / CH, nch = (cols + CH - 1) / CH;
     const uint8_t *q[TR];
@@ -440,7 +441,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
     const __m512i lane_grp = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
     /* Streaming one vector, each chunk prefetches the same chunk of the
-     * next tile's rows (a tile ahead, KN_PF_NEXT_HINT; Zen 4 VM, kn_stream 98304 x
+     * next tile's rows (a tile ahead, kn_pf_next; Zen 4 VM, kn_stream 98304 x
      * 3584: 8 -> 16 GB/s one thread, 15-18 -> 30-32 two, against 512 bytes
      * ahead in the row); the last tile of the matrix prefetches in its rows. */
     const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2);
@@ -450,7 +451,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         for (; ch + 4 <= nfull; ch += 4) {
             nib_block_scales(k, w, si, nr, nv, ch * 4, ch * CH, X, ldx, sx);
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-                kn_pf_step(q, nr, next, (ch + i) * CH / 2);
+                kn_pf_step(q, nr, next, (ch + i) * CH / 2, l1);
                 nib_chunk(k, nr, nv, q, (ch + i) * CH, 1, 0, sx, _mm512_add_epi32(lane_grp, _mm512_set1_epi32(4 * i)),
                           X, ldx, acc);
             }
@@ -460,7 +461,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const flo
         const int64_t c = ch * CH;
         if ((ch & 3) == 0) nib_block_scales(k, w, si, nr, nv, ch * 4, c, X, ldx, sx);
         const __m512i sidx = _mm512_add_epi32(lane_grp, _mm512_set1_epi32((int)(ch & 3) * 4));
-        kn_pf_step(q, nr, next, c / 2);
+        kn_pf_step(q, nr, next, c / 2, l1);
         if (ch < nfull) nib_chunk(k, nr, nv, q, c, 1, 0, sx, sidx, X, ldx, acc);
         else nib_chunk(k, nr, nv, q, c, 0, ((__mmask64)1 << ((cols - c) / 2)) - 1, sx, sidx, X, ldx, acc);
     }
@@ -739,7 +740,7 @@ AI void dense_part(int e, const df_weight *w, int64_t r, int64_t c0, int64_t c1,
     const char *row[TR];
     __m512 a0[TR][TV], a1[TR][TV];
     dense_start(e, w, r, D_MR, D_MV, c0 ? acc : NULL, row, a0, a1);
-    dense_steps(e, row, D_MR, D_MV, X, ldx, c0, c1, 0, a0, a1);
+    dense_steps(e, row, D_MR, D_MV, X, ldx, c0, c1, 0, 0, a0, a1);
     if (c1 < cols / 32 * 32)
         UNROLL for (int j = 0; j < D_MR; j++) UNROLL for (int v = 0; v < D_MV; v++) {
             _mm512_store_ps(acc + (j * D_MV + v) * 16, a0[j][v]);

@@ -91,8 +91,9 @@ AI void ld8(int e, const void *p, int64_t c, float32x4_t *lo, float32x4_t *hi) {
     }
 }
 
-AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, const float *X,
+AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, int l1, const float *X,
                    int64_t ldx, float *Y, int64_t ldy) {
+    (void)l1; /* no tile-ahead prefetch at this level */
     const int64_t cols = w->cols;
     const int es = esize(e);
     const char *row[TR];
@@ -169,8 +170,9 @@ AI void fp8_8(uint8x8_t b, float32x4_t *lo, float32x4_t *hi) {
  * a0/a1 pattern above (restarted per block), then a += p * (scale * 2^8).
  * scale * 2^8 is exact unless it overflows (|s| >= 2^120, never in real
  * checkpoints), where p * 2^8 (exact) times s is used. */
-AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
+AI void fp8_tile(const df_weight *w, int64_t r, int nr, int nv, int l1, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
+    (void)l1; /* no tile-ahead prefetch at this level */
     const int64_t cols = w->cols, bc = w->block_cols;
     const int64_t nbc = (cols + bc - 1) / bc;
     const uint8_t *q[TR];
@@ -279,8 +281,9 @@ AI float group_scale(int k, const void *scale, int64_t i) {
  * and odd columns stay apart, and x is loaded to match with LD2 (which
  * de-interleaves), so no permuted copy of x is needed. Per group and row:
  * partials p0 (even columns) and p1 (odd), then a += p * scale. */
-AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, const float *X, int64_t ldx,
+AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, int l1, const float *X, int64_t ldx,
                  float *Y, int64_t ldy) {
+    (void)l1; /* no tile-ahead prefetch at this level */
     const int64_t cols = w->cols, ng = cols / 32;
     static const uint8_t tab_mx[16] = {0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44, 0x46, /* 0 .5 1 1.5 2 3 4 6 */
                                        0x80, 0xb8, 0xbc, 0xbe, 0xc0, 0xc2, 0xc4, 0xc6};

@@ -3,7 +3,7 @@
  * both levels.
  *
  * Owns: the default distance (KN_PF: AVX2 256 bytes; matvec_avx512.c sets
- * 512, see there), the tile-ahead prefetch's cache level (KN_PF_NEXT_HINT),
+ * 512, see there), the tile-ahead prefetch at either cache level (kn_pf_next),
  * the within-row stream prefetch (kn_pf) and the
  * head of the next tile's rows (kn_pf_rows, kn_pf_nib_rows), a tile's step
  * over its rows or the next tile's (kn_pf_step). Refuses: any
@@ -21,19 +21,6 @@
 
 #ifndef KN_PF
 #define KN_PF 256 /* bytes ahead (a level may set its own before including this) */
-#endif
-
-/* Where the tile-ahead prefetch (a tile's columns of the next tile's rows)
- * puts its lines: T1 (L2), or T0 where a build sets it. Measured both ways
- * (bench/cpu_NOTES.md, thirty-fifth session): a 2-vCPU Zen 5 VM, two
- * threads streaming 1.6 GB (`kn_stream T avx512 49152 7168 1 20 2`, six
- * rounds alternating, medians, GB/s) T1 -> T0: bf16 36.5 -> 41.4, int4 35.5
- * -> 43.6, mxfp4 32.8 -> 38.2; but the GPU machine's 16-core Xeon, `bench
- * --kernels --threads 16`, four rounds, % of the probe: mxfp4 97.5 -> 91,
- * int4 99.5 -> 95, bf16 128 -> 125, and two pinned threads within their
- * noise. So T1 stays the default. */
-#ifndef KN_PF_NEXT_HINT
-#define KN_PF_NEXT_HINT _MM_HINT_T1
 #endif
 
 #define KN_PF_AI static inline __attribute__((always_inline))
@@ -63,13 +50,22 @@ KN_PF_AI void kn_pf_nib_rows(const df_weight *w, int64_t r, int nr, int ssz) {
         _mm_prefetch((const char *)w->scale + (r + j) * ng * ssz, _MM_HINT_T0);
     }
 }
+/* The tile-ahead prefetch of one line at p: into L1 (T0) where l1, else
+ * into L2 (T1). l1 is a compile-time constant in every tile (a one-vector
+ * tile exists in both forms; matvec_driver.h), and the driver picks the form
+ * the CPU streams better with (kn_pf_next_l1, matvec.c). */
+KN_PF_AI void kn_pf_next(const void *p, int l1) {
+    if (l1) _mm_prefetch((const char *)p, _MM_HINT_T0);
+    else _mm_prefetch((const char *)p, _MM_HINT_T1);
+}
+
 /* One step of a tile's row streams, off bytes into each of its nr rows q:
  * with next (kn_pf_next_tile) the same bytes of the next tile's rows
- * (KN_PF_NEXT_HINT), else KN_PF bytes ahead in its own (64 bytes of each). */
-KN_PF_AI void kn_pf_step(const uint8_t *const *q, int nr, int64_t next, int64_t off) {
+ * (kn_pf_next at level l1), else KN_PF bytes ahead in its own (64 bytes of
+ * each). */
+KN_PF_AI void kn_pf_step(const uint8_t *const *q, int nr, int64_t next, int64_t off, int l1) {
     if (next)
-        _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++)
-            _mm_prefetch((const char *)q[j] + next + off, KN_PF_NEXT_HINT);
+        _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) kn_pf_next(q[j] + next + off, l1);
     else
         _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) kn_pf(q[j] + off, 64);
 }
