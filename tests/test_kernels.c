@@ -295,6 +295,9 @@ TEST(kn_detect_level) {
     }
     CHECK(strstr(df_simd_level_desc(KN_AVX2), "avx-vnni") ? kn_avxvnni_usable() && kn_level_available(KN_AVX2)
                                                          : !kn_avxvnni_usable() || !kn_level_available(KN_AVX2));
+    /* the decode tiles' prefetch level is named where it is L1 (x86 levels only) */
+    const int x86_level = l == KN_AVX2 || l == KN_AVX512;
+    CHECK(!!strstr(df_simd_level_desc(-1), "into L1") == (x86_level && kn_pf_next_l1()), "%s", df_simd_level_desc(-1));
 #if defined(__aarch64__)
     /* every AArch64 CPU has Advanced SIMD; the x86 levels never exist here */
     CHECK(l == KN_NEON, "level %s", kn_level_name(l));

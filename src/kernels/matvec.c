@@ -132,15 +132,21 @@ static int avxvnni_once(void) {
 }
 #endif
 
-int kn_avxvnni_usable(void) {
-#if KN_X86
-    static int cached = -1; /* benign race: every thread computes the same value */
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+/* probe()'s value (>= 0), computed at the first call and kept in *cache
+ * (-1 until then; a benign race: every thread computes the same value). */
+static int cached_probe(int *cache, int (*probe)(void)) {
+    int v = __atomic_load_n(cache, __ATOMIC_RELAXED);
     if (v < 0) {
-        v = avxvnni_once();
-        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+        v = probe();
+        __atomic_store_n(cache, v, __ATOMIC_RELAXED);
     }
     return v;
+}
+
+int kn_avxvnni_usable(void) {
+#if KN_X86
+    static int cached = -1;
+    return cached_probe(&cached, avxvnni_once);
 #else
     return 0;
 #endif
@@ -148,12 +154,11 @@ int kn_avxvnni_usable(void) {
 
 /* The tile-ahead prefetch's cache level (kn_pf_next, matvec_prefetch.h):
  * L1 on AMD (and Hygon) CPUs, L2 elsewhere. Measured both ways, two threads
- * streaming 1.6 GB (`kn_stream T LEVEL 49152 7168 1 5 2`, bench/kn_stream.c,
- * alternating, medians, GFLOP/s). A 2-vCPU Zen 5 VM, L2 -> L1: AVX-512 bf16
- * 37.4 -> 41.4, mxfp4 127 -> 144, int4 149 -> 153; its AVX2 level (AVX-VNNI
- * tiles) mxfp4 88 -> 118, int4 111 -> 128, bf16 40 -> 41 (forty-first
- * session; the thirty-fifth's: bf16 36.5 -> 41.4, int4 35.5 -> 43.6, mxfp4
- * 32.8 -> 38.2 GB/s). The GPU machine's 16-core Xeon, `bench --kernels
+ * streaming 176 MB (`kn_stream T avx512 49152 7168 1 5 2`, bench/kn_stream.c,
+ * alternating, medians of 7-9, GFLOP/s). A 2-vCPU Zen 5 VM, L2 -> L1:
+ * mxfp4 115 -> 140, bf16 33.8 -> 36.9, int4 155 -> 147 (forty-first
+ * session; bench/cpu_NOTES.md has the rest, and K8g's decode 1.63 -> 1.45 of
+ * its DRAM floor). The GPU machine's 16-core Xeon, `bench --kernels
  * --threads 16`, four rounds, % of the probe: mxfp4 97.5 -> 91, int4 99.5
  * -> 95, bf16 128 -> 125, and two pinned threads within their noise: L2
  * there. A build sets -DKN_PF_NEXT_L1=0 or 1 to measure either anywhere. */
@@ -171,27 +176,19 @@ int kn_pf_next_l1(void) {
 #if defined(KN_PF_NEXT_L1)
     return KN_PF_NEXT_L1;
 #elif KN_X86
-    static int cached = -1; /* benign race: every thread computes the same value */
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v < 0) {
-        v = pf_next_l1_once();
-        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    }
-    return v;
+    static int cached = -1;
+    return cached_probe(&cached, pf_next_l1_once);
 #else
     return 0;
 #endif
 }
 
+static int detect_once_int(void) { return (int)detect_once(); }
+
 /* The best level this CPU runs (KN_AMX included). */
 static kn_level best_level(void) {
-    static int cached = -1; /* benign race: every thread computes the same value */
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v < 0) {
-        v = (int)detect_once();
-        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    }
-    return (kn_level)v;
+    static int cached = -1;
+    return (kn_level)cached_probe(&cached, detect_once_int);
 }
 
 /* A CPU with AMX defaults to KN_AVX512: KN_AMX trades the bit-equality of
