@@ -44,7 +44,7 @@
 #define AI static inline __attribute__((always_inline))
 /* NR rows for one vector (decode); each type's table sets its own rows x
  * vectors for several vectors (prefill), within TR x TV */
-enum { NR = 4, TR = 5, TV = 4, PF_SCALES = 64 /* groups ahead */ };
+enum { NR = 4, NR_L1 = NR /* 16 ymm registers: no room for more rows */, TR = 5, TV = 4, PF_SCALES = 64 /* groups ahead */ };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
 

@@ -7,7 +7,7 @@
  * would round x to bf16, which changes the model's math); VNNI only on
  * integers it sums exactly (the 4-bit tiles, section 4).
  *
- * A tile computes nr rows x nv vectors (nr, nv compile-time: NR x 1 for
+ * A tile computes nr rows x nv vectors (nr, nv compile-time: NR or NR_L1 x 1 for
  * decode, MR x MV for prefill, and 1-row variants of both). Each dense (row,
  * vector) output owns accumulators a0/a1 fed in a pattern that depends only
  * on cols (32-column steps: a0 columns 0-15, a1 16-31, except bf16: a0 the
@@ -51,9 +51,18 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
-/* NR rows for one vector (decode); each type's tile table sets its own rows x
- * vectors for several vectors (prefill), within TR x TV */
-enum { NR = 4, TR = 4, TV = 4, PF_SCALES = 64 /* groups ahead */ };
+/* NR rows for one vector (decode) where the tiles prefetch the next tile's
+ * rows into L2, NR_L1 where into L1 (kn_pf_next_l1: AMD CPUs); each type's
+ * tile table sets its own rows x vectors for several vectors (prefill),
+ * within TR x TV. 8 rows read x once per 8 rows instead of 4: a 2-vCPU Zen
+ * 5 VM, two threads streaming 176 MB (`kn_stream T avx512 49152 7168 1 5
+ * 2`, alternating, medians of 5-7, GFLOP/s), 4 -> 8 rows with the L1
+ * prefetch: mxfp4 124 -> 156 and 142 -> 169, bf16 40.2 -> 43.3 and 41.6 ->
+ * 43.2, int4 157 -> 150; with L2, mxfp4 109 -> 146 and bf16 35.0 -> 38.8
+ * (12 rows: mxfp4 134, int4 131, bf16 39.6; 6 rows between 4 and 8; 2
+ * rows mxfp4 102). Intel's host, where the L2 form runs, was not measured
+ * with 8 rows, so NR stays 4 there. */
+enum { NR = 4, NR_L1 = 8, TR = 8, TV = 4, PF_SCALES = 64 /* groups ahead */ };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
 

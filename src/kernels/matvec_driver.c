@@ -241,7 +241,7 @@ int kn_drive_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const f
     if (k < 0) return 0;
     kn_tiles t = tables[k];
     t.row_bytes = row_bytes(w);
-    if (kn_pf_next_l1()) t.one = t.one_l1, t.one_1 = t.one_1_l1; /* the one place the choice is made */
+    if (kn_pf_next_l1()) t.one = t.one_l1, t.one_1 = t.one_1_l1, t.nr = t.nr_l1; /* the one place the choice is made */
     kn_drive(&t, w, X, prepped, n, Y, ldy, row0, row1);
     return 1;
 }

@@ -57,9 +57,9 @@ typedef void (*kn_lanes_fn)(const df_weight *w, int64_t r0, int64_t rows, const 
                             float *Y, int64_t ldy, float *scratch);
 typedef struct {
     kn_tile_fn one, one_1;   /* nr rows x 1 vector, 1 row x 1 vector */
-    kn_tile_fn one_l1, one_1_l1; /* the same with the tile-ahead prefetch into L1 (kn_pf_next) */
+    kn_tile_fn one_l1, one_1_l1; /* nr_l1 rows x 1 vector, 1 x 1, the tile-ahead prefetch into L1 (kn_pf_next) */
     kn_tile_fn many, many_1; /* mr rows x mv vectors, 1 row x mv vectors (NULL: none) */
-    int nr, mr, mv;          /* mv <= KN_DRIVE_MAX_MV */
+    int nr, nr_l1, mr, mv;   /* mv <= KN_DRIVE_MAX_MV */
     kn_prep_fn prep;         /* NULL: tiles read x as given */
     int64_t row_bytes;       /* bytes of one row of weights (data + scales) */
     kn_part_fn many_part;    /* the many tile by column ranges (NULL: whole tiles only) */
@@ -94,7 +94,8 @@ int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const fl
  *   nib_tile(k, w, r, nr, nv, l1, X, ldx, Y, ldy)     k in N_I4_BF16 N_I4_F16 N_I4_F32 N_MX
  * (l1: where a one-vector tile prefetches the next tile's rows, 1 L1, 0 L2;
  * a level without that prefetch ignores it)
- * and the constants NR (decode rows) and D_/F_/N_ MR, MV (prefill rows x
+ * and the constants NR and NR_L1 (decode rows: of the tiles that prefetch
+ * into L2, into L1) and D_/F_/N_ MR, MV (prefill rows x
  * vectors of dense, fp8 and 4-bit tiles), then says
  *   KN_LEVEL(kn_matmul_LEVEL, prep for the bf16 tiles, prep for the int4 tiles,
  *            prep for the MXFP4 tiles)
@@ -106,14 +107,14 @@ int kn_prep_kind(const kn_tiles tables[KN_K_COUNT], const df_weight *w, const fl
     static void name##_one1(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y, \
                             int64_t ldy) { body(__VA_ARGS__ w, r, 1, 1, 0, X, ldx, Y, ldy); }        \
     static void name##_one_l1(const df_weight *w, int64_t r, const float *X, int64_t ldx,         \
-                              float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, NR, 1, 1, X, ldx, Y, ldy); } \
+                              float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, NR_L1, 1, 1, X, ldx, Y, ldy); } \
     static void name##_one1_l1(const df_weight *w, int64_t r, const float *X, int64_t ldx,        \
                                float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, 1, 1, 1, X, ldx, Y, ldy); } \
     static void name##_many(const df_weight *w, int64_t r, const float *X, int64_t ldx, float *Y, \
                             int64_t ldy) { body(__VA_ARGS__ w, r, mr, mv, 0, X, ldx, Y, ldy); }      \
     static void name##_many1(const df_weight *w, int64_t r, const float *X, int64_t ldx,          \
                              float *Y, int64_t ldy) { body(__VA_ARGS__ w, r, 1, mv, 0, X, ldx, Y, ldy); }
-#define KN_TABLE_(name, mr, mv, prep, part, lanes) {name##_one, name##_one1, name##_one_l1, name##_one1_l1, name##_many, name##_many1, NR, mr, mv, prep, 0, part, lanes}
+#define KN_TABLE_(name, mr, mv, prep, part, lanes) {name##_one, name##_one1, name##_one_l1, name##_one1_l1, name##_many, name##_many1, NR, NR_L1, mr, mv, prep, 0, part, lanes}
 /* The dense kinds' many_part, step and accumulator floats: a level that has
  * them redefines this after including this header, before KN_LEVEL. */
 #define KN_NO_PART NULL, 0, 0

@@ -41,7 +41,7 @@
 #define AI static inline __attribute__((always_inline))
 /* NR rows for one vector (decode); each type's table sets its own rows x
  * vectors for several vectors (prefill), within TR x TV */
-enum { NR = 4, TR = 4, TV = 4 };
+enum { NR = 4, NR_L1 = NR /* (no tile-ahead prefetch here) */, TR = 4, TV = 4 };
 #define UNROLL _Pragma("GCC unroll 8")
 
 /* ---- 1. helpers ------------------------------------------------------------ */
