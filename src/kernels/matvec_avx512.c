@@ -60,8 +60,10 @@
  * prefetch: mxfp4 124 -> 156 and 142 -> 169, bf16 40.2 -> 43.3 and 41.6 ->
  * 43.2, int4 157 -> 150; with L2, mxfp4 109 -> 146 and bf16 35.0 -> 38.8
  * (12 rows: mxfp4 134, int4 131, bf16 39.6; 6 rows between 4 and 8; 2
- * rows mxfp4 102). Intel's host, where the L2 form runs, was not measured
- * with 8 rows, so NR stays 4 there. */
+ * rows mxfp4 102). The GPU machine's 16-core Xeon (the L2 form), same
+ * command, three rounds, GB/s, 4 rows L2 / 8 rows L1 / 8 rows L2, 16
+ * threads: mxfp4 173-177 / 150-155 / 161-193, bf16 (two steady rounds)
+ * 139 / 109-136 / 139-142: so NR stays 4 there. */
 enum { NR = 4, NR_L1 = 8, TR = 8, TV = 4, PF_SCALES = 64 /* groups ahead */ };
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
