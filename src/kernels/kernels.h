@@ -96,8 +96,9 @@ int kn_matmul_avxvnni_prep(const df_weight *w, const float *X, int v0, int v1, f
 int kn_matmul_avxvnni_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0,
                          int64_t row1);
 /* 1 where one-vector products (decode) stream better with the tile-ahead
- * prefetch into L1 than into L2, measured per CPU family (matvec.c; never
- * changes a value): the driver then runs the tiles' L1 forms. */
+ * prefetch into L1 than into L2, measured per CPU family (matvec.c: AMD and
+ * Hygon; never changes a value): the driver then runs the tiles' L1 forms
+ * (at AVX-512 tiles of 8 rows, NR_L1, instead of 4). */
 int kn_pf_next_l1(void);
 int kn_matmul_avx512_prep(const df_weight *w, const float *X, int v0, int v1, float *out);
 int kn_matmul_avx512_px(const df_weight *w, const float *Xp, int n, float *Y, int64_t ldy, int64_t row0,
