@@ -152,16 +152,20 @@ int kn_avxvnni_usable(void) {
 #endif
 }
 
-/* The tile-ahead prefetch's cache level (kn_pf_next, matvec_prefetch.h):
- * L1 on AMD (and Hygon) CPUs, L2 elsewhere. Measured both ways, two threads
- * streaming 176 MB (`kn_stream T avx512 49152 7168 1 5 2`, bench/kn_stream.c,
- * alternating, medians of 7-9, GFLOP/s). A 2-vCPU Zen 5 VM, L2 -> L1:
- * mxfp4 115 -> 140, bf16 33.8 -> 36.9, int4 155 -> 147 (forty-first
- * session; bench/cpu_NOTES.md has the rest, and K8g's decode 1.63 -> 1.45 of
- * its DRAM floor). The GPU machine's 16-core Xeon, `bench --kernels
- * --threads 16`, four rounds, % of the probe: mxfp4 97.5 -> 91, int4 99.5
- * -> 95, bf16 128 -> 125, and two pinned threads within their noise: L2
- * there. A build sets -DKN_PF_NEXT_L1=0 or 1 to measure either anywhere. */
+/* The decode tiles' form (matvec_driver.h): the tile-ahead prefetch into
+ * L1 (kn_pf_next, matvec_prefetch.h; at AVX-512 with 8-row tiles, NR_L1) on
+ * AMD (and Hygon) CPUs, into L2 with 4 rows elsewhere. Measured both ways,
+ * two threads streaming 176 MB (`kn_stream T avx512 49152 7168 1 5 2`,
+ * bench/kn_stream.c, alternating, medians of 5, GFLOP/s; both libraries
+ * built with 64-byte aligned functions and loops, since code layout alone
+ * moved these kernels by ~25%). A 2-vCPU Zen 5 VM, L2 / 4 rows -> L1 / 8
+ * rows: mxfp4 112 -> 163, bf16 35.2 -> 41.1, int4 121 -> 129 (forty-first
+ * session; bench/cpu_NOTES.md has the rest, and K8g's decode 0.176-0.183 ->
+ * 0.159-0.168 s/token). The GPU machine's 16-core Xeon, 16 threads, GB/s:
+ * mxfp4 173-177 -> 150-155, bf16 139 -> 109-136 (and in the thirty-fifth
+ * session, L1 with 4 rows: `bench --kernels` mxfp4 97.5 -> 91% of the probe,
+ * int4 99.5 -> 95): L2 there. A build sets -DKN_PF_NEXT_L1=0 or 1 to
+ * measure either anywhere. */
 #if KN_X86 && !defined(KN_PF_NEXT_L1)
 static int pf_next_l1_once(void) {
     unsigned a, b, c, d;
