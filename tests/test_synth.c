@@ -427,6 +427,12 @@ static ssize_t short_pwrite(int fd, const void *buf, size_t n, off_t off) {
     return pwrite(fd, buf, n, off);
 }
 
+static int failing_fdatasync(int fd) {
+    (void)fd;
+    errno = EIO;
+    return -1;
+}
+
 TEST(synth_write_failure_leaves_no_config) {
     char err[DF_ERRMSG];
     sy_opts o;
@@ -446,6 +452,16 @@ TEST(synth_write_failure_leaves_no_config) {
     char c[700];
     snprintf(c, sizeof c, "%s/config.json", d);
     CHECK(access(c, F_OK) != 0, "config.json written after a failed write");
+    /* a shard that cannot be made durable fails the same way */
+    o.overwrite = 1;
+    sy_plan_free(p);
+    REQUIRE(sy_plan_new(&o, &p, err) == DF_OK, "%s", err);
+    io.pwrite = sy_io_default()->pwrite;
+    io.fdatasync = failing_fdatasync;
+    st = sy_write(p, d, &io, NULL, err);
+    CHECK(st == DF_ERR_IO && strstr(err, "fdatasync") && strstr(err, "model.safetensors"), "status %d: %s", st, err);
+    CHECK(access(c, F_OK) != 0, "config.json written after a failed fdatasync");
+    io.fdatasync = sy_io_default()->fdatasync;
     /* short writes are retried: the same bytes as plain writes */
     o.overwrite = 1;
     sy_plan_free(p);

@@ -156,6 +156,14 @@ void io_drop_cache(int fd, int64_t off, size_t n) {
 #endif
 }
 
+void io_drop_written(int fd) {
+#ifdef POSIX_FADV_DONTNEED
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+#else
+    (void)fd;
+#endif
+}
+
 int io_pread_full(const df_io *io, int fd, void *buf, size_t n, int64_t off) {
     char *p = buf;
     while (n > 0) {

@@ -758,6 +758,7 @@ df_status hub_download(const hub_client *c, const char *repo, const char *rev, c
         backoff(c, attempt);
     }
     if (fsync(d.fd) != 0) { st = df_fail(err, DF_ERR_IO, "%s: fsync: %s", part, strerror(errno)); goto out; }
+    io_drop_written(d.fd); /* read back later in large folios */
     close(d.fd);
     d.fd = -1;
     if (rename(part, dest) != 0 || fsync_parent(dest) != 0) {

@@ -113,6 +113,7 @@ typedef struct {
     int (*ftruncate)(int fd, off_t len);
     int (*mkdir)(const char *path, int mode);
     int (*unlink)(const char *path);
+    int (*fdatasync)(int fd); /* each shard, once written */
 } sy_io;
 const sy_io *sy_io_default(void);
 

@@ -228,7 +228,7 @@ static ssize_t px_pwrite(int fd, const void *buf, size_t n, off_t off) { return 
 static int px_ftruncate(int fd, off_t len) { return ftruncate(fd, len); }
 static int px_mkdir(const char *path, int mode) { return mkdir(path, (mode_t)mode); }
 
-static const sy_io posix_io = {px_open, close, px_pwrite, px_ftruncate, px_mkdir, unlink};
+static const sy_io posix_io = {px_open, close, px_pwrite, px_ftruncate, px_mkdir, unlink, fdatasync};
 
 const sy_io *sy_io_default(void) { return &posix_io; }
 
@@ -499,6 +499,12 @@ df_status sy_write(const sy_plan *p, const char *dir, const sy_io *io, int64_t *
     if (st == DF_OK) st = write_data(&w, err);
     for (int i = 0; i < ns; i++) {
         if (w.fds[i] < 0) continue;
+        /* On disk, then out of the page cache: read back, a shard sits in the
+         * large folios a read makes (a spine mapped from the small ones the
+         * writes left decodes ~20% slower). */
+        if (st == DF_OK && io->fdatasync(w.fds[i]) != 0)
+            st = df_fail(err, DF_ERR_IO, "%s/%s: fdatasync failed: %s", dir, p->shards[i].file, strerror(errno));
+        if (st == DF_OK) io_drop_written(w.fds[i]);
         if (io->close(w.fds[i]) != 0 && st == DF_OK)
             st = df_fail(err, DF_ERR_IO, "%s/%s: close failed: %s", dir, p->shards[i].file, strerror(errno));
     }
