@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -289,6 +290,65 @@ TEST(fmt_st_random_rows_hint) {
     for (int r = 0; r < 300; r += 37) st_rows_willneed(pa + r * 2000 + 3, 2000);
     st_rows_willneed(pb + 1, 10);
     CHECK(memcmp(pa, pb, (size_t)ta->nbytes) == 0, "hinted pages read the same bytes");
+    st_close(a);
+    st_close(b);
+}
+
+#ifdef MADV_HUGEPAGE
+/* VMAs of the mapped file `path` whose VmFlags hold `flag` (/proc/self/smaps). */
+static int vmas_flagged(const char *path, const char *flag) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[4096], want[8];
+    snprintf(want, sizeof want, " %s", flag);
+    int mine = 0, n = 0;
+    size_t pl = strlen(path);
+    while (fgets(line, sizeof line, f)) {
+        size_t l = strcspn(line, "\n"), tok = strcspn(line, " ");
+        line[l] = 0;
+        if (strncmp(line, "VmFlags:", 8) == 0) n += mine && strstr(line + 8, want) != NULL;
+        else if (memchr(line, '-', tok) && !memchr(line, ':', tok)) /* "start-end perms ... path" */
+            mine = l >= pl && strcmp(line + l - pl, path) == 0;
+    }
+    fclose(f);
+    return n;
+}
+
+static int not_x(const st_tensor *t, void *ctx) { (void)ctx; return strcmp(t->name, "x") != 0; }
+#endif
+
+TEST(fmt_st_hugepage_hint) {
+    const char *d = t_tmpdir("fmt_huge");
+    /* a (4 MB) | x (1 MB, not kept) | b (3 MB) | n (16 bytes): two runs of 2 MB or more */
+    tspec t[] = {{"a", "BF16", 2, {2048, 1024}, NULL},
+                 {"x", "BF16", 2, {512, 1024}, NULL},
+                 {"b", "BF16", 2, {1536, 1024}, NULL},
+                 {"n", "F32", 1, {4}, NULL}};
+    REQUIRE(write_st(d, "model.safetensors", t, 4) == 0);
+    st_set *a = NULL, *b = NULL;
+    char err[DF_ERRMSG] = "";
+    REQUIRE(st_open_dir(d, NULL, 1, &a, err) == DF_OK && st_open_dir(d, NULL, 0, &b, err) == DF_OK, "%s", err);
+    CHECK(st_hugepage(b, NULL, NULL) == 0, "a set read into memory has no mapping to advise");
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+#ifdef MADV_HUGEPAGE
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0) {
+        int runs = st_hugepage(a, not_x, NULL);
+        CHECK(runs == 2, "runs advised: %d", runs);
+        CHECK(vmas_flagged(path, "hg") == 2, "VMAs with VM_HUGEPAGE: %d", vmas_flagged(path, "hg"));
+        /* a random-rows tensor gives the advice back */
+        CHECK(st_random_rows(a, st_find(a, "a")) == 1);
+        CHECK(vmas_flagged(path, "hg") == 1 && vmas_flagged(path, "rr") == 1 && vmas_flagged(path, "nh") == 1,
+              "hg %d rr %d nh %d", vmas_flagged(path, "hg"), vmas_flagged(path, "rr"), vmas_flagged(path, "nh"));
+    }
+#endif
+    /* the bytes read the same either way */
+    for (int i = 0; i < 4; i++) {
+        const st_tensor *ta = st_find(a, t[i].name), *tb = st_find(b, t[i].name);
+        const uint8_t *pa = st_data(a, ta, err), *pb = st_data(b, tb, err);
+        REQUIRE(pa && pb, "%s", err);
+        CHECK(memcmp(pa, pb, (size_t)ta->nbytes) == 0, "tensor %s", t[i].name);
+    }
     st_close(a);
     st_close(b);
 }

@@ -894,11 +894,56 @@ void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, v
     }
 }
 
+typedef struct { int shard; int64_t begin, end; } run;
+
+static int by_shard_begin(const void *a, const void *b) {
+    const run *x = a, *y = b;
+    if (x->shard != y->shard) return x->shard < y->shard ? -1 : 1;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+int st_hugepage(st_set *s, int (*keep)(const st_tensor *t, void *ctx), void *ctx) {
+#ifdef MADV_HUGEPAGE
+    /* each advised run splits a mapping (vm.max_map_count is ~65530) */
+    enum { MAX_RUNS = 4096 };
+    const int64_t page = 4096, huge = (int64_t)2 << 20;
+    if (s->io != df_io_default() || !s->use_mmap || s->n_tensors <= 0) return 0;
+    run *r = malloc((size_t)s->n_tensors * sizeof *r);
+    if (!r) return 0;
+    int64_t n = 0;
+    for (int64_t i = 0; i < s->n_tensors; i++) {
+        const st_tensor *t = &s->tensors[i];
+        if (t->nbytes <= 0 || !s->shards[t->shard].map || (keep && !keep(t, ctx))) continue;
+        r[n++] = (run){t->shard, t->offset, t->offset + t->nbytes};
+    }
+    qsort(r, (size_t)n, sizeof *r, by_shard_begin);
+    int advised = 0;
+    for (int64_t i = 0; i < n && advised < MAX_RUNS;) {
+        run u = r[i++];
+        while (i < n && r[i].shard == u.shard && r[i].begin <= u.end) { /* adjacent: one run */
+            if (r[i].end > u.end) u.end = r[i].end;
+            i++;
+        }
+        if (u.end - u.begin < huge) continue;
+        int64_t a = u.begin / page * page;
+        if (madvise((char *)s->shards[u.shard].map + a, (size_t)(u.end - a), MADV_HUGEPAGE) == 0) advised++;
+    }
+    free(r);
+    return advised;
+#else
+    (void)s, (void)keep, (void)ctx;
+    return 0;
+#endif
+}
+
 int st_random_rows(st_set *s, const st_tensor *t) {
     if (!t || s->io != df_io_default() || small_at(s, tensor_index(s, t)) >= 0) return 0;
     const st_shard *sh = &s->shards[t->shard];
     if (!sh->map || t->nbytes <= 0) return 0;
     const int64_t page = 4096, a = t->offset / page * page;
+#ifdef MADV_NOHUGEPAGE
+    (void)madvise((char *)sh->map + a, (size_t)(t->offset + t->nbytes - a), MADV_NOHUGEPAGE);
+#endif
     return madvise((char *)sh->map + a, (size_t)(t->offset + t->nbytes - a), MADV_RANDOM) == 0;
 }
 

@@ -56,8 +56,17 @@ const void *st_data(st_set *s, const st_tensor *t, char *err);
  * A hint (madvise / posix_fadvise WILLNEED): nothing changes but timing;
  * does nothing for I/O tables other than POSIX. */
 void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, void *ctx), void *ctx);
+/* Asks the kernel to read the kept tensors of a mapped set in 2 MB folios
+ * (MADV_HUGEPAGE on each run of adjacent kept tensors of 2 MB or more), and
+ * to map them with 2 MB entries where it can. Without it a page fault reads
+ * small folios around itself (16 KB and up), worse when threads fault in
+ * several places at once, and those folios stay in the page cache for every
+ * later process: a spine read that way decoded 3-4x slower on a Zen 5 VM
+ * (TLB misses). Pages already cached keep their folios. A hint: nothing
+ * changes but timing; nothing for I/O tables other than POSIX. */
+int st_hugepage(st_set *s, int (*keep)(const st_tensor *t, void *ctx), void *ctx); /* runs advised */
 /* A tensor read a row at a time at random (an untied embedding): its mapped
- * pages get MADV_RANDOM, so a fault on one row reads that page, not the
+ * pages get MADV_RANDOM (and lose st_hugepage's advice), so a fault on one row reads that page, not the
  * device's read-ahead window around it (read_ahead_kb: 8 MB on some cloud
  * disks, where a decode token's new embedding row read 8 MB). Returns 1
  * when t is mapped (then st_rows_willneed is worth calling), else 0. A hint:

@@ -81,6 +81,10 @@ int model_spine_live(const df_engine *e, const st_tensor *t) {
     return st_find(e->st, twin) == NULL;
 }
 
+static int spine_in_use(const st_tensor *t, void *ctx) {
+    return not_routed_expert(t, NULL) && model_spine_live(ctx, t);
+}
+
 /* The name a spine matrix binds under: its int8 twin when that is in use. */
 static const char *bind_name(const df_engine *e, const char *base, char *buf) {
     if (!e->int8) return base;
@@ -137,6 +141,9 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     /* the program copies every small non-expert vector (norms, biases, KDA
      * parameters) at bind: start reading them all now (a hint) */
     st_willneed(e->st, (int64_t)1 << 20, not_routed_expert, NULL);
+    /* the mapped spine in 2 MB folios (routed experts are read in pieces;
+     * an untied embedding gives the advice back in st_random_rows) */
+    st_hugepage(e->st, spine_in_use, e);
     int nt = opts->n_threads;
     if (opts->cpus) { /* pinned threads: one CPU each, all of them the process's */
         char why[DF_ERRMSG / 2];
