@@ -496,6 +496,12 @@ int64_t df_engine_plan_bytes(const df_engine *e, int max_ctx);
 /* The spine's matrices in use: "int8" (converted) or the checkpoint's
  * stored type, e.g. "bf16". */
 const char *df_engine_spine_dtype(const df_engine *e);
+/* The weights this process maps from the checkpoint's files (the resident
+ * spine; routed experts too with --io mmap): *resident bytes in memory and,
+ * of those, *in_2mb mapped by 2 MB entries. Weights the page cache holds in
+ * small folios (as write(2) leaves a file) decode slower. -1 where the
+ * system does not say (no /proc/self/smaps), else 0. */
+int df_engine_mapped_weights(const df_engine *e, int64_t *resident, int64_t *in_2mb);
 /* 1 when the spine streams per layer; the plan's reason for its choice
  * (one line, owned by the engine). */
 int df_engine_spine_streamed(const df_engine *e);

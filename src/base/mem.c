@@ -86,6 +86,24 @@ int64_t mem_parse_stat(const char *text, const char *key) {
     return -1;
 }
 
+void mem_parse_smaps(FILE *f, const char *dir, int64_t *rss, int64_t *pmd) {
+    *rss = *pmd = 0;
+    char line[4096];
+    size_t dl = strlen(dir);
+    int mine = 0;
+    while (fgets(line, sizeof line, f)) {
+        size_t tok = strcspn(line, " \n");
+        if (memchr(line, '-', tok) && !memchr(line, ':', tok)) { /* "start-end perms off dev inode path" */
+            char *path = strchr(line, '/');
+            mine = path && strncmp(path, dir, dl) == 0 && path[dl] == '/';
+        } else if (mine && strncmp(line, "Rss:", 4) == 0) {
+            *rss += (int64_t)strtoll(line + 4, NULL, 10) * 1024;
+        } else if (mine && strncmp(line, "FilePmdMapped:", 14) == 0) {
+            *pmd += (int64_t)strtoll(line + 14, NULL, 10) * 1024;
+        }
+    }
+}
+
 /* ---- probes ---- */
 
 /* Reads a small file into buf (NUL-terminated); 0 on success. */
@@ -165,6 +183,15 @@ int64_t mem_available(void) {
     }
     int64_t cg = mem_cgroup_room();
     return cg >= 0 && cg < avail ? cg : avail;
+}
+
+int mem_mapped_files(const char *dir, int64_t *rss, int64_t *pmd) {
+    *rss = *pmd = 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    mem_parse_smaps(f, dir, rss, pmd);
+    fclose(f);
+    return 0;
 }
 
 /* ---- filling ---- */

@@ -4,6 +4,7 @@
 #define DF_BASE_MEM_H
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Bytes the kernel can give this process now: /proc/meminfo MemAvailable
  * (never MemFree), capped by the cgroup's room (limit - usage). */
@@ -24,6 +25,14 @@ typedef struct mem_fill mem_fill;
 mem_fill *mem_fill_start(void *p, size_t n);
 void mem_fill_stop(mem_fill *f); /* NULL-safe */
 
+/* This process's mappings of the files under dir (a path prefix, absolute
+ * as the kernel prints it): the bytes resident (Rss) and, of those, the
+ * bytes mapped by 2 MB entries (FilePmdMapped): weights the page cache holds
+ * in small folios decode slower (TLB misses). 0, or -1 without
+ * /proc/self/smaps. mem_parse_smaps reads an smaps text from f (tests feed
+ * fmemopen'd strings). */
+int mem_mapped_files(const char *dir, int64_t *rss, int64_t *pmd);
+void mem_parse_smaps(FILE *f, const char *dir, int64_t *rss, int64_t *pmd);
 /* "Key:  123 kB" lines -> bytes; -1 if key is absent. */
 int64_t mem_parse_meminfo(const char *text, const char *key);
 /* A cgroup limit or usage file: bytes, or -1 for "max" / no limit. */

@@ -321,6 +321,9 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
      * ratio, down to parts "below" their floor */
     const double dram_first = dram, dram_after = df_dram_probe(nthr, cpus, df_probe_default_mb(), 0.5);
     if (dram_after > dram) dram = dram_after;
+    /* the mapped weights and how the page cache holds them (small folios read slower) */
+    int64_t mapped = 0, mapped_2mb = 0;
+    if (df_engine_mapped_weights(e, &mapped, &mapped_2mb) != 0) mapped = mapped_2mb = -1;
     /* the other floor: every weight byte of a step read once from RAM */
     int64_t spine = df_engine_spine_bytes_per_token(e);
     double touched = (double)spine + (double)df_engine_expert_bytes(e) * df_engine_experts_per_token(e) * nmoe_layers(e);
@@ -396,6 +399,8 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         json_object_set_new(o, "dram_gbps_probes", probes);
         json_object_set_new(o, "memory_floor_s_per_token", json_real(mem_floor));
         json_object_set_new(o, "ratio_to_larger_floor", json_real(best_floor > 0 ? med / best_floor : 0));
+        json_object_set_new(o, "mapped_weight_bytes", json_integer(mapped));
+        json_object_set_new(o, "mapped_weight_bytes_2mb", json_integer(mapped_2mb));
         json_object_set_new(o, "prefetch_issued_per_token", json_real((double)pf / ntok));
         json_object_set_new(o, "prefetch_precision", json_real(pf_precision));
         json_object_set_new(o, "prefetch_recall", json_real(pf_recall));
@@ -534,6 +539,12 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
                "                            better of the probes before and after, %.1f and %.1f)\n",
                mem_floor, touched / 1e9, dram, dram_first, dram_after);
         printf("ratio to the larger floor   %.3f\n", best_floor > 0 ? med / best_floor : 0);
+        if (mapped > 0)
+            printf("weights mapped              %.2f GB in memory, %.0f%% of it by 2 MB pages%s\n", mapped / 1e9,
+                   100.0 * (double)mapped_2mb / (double)mapped,
+                   mapped_2mb < mapped / 2 ? "\n                            (the page cache holds them in small folios, "
+                                             "as writing a file\n                            leaves it: see README, "
+                                             "bench/spine_pass.sh)" : "");
         if (ac.calls || ac.resident_mats || ac.cpu_calls) {
             printf("device uploads per token    %.1f MB (decode mean); host-to-device %.1f GB/s page-locked\n"
                    "                            (same run), expert cache %s; upload floor %.4f s/token, ratio %.3f\n",

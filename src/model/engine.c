@@ -7,12 +7,14 @@
 #include "model.h"
 #include "../base/cpus.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include "../experts/spine.h"
 #include "../experts/store.h"
 #include "../spine8/spine8.h"
 #include "../format/st_cache.h"
 #include "ffn.h"
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <time.h>
 #include <stdio.h>
@@ -985,6 +987,13 @@ int64_t df_engine_spine_bytes_per_token(const df_engine *e) {
     int64_t total = 0;
     for (int64_t i = 0; i < st_count(e->st); i++) total += token_bytes(e, st_at(e->st, i));
     return total;
+}
+
+int df_engine_mapped_weights(const df_engine *e, int64_t *resident, int64_t *in_2mb) {
+    char dir[PATH_MAX];
+    *resident = *in_2mb = 0;
+    if (!realpath(e->dir, dir)) return -1;
+    return mem_mapped_files(dir, resident, in_2mb);
 }
 
 int64_t df_engine_macs_per_token(const df_engine *e) {
