@@ -161,7 +161,7 @@ TEST(rel_mem_parsers) {
     CHECK(mem_parse_stat(st, "active_file") == -1);
     int64_t a = mem_available();
     CHECK(a > 0, "mem_available %lld", (long long)a);
-    /* smaps: the mappings of files under a folder, not of its namesakes */
+    /* smaps: the mappings of the files named, not of their namesakes elsewhere */
     static const char sm[] =
         "7f0000000000-7f0000400000 r--s 00000000 fd:00 11 /m/K 8/model-1.safetensors\n"
         "Size:               4096 kB\nRss:                4096 kB\nFilePmdMapped:      2048 kB\nVmFlags: rd sh hg\n"
@@ -173,7 +173,8 @@ TEST(rel_mem_parsers) {
     FILE *f = fmemopen((void *)sm, sizeof sm - 1, "r");
     REQUIRE(f);
     int64_t rss = -1, pmd = -1;
-    mem_parse_smaps(f, "/m/K 8", &rss, &pmd);
+    const char *files[] = {"/m/K 8/model-0.safetensors", "/m/K 8/model-1.safetensors"};
+    mem_parse_smaps(f, files, 2, &rss, &pmd);
     fclose(f);
     CHECK(rss == 4608 * 1024 && pmd == 2048 * 1024, "rss %lld pmd %lld", (long long)rss, (long long)pmd);
 }

@@ -85,9 +85,9 @@ void io_drop_cache(int fd, int64_t off, size_t n);
 /* After a weight file was written and fsync'd (its pages clean): drops them
  * from the page cache (posix_fadvise DONTNEED; nothing where the system has
  * no such advice). write(2) leaves small (4 KB) folios behind, and a spine
- * mapped from them decodes ~20% slower (TLB misses) than one the kernel
- * reads back, which it does in large (2 MB) folios. Advice only: errors are
- * ignored. */
+ * mapped from them decoded up to 4x slower on a Zen 5 VM (TLB misses) than
+ * one the kernel reads back, which it does in large (2 MB) folios. Advice
+ * only: errors are ignored. */
 void io_drop_written(int fd);
 /* Reads exactly n bytes at off; returns 0, or -1 with errno set (EIO on EOF). */
 int io_pread_full(const df_io *io, int fd, void *buf, size_t n, int64_t off);

@@ -86,16 +86,17 @@ int64_t mem_parse_stat(const char *text, const char *key) {
     return -1;
 }
 
-void mem_parse_smaps(FILE *f, const char *dir, int64_t *rss, int64_t *pmd) {
+void mem_parse_smaps(FILE *f, const char *const *paths, int n, int64_t *rss, int64_t *pmd) {
     *rss = *pmd = 0;
     char line[4096];
-    size_t dl = strlen(dir);
     int mine = 0;
     while (fgets(line, sizeof line, f)) {
         size_t tok = strcspn(line, " \n");
         if (memchr(line, '-', tok) && !memchr(line, ':', tok)) { /* "start-end perms off dev inode path" */
             char *path = strchr(line, '/');
-            mine = path && strncmp(path, dir, dl) == 0 && path[dl] == '/';
+            mine = 0;
+            if (path) path[strcspn(path, "\n")] = 0;
+            for (int i = 0; path && i < n && !mine; i++) mine = strcmp(path, paths[i]) == 0;
         } else if (mine && strncmp(line, "Rss:", 4) == 0) {
             *rss += (int64_t)strtoll(line + 4, NULL, 10) * 1024;
         } else if (mine && strncmp(line, "FilePmdMapped:", 14) == 0) {
@@ -185,11 +186,11 @@ int64_t mem_available(void) {
     return cg >= 0 && cg < avail ? cg : avail;
 }
 
-int mem_mapped_files(const char *dir, int64_t *rss, int64_t *pmd) {
+int mem_mapped_files(const char *const *paths, int n, int64_t *rss, int64_t *pmd) {
     *rss = *pmd = 0;
     FILE *f = fopen("/proc/self/smaps", "r");
     if (!f) return -1;
-    mem_parse_smaps(f, dir, rss, pmd);
+    mem_parse_smaps(f, paths, n, rss, pmd);
     fclose(f);
     return 0;
 }

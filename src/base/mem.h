@@ -25,14 +25,14 @@ typedef struct mem_fill mem_fill;
 mem_fill *mem_fill_start(void *p, size_t n);
 void mem_fill_stop(mem_fill *f); /* NULL-safe */
 
-/* This process's mappings of the files under dir (a path prefix, absolute
- * as the kernel prints it): the bytes resident (Rss) and, of those, the
- * bytes mapped by 2 MB entries (FilePmdMapped): weights the page cache holds
- * in small folios decode slower (TLB misses). 0, or -1 without
+/* This process's mappings of the files paths[0..n) (absolute, links
+ * resolved, as the kernel prints them): the bytes resident (Rss) and, of
+ * those, the bytes mapped by 2 MB entries (FilePmdMapped). Weights the page
+ * cache holds in small folios decode slower (TLB misses). 0, or -1 without
  * /proc/self/smaps. mem_parse_smaps reads an smaps text from f (tests feed
  * fmemopen'd strings). */
-int mem_mapped_files(const char *dir, int64_t *rss, int64_t *pmd);
-void mem_parse_smaps(FILE *f, const char *dir, int64_t *rss, int64_t *pmd);
+int mem_mapped_files(const char *const *paths, int n, int64_t *rss, int64_t *pmd);
+void mem_parse_smaps(FILE *f, const char *const *paths, int n, int64_t *rss, int64_t *pmd);
 /* "Key:  123 kB" lines -> bytes; -1 if key is absent. */
 int64_t mem_parse_meminfo(const char *text, const char *key);
 /* A cgroup limit or usage file: bytes, or -1 for "max" / no limit. */

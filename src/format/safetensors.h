@@ -61,16 +61,18 @@ void st_willneed(st_set *s, int64_t max_bytes, int (*keep)(const st_tensor *t, v
  * to map them with 2 MB entries where it can. Without it a page fault reads
  * small folios around itself (16 KB and up), worse when threads fault in
  * several places at once, and those folios stay in the page cache for every
- * later process: a spine read that way decoded 3-4x slower on a Zen 5 VM
- * (TLB misses). Pages already cached keep their folios. A hint: nothing
+ * later process: a spine read that way decoded 1.3x slower on a Zen 5 VM
+ * (TLB misses; 4x when write(2) had left it in 4 KB folios), within noise
+ * on an Intel host. Pages already cached keep their folios. A hint: nothing
  * changes but timing; nothing for I/O tables other than POSIX. */
 int st_hugepage(st_set *s, int (*keep)(const st_tensor *t, void *ctx), void *ctx); /* runs advised */
 /* A tensor read a row at a time at random (an untied embedding): its mapped
- * pages get MADV_RANDOM (and lose st_hugepage's advice), so a fault on one row reads that page, not the
- * device's read-ahead window around it (read_ahead_kb: 8 MB on some cloud
- * disks, where a decode token's new embedding row read 8 MB). Returns 1
- * when t is mapped (then st_rows_willneed is worth calling), else 0. A hint:
- * nothing changes but timing. */
+ * pages get MADV_RANDOM (and lose st_hugepage's advice), so a fault on one
+ * row reads that page, not the device's read-ahead window around it
+ * (read_ahead_kb: 8 MB on some cloud disks, where a decode token's new
+ * embedding row read 8 MB). Returns 1 when t is mapped (then
+ * st_rows_willneed is worth calling), else 0. A hint: nothing changes but
+ * timing. */
 int st_random_rows(st_set *s, const st_tensor *t);
 /* Asks the kernel to read bytes [p, p + len) of a mapping now (MADV_WILLNEED
  * on their pages): the rows a step is about to touch, in one request each

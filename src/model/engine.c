@@ -14,7 +14,6 @@
 #include "../format/st_cache.h"
 #include "ffn.h"
 #include <fcntl.h>
-#include <limits.h>
 #include <stdarg.h>
 #include <time.h>
 #include <stdio.h>
@@ -990,10 +989,16 @@ int64_t df_engine_spine_bytes_per_token(const df_engine *e) {
 }
 
 int df_engine_mapped_weights(const df_engine *e, int64_t *resident, int64_t *in_2mb) {
-    char dir[PATH_MAX];
     *resident = *in_2mb = 0;
-    if (!realpath(e->dir, dir)) return -1;
-    return mem_mapped_files(dir, resident, in_2mb);
+    int n = st_n_shards(e->st), k = 0;
+    char **paths = calloc((size_t)(n > 0 ? n : 1), sizeof *paths);
+    if (!paths) return -1;
+    for (int i = 0; i < n; i++) /* as the kernel names them: links resolved (a hub cache's snapshots) */
+        if ((paths[k] = realpath(st_shard_path(e->st, i), NULL))) k++;
+    int rc = mem_mapped_files((const char *const *)paths, k, resident, in_2mb);
+    for (int i = 0; i < k; i++) free(paths[i]);
+    free(paths);
+    return rc;
 }
 
 int64_t df_engine_macs_per_token(const df_engine *e) {

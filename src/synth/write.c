@@ -500,8 +500,8 @@ df_status sy_write(const sy_plan *p, const char *dir, const sy_io *io, int64_t *
     for (int i = 0; i < ns; i++) {
         if (w.fds[i] < 0) continue;
         /* On disk, then out of the page cache: read back, a shard sits in the
-         * large folios a read makes (a spine mapped from the small ones the
-         * writes left decodes ~20% slower). */
+         * large folios a read makes, not the small ones the writes left
+         * (io_drop_written). */
         if (st == DF_OK && io->fdatasync(w.fds[i]) != 0)
             st = df_fail(err, DF_ERR_IO, "%s/%s: fdatasync failed: %s", dir, p->shards[i].file, strerror(errno));
         if (st == DF_OK) io_drop_written(w.fds[i]);
