@@ -4,7 +4,8 @@
  * (df_engine_opts.prompt_chunks), Kimi and DeepSeek-V3 programs, experts
  * from the store and mapped, across the blocks' boundaries, at 1 and 2
  * threads, and from a position other than 0 (a second turn); the batch
- * stats count the blocks.
+ * stats count the blocks; the block buffers the engine keeps between
+ * prompts change no row.
  */
 #include "test.h"
 #include "deltafin.h"
@@ -164,32 +165,68 @@ TEST(prompt_cli_prefill_flag) {
     CHECK(rb == 0 && !strcmp(a, b), "--prefill-block 33 '%s' vs the default '%s'", b, a);
 }
 
-/* Every row of an n-token prompt, layer by layer in blocks of `block`
- * positions (0: the default), at kernel level lv (-1: the best). */
-static float *prompt_rows(const char *dir, int threads, int lv, int block, int n) {
-    df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.n_threads = threads;
-    o.simd_level = lv;
-    o.prompt_block = block;
-    o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
-    df_engine *e = open_opts(dir, &o);
-    if (!e) return NULL;
+/* Every row of an n-token prompt on e, in a new session (NULL on failure). */
+static float *rows_on(df_engine *e, int n) {
     const int V = df_engine_vocab_size(e);
     int32_t *tok = malloc((size_t)n * sizeof *tok);
     float *rows = malloc((size_t)n * V * sizeof(float));
     df_session *s = NULL;
     if (!tok || !rows || df_session_new(e, n + 1, &s) != DF_OK) {
-        free(tok), free(rows), df_engine_close(e);
+        free(tok), free(rows);
         return NULL;
     }
     uint32_t r = 99u + (uint32_t)n;
     for (int t = 0; t < n; t++) { r = r * 1664525u + 1013904223u; tok[t] = (int32_t)((r >> 8) % (uint32_t)V); }
     if (df_session_eval(s, tok, n, rows) != DF_OK) free(rows), rows = NULL;
     df_session_free(s);
-    df_engine_close(e);
     free(tok);
     return rows;
+}
+
+static df_engine *open_rows_engine(const char *dir, int threads, int lv, int block) {
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.n_threads = threads;
+    o.simd_level = lv;
+    o.prompt_block = block;
+    o.spine_dtype = DF_SPINE_DTYPE_CHECKPOINT;
+    return open_opts(dir, &o);
+}
+
+/* Every row of an n-token prompt, layer by layer in blocks of `block`
+ * positions (0: the default), at kernel level lv (-1: the best), on an
+ * engine of its own. */
+static float *prompt_rows(const char *dir, int threads, int lv, int block, int n) {
+    df_engine *e = open_rows_engine(dir, threads, lv, block);
+    float *rows = e ? rows_on(e, n) : NULL;
+    df_engine_close(e);
+    return rows;
+}
+
+/* The engine keeps a prompt's block buffers for the next prompt (prompt.h):
+ * prompts of other lengths after it, in new sessions, shorter ones (whose
+ * block fits the kept buffers) and longer ones (which replace them), give
+ * every row as an engine of their own does. Kimi K3 (KDA + MLA scratch),
+ * Kimi-Linear and DeepSeek-V3 (MLA alone); lengths at, under and over one
+ * session pass (DF_CHUNK 32) and a block of 100. */
+TEST(prompt_buffers_kept_between_prompts) {
+    const char *dirs[] = {"tests/fixtures/kimi_k3_a", "tests/fixtures/kimi_linear_b", "tests/fixtures/dsv3_qlora"};
+    const int lens[] = {40, 230, 33, 70, 230, 20, 150};
+    for (size_t d = 0; d < sizeof dirs / sizeof *dirs; d++) {
+        df_engine *e = open_rows_engine(dirs[d], 2, -1, 100);
+        REQUIRE(e, "%s", dirs[d]);
+        const size_t V = (size_t)df_engine_vocab_size(e);
+        for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+            const int n = lens[i];
+            float *kept = rows_on(e, n), *own = prompt_rows(dirs[d], 2, -1, 100, n);
+            CHECK(kept && own, "%s: %d tokens", dirs[d], n);
+            if (kept && own)
+                CHECK(!memcmp(kept, own, (size_t)n * V * sizeof(float)),
+                      "%s: prompt %zu (%d tokens) on the kept buffers differs from a fresh engine's", dirs[d], i, n);
+            free(kept), free(own);
+        }
+        df_engine_close(e);
+    }
 }
 
 /* The block size never changes the output: one block of the default 512,

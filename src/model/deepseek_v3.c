@@ -338,22 +338,13 @@ static void block_norms(df_engine *e, int n, float *x, const float *add, const f
     pool_for(e->pool, n, 8, norm_rows, &j);
 }
 
-/* A block's session, and MLA scratch for all of the block's rows (rows 0
- * when it could not be had or the block is one session pass: attention then
- * runs in DF_CHUNK pieces on the session's scratch). */
-typedef struct {
-    ds_state *s;
-    mla_scratch mla;
-} ds_prompt_host;
-
 /* One block of a prompt (prompt.h; the same contract as kimi.c's): every
  * layer over all of its rows, MLA's projections over the block's rows at
  * once (mla_forward_block), the MoE block over every row at once. */
 static df_status ds_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
                                  float *out, int all_rows, char *err) {
     ds_model *m = e->prog;
-    ds_prompt_host *ph = ctx;
-    ds_state *s = ph->s;
+    ds_state *s = ctx; /* the session; the block's attention scratch is b's */
     const int H = m->H;
     const int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
     const size_t nh = (size_t)n * H;
@@ -368,7 +359,7 @@ static df_status ds_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
         block_norms(e, n, x, NULL, y->attn_norm, xn, H, m->eps);
         prof_add(e, DF_PROF_NORMS, &pt);
         /* the block's rows at once where the block's scratch holds them */
-        st = mla_forward_block(e, &m->mla, &y->attn, s->cache + l * cstride, &ph->mla, &s->mla, pos, n, xn, yv, err);
+        st = mla_forward_block(e, &m->mla, &y->attn, s->cache + l * cstride, &b->mla, &s->mla, pos, n, xn, yv, err);
         if (st != DF_OK) return st;
         prof_add(e, DF_PROF_MLA, &pt);
         block_norms(e, n, x, yv, y->ffn_norm, xn, H, m->eps);
@@ -389,13 +380,10 @@ static df_status ds_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
 static df_status ds_forward_prompt(df_engine *e, void *state, int pos, const int32_t *tokens, int n, float *out,
                                    int all_rows, char *err) {
     ds_model *m = e->prog;
-    ds_prompt_host ph = {state, {0}};
-    if (n < 1 || pos + n > ph.s->max_ctx) return DF_ERR_ARG;
-    const int rows = n < e->opts.prompt_block ? n : e->opts.prompt_block;
-    if (rows > DF_CHUNK && mla_scratch_new(&m->mla, 0, ph.s->max_ctx, rows, &ph.mla) != DF_OK) ph.mla.rows = 0;
-    df_status st = prompt_run(e, m->H, 0, m->inter, m->H, pos, tokens, n, out, all_rows, ds_prompt_block, &ph, err);
-    mla_scratch_free(&ph.mla);
-    return st;
+    ds_state *s = state;
+    if (n < 1 || pos + n > s->max_ctx) return DF_ERR_ARG;
+    const prompt_attn attn = {NULL, &m->mla};
+    return prompt_run(e, m->H, 0, m->inter, m->H, attn, pos, tokens, n, out, all_rows, ds_prompt_block, s, err);
 }
 
 /* ---- describe ---- */

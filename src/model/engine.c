@@ -13,6 +13,7 @@
 #include "../spine8/spine8.h"
 #include "../format/st_cache.h"
 #include "ffn.h"
+#include "prompt.h"
 #include <fcntl.h>
 #include <stdarg.h>
 #include <time.h>
@@ -250,6 +251,7 @@ void df_engine_close(df_engine *e) {
     st_close(e->st);
     free(e->describe_text);
     free(e->batch_logits);
+    prompt_ws_free(e);
     free(e);
 }
 

@@ -498,15 +498,6 @@ static df_status km_forward(df_engine *e, void *state, int pos, const int32_t *t
 
 /* ---- a long prompt, layer by layer ---- */
 
-/* A host block's session, and KDA and MLA scratch for all of the block's
- * rows (rows 0 when it could not be had or the block is one session pass:
- * that attention then runs in DF_CHUNK pieces on the session's scratch). */
-typedef struct {
-    km_state *s;
-    kda_scratch kda;
-    mla_scratch mla;
-} km_prompt_host;
-
 /* One block of a prompt (prompt.h): every layer over all of its rows before
  * the next layer starts (attention's projections over the block's rows,
  * kda_forward_block / mla_forward_block), the feed-forward block over every
@@ -517,8 +508,7 @@ typedef struct {
 static df_status km_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos, const int32_t *tokens, int n,
                                  float *out, int all_rows, char *err) {
     km_model *m = e->prog;
-    km_prompt_host *ph = ctx;
-    km_state *s = ph->s;
+    km_state *s = ctx; /* the session; the block's attention scratch is b's */
     const int H = m->H;
     const int64_t kstride = kda_state_floats(&m->kda);
     const int64_t cstride = (int64_t)s->max_ctx * mla_cache_floats_per_pos(&m->mla);
@@ -536,9 +526,9 @@ static df_status km_prompt_block(df_engine *e, void *ctx, prompt_buf *b, int pos
         int restart = layer_in(e, m, y, l, n, h, anc, &na, xin, xn);
         prof_add(e, DF_PROF_NORMS, &pt);
         /* attention over the block's rows at once where the block's scratch holds them */
-        st = y->kda ? kda_forward_block(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, &ph->kda, &s->kda, n,
+        st = y->kda ? kda_forward_block(e, &m->kda, &y->k, s->kda_state + y->slot * kstride, &b->kda, &s->kda, n,
                                         xn, yv, err)
-                    : mla_forward_block(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, &ph->mla, &s->mla, pos,
+                    : mla_forward_block(e, &m->mla, &y->a, s->mla_cache + y->slot * cstride, &b->mla, &s->mla, pos,
                                         n, xn, yv, err);
         if (st != DF_OK) return st;
         prof_add(e, y->kda ? DF_PROF_KDA : DF_PROF_MLA, &pt);
@@ -590,16 +580,9 @@ static df_status km_forward_prompt(df_engine *e, void *state, int pos, const int
     if (n < 1 || pos + n > s->max_ctx || !km_prompt_takes(e, state)) return DF_ERR_ARG;
     const int dl = c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : m->H;
     if (!e->acc) {
-        km_prompt_host ph = {s, {0}, {0}};
-        const int rows = n < e->opts.prompt_block ? n : e->opts.prompt_block;
-        if (m->n_kda && rows > DF_CHUNK && kda_scratch_new(&m->kda, rows, &ph.kda) != DF_OK) ph.kda.rows = 0;
-        if (m->n_mla && rows > DF_CHUNK && mla_scratch_new(&m->mla, 0, s->max_ctx, rows, &ph.mla) != DF_OK)
-            ph.mla.rows = 0;
-        df_status st = prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, all_rows,
-                                  km_prompt_block, &ph, err);
-        kda_scratch_free(&ph.kda);
-        mla_scratch_free(&ph.mla);
-        return st;
+        const prompt_attn attn = {m->n_kda ? &m->kda : NULL, m->n_mla ? &m->mla : NULL};
+        return prompt_run(e, m->H, m->max_anchors, m->inter, dl, attn, pos, tokens, n, out, all_rows,
+                          km_prompt_block, s, err);
     }
     const int rows = n < e->opts.prompt_block ? n : e->opts.prompt_block, K = c->num_experts_per_tok;
     km_prompt_dev pd = {s, {0}};
@@ -615,7 +598,8 @@ static df_status km_forward_prompt(df_engine *e, void *state, int pos, const int
         return DF_OK;
     }
     km_dev_place(&pd.d, m, blk, rows, dl, K);
-    df_status st = prompt_run(e, m->H, m->max_anchors, m->inter, dl, pos, tokens, n, out, all_rows,
+    const prompt_attn none = {NULL, NULL}; /* attention runs on the device */
+    df_status st = prompt_run(e, m->H, m->max_anchors, m->inter, dl, none, pos, tokens, n, out, all_rows,
                               km_prompt_block_dev, &pd, err);
     acc_dev_free(e->acc, blk);
     return st;
