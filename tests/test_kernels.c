@@ -731,7 +731,10 @@ TEST(kn_pool_many_same_bits_as_matmul) {
         {WT_INT4_G32, DT_BF16, 19, 224}, {WT_F32, DT_UNKNOWN, 3, 224}, {WT_MXFP4, DT_UNKNOWN, 9, 96},
         {WT_I8_ROW, DT_UNKNOWN, 11, 224}};
     enum { NM = 7 };
-    static const int ns[] = {1, 4, 11};
+    /* 80 and 40: prepared x past the stack's, in a kept buffer (grown for 80,
+     * larger than needed for 40) as well as a pass's own */
+    static const int ns[] = {1, 4, 11, 80, 40};
+    kn_px_buf kept = {0};
     df_pool *pool = pool_new(3);
     REQUIRE(pool);
     tmat m[NM];
@@ -749,30 +752,41 @@ TEST(kn_pool_many_same_bits_as_matmul) {
         const float *xs[NM] = {xa, xa, xa, xb, xa, xc, xa};
         for (int lv = KN_SCALAR; lv <= KN_AMX; lv++) {
             if (!kn_level_available((kn_level)lv)) continue;
-            kn_mm_item it[NM + 1];
-            float *Y[NM + 1], *Z[NM];
+            kn_mm_item it[NM + 1], ik[NM + 1];
+            float *Y[NM + 1], *K[NM], *Z[NM];
             for (int i = 0; i < NM; i++) {
                 const int64_t ldy = mats[i].rows + 2; /* a stride past the rows */
                 Y[i] = calloc((size_t)n * ldy, sizeof(float));
+                K[i] = calloc((size_t)n * ldy, sizeof(float));
                 Z[i] = calloc((size_t)n * ldy, sizeof(float));
-                REQUIRE(Y[i] && Z[i]);
+                REQUIRE(Y[i] && K[i] && Z[i]);
                 it[i] = (kn_mm_item){&m[i].w, xs[i], n, Y[i], ldy};
+                ik[i] = (kn_mm_item){&m[i].w, xs[i], n, K[i], ldy};
                 kn_matmul((kn_level)lv, &m[i].w, xs[i], n, Z[i], ldy, 0, mats[i].rows);
             }
-            it[NM] = (kn_mm_item){&m[0].w, xa, 0, NULL, 0}; /* no vectors: nothing */
+            it[NM] = ik[NM] = (kn_mm_item){&m[0].w, xa, 0, NULL, 0}; /* no vectors: nothing */
             kn_matmul_pool_many(pool, (kn_level)lv, it, NM + 1);
+            kn_matmul_pool_many_kept(pool, (kn_level)lv, ik, NM + 1, &kept);
             for (int i = 0; i < NM; i++) {
-                int diff = 0;
+                int diff = 0, diffk = 0;
                 for (int v = 0; v < n; v++)
-                    for (int64_t r = 0; r < mats[i].rows + 2; r++)
-                        diff += !same_bits(Y[i][(size_t)v * (mats[i].rows + 2) + r], Z[i][(size_t)v * (mats[i].rows + 2) + r]);
+                    for (int64_t r = 0; r < mats[i].rows + 2; r++) {
+                        const size_t o = (size_t)v * (mats[i].rows + 2) + r;
+                        diff += !same_bits(Y[i][o], Z[i][o]);
+                        diffk += !same_bits(K[i][o], Z[i][o]);
+                    }
                 CHECK(diff == 0, "%s product %d (%s) n=%d: %d outputs differ from kn_matmul", kn_level_name((kn_level)lv), i,
                       wt_type_name(mats[i].t), n, diff);
-                free(Y[i]), free(Z[i]);
+                CHECK(diffk == 0, "%s product %d (%s) n=%d: %d outputs on a kept buffer differ from kn_matmul",
+                      kn_level_name((kn_level)lv), i, wt_type_name(mats[i].t), n, diffk);
+                free(Y[i]), free(K[i]), free(Z[i]);
             }
         }
         free(xa), free(xb), free(xc);
     }
+    CHECK(kept.cap >= 40 * 4 * 224, "the kept buffer was never used past the stack (%lld floats)",
+          (long long)kept.cap);
+    kn_px_buf_free(&kept);
     for (int i = 0; i < NM; i++) tmat_free(&m[i]);
     pool_free(pool);
 }

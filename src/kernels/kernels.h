@@ -159,6 +159,20 @@ typedef struct {
  * go to the AMX tiles (and more than KN_POOL_MANY) run one by one. */
 enum { KN_POOL_MANY = 16 };
 void kn_matmul_pool_many(struct df_pool *pool, kn_level lv, const kn_mm_item *items, int count);
+/* A buffer for prepared x that a caller keeps between products (the
+ * engine): a prompt's products prepare up to n x cols floats (69 MB for
+ * 512 vectors of K3's 33792-wide MLP input), and fresh pages for them in
+ * every pass cost a fault a 4 KB page. Grown as needed; kn_px_buf_free
+ * frees it. The _kept forms use it instead of allocating; the same values. */
+typedef struct {
+    float *p;
+    int64_t cap; /* floats */
+} kn_px_buf;
+void kn_matmul_pool_kept(struct df_pool *pool, kn_level lv, const df_weight *w, const float *X, int n, float *Y,
+                         int64_t ldy, int64_t rows, kn_px_buf *kept);
+void kn_matmul_pool_many_kept(struct df_pool *pool, kn_level lv, const kn_mm_item *items, int count,
+                              kn_px_buf *kept);
+void kn_px_buf_free(kn_px_buf *b);
 int64_t kn_amx_x_init_emu(kn_amx_x *px, const df_weight *w, int n);
 void kn_amx_x_pack_emu(const kn_amx_x *px, const float *X, int g0, int g1);
 void kn_matmul_amx_x_emu(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, int64_t row0, int64_t row1);

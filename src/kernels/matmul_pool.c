@@ -5,7 +5,8 @@
  * columns), x prepared once for all threads instead of once per chunk of
  * rows a thread claims; else kn_matmul per chunk. The values are
  * kn_matmul's bit for bit whichever way runs. Owns the prepared x for the
- * call (on the stack up to a decode vector's, else allocated).
+ * call (on the stack up to a decode vector's, else allocated), unless the
+ * caller lends a kn_px_buf it keeps between calls (the _kept forms).
  *
  * kn_matmul_pool_many: several products in one pass (a decode step's
  * attention projections are 6-10 products of one input, each ~1 ms at 16
@@ -59,11 +60,30 @@ static int same_prep(const kn_mm_item *a, const kn_mm_item *b) {
            a->w->scale_dtype == b->w->scale_dtype;
 }
 
+/* kept's buffer holding at least floats (grown: the old one freed first,
+ * so the two are never held at once); NULL when out of memory (the pass
+ * then prepares x per chunk, as with no buffer). */
+static float *px_kept(kn_px_buf *kept, int64_t floats) {
+    if (kept->cap < floats) {
+        free(kept->p);
+        kept->p = aligned_alloc(64, (size_t)floats * sizeof(float));
+        kept->cap = kept->p ? floats : 0;
+    }
+    return kept->p;
+}
+
+void kn_px_buf_free(kn_px_buf *b) {
+    if (!b) return;
+    free(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
 /* The items' rows in one pass over the pool (at most KN_POOL_MANY, none for
  * the AMX tiles), x prepared once per item that reads it in a form of its
  * own, or shared with an earlier item that reads the same x in the same
  * form (no memory for it: kn_matmul prepares it per chunk). */
-static void run_pass(struct df_pool *pool, kn_level lv, const kn_mm_item *items, int count) {
+static void run_pass(struct df_pool *pool, kn_level lv, const kn_mm_item *items, int count, kn_px_buf *kept) {
     pass_job j = {.lv = lv, .it = items};
     int64_t off[KN_POOL_MANY], total = 0; /* where item i's prepared x goes; -1: none */
     int owner[KN_POOL_MANY];              /* the item that prepares it */
@@ -80,7 +100,8 @@ static void run_pass(struct df_pool *pool, kn_level lv, const kn_mm_item *items,
     }
     if (j.start[count] == 0) return;
     _Alignas(64) float stack[PX_STACK];
-    float *Xp = total <= 0 ? NULL : total <= PX_STACK ? stack : aligned_alloc(64, (size_t)total * sizeof(float));
+    float *Xp = total <= 0 ? NULL : total <= PX_STACK ? stack : kept ? px_kept(kept, total)
+                                                                     : aligned_alloc(64, (size_t)total * sizeof(float));
     for (int i = 0; i < count; i++) {
         j.xp[i] = Xp && off[i] >= 0 ? Xp + off[i] : NULL;
         if (!j.xp[i] || owner[i] != i) continue;
@@ -89,26 +110,37 @@ static void run_pass(struct df_pool *pool, kn_level lv, const kn_mm_item *items,
         else pool_for(pool, items[i].n, 1, prep_vectors, &pj);
     }
     pool_for(pool, j.start[count], ROW_GRAIN, pass_rows, &j);
-    if (Xp && Xp != stack) free(Xp);
+    if (Xp && Xp != stack && !kept) free(Xp);
 }
 
 void kn_matmul_pool(struct df_pool *pool, kn_level lv, const df_weight *w, const float *X, int n, float *Y,
                     int64_t ldy, int64_t rows) {
+    kn_matmul_pool_kept(pool, lv, w, X, n, Y, ldy, rows, NULL);
+}
+
+void kn_matmul_pool_kept(struct df_pool *pool, kn_level lv, const df_weight *w, const float *X, int n, float *Y,
+                         int64_t ldy, int64_t rows, kn_px_buf *kept) {
     if (n <= 0 || rows <= 0) return;
     if (lv == KN_AMX && kn_matmul_amx_pool(pool, w, X, n, Y, ldy, rows)) return;
     df_weight v = *w; /* rows [0, rows): a row-major prefix of w is a matrix of its own */
     v.rows = rows;
     const kn_mm_item it = {&v, X, n, Y, ldy};
-    run_pass(pool, lv, &it, 1);
+    run_pass(pool, lv, &it, 1, kept);
 }
 
 void kn_matmul_pool_many(struct df_pool *pool, kn_level lv, const kn_mm_item *items, int count) {
+    kn_matmul_pool_many_kept(pool, lv, items, count, NULL);
+}
+
+void kn_matmul_pool_many_kept(struct df_pool *pool, kn_level lv, const kn_mm_item *items, int count,
+                              kn_px_buf *kept) {
     int one_by_one = count > KN_POOL_MANY;
     for (int i = 0; i < count && !one_by_one; i++) one_by_one = lv == KN_AMX && items[i].n >= KN_AMX_MIN_N;
     if (!one_by_one) {
-        run_pass(pool, lv, items, count);
+        run_pass(pool, lv, items, count, kept);
         return;
     }
     for (int i = 0; i < count; i++)
-        kn_matmul_pool(pool, lv, items[i].w, items[i].X, items[i].n, items[i].Y, items[i].ldy, items[i].w->rows);
+        kn_matmul_pool_kept(pool, lv, items[i].w, items[i].X, items[i].n, items[i].Y, items[i].ldy, items[i].w->rows,
+                            kept);
 }

@@ -252,6 +252,7 @@ void df_engine_close(df_engine *e) {
     free(e->describe_text);
     free(e->batch_logits);
     prompt_ws_free(e);
+    kn_px_buf_free(&e->px);
     free(e);
 }
 
@@ -498,7 +499,7 @@ static int cpu_computes(df_engine *e, const df_weight *w, const float *X, int n,
 
 void mm(df_engine *e, const df_weight *w, const float *X, int n, float *Y, int64_t ldy) {
     /* x packed or prepared once for all threads (kernels.h) */
-    if (cpu_computes(e, w, X, n, Y, ldy)) kn_matmul_pool(e->pool, e->level, w, X, n, Y, ldy, w->rows);
+    if (cpu_computes(e, w, X, n, Y, ldy)) kn_matmul_pool_kept(e->pool, e->level, w, X, n, Y, ldy, w->rows, &e->px);
 }
 
 void mm_host_many(df_engine *e, const mm_req *r, int count) {
@@ -507,12 +508,12 @@ void mm_host_many(df_engine *e, const mm_req *r, int count) {
     for (int i = 0; i < count; i++) {
         if (!cpu_computes(e, r[i].w, r[i].X, r[i].n, r[i].Y, r[i].ldy)) continue;
         if (k == KN_POOL_MANY) {
-            kn_matmul_pool_many(e->pool, e->level, it, k);
+            kn_matmul_pool_many_kept(e->pool, e->level, it, k, &e->px);
             k = 0;
         }
         it[k++] = r[i];
     }
-    if (k) kn_matmul_pool_many(e->pool, e->level, it, k);
+    if (k) kn_matmul_pool_many_kept(e->pool, e->level, it, k, &e->px);
 }
 
 /* ---- sessions ---- */

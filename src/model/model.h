@@ -151,6 +151,7 @@ struct df_engine {
                                  nothing (moe_all_on_device); a hint, never a result */
     char meta_note[512];      /* what the metadata cache did at open (st_cache.h), "" if nothing to say */
     struct prompt_buf *prompt_ws; /* a layer-major prompt's block buffers, kept between prompts (prompt.h) */
+    kn_px_buf px;             /* mm()'s prepared x, kept between products (kernels.h) */
 };
 /* The engine's scratch for a batched pass's logits rows, allocated on first
  * use (NULL when out of memory). */
