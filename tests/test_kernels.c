@@ -990,10 +990,19 @@ TEST(kn_amx_layouts) {
             for (int i = 0; i < n * 1024; i++) X[i] = 0.001f * (float)((i * 53) % 997) - 0.5f;
             /* rows [0, 60) of 97: the rest of Y untouched */
             for (int i = 0; i < n * 97; i++) Y[i] = Z[i] = -7.0f;
-            CHECK(kn_matmul_amx_pool(pool, &m.w, X, n, Y, 97, 60) == 1);
+            CHECK(kn_matmul_amx_pool(pool, &m.w, X, n, Y, 97, 60, NULL) == 1);
             kn_matmul(KN_AMX, &m.w, X, n, Z, 97, 0, 60);
             CHECK(memcmp(Y, Z, (size_t)n * 97 * sizeof *Y) == 0, "%s: the pool's product differs",
                   wt_type_name(types[k]));
+            /* x packed into a kept buffer, twice (the second time reused) */
+            kn_px_buf kept = {0};
+            for (int t = 0; t < 2; t++) {
+                for (int i = 0; i < n * 97; i++) Y[i] = -7.0f;
+                CHECK(kn_matmul_amx_pool(pool, &m.w, X, n, Y, 97, 60, &kept) == 1 && kept.cap > 0);
+                CHECK(memcmp(Y, Z, (size_t)n * 97 * sizeof *Y) == 0, "%s: the pool's product on a kept buffer differs",
+                      wt_type_name(types[k]));
+            }
+            kn_px_buf_free(&kept);
             free(X), free(Y), free(Z);
             tmat_free(&m);
         }

@@ -1,7 +1,8 @@
 /* amx_pool.c — kn_matmul_amx_pool: a product at KN_AMX with x packed once
  * for all threads (its groups split over the pool), then rows [0, rows) split
  * over the pool. kn_matmul called from each thread would pack x again for every
- * chunk of rows a thread claims. Owns the packed x for the call.
+ * chunk of rows a thread claims. Owns the packed x for the call, unless the
+ * caller lends a kn_px_buf it keeps between calls.
  */
 #include "kernels.h"
 #include "../base/pool.h"
@@ -34,13 +35,15 @@ int64_t kn_amx_x_plan(kn_amx_x *px, const df_weight *w, int n) {
 }
 
 int kn_matmul_amx_pool(struct df_pool *pool, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
-                       int64_t rows) {
+                       int64_t rows, kn_px_buf *kept) {
     kn_amx_x px;
     const int64_t bytes = kn_amx_x_plan(&px, w, n);
-    if (bytes <= 0 || !(px.B = aligned_alloc(64, (size_t)bytes))) return 0;
+    if (bytes <= 0) return 0;
+    px.B = kept ? kn_px_buf_get(kept, (bytes + 3) / 4) : aligned_alloc(64, (size_t)bytes);
+    if (!px.B) return 0;
     amx_job a = {&px, X, Y, ldy};
     pool_for(pool, px.groups, 1, pack_groups, &a);
     pool_for(pool, rows, 32, row_range, &a);
-    free(px.B);
+    if (!kept) free(px.B);
     return 1;
 }

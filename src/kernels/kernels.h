@@ -130,13 +130,14 @@ void kn_matmul_amx_x(const kn_amx_x *px, const float *X, float *Y, int64_t ldy, 
  * (amx_pool.c). A packed x also serves another weight of the same type and
  * cols: copy px and set w. */
 int64_t kn_amx_x_plan(kn_amx_x *px, const df_weight *w, int n);
-/* Rows [0, rows) of a product on a pool (amx_pool.c): x packed once, then
- * the rows; 0 (nothing written) when w is not for the tiles, n <
- * KN_AMX_MIN_N, this CPU has no AMX or memory is short (the caller then
- * runs kn_matmul). */
+/* Rows [0, rows) of a product on a pool (amx_pool.c): x packed once (into
+ * kept when given, see kn_px_buf), then the rows; 0 (nothing written) when
+ * w is not for the tiles, n < KN_AMX_MIN_N, this CPU has no AMX or memory
+ * is short (the caller then runs kn_matmul). */
 struct df_pool;
+typedef struct kn_px_buf kn_px_buf;
 int kn_matmul_amx_pool(struct df_pool *pool, const df_weight *w, const float *X, int n, float *Y, int64_t ldy,
-                       int64_t rows);
+                       int64_t rows, kn_px_buf *kept);
 /* Rows [0, rows) of a product at level lv split over a pool, as the engine
  * runs its products (matmul_pool.c): x packed or prepared once for all
  * threads where the level reads it in a form of its own (AMX, kn_px_*);
@@ -164,14 +165,18 @@ void kn_matmul_pool_many(struct df_pool *pool, kn_level lv, const kn_mm_item *it
  * 512 vectors of K3's 33792-wide MLP input), and fresh pages for them in
  * every pass cost a fault a 4 KB page. Grown as needed; kn_px_buf_free
  * frees it. The _kept forms use it instead of allocating; the same values. */
-typedef struct {
+struct kn_px_buf {
     float *p;
     int64_t cap; /* floats */
-} kn_px_buf;
+};
 void kn_matmul_pool_kept(struct df_pool *pool, kn_level lv, const df_weight *w, const float *X, int n, float *Y,
                          int64_t ldy, int64_t rows, kn_px_buf *kept);
 void kn_matmul_pool_many_kept(struct df_pool *pool, kn_level lv, const kn_mm_item *items, int count,
                               kn_px_buf *kept);
+/* The kept buffer holding at least floats (grown: the old one freed first,
+ * so the two are never held at once); NULL when out of memory (the callers
+ * then do as with no buffer). */
+float *kn_px_buf_get(kn_px_buf *b, int64_t floats);
 void kn_px_buf_free(kn_px_buf *b);
 int64_t kn_amx_x_init_emu(kn_amx_x *px, const df_weight *w, int n);
 void kn_amx_x_pack_emu(const kn_amx_x *px, const float *X, int g0, int g1);

@@ -60,10 +60,7 @@ static int same_prep(const kn_mm_item *a, const kn_mm_item *b) {
            a->w->scale_dtype == b->w->scale_dtype;
 }
 
-/* kept's buffer holding at least floats (grown: the old one freed first,
- * so the two are never held at once); NULL when out of memory (the pass
- * then prepares x per chunk, as with no buffer). */
-static float *px_kept(kn_px_buf *kept, int64_t floats) {
+float *kn_px_buf_get(kn_px_buf *kept, int64_t floats) {
     if (kept->cap < floats) {
         free(kept->p);
         kept->p = aligned_alloc(64, (size_t)floats * sizeof(float));
@@ -100,7 +97,7 @@ static void run_pass(struct df_pool *pool, kn_level lv, const kn_mm_item *items,
     }
     if (j.start[count] == 0) return;
     _Alignas(64) float stack[PX_STACK];
-    float *Xp = total <= 0 ? NULL : total <= PX_STACK ? stack : kept ? px_kept(kept, total)
+    float *Xp = total <= 0 ? NULL : total <= PX_STACK ? stack : kept ? kn_px_buf_get(kept, total)
                                                                      : aligned_alloc(64, (size_t)total * sizeof(float));
     for (int i = 0; i < count; i++) {
         j.xp[i] = Xp && off[i] >= 0 ? Xp + off[i] : NULL;
@@ -121,7 +118,7 @@ void kn_matmul_pool(struct df_pool *pool, kn_level lv, const df_weight *w, const
 void kn_matmul_pool_kept(struct df_pool *pool, kn_level lv, const df_weight *w, const float *X, int n, float *Y,
                          int64_t ldy, int64_t rows, kn_px_buf *kept) {
     if (n <= 0 || rows <= 0) return;
-    if (lv == KN_AMX && kn_matmul_amx_pool(pool, w, X, n, Y, ldy, rows)) return;
+    if (lv == KN_AMX && kn_matmul_amx_pool(pool, w, X, n, Y, ldy, rows, kept)) return;
     df_weight v = *w; /* rows [0, rows): a row-major prefix of w is a matrix of its own */
     v.rows = rows;
     const kn_mm_item it = {&v, X, n, Y, ldy};
