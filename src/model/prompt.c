@@ -42,7 +42,8 @@ static prompt_buf *buf_take(df_engine *e, int rows, int hidden, int anchors, int
     const df_config *c = &e->cfg;
     prompt_buf *b = e->prompt_ws;
     e->prompt_ws = NULL;
-    if (b && b->rows >= rows && b->hidden == hidden && b->n_anchors == anchors && b->inter == inter && b->dl == dl) {
+    if (b && b->rows >= rows && b->n_anchors == anchors && b->moe.hidden == hidden && b->moe.inter == inter &&
+        b->moe.dl == dl) {
         /* what a failed pass may have left: the MoE batch, the device rows */
         moe_batch_clear(&b->moe.batch);
         memset(b->moe.mark, 0, (size_t)b->moe.E);
@@ -51,7 +52,7 @@ static prompt_buf *buf_take(df_engine *e, int rows, int hidden, int anchors, int
     }
     buf_free(b);
     if (!(b = calloc(1, sizeof *b))) return NULL;
-    b->rows = rows, b->hidden = hidden, b->n_anchors = anchors, b->inter = inter, b->dl = dl;
+    b->rows = rows, b->n_anchors = anchors;
     const size_t act = (size_t)rows * hidden * sizeof(float);
     b->h = malloc(act);
     b->xin = malloc(act);

@@ -23,7 +23,7 @@
 
 struct prompt_buf {
     int rows;                  /* the block's capacity */
-    int hidden, n_anchors, inter, dl; /* the widths it was made for */
+    int n_anchors;             /* anchors a row it was made for (the other widths: moe's) */
     float *h, *xin, *xn, *y;   /* [rows][hidden] */
     float *anchors;            /* [rows][anchors][hidden] (anchors >= 1) */
     moe_scratch moe;           /* sized for rows */
