@@ -198,3 +198,51 @@ TEST(xs_peak_rss_within_plan) {
     CHECK(got == 2, "parse: %s", m);
     CHECK(rss > 0 && rss <= plan, "peak RSS %.1f MB above the plan %.1f MB", rss, plan);
 }
+
+/* ---- tensors moved to aligned places after a read (place.h) ---- */
+
+#include "../src/experts/place.h"
+
+/* Random spans of 1-9 tensors (sizes 1 byte to 3000, gaps up to 300, some
+ * tensors already on the line), read to a random position: after
+ * place_move every tensor starts on PLACE_ALIGN with its own bytes, no
+ * earlier than where the read put it, within the room place_plan asked
+ * for, and a span whose tensors all lie on the line moves nothing. */
+TEST(xs_place_moves_tensors_to_aligned_places) {
+    uint32_t r = 12345;
+#define RND() (r = r * 1664525u + 1013904223u, r >> 8)
+    int bad = 0, moved_none_when_aligned = 1;
+    for (int trial = 0; trial < 400; trial++) {
+        const int n = 1 + (int)(RND() % 9), aligned = trial % 7 == 0;
+        int64_t off[9], len[9], at[9];
+        int64_t o = 1000 + (int64_t)(RND() % 4096);
+        if (aligned) o = o / PLACE_ALIGN * PLACE_ALIGN;
+        for (int i = 0; i < n; i++) {
+            off[i] = o;
+            len[i] = aligned ? PLACE_ALIGN * (1 + (int64_t)(RND() % 20)) : 1 + (int64_t)(RND() % 3000);
+            o += len[i] + (aligned ? PLACE_ALIGN * (int64_t)(RND() % 3) : (int64_t)(RND() % 300));
+        }
+        const int64_t start = off[0], span_len = off[n - 1] + len[n - 1] - start;
+        const int64_t pos = aligned ? 512 : 512 + (int64_t)(RND() % 512); /* where the read puts `start` */
+        const int64_t past = place_plan(off, len, n, start, pos, span_len, at);
+        const size_t cap = (size_t)(pos + span_len + past);
+        uint8_t *buf = malloc(cap), *file = malloc((size_t)(span_len));
+        REQUIRE(buf && file, "memory");
+        for (int64_t i = 0; i < span_len; i++) file[i] = (uint8_t)RND();
+        memset(buf, 0xee, cap);
+        memcpy(buf + pos, file, (size_t)span_len); /* the read */
+        if (aligned && place_moves(off, n, start, pos, at)) moved_none_when_aligned = 0;
+        place_move(buf, off, len, n, start, pos, at);
+        for (int i = 0; i < n; i++) {
+            const int64_t was = pos + (off[i] - start);
+            if (at[i] % PLACE_ALIGN || at[i] < was || at[i] + len[i] > (int64_t)cap ||
+                (i && at[i] < at[i - 1] + len[i - 1]) || memcmp(buf + at[i], file + (off[i] - start), (size_t)len[i]))
+                bad++;
+        }
+        free(buf);
+        free(file);
+    }
+#undef RND
+    CHECK(bad == 0, "%d tensors misplaced or changed", bad);
+    CHECK(moved_none_when_aligned, "an aligned span moved");
+}

@@ -10,6 +10,7 @@
  * completions; passes; prefetch; stats.
  */
 #include "store.h"
+#include "place.h"
 #include "../base/port.h"
 #include "../base/err.h"
 #include "../base/mem.h"
@@ -47,7 +48,8 @@ typedef struct {
     df_weight w[XS_MATS]; /* lazy views: t_data / t_scale set, pointers NULL */
     span_t span[MAX_SPANS];
     int8_t piece_span[MAX_PIECES]; /* span of w[i] data (2i) and scale (2i+1); -1 none */
-    uint8_t nspan, reg;
+    int64_t piece_pos[MAX_PIECES]; /* where that tensor lies in the slot once placed (place_pieces) */
+    uint8_t nspan, reg, moves;     /* moves: some tensor lies elsewhere than its span's read put it */
 } xs_expert;
 
 enum { SLOT_EMPTY = 0, SLOT_LOADING, SLOT_READY };
@@ -160,21 +162,71 @@ df_status xs_register(xs_store *x, int layer, int e, const df_weight w[XS_MATS],
 static int64_t align_down(int64_t v) { return v / XR_ALIGN * XR_ALIGN; }
 static int64_t align_up(int64_t v) { return (v + XR_ALIGN - 1) / XR_ALIGN * XR_ALIGN; }
 
+/* The tensor of piece i (w[i / 2] data, or its scale for odd i), or NULL. */
+static const st_tensor *piece_tensor(const xs_expert *ex, int i) {
+    return i % 2 ? ex->w[i / 2].t_scale : ex->w[i / 2].t_data;
+}
+
+/* Span s's pieces (indices into piece_span) by file offset, with their
+ * offsets and sizes; returns how many. */
+static int span_pieces(const xs_expert *ex, int s, int idx[MAX_PIECES], int64_t off[MAX_PIECES],
+                       int64_t len[MAX_PIECES]) {
+    int n = 0;
+    for (int i = 0; i < MAX_PIECES; i++)
+        if (ex->piece_span[i] == s) idx[n++] = i;
+    for (int i = 1; i < n; i++)
+        for (int k = i; k > 0 && piece_tensor(ex, idx[k - 1])->offset > piece_tensor(ex, idx[k])->offset; k--) {
+            const int t = idx[k];
+            idx[k] = idx[k - 1], idx[k - 1] = t;
+        }
+    for (int k = 0; k < n; k++) off[k] = piece_tensor(ex, idx[k])->offset, len[k] = piece_tensor(ex, idx[k])->nbytes;
+    return n;
+}
+
+/* Span s's tensors' places in the slot (place.h); returns the room they
+ * take past the span's read. */
+static int64_t place_span(xs_expert *ex, int s) {
+    const span_t *sp = &ex->span[s];
+    int idx[MAX_PIECES];
+    int64_t off[MAX_PIECES], len[MAX_PIECES], at[MAX_PIECES];
+    const int n = span_pieces(ex, s, idx, off, len);
+    const int64_t past = place_plan(off, len, n, sp->start, sp->pos, sp->len, at);
+    if (place_moves(off, n, sp->start, sp->pos, at)) ex->moves = 1;
+    for (int k = 0; k < n; k++) ex->piece_pos[idx[k]] = at[k];
+    return past;
+}
+
 /* Turns each span into what is actually read: aligned ranges on the direct
  * descriptor, or the exact range on the buffered one where the aligned range
- * would pass the end of the file. Lays the spans out in the slot. */
+ * would pass the end of the file. Lays the spans out in the slot, each
+ * followed by the room its tensors' placing takes (place_span). */
 static int64_t plan_expert(xs_store *x, xs_expert *ex) {
     int64_t pos = 0;
+    ex->moves = 0;
     for (int s = 0; s < ex->nspan; s++) {
         span_t *sp = &ex->span[s];
         int64_t a = align_down(sp->start), b = align_up(sp->start + sp->len);
         int direct = x->fd_direct[sp->shard] >= 0 && b <= x->fsize[sp->shard];
-        /* `start` keeps the tensor origin: views are computed from it */
+        /* `start` keeps the tensor origin: the read lands it at pos */
         sp->direct = direct;
         if (direct) { sp->pos = pos + (sp->start - a); pos += b - a; }
-        else { sp->pos = pos; pos = align_up(pos + sp->len); }
+        else { sp->pos = pos; pos += sp->len; }
+        pos = align_up(pos + place_span(ex, s));
     }
     return align_up(pos);
+}
+
+/* Moves a loaded slot's tensors from where the reads put them to their
+ * places (place_span). */
+static void place_pieces(const xs_expert *ex, uint8_t *base) {
+    if (!ex->moves) return;
+    for (int s = 0; s < ex->nspan; s++) {
+        int idx[MAX_PIECES];
+        int64_t off[MAX_PIECES], len[MAX_PIECES], at[MAX_PIECES];
+        const int n = span_pieces(ex, s, idx, off, len);
+        for (int k = 0; k < n; k++) at[k] = ex->piece_pos[idx[k]];
+        place_move(base, off, len, n, ex->span[s].start, ex->span[s].pos, at);
+    }
 }
 
 df_status xs_finalize(xs_store *x, char *err) {
@@ -405,6 +457,7 @@ static void complete(xs_store *x, const xr_done *d) {
         if (in_pass) x->pass_err = d->err ? d->err : EIO;
         return;
     }
+    place_pieces(&x->ex[key], x->pool + (size_t)si * x->slot_bytes);
     s->state = SLOT_READY;
     if (in_pass && x->pass_st[x->pass_idx[e]] == P_LOADING) pass_push_ready(x, x->pass_idx[e]);
 }
@@ -478,9 +531,8 @@ static void views_of(const xs_store *x, int key, df_weight w[XS_MATS]) {
     uint8_t *base = x->pool + (size_t)x->slot_of[key] * x->slot_bytes;
     for (int i = 0; i < XS_MATS; i++) {
         w[i] = ex->w[i];
-        int sd = ex->piece_span[2 * i], ss = ex->piece_span[2 * i + 1];
-        if (sd >= 0) w[i].data = base + ex->span[sd].pos + (w[i].t_data->offset - ex->span[sd].start);
-        if (ss >= 0) w[i].scale = base + ex->span[ss].pos + (w[i].t_scale->offset - ex->span[ss].start);
+        if (ex->piece_span[2 * i] >= 0) w[i].data = base + ex->piece_pos[2 * i];
+        if (ex->piece_span[2 * i + 1] >= 0) w[i].scale = base + ex->piece_pos[2 * i + 1];
     }
 }
 

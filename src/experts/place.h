@@ -1,0 +1,36 @@
+/* place.h — where a read buffer's tensors lie once read: each on a
+ * PLACE_ALIGN boundary (the expert store's slots, the streamed spine's).
+ *
+ * Why: a checkpoint's tensors lie where its file puts them (safetensors
+ * aligns nothing; 8 bytes past a line is common), and a read keeps that
+ * offset (an O_DIRECT read moves whole 512-byte blocks). The kernels stream
+ * rows that straddle lines ~15-20% slower (bench/cpu_NOTES.md, forty-fourth
+ * session). So a span read lands as the file has it, and its tensors are
+ * then moved up to their places: never before where the read put them, in
+ * file order, so they move last first without overwriting one not yet
+ * moved. Where the file already aligns them nothing moves.
+ *
+ * The tensors of one span are given sorted by file offset: offset[i] and
+ * nbytes[i], with the span's first byte (file offset `start`) read to buffer
+ * position `pos`.
+ */
+#ifndef DF_EXPERTS_PLACE_H
+#define DF_EXPERTS_PLACE_H
+#include <stdint.h>
+
+enum { PLACE_ALIGN = 128 }; /* two cache lines: the pair a line's neighbour prefetch fetches */
+
+/* Each tensor's place into at[i]; returns how many bytes past
+ * pos + span_len the places reach (0: none), the room to leave after the
+ * span. */
+int64_t place_plan(const int64_t *offset, const int64_t *nbytes, int n, int64_t start, int64_t pos,
+                   int64_t span_len, int64_t *at);
+
+/* Whether any tensor's place differs from where the read put it. */
+int place_moves(const int64_t *offset, int n, int64_t start, int64_t pos, const int64_t *at);
+
+/* Moves the tensors from where the read put them (in base) to their places. */
+void place_move(uint8_t *base, const int64_t *offset, const int64_t *nbytes, int n, int64_t start, int64_t pos,
+                const int64_t *at);
+
+#endif
