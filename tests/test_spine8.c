@@ -83,6 +83,15 @@ static void check_rule(const char *d, int fp8_block) {
                  (strstr(nm, ".experts.") && !strstr(nm, "shared_experts"));
     }
     CHECK(wrong == 0, "%d tensors converted against the rule", wrong);
+    /* every shard's data begins on a 128-byte line (its header padded) */
+    int off_line = 0;
+    for (int i = 0; i < st_n_shards(q8); i++) {
+        FILE *f = fopen(st_shard_path(q8, i), "rb");
+        uint8_t lb[8] = {0};
+        off_line += !f || fread(lb, 1, 8, f) != 8 || (8 + (lb[0] | (uint64_t)lb[1] << 8 | (uint64_t)lb[2] << 16)) % 128;
+        if (f) fclose(f);
+    }
+    CHECK(off_line == 0, "%d of %d shards' data off a 128-byte line", off_line, st_n_shards(q8));
     st_close(src);
     st_close(q8);
 }
