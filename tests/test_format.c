@@ -290,6 +290,8 @@ TEST(fmt_st_random_rows_hint) {
     for (int r = 0; r < 300; r += 37) st_rows_willneed(pa + r * 2000 + 3, 2000);
     st_rows_willneed(pb + 1, 10);
     CHECK(memcmp(pa, pb, (size_t)ta->nbytes) == 0, "hinted pages read the same bytes");
+    const int on_line = (uintptr_t)pb % 128 == 0;
+    CHECK(on_line, "a tensor read into memory lies on a 128-byte line (%p)", (const void *)pb);
     st_close(a);
     st_close(b);
 }
