@@ -314,6 +314,28 @@ TEST(rel_lookahead_precision_turns_ranks_down) {
 
 /* ---- expert tensors on aligned places in their slots ---- */
 
+/* Tallies of tensors seen in a slot: how many, how many lie off a
+ * PLACE_ALIGN line in the file, off it in the slot, and with other bytes
+ * than the file's. */
+typedef struct { int checked, off_in_file, off_in_slot, bad_bytes; } placed_tally;
+
+/* Checks tensor t seen at p against its file; 0 when the file cannot be read. */
+static int tally_placed(st_set *st, const st_tensor *t, const void *p, placed_tally *n) {
+    FILE *f = fopen(st_shard_path(st, t->shard), "rb");
+    uint8_t *b = malloc((size_t)t->nbytes);
+    const int ok =
+        f && b && fseeko(f, t->offset, SEEK_SET) == 0 && fread(b, 1, (size_t)t->nbytes, f) == (size_t)t->nbytes;
+    if (f) fclose(f);
+    if (ok) {
+        n->checked++;
+        n->off_in_file += t->offset % PLACE_ALIGN != 0;
+        n->off_in_slot += (uintptr_t)p % PLACE_ALIGN != 0;
+        n->bad_bytes += memcmp(p, b, (size_t)t->nbytes) != 0;
+    }
+    free(b);
+    return ok;
+}
+
 /* The fixture's expert tensors lie 12-104 bytes past a 128-byte line in its
  * files (its header and tensor sizes put them there, as a release's may):
  * in a slot each must start on PLACE_ALIGN with its file's bytes, whether
@@ -334,7 +356,7 @@ TEST(rel_expert_tensors_aligned_in_slots) {
         o.io_threads = 2;
         o.prefetch_min_precision = XS_PF_MIN_PRECISION;
         REQUIRE(xs_new(df_io_default(), st, 5, 10, &o, &x, err) == DF_OK && register_layer1(st, x), "store");
-        int misaligned_in_file = 0, checked = 0, bad_place = 0, bad_bytes = 0;
+        placed_tally n = {0};
         for (int round = 0; round < 3; round++) {
             const int ex[3] = {(round * 3) % 10, (round * 3 + 4) % 10, (round * 3 + 7) % 10};
             REQUIRE(xs_begin(x, 1, ex, 3, err) == DF_OK, "%s", err);
@@ -345,26 +367,16 @@ TEST(rel_expert_tensors_aligned_in_slots) {
                     for (int j = 0; j < 2; j++) {
                         const st_tensor *t = j ? w[k].t_scale : w[k].t_data;
                         const uint8_t *p = j ? w[k].scale : w[k].data;
-                        if (!t) continue;
-                        FILE *f = fopen(st_shard_path(st, t->shard), "rb");
-                        uint8_t *b = malloc((size_t)t->nbytes);
-                        REQUIRE(f && b && fseeko(f, t->offset, SEEK_SET) == 0 &&
-                                    fread(b, 1, (size_t)t->nbytes, f) == (size_t)t->nbytes, "reading the shard");
-                        fclose(f);
-                        misaligned_in_file += t->offset % PLACE_ALIGN != 0;
-                        bad_place += (uintptr_t)p % PLACE_ALIGN != 0;
-                        bad_bytes += memcmp(p, b, (size_t)t->nbytes) != 0;
-                        checked++;
-                        free(b);
+                        if (t) REQUIRE(tally_placed(st, t, p, &n), "reading the shard");
                     }
                 xs_done(x, e);
             }
             xs_end(x);
         }
-        CHECK(checked == 3 * 3 * 3 * 2 && misaligned_in_file > 0, "direct %d: %d tensors, %d off the line in the file",
-              direct, checked, misaligned_in_file);
-        CHECK(bad_place == 0 && bad_bytes == 0, "direct %d: %d tensors off PLACE_ALIGN, %d with other bytes", direct,
-              bad_place, bad_bytes);
+        CHECK(n.checked == 3 * 3 * 3 * 2 && n.off_in_file > 0, "direct %d: %d tensors, %d off the line in the file",
+              direct, n.checked, n.off_in_file);
+        CHECK(n.off_in_slot == 0 && n.bad_bytes == 0, "direct %d: %d tensors off PLACE_ALIGN, %d with other bytes",
+              direct, n.off_in_slot, n.bad_bytes);
         xs_free(x);
         st_close(st);
     }
@@ -399,29 +411,18 @@ TEST(rel_spine_tensors_aligned_in_slots) {
                 REQUIRE(sp_register(sp, g, &w[g][nw[g]++], err) == DF_OK, "%s", err);
             }
         REQUIRE(nw[0] > 3 && sp_finalize(sp, err) == DF_OK, "%s", err);
-        int checked = 0, off_line = 0, bad_place = 0, bad_bytes = 0;
+        placed_tally n = {0};
         static const int order[] = {0, 1, 1, 2, 0, 0, 2, 1};
         for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
             const int g = order[k];
             REQUIRE(sp_enter(sp, g, err) == DF_OK, "%s", err);
-            for (int i = 0; i < nw[g]; i++) {
-                const st_tensor *t = w[g][i].t_data;
-                FILE *f = fopen(st_shard_path(st, t->shard), "rb");
-                uint8_t *b = malloc((size_t)t->nbytes);
-                REQUIRE(f && b && fseeko(f, t->offset, SEEK_SET) == 0 &&
-                            fread(b, 1, (size_t)t->nbytes, f) == (size_t)t->nbytes, "reading the shard");
-                fclose(f);
-                off_line += t->offset % PLACE_ALIGN != 0;
-                bad_place += (uintptr_t)w[g][i].data % PLACE_ALIGN != 0;
-                bad_bytes += memcmp(w[g][i].data, b, (size_t)t->nbytes) != 0;
-                checked++;
-                free(b);
-            }
+            for (int i = 0; i < nw[g]; i++)
+                REQUIRE(tally_placed(st, w[g][i].t_data, w[g][i].data, &n), "reading the shard");
         }
-        CHECK(checked > 20 && off_line > 0, "direct %d: %d tensors, %d off the line in the file", direct, checked,
-              off_line);
-        CHECK(bad_place == 0 && bad_bytes == 0, "direct %d: %d tensors off PLACE_ALIGN, %d with other bytes", direct,
-              bad_place, bad_bytes);
+        CHECK(n.checked > 20 && n.off_in_file > 0, "direct %d: %d tensors, %d off the line in the file", direct,
+              n.checked, n.off_in_file);
+        CHECK(n.off_in_slot == 0 && n.bad_bytes == 0, "direct %d: %d tensors off PLACE_ALIGN, %d with other bytes",
+              direct, n.off_in_slot, n.bad_bytes);
         sp_free(sp);
         st_close(st);
     }
