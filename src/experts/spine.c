@@ -8,7 +8,6 @@
  * skip: a group served from device copies, read only if a product fails).
  */
 #include "spine.h"
-#include "place.h"
 #include "../base/port.h"
 #include "../base/err.h"
 #include "../base/mem.h"
@@ -24,7 +23,6 @@ typedef struct {
     int direct;
     int64_t start, len;   /* tensor range covered (file offsets) */
     int64_t pos;          /* where `start` lands in the slot */
-    int t0, t1;           /* its tensors: [t0, t1) of the group's */
 } sp_span;
 
 typedef struct {
@@ -32,10 +30,6 @@ typedef struct {
     int nv, capv;
     sp_span *spans;
     int ns;
-    const st_tensor **t;  /* the views' tensors, each once, by (shard, offset) */
-    int64_t *toff, *tlen; /* their file offsets and sizes */
-    int64_t *at;          /* where each lies in the slot once placed (place.h) */
-    int nt, moves;        /* moves: some tensor lies elsewhere than its span's read put it */
     int64_t bytes;        /* slot bytes this group needs */
 } sp_group;
 
@@ -54,7 +48,6 @@ struct sp_store {
     int held[2];          /* group in each slot, -1 none */
     int loading[2];       /* reads outstanding per slot */
     int failed[2];
-    int placed[2];        /* the slot's tensors are in their places */
     int64_t bytes_read;
     int (*needs)(void *ctx, int group); /* read-ahead hook (NULL: every group is read) */
     void *needs_ctx;
@@ -90,10 +83,7 @@ void sp_free(sp_store *s) {
         mem_fill_stop(s->fill[k]);
         if (s->slot[k]) munmap(s->slot[k], (size_t)s->slot_bytes);
     }
-    for (int i = 0; i < s->n_groups; i++) {
-        sp_group *g = &s->g[i];
-        free(g->views); free(g->spans); free(g->t); free(g->toff); free(g->tlen); free(g->at);
-    }
+    for (int i = 0; i < s->n_groups; i++) { free(s->g[i].views); free(s->g[i].spans); }
     free(s->g); free(s->fd_direct); free(s->fd_buf); free(s->fsize);
     free(s);
 }
@@ -124,10 +114,9 @@ static int cmp_t(const void *a, const void *b) {
 }
 
 /* Merges a group's tensors into spans (neighbours within 4 MiB in one shard)
- * and lays them out in a slot, each span followed by the room its tensors'
- * placing takes (place.h). */
+ * and lays them out in a slot. */
 static df_status plan_group(sp_store *s, sp_group *g, char *err) {
-    const st_tensor **t = g->t = malloc((size_t)(2 * g->nv + 1) * sizeof *t);
+    const st_tensor **t = malloc((size_t)(2 * g->nv + 1) * sizeof *t);
     if (!t) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     int nt = 0;
     for (int i = 0; i < g->nv; i++) {
@@ -135,58 +124,31 @@ static df_status plan_group(sp_store *s, sp_group *g, char *err) {
         if (g->views[i]->t_scale) t[nt++] = g->views[i]->t_scale;
     }
     qsort(t, (size_t)nt, sizeof *t, cmp_t);
-    int u = 0; /* each tensor once (views may share one) */
-    for (int i = 0; i < nt; i++)
-        if (!u || t[i] != t[u - 1]) t[u++] = t[i];
-    g->nt = nt = u;
     g->spans = calloc((size_t)(nt ? nt : 1), sizeof(sp_span));
-    g->toff = malloc((size_t)(nt ? nt : 1) * sizeof(int64_t));
-    g->tlen = malloc((size_t)(nt ? nt : 1) * sizeof(int64_t));
-    g->at = malloc((size_t)(nt ? nt : 1) * sizeof(int64_t));
-    if (!g->spans || !g->toff || !g->tlen || !g->at) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    if (!g->spans) { free(t); return df_fail(err, DF_ERR_NOMEM, "out of memory"); }
     for (int i = 0; i < nt; i++) {
-        g->toff[i] = t[i]->offset, g->tlen[i] = t[i]->nbytes;
         sp_span *p = g->ns ? &g->spans[g->ns - 1] : NULL;
         if (p && p->shard == t[i]->shard && t[i]->offset - (p->start + p->len) <= ((int64_t)4 << 20)) {
             int64_t end = t[i]->offset + t[i]->nbytes;
             if (end > p->start + p->len) p->len = end - p->start;
-            p->t1 = i + 1;
         } else {
             p = &g->spans[g->ns++];
             p->shard = t[i]->shard;
             p->start = t[i]->offset;
             p->len = t[i]->nbytes;
-            p->t0 = i, p->t1 = i + 1;
         }
     }
+    free(t);
     int64_t pos = 0;
-    g->moves = 0;
     for (int i = 0; i < g->ns; i++) {
         sp_span *p = &g->spans[i];
         int64_t a = align_down(p->start), b = align_up(p->start + p->len);
         p->direct = s->fd_direct[p->shard] >= 0 && b <= s->fsize[p->shard];
         if (p->direct) { p->pos = pos + (p->start - a); pos += b - a; }
-        else { p->pos = pos; pos += p->len; }
-        const int n = p->t1 - p->t0;
-        pos = align_up(pos + place_plan(g->toff + p->t0, g->tlen + p->t0, n, p->start, p->pos, p->len, g->at + p->t0));
-        if (place_moves(g->toff + p->t0, n, p->start, p->pos, g->at + p->t0)) g->moves = 1;
+        else { p->pos = pos; pos = align_up(pos + p->len); }
     }
     g->bytes = align_up(pos);
     return DF_OK;
-}
-
-/* Tensor tt's index in the group's list (its place: g->at), -1 if the
- * group has no such tensor (registration rules that out). */
-static int tensor_index(const sp_group *g, const st_tensor *tt) {
-    int lo = 0, hi = g->nt - 1;
-    while (lo <= hi) {
-        const int mid = (lo + hi) / 2;
-        const int c = g->t[mid] == tt ? 0 : cmp_t(&g->t[mid], &tt);
-        if (c == 0) return mid;
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
-    }
-    return -1;
 }
 
 df_status sp_finalize(sp_store *s, char *err) {
@@ -253,7 +215,6 @@ static void start(sp_store *s, int k, int g) {
     sp_group *gr = &s->g[g];
     s->held[k] = g;
     s->failed[k] = 0;
-    s->placed[k] = 0;
     for (int i = 0; i < gr->ns; i++) {
         const sp_span *p = &gr->spans[i];
         int64_t a = p->direct ? align_down(p->start) : p->start;
@@ -312,21 +273,21 @@ df_status sp_enter(sp_store *s, int group, char *err) {
         return df_fail(err, DF_ERR_IO, "reading the weights of layer group %d failed: %s", group, strerror(e));
     }
     sp_group *g = &s->g[group];
-    if (!s->placed[k] && g->moves)
-        for (int q = 0; q < g->ns; q++) {
-            const sp_span *p = &g->spans[q];
-            place_move(s->slot[k], g->toff + p->t0, g->tlen + p->t0, p->t1 - p->t0, p->start, p->pos, g->at + p->t0);
-        }
-    s->placed[k] = 1;
     for (int i = 0; i < g->nv; i++) {
         df_weight *w = g->views[i];
         const st_tensor *ts[2] = {w->t_data, w->t_scale};
         for (int j = 0; j < 2; j++) {
-            const int ti = ts[j] ? tensor_index(g, ts[j]) : -1;
-            if (ti < 0) continue;
-            const void *ptr = s->slot[k] + g->at[ti];
-            if (j == 0) w->data = ptr;
-            else w->scale = ptr;
+            if (!ts[j]) continue;
+            for (int q = 0; q < g->ns; q++) {
+                const sp_span *p = &g->spans[q];
+                if (p->shard == ts[j]->shard && ts[j]->offset >= p->start &&
+                    ts[j]->offset + ts[j]->nbytes <= p->start + p->len) {
+                    const void *ptr = s->slot[k] + p->pos + (ts[j]->offset - p->start);
+                    if (j == 0) w->data = ptr;
+                    else w->scale = ptr;
+                    break;
+                }
+            }
         }
     }
     read_ahead(s, group, k); /* the next group into the other slot */
