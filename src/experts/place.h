@@ -1,14 +1,15 @@
-/* place.h — where a read buffer's tensors lie once read: each on a
- * PLACE_ALIGN boundary (the expert store's slots, the streamed spine's).
+/* place.h — where the expert store's slot tensors lie once placed: each
+ * on a PLACE_ALIGN boundary.
  *
  * Why: a checkpoint's tensors lie where its file puts them (safetensors
  * aligns nothing; 8 bytes past a line is common), and a read keeps that
  * offset (an O_DIRECT read moves whole 512-byte blocks). The kernels stream
- * rows that straddle lines ~15-20% slower (bench/cpu_NOTES.md, forty-fourth
- * session). So a span read lands as the file has it, and its tensors are
- * then moved up to their places: never before where the read put them, in
+ * rows that straddle lines ~15-20% slower (4-bit; bench/cpu_NOTES.md,
+ * forty-fourth session). A span lands as the file has it; its tensors can
+ * then move up to their places: never before where the read put them, in
  * file order, so they move last first without overwriting one not yet
- * moved. Where the file already aligns them nothing moves.
+ * moved. Where the file already aligns them nothing moves. (The store moves
+ * them when an expert is used again, store.c place_on_reuse.)
  *
  * The tensors of one span are given sorted by file offset: offset[i] and
  * nbytes[i], with the span's first byte (file offset `start`) read to buffer
