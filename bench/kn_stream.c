@@ -5,11 +5,13 @@
  *
  *   make && cc -std=c17 -O2 -D_GNU_SOURCE -Iinclude -pthread bench/kn_stream.c \
  *       build/libdeltafin.a -lm -lpthread -o build/kn_stream
- *   build/kn_stream TYPE LEVEL ROWS COLS [N [REPS [THREADS]]]
+ *   build/kn_stream TYPE LEVEL ROWS COLS [N [REPS [THREADS [OFFSET]]]]
  *     TYPE mxfp4 | int4 (bf16 scales a 32-column group) | bf16 | int8 | f32 | fp8; LEVEL scalar | avx2 | avx512 | amx | neon;
  *     N vectors (default 1: a matvec), REPS calls per timing (default 1),
  *     THREADS > 1: the rows split over a pool as the engine's mm() splits
- *     them (chunks of 16 rows; at amx, x packed once by kn_matmul_amx_pool)
+ *     them (chunks of 16 rows; at amx, x packed once by kn_matmul_amx_pool),
+ *     OFFSET: the weights' data that many bytes past a page (default 0; a
+ *     release's tensors lie 8-56 bytes past a line: src/experts/place.h)
  *
  * Prints GB/s of weights (data + scales) and GFLOP/s of the best timing of
  * 40 (5 when the matrix exceeds 256 MB, which comes from DRAM anyway), and
@@ -46,13 +48,15 @@ static void product(df_pool *pool, kn_level lv, const df_weight *w, const float 
 int main(int argc, char **argv) {
     kn_level lv;
     if (argc < 5 || !level_of(argv[2], &lv)) {
-        fprintf(stderr, "usage: kn_stream mxfp4|int4|bf16|int8|f32|fp8 LEVEL ROWS COLS [N [REPS]] (LEVEL available here)\n");
+        fprintf(stderr, "usage: kn_stream mxfp4|int4|bf16|int8|f32|fp8 LEVEL ROWS COLS [N [REPS [THREADS [OFFSET]]]] "
+                        "(LEVEL available here)\n");
         return 2;
     }
     const char *type = argv[1];
     const int64_t rows = atoll(argv[3]), cols = atoll(argv[4]);
     const int n = argc > 5 ? atoi(argv[5]) : 1, reps = argc > 6 ? atoi(argv[6]) : 1;
     const int threads = argc > 7 ? atoi(argv[7]) : 1;
+    const int offset = argc > 8 ? atoi(argv[8]) : 0;
     df_weight w;
     memset(&w, 0, sizeof w);
     w.rows = rows, w.cols = cols;
@@ -74,11 +78,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kn_stream: type %s: mxfp4, int4, bf16, int8, f32 or fp8\n", type);
         return 2;
     }
-    if (rows < 1 || cols < 32 || cols % 32 || n < 1 || reps < 1 || threads < 1) {
-        fprintf(stderr, "kn_stream: ROWS >= 1, COLS a multiple of 32, N >= 1, REPS >= 1, THREADS >= 1\n");
+    if (rows < 1 || cols < 32 || cols % 32 || n < 1 || reps < 1 || threads < 1 || offset < 0 || offset >= 4096) {
+        fprintf(stderr, "kn_stream: ROWS >= 1, COLS a multiple of 32, N >= 1, REPS >= 1, THREADS >= 1, "
+                        "0 <= OFFSET < 4096\n");
         return 2;
     }
-    uint8_t *d = malloc((size_t)dbytes), *s = malloc((size_t)sbytes + 4);
+    uint8_t *dbuf = aligned_alloc(4096, ((size_t)dbytes + (size_t)offset + 4095) / 4096 * 4096);
+    uint8_t *d = dbuf ? dbuf + offset : NULL, *s = malloc((size_t)sbytes + 4);
     float *x = malloc((size_t)(n * cols) * sizeof *x), *y = malloc((size_t)(n * rows) * sizeof *y);
     if (!d || !s || !x || !y) {
         fprintf(stderr, "kn_stream: out of memory\n");
@@ -126,10 +132,10 @@ int main(int argc, char **argv) {
             dts[k] = dts[k - 1], dts[k - 1] = s;
         }
     const double med = dts[done / 2], flop = 2.0 * (double)rows * (double)cols * n;
-    printf("%s %s %lld x %lld n=%d t=%d: %.2f GB/s %.1f GFLOP/s, median %.1f of %d (y0 %.9g)\n", type,
-           kn_level_name(lv), (long long)rows, (long long)cols, n, threads, (double)(dbytes + sbytes) / best / 1e9,
+    printf("%s %s %lld x %lld n=%d t=%d off=%d: %.2f GB/s %.1f GFLOP/s, median %.1f of %d (y0 %.9g)\n", type,
+           kn_level_name(lv), (long long)rows, (long long)cols, n, threads, offset, (double)(dbytes + sbytes) / best / 1e9,
            flop / best / 1e9, flop / med / 1e9, done, (double)y[0]);
     pool_free(pool);
-    free(d), free(s), free(x), free(y);
+    free(dbuf), free(s), free(x), free(y);
     return 0;
 }
