@@ -17,9 +17,10 @@
  */
 #ifndef DF_EXPERTS_PLACE_H
 #define DF_EXPERTS_PLACE_H
+#include "../format/safetensors.h"
 #include <stdint.h>
 
-enum { PLACE_ALIGN = 128 }; /* two cache lines: the pair a line's neighbour prefetch fetches */
+enum { PLACE_ALIGN = ST_DATA_ALIGN }; /* two cache lines: the pair a line's neighbour prefetch fetches */
 
 /* Each tensor's place into at[i]; returns how many bytes past
  * pos + span_len the places reach (0: none), the room to leave after the

@@ -863,9 +863,9 @@ const void *st_data(st_set *s, const st_tensor *t, char *err) {
     if (small_at(s, i) >= 0) return s->small_vals[s->small[i]];
     if (sh->map) return (const char *)sh->map + t->offset;
     if (s->cache[i]) return s->cache[i];
-    /* on a 128-byte line (malloc's large blocks start 16 bytes past a page):
-     * the kernels stream rows that straddle lines slower (src/experts/place.h) */
-    void *buf = aligned_alloc(128, ((size_t)t->nbytes + 127) / 128 * 128 + (t->nbytes ? 0 : 128));
+    /* on ST_DATA_ALIGN (malloc's large blocks start 16 bytes past a page) */
+    const size_t cap = ((size_t)t->nbytes + ST_DATA_ALIGN - 1) / ST_DATA_ALIGN * ST_DATA_ALIGN;
+    void *buf = aligned_alloc(ST_DATA_ALIGN, cap ? cap : ST_DATA_ALIGN);
     if (!buf) {
         df_fail(err, DF_ERR_NOMEM, "%s: tensor '%s': out of memory for %lld bytes", sh->path,
                 t->name, (long long)t->nbytes);

@@ -16,6 +16,12 @@
 
 #define ST_MAX_DIMS 8
 #define ST_SMALL 16 /* tensors this small may carry their value in the metadata cache */
+/* Where the engine puts tensor bytes it lays out itself (a read into memory,
+ * an expert slot's places, a converted spine's data): on two cache lines'
+ * boundary. A file's own offsets are the writer's (safetensors aligns
+ * nothing), and the kernels stream rows that straddle lines slower
+ * (src/experts/place.h). */
+enum { ST_DATA_ALIGN = 128 };
 
 typedef struct {
     const char *name;      /* owned by the set */

@@ -240,11 +240,10 @@ static df_status write_shard(ctx_t *x, int a, int b, const char *path, int64_t *
     char *ht = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(h);
     if (!ht) return df_fail(err, DF_ERR_NOMEM, "out of memory");
-    /* the header padded with spaces so the data begins on a 128-byte line:
+    /* the header padded with spaces so the data begins on ST_DATA_ALIGN:
      * the scales (rows x 4 bytes) and the int8 matrices then lie on lines
-     * wherever rows and columns are multiples of 32 and 128, as the
-     * kernels stream them fastest (src/experts/place.h) */
-    size_t hl = strlen(ht), pad = (128 - (8 + hl) % 128) % 128;
+     * wherever rows and columns are multiples of 32 and 128 */
+    size_t hl = strlen(ht), pad = (ST_DATA_ALIGN - (8 + hl) % ST_DATA_ALIGN) % ST_DATA_ALIGN;
     char tmp[4500];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
