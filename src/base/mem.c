@@ -105,6 +105,23 @@ void mem_parse_smaps(FILE *f, const char *const *paths, int n, int64_t *rss, int
     }
 }
 
+void mem_parse_smaps_range(FILE *f, uintptr_t lo, uintptr_t hi, int64_t *rss, int64_t *huge) {
+    *rss = *huge = 0;
+    char line[4096];
+    int mine = 0;
+    while (fgets(line, sizeof line, f)) {
+        size_t tok = strcspn(line, " \n");
+        if (memchr(line, '-', tok) && !memchr(line, ':', tok)) { /* "start-end perms ..." */
+            unsigned long long a = 0, b = 0;
+            mine = sscanf(line, "%llx-%llx", &a, &b) == 2 && a >= lo && b <= hi && a < b;
+        } else if (mine && strncmp(line, "Rss:", 4) == 0) {
+            *rss += (int64_t)strtoll(line + 4, NULL, 10) * 1024;
+        } else if (mine && strncmp(line, "AnonHugePages:", 14) == 0) {
+            *huge += (int64_t)strtoll(line + 14, NULL, 10) * 1024;
+        }
+    }
+}
+
 /* ---- probes ---- */
 
 /* Reads a small file into buf (NUL-terminated); 0 on success. */
@@ -184,6 +201,15 @@ int64_t mem_available(void) {
     }
     int64_t cg = mem_cgroup_room();
     return cg >= 0 && cg < avail ? cg : avail;
+}
+
+int mem_range_pages(const void *p, size_t n, int64_t *rss, int64_t *huge) {
+    *rss = *huge = 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    mem_parse_smaps_range(f, (uintptr_t)p, (uintptr_t)p + n, rss, huge);
+    fclose(f);
+    return 0;
 }
 
 int mem_mapped_files(const char *const *paths, int n, int64_t *rss, int64_t *pmd) {

@@ -33,6 +33,11 @@ void mem_fill_stop(mem_fill *f); /* NULL-safe */
  * fmemopen'd strings). */
 int mem_mapped_files(const char *const *paths, int n, int64_t *rss, int64_t *pmd);
 void mem_parse_smaps(FILE *f, const char *const *paths, int n, int64_t *rss, int64_t *pmd);
+/* This process's anonymous mappings inside [p, p + n): the bytes resident
+ * (Rss) and, of those, the bytes in 2 MB pages (AnonHugePages). 0, or -1
+ * without /proc/self/smaps. mem_parse_smaps_range reads an smaps text. */
+int mem_range_pages(const void *p, size_t n, int64_t *rss, int64_t *huge);
+void mem_parse_smaps_range(FILE *f, uintptr_t lo, uintptr_t hi, int64_t *rss, int64_t *huge);
 /* "Key:  123 kB" lines -> bytes; -1 if key is absent. */
 int64_t mem_parse_meminfo(const char *text, const char *key);
 /* A cgroup limit or usage file: bytes, or -1 for "max" / no limit. */

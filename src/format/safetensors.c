@@ -995,6 +995,26 @@ int st_n_shards(const st_set *s) { return s ? s->n_shards : 0; }
 
 int64_t st_total_bytes(const st_set *s) { return s ? s->total_bytes : 0; }
 
+int st_mapped(const st_set *s, const st_tensor *t) {
+    return s->shards[t->shard].map && small_at(s, tensor_index(s, t)) < 0 && t->nbytes > 0;
+}
+
+df_status st_pread(st_set *s, const st_tensor *t, void *buf, int64_t off, int64_t len, char *err) {
+    const st_shard *sh = &s->shards[t->shard];
+    int64_t i = tensor_index(s, t);
+    if (off < 0 || len < 0 || off > t->nbytes - len)
+        return df_fail(err, DF_ERR_ARG, "%s: tensor '%s': bytes %lld..%lld are outside its %lld", sh->path,
+                       t->name, (long long)off, (long long)(off + len), (long long)t->nbytes);
+    if (small_at(s, i) >= 0) {
+        memcpy(buf, s->small_vals[s->small[i]] + off, (size_t)len);
+        return DF_OK;
+    }
+    if (len && io_pread_full(s->io, sh->fd, buf, (size_t)len, t->offset + off) != 0)
+        return df_fail(err, DF_ERR_IO, "%s: tensor '%s': read of %lld bytes at offset %lld failed: %s",
+                       sh->path, t->name, (long long)len, (long long)(t->offset + off), strerror(errno));
+    return DF_OK;
+}
+
 const char *st_dir(const st_set *s) { return s ? s->dir : NULL; }
 
 int64_t st_shard_size(const st_set *s, int shard) {

@@ -86,6 +86,13 @@ int st_random_rows(st_set *s, const st_tensor *t);
 void st_rows_willneed(const void *p, int64_t len);
 /* Copies the tensor's bytes into buf (nbytes of t). */
 df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err);
+/* 1 when st_data answers t from a shard's mapping (a page-cache view), else 0. */
+int st_mapped(const st_set *s, const st_tensor *t);
+/* Reads bytes [off, off + len) of t's data into buf from its file with the
+ * set's I/O (pread, never the mapping: no page faults on it), or from the
+ * kept copy of a tiny tensor. Threads may read at once. DF_ERR_IO names the
+ * file, the tensor and the range. */
+df_status st_pread(st_set *s, const st_tensor *t, void *buf, int64_t off, int64_t len, char *err);
 /* The directory the set was opened from (for messages). */
 const char *st_dir(const st_set *s);
 /* dir + "/" + name (no doubled slash), malloc'd; NULL when out of memory. */
