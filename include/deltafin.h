@@ -57,6 +57,11 @@ typedef struct {
      * open. Never changes the output. Borrowed only during df_engine_open. */
     const int *cpus;
     int use_mmap;    /* non-expert tensors: 1 map shards (default); 0 read into RAM with pread */
+    /* With use_mmap: 1 keeps the resident spine's matrices as views of the
+     * page cache (a faster open, memory shared with the cache); 0 (default)
+     * copies them at open into anonymous memory on 128-byte lines
+     * (df_engine_spine_copy). Never changes the output. */
+    int map_spine;
     int simd_level;  /* -1: best available; 0 scalar, 1 AVX2, 2 AVX-512, 3 NEON (one the CPU lacks: the best) */
     int expert_io;   /* df_expert_io */
     /* Memory budget of the whole process (spine, expert cache, session
@@ -502,6 +507,13 @@ const char *df_engine_spine_dtype(const df_engine *e);
  * small folios (as write(2) leaves a file) decode slower. -1 where the
  * system does not say (no /proc/self/smaps), else 0. */
 int df_engine_mapped_weights(const df_engine *e, int64_t *resident, int64_t *in_2mb);
+/* The resident spine's copy made at open (map_spine 0): tensors and bytes
+ * copied, the copy's seconds, and of its memory the bytes resident and in
+ * 2 MB pages (-1 without /proc/self/smaps). With a streamed spine only its
+ * resident rest (routers) is copied. Returns 0, and zeros, when nothing
+ * was (map_spine, --no-mmap, a device). */
+int df_engine_spine_copy(const df_engine *e, int64_t *tensors, int64_t *bytes, double *seconds, int64_t *rss,
+                         int64_t *in_2mb);
 /* 1 when the spine streams per layer; the plan's reason for its choice
  * (one line, owned by the engine). */
 int df_engine_spine_streamed(const df_engine *e);

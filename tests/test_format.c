@@ -12,6 +12,8 @@
 #include "../src/format/config.h"
 #include "../src/format/safetensors.h"
 #include "../src/format/weight.h"
+#include "../src/base/pool.h"
+#include "../src/model/resident_copy.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -294,6 +296,92 @@ TEST(fmt_st_random_rows_hint) {
     CHECK(on_line, "a tensor read into memory lies on a 128-byte line (%p)", (const void *)pb);
     st_close(a);
     st_close(b);
+}
+
+static int on_line(const void *p) { return (uintptr_t)p % 128 == 0; }
+
+/* Views of tensors a, big, c (+ scale cs) and a again, bound by hand. */
+static void rc_views(st_set *s, df_weight v[4], char *err) {
+    const char *names[4] = {"a", "big", "c", "a"};
+    for (int i = 0; i < 4; i++) {
+        memset(&v[i], 0, sizeof v[i]);
+        v[i].t_data = st_find(s, names[i]);
+        v[i].data = v[i].t_data ? st_data(s, v[i].t_data, err) : NULL;
+    }
+    v[2].t_scale = st_find(s, "cs");
+    v[2].scale = v[2].t_scale ? st_data(s, v[2].t_scale, err) : NULL;
+}
+
+TEST(fmt_resident_copy_aligned_same_bytes) {
+    const char *d = t_tmpdir("fmt_rcopy");
+    /* odd sizes leave every tensor after the first off a 128-byte line;
+     * big spans three of the copy's 4 MB pieces */
+    tspec t[] = {{"a", "BF16", 2, {1000, 1001}, NULL},
+                 {"big", "BF16", 2, {3001, 1700}, NULL},
+                 {"c", "I8", 2, {33, 65}, NULL},
+                 {"cs", "F32", 1, {33}, NULL}};
+    REQUIRE(write_st(d, "model.safetensors", t, 4) == 0);
+    char err[DF_ERRMSG] = "", path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    st_set *m = NULL, *r = NULL;
+    REQUIRE(st_open_dir(d, NULL, 1, &m, err) == DF_OK && st_open_dir(d, NULL, 0, &r, err) == DF_OK, "%s", err);
+    df_pool *pool = pool_new(3);
+    REQUIRE(pool);
+    df_weight v[4], w[4], before[4];
+    rc_views(m, v, err);
+    rc_views(r, w, err);
+    REQUIRE(v[0].data && v[1].data && v[2].data && v[2].scale && w[1].data, "%s", err);
+    CHECK(!on_line(v[1].data), "the test needs big off a line in the file");
+    memcpy(before, v, sizeof v);
+    df_weight *pv[4] = {&v[0], &v[1], &v[2], &v[3]};
+    rcopy *c = NULL;
+    REQUIRE(rcopy_make(m, pv, 4, pool, &c, err) == DF_OK && c, "%s", err);
+    rcopy_stats cs;
+    rcopy_get_stats(c, &cs);
+    CHECK(cs.tensors == 4 && cs.bytes == 2002000 + 10203400 + 33 * 65 + 33 * 4, "%lld tensors, %lld bytes",
+          (long long)cs.tensors, (long long)cs.bytes);
+    for (int i = 0; i < 4; i++) {
+        CHECK(v[i].data != before[i].data && on_line(v[i].data), "view %d at %p", i, v[i].data);
+        CHECK(memcmp(v[i].data, before[i].data, (size_t)v[i].t_data->nbytes) == 0, "view %d: the file's bytes", i);
+    }
+    CHECK(v[0].data == v[3].data, "views of one tensor share its copy");
+    CHECK(v[2].scale != before[2].scale && on_line(v[2].scale) &&
+          memcmp(v[2].scale, before[2].scale, 33 * 4) == 0, "the scales are copied too");
+    const char *lo = rcopy_base(c);
+    CHECK((const char *)v[1].data >= lo && (const char *)v[1].data < lo + rcopy_region_bytes(c));
+    /* a set read into memory has nothing mapped: nothing moves */
+    df_weight *pw[4] = {&w[0], &w[1], &w[2], &w[3]};
+    const void *w1 = w[1].data;
+    rcopy *none = (rcopy *)1;
+    CHECK(rcopy_make(r, pw, 4, pool, &none, err) == DF_OK && none == NULL && w[1].data == w1, "%s", err);
+    rcopy_free(c);
+    /* a read that fails: an error naming the file, no view moved */
+    df_io eio = io_with_pread(eio_pread);
+    st_set *f = NULL;
+    eio_left = 1000;
+    REQUIRE(st_open_dir(d, &eio, 1, &f, err) == DF_OK, "%s", err);
+    rc_views(f, v, err);
+    memcpy(before, v, sizeof v);
+    eio_left = 1;
+    c = (rcopy *)1;
+    df_status st = rcopy_make(f, pv, 4, pool, &c, err);
+    CHECK(st == DF_ERR_IO && c == NULL && has(err, "model.safetensors") && has(err, "failed"), "%d: %s", st, err);
+    CHECK(memcmp(v, before, sizeof v) == 0, "no view moved after a failed copy");
+    st_close(f);
+    /* the file cut short after the set was opened: the same */
+    st_set *g = NULL;
+    REQUIRE(st_open_dir(d, NULL, 1, &g, err) == DF_OK, "%s", err);
+    rc_views(g, v, err);
+    memcpy(before, v, sizeof v);
+    REQUIRE(truncate(path, 3000000) == 0);
+    c = (rcopy *)1;
+    st = rcopy_make(g, pv, 4, pool, &c, err);
+    CHECK(st == DF_ERR_IO && c == NULL && has(err, "'big'"), "%d: %s", st, err);
+    CHECK(memcmp(v, before, sizeof v) == 0, "no view moved after a short file");
+    st_close(g);
+    pool_free(pool);
+    st_close(m);
+    st_close(r);
 }
 
 #ifdef MADV_HUGEPAGE

@@ -230,6 +230,93 @@ TEST(rel_ram_budget_bounds_peak_rss) {
     CHECK(peak > 0 && peak * 1048576.0 <= 160.0 * 1048576.0, "peak RSS %.1f MB within --ram 160M: %s", peak, out);
 }
 
+/* ---- the resident spine copied out of the page cache ---- */
+
+#include "../src/model/model.h"
+#include "../src/model/resident_copy.h"
+
+/* Logits of tokens 3 1 4 1 5 9 2 6 from an engine opened with these
+ * options ([8][vocab], malloc'd), or NULL; *e_out keeps the engine. */
+static float *rc_logits(const char *d, int use_mmap, int map_spine, df_engine **e_out) {
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.n_threads = 2;
+    o.use_mmap = use_mmap;
+    o.map_spine = map_spine;
+    char err[DF_ERRMSG];
+    df_session *s = NULL;
+    const int32_t tok[8] = {3, 1, 4, 1, 5, 9, 2, 6};
+    *e_out = NULL;
+    if (df_engine_open(d, &o, e_out, err) != DF_OK || df_session_new(*e_out, 0, &s) != DF_OK) return NULL;
+    float *lg = malloc((size_t)8 * df_engine_vocab_size(*e_out) * sizeof *lg);
+    if (lg && df_session_eval(s, tok, 8, lg) != DF_OK) {
+        free(lg);
+        lg = NULL;
+    }
+    df_session_free(s);
+    return lg;
+}
+
+/* Of an engine's resident views: those moved into the copy on a 128-byte
+ * line, those left at the file's place (the paged embedding), and others. */
+typedef struct { int copied, in_file, other; } rc_tally;
+
+static rc_tally rc_where(df_engine *e) {
+    rc_tally t = {0, 0, 0};
+    const char *lo = rcopy_base(e->rcopy), *hi = lo + rcopy_region_bytes(e->rcopy);
+    for (int i = 0; i < e->n_res_views; i++) {
+        const df_weight *w = e->res_views[i];
+        const char *p = w->data;
+        char err[DF_ERRMSG];
+        if (lo && p >= lo && p < hi && (uintptr_t)p % ST_DATA_ALIGN == 0) t.copied++;
+        else if (w->t_data && p == st_data(e->st, w->t_data, err)) t.in_file++;
+        else t.other++;
+    }
+    return t;
+}
+
+TEST(rel_resident_spine_copied_same_bits) {
+    const char *d = synth_k3("rel_rcopy");
+    REQUIRE(d, "synth failed: %s", out);
+    for (int tied = 0; tied < 2; tied++) {
+        if (tied) { /* the head is the embedding: read whole, so copied, and both views move */
+            char p[800];
+            snprintf(p, sizeof p, "%s/config.json", d);
+            json_t *root = json_load_file(p, 0, NULL);
+            REQUIRE(root);
+            json_object_set_new(root, "tie_word_embeddings", json_true());
+            json_t *tc = json_object_get(root, "text_config");
+            if (tc) json_object_set_new(tc, "tie_word_embeddings", json_true());
+            REQUIRE(json_dump_file(root, p, JSON_INDENT(2)) == 0);
+            json_decref(root);
+        }
+        df_engine *ec = NULL, *em = NULL, *ep = NULL;
+        float *c = rc_logits(d, 1, 0, &ec), *m = rc_logits(d, 1, 1, &em), *r = rc_logits(d, 0, 0, &ep);
+        REQUIRE(c && m && r, "tied %d: an engine failed", tied);
+        size_t n = (size_t)8 * df_engine_vocab_size(ec) * sizeof *c;
+        CHECK(!memcmp(c, m, n) && !memcmp(c, r, n), "tied %d: the copied spine, the mapped one and --no-mmap agree",
+              tied);
+        int64_t nt = 0, bytes = 0, rss = 0, huge = 0;
+        double secs = 0;
+        CHECK(df_engine_spine_copy(ec, &nt, &bytes, &secs, &rss, &huge) == 1 && nt > 10 && bytes > 0 && rss > 0,
+              "tied %d: %lld tensors, %lld bytes, rss %lld", tied, (long long)nt, (long long)bytes, (long long)rss);
+        CHECK(df_engine_spine_copy(em, &nt, &bytes, &secs, &rss, &huge) == 0 && bytes == 0, "--map-spine copies nothing");
+        CHECK(df_engine_spine_copy(ep, &nt, &bytes, &secs, &rss, &huge) == 0 && bytes == 0, "--no-mmap copies nothing");
+        rc_tally tc = rc_where(ec), tm = rc_where(em);
+        CHECK(tc.copied > 10 && tc.in_file == (tied ? 0 : 1) && tc.other == 0,
+              "tied %d: %d views copied, %d in the file (the paged embedding), %d elsewhere", tied, tc.copied,
+              tc.in_file, tc.other);
+        CHECK(tm.copied == 0 && tm.other == 0 && tm.in_file == tc.copied + tc.in_file, "--map-spine: %d / %d / %d",
+              tm.copied, tm.in_file, tm.other);
+        free(c);
+        free(m);
+        free(r);
+        df_engine_close(ec);
+        df_engine_close(em);
+        df_engine_close(ep);
+    }
+}
+
 /* ---- router lookahead: precision turns it down ---- */
 
 #include "../src/experts/store.h"

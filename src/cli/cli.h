@@ -14,6 +14,7 @@ typedef struct {
     int ncpus;              /* --cpus: compute thread i on cpus[i]; 0 = unpinned */
     int cpus[CLI_CPUS_MAX];
     int no_mmap;
+    int map_spine;
     int simd;       /* -1 best */
     int ctx;
     int expert_io;  /* df_expert_io */

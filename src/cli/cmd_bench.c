@@ -324,6 +324,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
     /* the mapped weights and how the page cache holds them (small folios read slower) */
     int64_t mapped = 0, mapped_2mb = 0;
     if (df_engine_mapped_weights(e, &mapped, &mapped_2mb) != 0) mapped = mapped_2mb = -1;
+    /* the resident spine copied out of the page cache at open (--map-spine: not) */
+    int64_t cp_tensors = 0, cp_bytes = 0, cp_rss = 0, cp_2mb = 0;
+    double cp_s = 0;
+    const int copied = df_engine_spine_copy(e, &cp_tensors, &cp_bytes, &cp_s, &cp_rss, &cp_2mb);
     /* the other floor: every weight byte of a step read once from RAM */
     int64_t spine = df_engine_spine_bytes_per_token(e);
     double touched = (double)spine + (double)df_engine_expert_bytes(e) * df_engine_experts_per_token(e) * nmoe_layers(e);
@@ -401,6 +405,9 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         json_object_set_new(o, "ratio_to_larger_floor", json_real(best_floor > 0 ? med / best_floor : 0));
         json_object_set_new(o, "mapped_weight_bytes", json_integer(mapped));
         json_object_set_new(o, "mapped_weight_bytes_2mb", json_integer(mapped_2mb));
+        json_object_set_new(o, "spine_copied_bytes", json_integer(cp_bytes));
+        json_object_set_new(o, "spine_copied_seconds", json_real(cp_s));
+        json_object_set_new(o, "spine_copied_bytes_2mb", json_integer(cp_2mb));
         json_object_set_new(o, "prefetch_issued_per_token", json_real((double)pf / ntok));
         json_object_set_new(o, "prefetch_precision", json_real(pf_precision));
         json_object_set_new(o, "prefetch_recall", json_real(pf_recall));
@@ -539,10 +546,14 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
                "                            better of the probes before and after, %.1f and %.1f)\n",
                mem_floor, touched / 1e9, dram, dram_first, dram_after);
         printf("ratio to the larger floor   %.3f\n", best_floor > 0 ? med / best_floor : 0);
+        if (copied)
+            printf("spine copied                %.2f GB (%lld tensors) out of the page cache at open in %.2f s;\n"
+                   "                            %.0f%% of it in 2 MB pages (--map-spine: used in place)\n",
+                   cp_bytes / 1e9, (long long)cp_tensors, cp_s, cp_rss > 0 ? 100.0 * (double)cp_2mb / (double)cp_rss : 0);
         if (mapped > 0)
             printf("weights mapped              %.2f GB in memory, %.0f%% of it by 2 MB pages%s\n", mapped / 1e9,
                    100.0 * (double)mapped_2mb / (double)mapped,
-                   mapped_2mb < mapped / 2 ? "\n                            (the page cache holds them in small folios, "
+                   !copied && mapped_2mb < mapped / 2 ? "\n                            (the page cache holds them in small folios, "
                                              "as writing a file\n                            leaves it: see README, "
                                              "bench/spine_pass.sh)" : "");
         if (ac.calls || ac.resident_mats || ac.cpu_calls) {

@@ -22,6 +22,9 @@ const char cli_model_opts_help[] =
     "                     work uses (Linux; never changes the output)\n"
     "  --ctx N            context limit of the session (default: min(model, 4096))\n"
     "  --no-mmap          read weights with pread into RAM instead of mapping them\n"
+    "  --map-spine        keep the resident spine's matrices as views of the page cache (a faster\n"
+    "                     open; default: copied at open into the process's memory on 128-byte lines,\n"
+    "                     which decodes faster); never changes the output\n"
     "  --simd LEVEL       kernel level: scalar, avx2, avx512, neon (default: the best available;\n"
     "                     never amx), amx: avx512 with the bf16 and MXFP4 products of 8 or more\n"
     "                     vectors (prefill) on Intel AMX tiles, faster, and a row's last bits\n"
@@ -118,6 +121,7 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(a, "--no-mmap")) { o->no_mmap = 1; return 1; }
+    if (!strcmp(a, "--map-spine")) { o->map_spine = 1; return 1; }
     if (!strcmp(a, "--no-prefetch")) { o->no_prefetch = 1; return 1; }
     if (!strcmp(a, "--prefill")) {
         if (!val || (strcmp(val, "layers") && strcmp(val, "chunks"))) {
@@ -332,6 +336,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     if ((eo->n_threads = cli_threads(o)) < 0) return -1;
     eo->cpus = o->ncpus ? o->cpus : NULL;
     eo->use_mmap = !o->no_mmap;
+    eo->map_spine = o->map_spine;
     eo->simd_level = o->simd;
     eo->expert_io = o->expert_io;
     eo->ram_bytes = o->ram;

@@ -14,6 +14,7 @@
 #include "../format/st_cache.h"
 #include "ffn.h"
 #include "prompt.h"
+#include "resident_copy.h"
 #include <fcntl.h>
 #include <stdarg.h>
 #include <time.h>
@@ -21,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+static df_status copy_resident_spine(df_engine *e, char *err);
 
 /* ---- options ---- */
 
@@ -224,6 +227,7 @@ df_status df_engine_open(const char *dir, const df_engine_opts *opts, df_engine 
     if (e->store && !opts->plan_only && opts->pin_bytes > 0 &&
         (st = xs_pin_hottest(e->store, opts->pin_bytes, pass_experts(&e->cfg), err)) != DF_OK)
         goto fail;
+    if ((st = copy_resident_spine(e, err)) != DF_OK) goto fail;
     if (opts->top_k > 0 && opts->top_k < e->cfg.num_experts_per_tok)
         snprintf(e->lossy, sizeof e->lossy, "LOSSY top-k %d of %d", opts->top_k, e->cfg.num_experts_per_tok);
     if (e->int8) {
@@ -240,6 +244,8 @@ fail:
 void df_engine_close(df_engine *e) {
     if (!e) return;
     if (e->prog && e->ops) e->ops->close(e->prog);
+    rcopy_free(e->rcopy);
+    free(e->res_views);
     acc_free(e->acc);
     if (e->store && e->opts.heat_path) {
         char err[DF_ERRMSG];
@@ -348,14 +354,48 @@ df_status model_bind(df_engine *e, const char *base, int64_t rows, int64_t cols,
     return st != DF_OK ? st : sp_register(e->spine, e->spine_group, w, err);
 }
 
+/* Remembers a resident view for the copy at open (copy_resident_spine). */
+static df_status note_resident(df_engine *e, df_weight *w, char *err) {
+    if (e->n_res_views == e->cap_res_views) {
+        int cap = e->cap_res_views ? e->cap_res_views * 2 : 256;
+        df_weight **v = realloc(e->res_views, (size_t)cap * sizeof *v);
+        if (!v) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+        e->res_views = v;
+        e->cap_res_views = cap;
+    }
+    e->res_views[e->n_res_views++] = w;
+    return DF_OK;
+}
+
 df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int64_t cols, df_weight *w,
                               char *err) {
     char buf[DF_NAME];
     base = bind_name(e, base, buf);
     df_status st = wt_bind(e->st, base, rows, cols, e->cfg.fp8_block_rows, e->cfg.fp8_block_cols, w, err);
-    if (st == DF_OK) e->resident_bound += wt_bytes(w);
-    if (st == DF_OK && e->acc) acc_bind(e->acc, w);
-    return st;
+    if (st != DF_OK) return st;
+    e->resident_bound += wt_bytes(w);
+    if (e->acc) acc_bind(e->acc, w);
+    return note_resident(e, w, err);
+}
+
+/* The resident spine out of the page cache (resident_copy.h), once every
+ * program bound its views: not with a device (its copies serve the
+ * products; the host bytes only feed uploads), not the paged embedding
+ * (read a row at a time), not with --map-spine. Out of memory for the copy
+ * keeps the views where they are (same output, slower). */
+static df_status copy_resident_spine(df_engine *e, char *err) {
+    if (e->acc || e->opts.plan_only || e->opts.map_spine || !e->n_res_views) return DF_OK;
+    df_weight **v = malloc((size_t)e->n_res_views * sizeof *v);
+    if (!v) return DF_OK;
+    int n = 0;
+    for (int i = 0; i < e->n_res_views; i++)
+        if (!e->paged_embed || e->res_views[i]->t_data != e->paged_embed) v[n++] = e->res_views[i];
+    char why[DF_ERRMSG];
+    df_status st = rcopy_make(e->st, v, n, e->pool, &e->rcopy, why);
+    free(v);
+    if (st == DF_ERR_NOMEM) return DF_OK;
+    if (st != DF_OK) return df_fail(err, st, "%s", why);
+    return DF_OK;
 }
 
 /* A streamed group whose every matrix has a device copy is entered without
@@ -449,7 +489,11 @@ df_status model_bind_ends(df_engine *e, df_weight *embed, df_weight *head, float
     if ((st = model_bind(e, name, c->vocab_size, c->hidden_size, embed, err))) return st;
     /* read a row at a time at random, unless it is the head too (read whole) */
     e->embed_paged = !c->tie_word_embeddings && st_random_rows(e->st, embed->t_data);
-    if (c->tie_word_embeddings) *head = *embed;
+    if (e->embed_paged) e->paged_embed = embed->t_data;
+    if (c->tie_word_embeddings) {
+        *head = *embed; /* resident like the embedding: the copy at open repoints both */
+        if ((st = note_resident(e, head, err))) return st;
+    }
     else {
         tname(name, "%s", c->lm_head);
         size_t n = strlen(name);
@@ -989,6 +1033,19 @@ int64_t df_engine_spine_bytes_per_token(const df_engine *e) {
     int64_t total = 0;
     for (int64_t i = 0; i < st_count(e->st); i++) total += token_bytes(e, st_at(e->st, i));
     return total;
+}
+
+int df_engine_spine_copy(const df_engine *e, int64_t *tensors, int64_t *bytes, double *seconds, int64_t *rss,
+                         int64_t *in_2mb) {
+    rcopy_stats s;
+    rcopy_get_stats(e->rcopy, &s);
+    *tensors = s.tensors;
+    *bytes = s.bytes;
+    *seconds = s.seconds;
+    *rss = *in_2mb = 0;
+    if (e->rcopy && mem_range_pages(rcopy_base(e->rcopy), (size_t)rcopy_region_bytes(e->rcopy), rss, in_2mb) != 0)
+        *rss = *in_2mb = -1;
+    return e->rcopy != NULL;
 }
 
 int df_engine_mapped_weights(const df_engine *e, int64_t *resident, int64_t *in_2mb) {

@@ -152,6 +152,10 @@ struct df_engine {
     char meta_note[512];      /* what the metadata cache did at open (st_cache.h), "" if nothing to say */
     struct prompt_buf *prompt_ws; /* a layer-major prompt's block buffers, kept between prompts (prompt.h) */
     kn_px_buf px;             /* mm()'s prepared x, kept between products (kernels.h) */
+    df_weight **res_views;    /* views bound resident (model_bind_resident), for the copy at open */
+    int n_res_views, cap_res_views;
+    const st_tensor *paged_embed; /* the embedding left mapped (embed_paged), else NULL */
+    struct rcopy *rcopy;      /* the resident spine's copy (resident_copy.h); NULL: views of the mapping */
 };
 /* The engine's scratch for a batched pass's logits rows, allocated on first
  * use (NULL when out of memory). */

@@ -1,0 +1,44 @@
+/* resident_copy.h — the resident spine's matrices copied out of the page
+ * cache into the process's own memory (prefix rcopy_).
+ *
+ * A mapped checkpoint hands the resident spine to the kernels as views of the
+ * page cache, at the file's offsets: safetensors aligns nothing, so a
+ * release's rows start 8-56 bytes past a cache line, and the page cache's
+ * pages decoded slower than anonymous memory on a Zen 5 VM even aligned.
+ * rcopy_make reads (pread, the pool's threads in pieces) every mapped tensor
+ * behind the views, data and scales, into one anonymous region advised for
+ * 2 MB pages, each tensor on ST_DATA_ALIGN, and points the views there. The
+ * bytes are the file's bytes, so the output never changes; the cost is the
+ * copy at open (a warm page cache: ~1 s per 5 GB on 2 threads) and the page
+ * cache's own copy, which the kernel may drop (it is clean).
+ *
+ *   views ─┬─> tensor A ──> region + 0      (A on a 128-byte line)
+ *          └─> tensor B ──> region + 128k   (views of one tensor share it)
+ */
+#ifndef DF_MODEL_RESIDENT_COPY_H
+#define DF_MODEL_RESIDENT_COPY_H
+#include "deltafin.h"
+#include "../base/pool.h"
+#include "../format/safetensors.h"
+#include "../format/weight.h"
+
+typedef struct rcopy rcopy;
+
+typedef struct {
+    int64_t tensors, bytes; /* tensors copied, their bytes */
+    double seconds;         /* the copy's wall time */
+} rcopy_stats;
+
+/* Copies the mapped tensors behind views[0..n) (t_data and t_scale; those
+ * st_mapped denies are left as they are) and points each view's data and
+ * scale at the copies. *out NULL and DF_OK when nothing was mapped. On any
+ * error (DF_ERR_NOMEM for the region, DF_ERR_IO naming the file and range)
+ * no view has moved and *out is NULL. */
+df_status rcopy_make(st_set *st, df_weight *const *views, int n, df_pool *pool, rcopy **out, char *err);
+/* Unmaps the region: views pointing there are dangling after. NULL-safe. */
+void rcopy_free(rcopy *c);
+void rcopy_get_stats(const rcopy *c, rcopy_stats *s); /* zeros for NULL */
+/* The region (for the 2 MB pages' share: mem_range_pages). */
+const void *rcopy_base(const rcopy *c);
+int64_t rcopy_region_bytes(const rcopy *c);
+#endif
