@@ -299,6 +299,7 @@ TEST(fmt_st_random_rows_hint) {
 }
 
 static int on_line(const void *p) { return (uintptr_t)p % 128 == 0; }
+static int on_2mb(const void *p) { return (uintptr_t)p % (2u << 20) == 0; }
 
 /* Views of tensors a, big, c (+ scale cs) and a again, bound by hand. */
 static void rc_views(st_set *s, df_weight v[4], char *err) {
@@ -349,6 +350,9 @@ TEST(fmt_resident_copy_aligned_same_bytes) {
           memcmp(v[2].scale, before[2].scale, 33 * 4) == 0, "the scales are copied too");
     const char *lo = rcopy_base(c);
     CHECK((const char *)v[1].data >= lo && (const char *)v[1].data < lo + rcopy_region_bytes(c));
+    /* read into memory (no mmap): a tensor of 2 MB or more in 2 MB pages, the file's bytes */
+    CHECK(on_2mb(w[1].data) && on_line(w[2].data) && memcmp(w[1].data, before[1].data, 10203400) == 0,
+          "buffers %p %p", w[1].data, w[2].data);
     /* a set read into memory has nothing mapped: nothing moves */
     df_weight *pw[4] = {&w[0], &w[1], &w[2], &w[3]};
     const void *w1 = w[1].data;

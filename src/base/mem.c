@@ -203,6 +203,25 @@ int64_t mem_available(void) {
     return cg >= 0 && cg < avail ? cg : avail;
 }
 
+void *mem_huge_alloc(size_t n) {
+    const size_t huge = (size_t)2 << 20, len = (n + huge - 1) / huge * huge, over = len + huge;
+    if (!n || len < n) return NULL;
+    char *m = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    char *a = (char *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (a > m) munmap(m, (size_t)(a - m));
+    if (over - (size_t)(a - m) > len) munmap(a + len, over - (size_t)(a - m) - len);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(a, len, MADV_HUGEPAGE); /* a hint */
+#endif
+    return a;
+}
+
+void mem_huge_free(void *p, size_t n) {
+    const size_t huge = (size_t)2 << 20;
+    if (p) munmap(p, (n + huge - 1) / huge * huge);
+}
+
 int mem_range_pages(const void *p, size_t n, int64_t *rss, int64_t *huge) {
     *rss = *huge = 0;
     FILE *f = fopen("/proc/self/smaps", "r");

@@ -33,6 +33,13 @@ void mem_fill_stop(mem_fill *f); /* NULL-safe */
  * fmemopen'd strings). */
 int mem_mapped_files(const char *const *paths, int n, int64_t *rss, int64_t *pmd);
 void mem_parse_smaps(FILE *f, const char *const *paths, int n, int64_t *rss, int64_t *pmd);
+/* n bytes of anonymous memory starting on a 2 MB boundary, advised for 2 MB
+ * pages (MADV_HUGEPAGE, where the kernel has them; 4 KB pages work too):
+ * large weight copies fault in 512x fewer times (a 4 KB fault cost ~20 us on
+ * a VM: 5.6 GB in 4 KB pages took 32 s of system time). NULL when out of
+ * memory. mem_huge_free takes the same n. */
+void *mem_huge_alloc(size_t n);
+void mem_huge_free(void *p, size_t n);
 /* This process's anonymous mappings inside [p, p + n): the bytes resident
  * (Rss) and, of those, the bytes in 2 MB pages (AnonHugePages). 0, or -1
  * without /proc/self/smaps. mem_parse_smaps_range reads an smaps text. */

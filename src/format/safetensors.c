@@ -35,6 +35,7 @@
  */
 #include "safetensors.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -170,12 +171,22 @@ static void close_shard(const df_io *io, st_shard *sh) {
     sh->path = NULL;
 }
 
+/* A tensor read into memory (no mmap) gets a buffer of 2 MB pages from this
+ * size on (mem_huge_alloc), else aligned_alloc's. */
+static int huge_buffer(const st_tensor *t) { return t->nbytes >= ((int64_t)2 << 20); }
+
+static void free_buffer(const st_tensor *t, void *buf) {
+    if (!buf) return;
+    if (huge_buffer(t)) mem_huge_free(buf, ((size_t)t->nbytes + ST_DATA_ALIGN - 1) / ST_DATA_ALIGN * ST_DATA_ALIGN);
+    else free(buf);
+}
+
 void st_close(st_set *s) {
     if (!s) return;
     for (int i = 0; i < s->n_shards; i++) close_shard(s->io, &s->shards[i]);
     free(s->shards);
     if (s->cache)
-        for (int64_t t = 0; t < s->n_tensors; t++) free(s->cache[t]);
+        for (int64_t t = 0; t < s->n_tensors; t++) free_buffer(&s->tensors[t], s->cache[t]);
     free(s->cache);
     free(s->tensors);
     free(s->hashes);
@@ -863,9 +874,10 @@ const void *st_data(st_set *s, const st_tensor *t, char *err) {
     if (small_at(s, i) >= 0) return s->small_vals[s->small[i]];
     if (sh->map) return (const char *)sh->map + t->offset;
     if (s->cache[i]) return s->cache[i];
-    /* on ST_DATA_ALIGN (malloc's large blocks start 16 bytes past a page) */
+    /* on ST_DATA_ALIGN (malloc's large blocks start 16 bytes past a page);
+     * large ones in 2 MB pages */
     const size_t cap = ((size_t)t->nbytes + ST_DATA_ALIGN - 1) / ST_DATA_ALIGN * ST_DATA_ALIGN;
-    void *buf = aligned_alloc(ST_DATA_ALIGN, cap ? cap : ST_DATA_ALIGN);
+    void *buf = huge_buffer(t) ? mem_huge_alloc(cap) : aligned_alloc(ST_DATA_ALIGN, cap ? cap : ST_DATA_ALIGN);
     if (!buf) {
         df_fail(err, DF_ERR_NOMEM, "%s: tensor '%s': out of memory for %lld bytes", sh->path,
                 t->name, (long long)t->nbytes);
@@ -873,7 +885,7 @@ const void *st_data(st_set *s, const st_tensor *t, char *err) {
     }
     if (io_pread_full(s->io, sh->fd, buf, (size_t)t->nbytes, t->offset) != 0) {
         int e = errno;
-        free(buf);
+        free_buffer(t, buf);
         df_fail(err, DF_ERR_IO, "%s: tensor '%s': read of %lld bytes at offset %lld failed: %s",
                 sh->path, t->name, (long long)t->nbytes, (long long)t->offset, strerror(e));
         return NULL;

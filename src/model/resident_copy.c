@@ -7,12 +7,12 @@
  */
 #include "resident_copy.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 /* Pieces the pool's threads read: large enough for the disk's full rate,
@@ -61,22 +61,6 @@ static void copy_pieces(void *ctx, int64_t i0, int64_t i1, int tid) {
         if (st_pread(j->st, e->t, j->c->base + e->at + off, off, len, j->errs + (size_t)tid * DF_ERRMSG) != DF_OK)
             atomic_store(&j->failed, tid + 1);
     }
-}
-
-/* An anonymous region of len bytes starting on a 2 MB boundary, advised for
- * 2 MB pages (where the kernel has them); NULL when out of memory. */
-static char *region_new(int64_t len) {
-    const size_t over = (size_t)(len + HUGE_PAGE);
-    char *m = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return NULL;
-    char *a = (char *)(((uintptr_t)m + (uintptr_t)HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-    if (a > m) munmap(m, (size_t)(a - m));
-    size_t tail = over - (size_t)(a - m) - (size_t)len;
-    if (tail) munmap(a + len, tail);
-#ifdef MADV_HUGEPAGE
-    (void)madvise(a, (size_t)len, MADV_HUGEPAGE); /* a hint: 4 KB pages work too */
-#endif
-    return a;
 }
 
 static double now_s(void) {
@@ -132,7 +116,7 @@ df_status rcopy_make(st_set *st, df_weight *const *views, int n, df_pool *pool, 
     copy_job j = {.st = st, .c = c};
     j.first = malloc((size_t)(c->n + 1) * sizeof *j.first);
     j.errs = calloc((size_t)nt, DF_ERRMSG);
-    if (!j.first || !j.errs || !(c->base = region_new(c->len))) {
+    if (!j.first || !j.errs || !(c->base = mem_huge_alloc((size_t)c->len))) {
         free(j.first);
         free(j.errs);
         rcopy_free(c);
@@ -167,7 +151,7 @@ df_status rcopy_make(st_set *st, df_weight *const *views, int n, df_pool *pool, 
 
 void rcopy_free(rcopy *c) {
     if (!c) return;
-    if (c->base) munmap(c->base, (size_t)c->len);
+    mem_huge_free(c->base, (size_t)c->len);
     free(c->tab);
     free(c);
 }
