@@ -177,6 +177,17 @@ TEST(rel_mem_parsers) {
     mem_parse_smaps(f, files, 2, &rss, &pmd);
     fclose(f);
     CHECK(rss == 4608 * 1024 && pmd == 2048 * 1024, "rss %lld pmd %lld", (long long)rss, (long long)pmd);
+    /* an address range: the anonymous mappings inside it, whole */
+    static const char an[] =
+        "7f0000000000-7f0000400000 rw-p 00000000 00:00 0 \nRss:                4096 kB\nAnonHugePages:      4096 kB\n"
+        "7f0000400000-7f0000600000 rw-p 00000000 00:00 0 \nRss:                1024 kB\nAnonHugePages:         0 kB\n"
+        "7f0000600000-7f0000a00000 rw-p 00000000 00:00 0 \nRss:                4096 kB\nAnonHugePages:      2048 kB\n";
+    f = fmemopen((void *)an, sizeof an - 1, "r");
+    REQUIRE(f);
+    int64_t huge = -1;
+    mem_parse_smaps_range(f, 0x7f0000000000ULL, 0x7f0000600000ULL, &rss, &huge);
+    fclose(f);
+    CHECK(rss == 5120 * 1024 && huge == 4096 * 1024, "range: rss %lld huge %lld", (long long)rss, (long long)huge);
 }
 
 /* ---- --ram is the process's budget ---- */

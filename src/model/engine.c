@@ -394,7 +394,9 @@ static df_status copy_resident_spine(df_engine *e, char *err) {
     df_status st = rcopy_make(e->st, v, n, e->pool, &e->rcopy, why);
     free(v);
     if (st == DF_ERR_NOMEM) return DF_OK;
-    if (st != DF_OK) return df_fail(err, st, "%s", why);
+    if (st != DF_OK)
+        return df_fail(err, st, "copying the resident spine into memory: %s (the checkpoint's file changed or "
+                       "its disk failed since open: check it)", why);
     return DF_OK;
 }
 
