@@ -186,6 +186,11 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "open: %.3f s (engine %.3f s, session %.3f s); first token %.3f s after the start\n",
                 t_session - t_start, t_engine - t_start, t_session - t_engine, t1 - t_start);
         fprintf(stderr, "spine: %s\n", df_engine_spine_why(e));
+        int64_t ct = 0, cb = 0, crss = 0, c2 = 0;
+        double cs = 0;
+        if (df_engine_spine_copy(e, &ct, &cb, &cs, &crss, &c2))
+            fprintf(stderr, "spine copy: %.2f GB out of the page cache at open in %.2f s (--map-spine: used in place)\n",
+                    cb / 1e9, cs);
         if (hwm_kb >= 0)
             fprintf(stderr, "memory: peak RSS %.1f MB, plan %.1f MB\n", hwm_kb / 1024.0,
                     df_engine_plan_bytes(e, df_session_pos(s) > 0 ? (mo.ctx > 0 ? mo.ctx : 4096) : 4096) / 1048576.0);

@@ -320,6 +320,14 @@ const char *df_engine_describe(df_engine *e) {
     else
         snprintf(b + used, cap - used, "spine          %.3f GB %s\n", spine_bytes(e) / 1e9, e->plan.why);
     used = strlen(b);
+    if (e->rcopy) {
+        rcopy_stats r;
+        rcopy_get_stats(e->rcopy, &r);
+        snprintf(b + used, cap - used,
+                 "               %.3f GB of it copied at open out of the page cache in %.2f s (--map-spine: used "
+                 "in place)\n", r.bytes / 1e9, r.seconds);
+        used = strlen(b);
+    }
     plan_describe(e, b + used, cap - used);
     used = strlen(b);
     if (e->acc)
