@@ -547,9 +547,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
                mem_floor, touched / 1e9, dram, dram_first, dram_after);
         printf("ratio to the larger floor   %.3f\n", best_floor > 0 ? med / best_floor : 0);
         if (copied)
-            printf("spine copied                %.2f GB (%lld tensors) out of the page cache at open in %.2f s;\n"
+            printf("spine copied                %.2f %s (%lld tensors) out of the page cache at open in %.2f s;\n"
                    "                            %.0f%% of it in 2 MB pages (--map-spine: used in place)\n",
-                   cp_bytes / 1e9, (long long)cp_tensors, cp_s, cp_rss > 0 ? 100.0 * (double)cp_2mb / (double)cp_rss : 0);
+                   cp_bytes >= 1e9 ? cp_bytes / 1e9 : cp_bytes / 1e6, cp_bytes >= 1e9 ? "GB" : "MB",
+                   (long long)cp_tensors, cp_s, cp_rss > 0 ? 100.0 * (double)cp_2mb / (double)cp_rss : 0);
         if (mapped > 0)
             printf("weights mapped              %.2f GB in memory, %.0f%% of it by 2 MB pages%s\n", mapped / 1e9,
                    100.0 * (double)mapped_2mb / (double)mapped,
