@@ -9,8 +9,10 @@
  * behind the views, data and scales, into one anonymous region advised for
  * 2 MB pages, each tensor on ST_DATA_ALIGN, and points the views there. The
  * bytes are the file's bytes, so the output never changes; the cost is the
- * copy at open (a warm page cache: ~1 s per 5 GB on 2 threads) and the page
- * cache's own copy, which the kernel may drop (it is clean).
+ * copy at open (5.6 GB from a warm page cache: 0.2 s on 16 threads, 0.5-0.8
+ * s on 2, seconds more where the kernel must first reclaim memory) and the
+ * page cache's own copy, which the kernel may drop (it is clean). Measured:
+ * K8g decode -12% on a Zen 5 VM, no change on an Intel host.
  *
  *   views ─┬─> tensor A ──> region + 0      (A on a 128-byte line)
  *          └─> tensor B ──> region + 128k   (views of one tensor share it)
