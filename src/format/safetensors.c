@@ -175,9 +175,14 @@ static void close_shard(const df_io *io, st_shard *sh) {
  * size on (mem_huge_alloc), else aligned_alloc's. */
 static int huge_buffer(const st_tensor *t) { return t->nbytes >= ((int64_t)2 << 20); }
 
+/* The buffer's bytes: the tensor's, up to a whole ST_DATA_ALIGN. */
+static size_t buffer_bytes(const st_tensor *t) {
+    return ((size_t)t->nbytes + ST_DATA_ALIGN - 1) / ST_DATA_ALIGN * ST_DATA_ALIGN;
+}
+
 static void free_buffer(const st_tensor *t, void *buf) {
     if (!buf) return;
-    if (huge_buffer(t)) mem_huge_free(buf, ((size_t)t->nbytes + ST_DATA_ALIGN - 1) / ST_DATA_ALIGN * ST_DATA_ALIGN);
+    if (huge_buffer(t)) mem_huge_free(buf, buffer_bytes(t));
     else free(buf);
 }
 
@@ -876,7 +881,7 @@ const void *st_data(st_set *s, const st_tensor *t, char *err) {
     if (s->cache[i]) return s->cache[i];
     /* on ST_DATA_ALIGN (malloc's large blocks start 16 bytes past a page);
      * large ones in 2 MB pages */
-    const size_t cap = ((size_t)t->nbytes + ST_DATA_ALIGN - 1) / ST_DATA_ALIGN * ST_DATA_ALIGN;
+    const size_t cap = buffer_bytes(t);
     void *buf = huge_buffer(t) ? mem_huge_alloc(cap) : aligned_alloc(ST_DATA_ALIGN, cap ? cap : ST_DATA_ALIGN);
     if (!buf) {
         df_fail(err, DF_ERR_NOMEM, "%s: tensor '%s': out of memory for %lld bytes", sh->path,
@@ -978,11 +983,7 @@ df_status st_read(st_set *s, const st_tensor *t, void *buf, char *err) {
                (size_t)t->nbytes);
         return DF_OK;
     }
-    if (io_pread_full(s->io, sh->fd, buf, (size_t)t->nbytes, t->offset) != 0)
-        return df_fail(err, DF_ERR_IO, "%s: tensor '%s': read of %lld bytes at offset %lld failed: %s",
-                       sh->path, t->name, (long long)t->nbytes, (long long)t->offset,
-                       strerror(errno));
-    return DF_OK;
+    return st_pread(s, t, buf, 0, t->nbytes, err);
 }
 
 /* ---- 5. queries ------------------------------------------------------------ */
