@@ -58,10 +58,13 @@ typedef struct {
     const int *cpus;
     int use_mmap;    /* non-expert tensors: 1 map shards (default); 0 read into RAM with pread */
     /* With use_mmap: 1 keeps the resident spine's matrices as views of the
-     * page cache (a faster open, memory shared with the cache); 0 (default)
-     * copies them at open into anonymous memory on 128-byte lines
-     * (df_engine_spine_copy). Never changes the output. */
+     * page cache (memory shared with the cache); 0 (default) copies them
+     * into anonymous memory on 128-byte lines (df_engine_spine_copy): by a
+     * thread started at open that runs at idle priority, the views moving
+     * at the first evaluation after it ends; with spine_copy_at_open, by
+     * the open itself on the engine's threads. Never changes the output. */
     int map_spine;
+    int spine_copy_at_open;
     int simd_level;  /* -1: best available; 0 scalar, 1 AVX2, 2 AVX-512, 3 NEON (one the CPU lacks: the best) */
     int expert_io;   /* df_expert_io */
     /* Memory budget of the whole process (spine, expert cache, session
@@ -507,13 +510,23 @@ const char *df_engine_spine_dtype(const df_engine *e);
  * small folios (as write(2) leaves a file) decode slower. -1 where the
  * system does not say (no /proc/self/smaps), else 0. */
 int df_engine_mapped_weights(const df_engine *e, int64_t *resident, int64_t *in_2mb);
-/* The resident spine's copy made at open (map_spine 0): tensors and bytes
- * copied, the copy's seconds, and of its memory the bytes resident and in
- * 2 MB pages (-1 without /proc/self/smaps). With a streamed spine only its
- * resident rest (routers) is copied. Returns 0, and zeros, when nothing
- * was (map_spine, --no-mmap, a device). */
+/* The resident spine's copy (map_spine 0), started at open on a thread of
+ * its own: tensors and bytes copied, the copy's seconds (0 while it runs),
+ * and of its memory the bytes resident and in 2 MB pages (-1 without
+ * /proc/self/smaps). With a streamed spine only its resident rest
+ * (routers) is copied. Returns 0, and zeros, when there is none (map_spine,
+ * --no-mmap, a device); 2 while it runs; 1 once it is made (the views read
+ * it from the first evaluation after it ended). */
 int df_engine_spine_copy(const df_engine *e, int64_t *tensors, int64_t *bytes, double *seconds, int64_t *rss,
                          int64_t *in_2mb);
+/* Waits for a running spine copy and moves the views into it now (as the
+ * next evaluation would). DF_OK when there is none; a failed read:
+ * DF_ERR_IO naming the file, and the views stay on the mapping (as they
+ * do, silently but for df_engine_spine_copy_error, when an evaluation
+ * finds the copy failed). Not while a step runs. */
+df_status df_engine_spine_copy_wait(df_engine *e, char err[DF_ERRMSG]);
+/* Why the spine's copy failed (the steps then read the mapping), or "". */
+const char *df_engine_spine_copy_error(const df_engine *e);
 /* 1 when the spine streams per layer; the plan's reason for its choice
  * (one line, owned by the engine). */
 int df_engine_spine_streamed(const df_engine *e);

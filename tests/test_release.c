@@ -16,7 +16,10 @@
 #include "deltafin.h"
 #include "../src/base/io.h"
 #include "../src/base/mem.h"
+#include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -246,8 +249,23 @@ TEST(rel_ram_budget_bounds_peak_rss) {
 #include "../src/model/model.h"
 #include "../src/model/resident_copy.h"
 
-/* Logits of tokens 3 1 4 1 5 9 2 6 from an engine opened with these
- * options ([8][vocab], malloc'd), or NULL; *e_out keeps the engine. */
+/* Logits of tokens 3 1 4 1 5 9 2 6 in a new session of e ([8][vocab],
+ * malloc'd), or NULL. */
+static float *rc_eval(df_engine *e) {
+    df_session *s = NULL;
+    const int32_t tok[8] = {3, 1, 4, 1, 5, 9, 2, 6};
+    if (df_session_new(e, 0, &s) != DF_OK) return NULL;
+    float *lg = malloc((size_t)8 * df_engine_vocab_size(e) * sizeof *lg);
+    if (lg && df_session_eval(s, tok, 8, lg) != DF_OK) {
+        free(lg);
+        lg = NULL;
+    }
+    df_session_free(s);
+    return lg;
+}
+
+/* rc_eval of an engine opened with these options, or NULL; *e_out keeps
+ * the engine. */
 static float *rc_logits(const char *d, int use_mmap, int map_spine, df_engine **e_out) {
     df_engine_opts o;
     df_engine_opts_default(&o);
@@ -255,17 +273,9 @@ static float *rc_logits(const char *d, int use_mmap, int map_spine, df_engine **
     o.use_mmap = use_mmap;
     o.map_spine = map_spine;
     char err[DF_ERRMSG];
-    df_session *s = NULL;
-    const int32_t tok[8] = {3, 1, 4, 1, 5, 9, 2, 6};
     *e_out = NULL;
-    if (df_engine_open(d, &o, e_out, err) != DF_OK || df_session_new(*e_out, 0, &s) != DF_OK) return NULL;
-    float *lg = malloc((size_t)8 * df_engine_vocab_size(*e_out) * sizeof *lg);
-    if (lg && df_session_eval(s, tok, 8, lg) != DF_OK) {
-        free(lg);
-        lg = NULL;
-    }
-    df_session_free(s);
-    return lg;
+    if (df_engine_open(d, &o, e_out, err) != DF_OK) return NULL;
+    return rc_eval(*e_out);
 }
 
 /* Of an engine's resident views: those moved into the copy on a 128-byte
@@ -286,6 +296,85 @@ static rc_tally rc_where(df_engine *e) {
     return t;
 }
 
+/* Reads of 64 KB or more from any thread but the one that opened the
+ * engine fail while rc_fail_big is set: with experts mapped, only the
+ * spine's copy reads that way. */
+static pthread_t rc_opener;
+static _Atomic int rc_fail_big;
+static ssize_t rc_pread(void *ctx, int fd, void *buf, size_t n, off_t off) {
+    (void)ctx;
+    if (atomic_load(&rc_fail_big) && n >= 65536 && !pthread_equal(pthread_self(), rc_opener)) {
+        errno = EIO;
+        return -1;
+    }
+    return pread(fd, buf, n, off);
+}
+
+/* The copy runs behind the open: no view moves in the open, and a copy
+ * whose reads fail moves no view either: the evaluations read the mapping,
+ * with the same bits, and the reason is kept. */
+TEST(rel_resident_spine_copy_behind_open) {
+    const char *d = synth_k3("rel_rcopy_bg");
+    REQUIRE(d, "synth failed: %s", out);
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.n_threads = 2;
+    o.expert_io = DF_EXPERTS_MMAP;
+    char err[DF_ERRMSG];
+    df_engine *em = NULL, *e = NULL;
+    o.map_spine = 1;
+    REQUIRE(df_engine_open(d, &o, &em, err) == DF_OK, "%s", err);
+    float *m = rc_eval(em);
+    REQUIRE(m);
+    o.map_spine = 0;
+    REQUIRE(df_engine_open(d, &o, &e, err) == DF_OK, "%s", err);
+    rc_tally t = rc_where(e);
+    CHECK(t.copied == 0 && t.other == 0 && t.in_file > 10, "after open: %d copied, %d in the file, %d elsewhere",
+          t.copied, t.in_file, t.other);
+    REQUIRE(df_engine_spine_copy_wait(e, err) == DF_OK, "%s", err);
+    t = rc_where(e);
+    CHECK(t.copied > 10 && t.in_file == 1 && t.other == 0, "after the wait: %d / %d / %d", t.copied, t.in_file,
+          t.other);
+    df_engine_close(e);
+    /* copied by the open itself */
+    o.spine_copy_at_open = 1;
+    REQUIRE(df_engine_open(d, &o, &e, err) == DF_OK, "%s", err);
+    rc_tally t2 = rc_where(e);
+    CHECK(t2.copied == t.copied && t2.in_file == 1 && t2.other == 0, "copied at open: %d / %d / %d", t2.copied,
+          t2.in_file, t2.other);
+    df_engine_close(e);
+    o.spine_copy_at_open = 0;
+    /* a copy whose reads fail */
+    df_io io = *df_io_default();
+    io.pread = rc_pread;
+    o.io = &io;
+    rc_opener = pthread_self();
+    atomic_store(&rc_fail_big, 1);
+    REQUIRE(df_engine_open(d, &o, &e, err) == DF_OK, "%s", err);
+    int64_t nt, bytes, rss, huge;
+    double secs;
+    while (df_engine_spine_copy(e, &nt, &bytes, &secs, &rss, &huge) == 2) usleep(1000);
+    df_session *s = NULL;
+    REQUIRE(df_session_new(e, 0, &s) == DF_OK);
+    const int32_t tok[8] = {3, 1, 4, 1, 5, 9, 2, 6};
+    float *lg = malloc((size_t)8 * df_engine_vocab_size(e) * sizeof *lg);
+    REQUIRE(lg);
+    atomic_store(&rc_fail_big, 0);
+    df_status st = df_session_eval(s, tok, 8, lg);
+    CHECK(st == DF_OK && !memcmp(lg, m, (size_t)8 * df_engine_vocab_size(e) * sizeof *lg),
+          "%d: the evaluation after a failed copy reads the mapping, same bits: %s", st, df_session_error(s));
+    t = rc_where(e);
+    CHECK(t.copied == 0 && t.other == 0, "no view moved: %d / %d / %d", t.copied, t.in_file, t.other);
+    CHECK(df_engine_spine_copy(e, &nt, &bytes, &secs, &rss, &huge) == 0, "a failed copy reports none");
+    const char *why = df_engine_spine_copy_error(e);
+    CHECK(strstr(why, "safetensors") && strstr(why, "copying") && strstr(why, "page cache"), "reason: %s", why);
+    free(lg);
+    free(m);
+    df_session_free(s);
+    df_engine_close(e);
+    df_engine_close(em);
+}
+
 TEST(rel_resident_spine_copied_same_bits) {
     const char *d = synth_k3("rel_rcopy");
     REQUIRE(d, "synth failed: %s", out);
@@ -302,11 +391,18 @@ TEST(rel_resident_spine_copied_same_bits) {
             json_decref(root);
         }
         df_engine *ec = NULL, *em = NULL, *ep = NULL;
+        /* c: while the copy may still run (views on the mapping, or moved
+         * between the steps); c2: once it was waited for */
         float *c = rc_logits(d, 1, 0, &ec), *m = rc_logits(d, 1, 1, &em), *r = rc_logits(d, 0, 0, &ep);
+        char err[DF_ERRMSG];
         REQUIRE(c && m && r, "tied %d: an engine failed", tied);
+        REQUIRE(df_engine_spine_copy_wait(ec, err) == DF_OK, "%s", err);
+        float *c2 = rc_eval(ec);
+        REQUIRE(c2);
         size_t n = (size_t)8 * df_engine_vocab_size(ec) * sizeof *c;
-        CHECK(!memcmp(c, m, n) && !memcmp(c, r, n), "tied %d: the copied spine, the mapped one and --no-mmap agree",
-              tied);
+        CHECK(!memcmp(c, m, n) && !memcmp(c2, m, n) && !memcmp(c, r, n),
+              "tied %d: the copied spine (during and after the copy), the mapped one and --no-mmap agree", tied);
+        free(c2);
         int64_t nt = 0, bytes = 0, rss = 0, huge = 0;
         double secs = 0;
         CHECK(df_engine_spine_copy(ec, &nt, &bytes, &secs, &rss, &huge) == 1 && nt > 10 && bytes > 0 && rss > 0,

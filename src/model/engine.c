@@ -245,6 +245,7 @@ void df_engine_close(df_engine *e) {
     if (!e) return;
     if (e->prog && e->ops) e->ops->close(e->prog);
     rcopy_free(e->rcopy);
+    free(e->copy_views);
     free(e->res_views);
     acc_free(e->acc);
     if (e->store && e->opts.heat_path) {
@@ -323,9 +324,14 @@ const char *df_engine_describe(df_engine *e) {
     if (e->rcopy) {
         rcopy_stats r;
         rcopy_get_stats(e->rcopy, &r);
-        snprintf(b + used, cap - used,
-                 "               %.3f GB of it copied at open out of the page cache in %.2f s (--map-spine: used "
-                 "in place)\n", r.bytes / 1e9, r.seconds);
+        if (!r.done)
+            snprintf(b + used, cap - used,
+                     "               %.3f GB of it being copied out of the page cache behind the first steps "
+                     "(--map-spine: used in place)\n", r.bytes / 1e9);
+        else
+            snprintf(b + used, cap - used,
+                     "               %.3f GB of it copied out of the page cache in %.2f s (--map-spine: used "
+                     "in place)\n", r.bytes / 1e9, r.seconds);
         used = strlen(b);
     }
     plan_describe(e, b + used, cap - used);
@@ -386,11 +392,18 @@ df_status model_bind_resident(df_engine *e, const char *base, int64_t rows, int6
     return note_resident(e, w, err);
 }
 
+static df_status settle_copy(df_engine *e, int wait, char *err);
+
 /* The resident spine out of the page cache (resident_copy.h), once every
  * program bound its views: not with a device (its copies serve the
  * products; the host bytes only feed uploads), not the paged embedding
- * (read a row at a time), not with --map-spine. Out of memory for the copy
- * keeps the views where they are (same output, slower). */
+ * (read a row at a time), not with --map-spine. By default a thread of its
+ * own copies at idle priority and settle_copy moves the views between
+ * steps once it is done, so neither the open nor the steps wait for it
+ * (copied at open, the 1.2 GB of a streamed K3's routers had added 1.8-3.8
+ * s to a 1.8 s open on a 2-vCPU VM); spine_copy_at_open copies on the pool
+ * and waits. Out of memory for the copy keeps the views where they are
+ * (same output, slower). */
 static df_status copy_resident_spine(df_engine *e, char *err) {
     if (e->acc || e->opts.plan_only || e->opts.map_spine || !e->n_res_views) return DF_OK;
     df_weight **v = malloc((size_t)e->n_res_views * sizeof *v);
@@ -399,14 +412,39 @@ static df_status copy_resident_spine(df_engine *e, char *err) {
     for (int i = 0; i < e->n_res_views; i++)
         if (!e->paged_embed || e->res_views[i]->t_data != e->paged_embed) v[n++] = e->res_views[i];
     char why[DF_ERRMSG];
-    df_status st = rcopy_make(e->st, v, n, e->pool, &e->rcopy, why);
-    free(v);
-    if (st == DF_ERR_NOMEM) return DF_OK;
-    if (st != DF_OK)
-        return df_fail(err, st, "copying the resident spine into memory: %s (the checkpoint's file changed or "
-                       "its disk failed since open: check it)", why);
-    return DF_OK;
+    df_status st = rcopy_start(e->st, v, n, e->opts.spine_copy_at_open ? e->pool : NULL, &e->rcopy, why);
+    if (st != DF_OK || !e->rcopy) {
+        free(v);
+        return DF_OK;
+    }
+    e->copy_views = v;
+    e->n_copy_views = n;
+    return e->opts.spine_copy_at_open ? settle_copy(e, 1, err) : DF_OK;
 }
+
+/* Between steps: a finished copy (or, with wait, a running one once it
+ * finishes) moves the views into it. A read that failed leaves them on the
+ * mapping, which serves the same bytes (no output changes, only the copy's
+ * speed is lost): the reason is kept for df_engine_spine_copy_error, and
+ * returned (DF_ERR_IO) only to a caller that waits. */
+static df_status settle_copy(df_engine *e, int wait, char *err) {
+    if (!e->copy_views || (!wait && !rcopy_done(e->rcopy))) return DF_OK;
+    char why[DF_ERRMSG];
+    df_status st = rcopy_finish(e->rcopy, e->copy_views, e->n_copy_views, why);
+    free(e->copy_views);
+    e->copy_views = NULL;
+    e->n_copy_views = 0;
+    if (st == DF_OK) return DF_OK;
+    rcopy_free(e->rcopy);
+    e->rcopy = NULL;
+    df_fail(e->copy_error, st, "copying the resident spine into memory: %s (the steps read it from the page "
+            "cache; the checkpoint's file changed or its disk failed since open: check it)", why);
+    return wait ? df_fail(err, st, "%s", e->copy_error) : DF_OK;
+}
+
+const char *df_engine_spine_copy_error(const df_engine *e) { return e->copy_error; }
+
+df_status df_engine_spine_copy_wait(df_engine *e, char err[DF_ERRMSG]) { return settle_copy(e, 1, err); }
 
 /* A streamed group whose every matrix has a device copy is entered without
  * reading it (its cached copies held until the next group); a product of
@@ -640,6 +678,13 @@ static df_status eval_status(df_session *s, df_status st, int pos) {
     return st;
 }
 
+static df_status session_eval_run(df_session *s, const int32_t *tokens, int n, float *logits);
+
+/* A running copy waits while the engine evaluates (resident_copy.h). */
+static void copy_pause(df_engine *e, int paused) {
+    if (e->copy_views) rcopy_pause(e->rcopy, paused);
+}
+
 df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits) {
     df_engine *e = s->e;
     int V = e->cfg.vocab_size;
@@ -656,6 +701,18 @@ df_status df_session_eval(df_session *s, const int32_t *tokens, int n, float *lo
         df_status cst = xs_check_files(e->store, s->err);
         if (cst != DF_OK) return cst;
     }
+    df_status cst = settle_copy(e, 0, s->err);
+    if (cst != DF_OK) return cst;
+    copy_pause(e, 1);
+    cst = session_eval_run(s, tokens, n, logits);
+    copy_pause(e, 0);
+    return cst;
+}
+
+/* df_session_eval's work once its arguments were checked. */
+static df_status session_eval_run(df_session *s, const int32_t *tokens, int n, float *logits) {
+    df_engine *e = s->e;
+    const int V = e->cfg.vocab_size;
     int pos = s->pos;
     uint64_t passes = (uint64_t)((n + DF_CHUNK - 1) / DF_CHUNK);
     if (n > DF_CHUNK && layer_major_prompt(e, s->state)) {
@@ -767,11 +824,12 @@ static df_status check_item(df_session *s, const int32_t *tokens, int n) {
     return DF_OK;
 }
 
+static df_status batch_eval_run(df_batch_item *it, int count);
+
 df_status df_session_eval_batch(df_batch_item *it, int count) {
     if (count <= 0) return DF_ERR_ARG;
     if (count == 1) return df_session_eval(it[0].s, it[0].tokens, it[0].n, it[0].logits);
     df_engine *e = it[0].s->e;
-    int V = e->cfg.vocab_size;
     for (int i = 0; i < count; i++) {
         if (it[i].s->e != e) return df_fail(it[i].s->err, DF_ERR_ARG, "a batch mixes sessions of two engines");
         for (int j = 0; j < i; j++)
@@ -790,6 +848,18 @@ df_status df_session_eval_batch(df_batch_item *it, int count) {
         df_status cst = xs_check_files(e->store, it[0].s->err);
         if (cst != DF_OK) return cst;
     }
+    df_status cst = settle_copy(e, 0, it[0].s->err);
+    if (cst != DF_OK) return cst;
+    copy_pause(e, 1);
+    cst = batch_eval_run(it, count);
+    copy_pause(e, 0);
+    return cst;
+}
+
+/* df_session_eval_batch's passes once its items were checked. */
+static df_status batch_eval_run(df_batch_item *it, int count) {
+    df_engine *e = it[0].s->e;
+    const int V = e->cfg.vocab_size;
     int done[count], pieces[count], total = 0;
     memset(done, 0, sizeof done);
     memset(pieces, 0, sizeof pieces);
@@ -1049,13 +1119,16 @@ int df_engine_spine_copy(const df_engine *e, int64_t *tensors, int64_t *bytes, d
                          int64_t *in_2mb) {
     rcopy_stats s;
     rcopy_get_stats(e->rcopy, &s);
+    const int failed = s.failed;
+    if (failed) memset(&s, 0, sizeof s);
     *tensors = s.tensors;
     *bytes = s.bytes;
     *seconds = s.seconds;
     *rss = *in_2mb = 0;
-    if (e->rcopy && mem_range_pages(rcopy_base(e->rcopy), (size_t)rcopy_region_bytes(e->rcopy), rss, in_2mb) != 0)
+    if (!e->rcopy || failed) return 0;
+    if (mem_range_pages(rcopy_base(e->rcopy), (size_t)rcopy_region_bytes(e->rcopy), rss, in_2mb) != 0)
         *rss = *in_2mb = -1;
-    return e->rcopy != NULL;
+    return s.done ? 1 : 2;
 }
 
 int df_engine_mapped_weights(const df_engine *e, int64_t *resident, int64_t *in_2mb) {

@@ -156,6 +156,9 @@ struct df_engine {
     int n_res_views, cap_res_views;
     const st_tensor *paged_embed; /* the embedding left mapped (embed_paged), else NULL */
     struct rcopy *rcopy;      /* the resident spine's copy (resident_copy.h); NULL: views of the mapping */
+    df_weight **copy_views;   /* the views it will move while it runs (settle_copy), else NULL */
+    int n_copy_views;
+    char copy_error[DF_ERRMSG]; /* why a copy failed (settle_copy), else "" */
 };
 /* The engine's scratch for a batched pass's logits rows, allocated on first
  * use (NULL when out of memory). */
