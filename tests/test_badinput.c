@@ -154,6 +154,16 @@ TEST(bad_usage_exit_code) {
         rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens 1 --ram %s", t_bin(), sizes[i]);
         CHECK(rc == 2 && strstr(out, "bad size for --ram"), "--ram %s: exit %d: %s", sizes[i], rc, out);
     }
+    rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens 1 --spine-copy later", t_bin());
+    CHECK(rc == 2 && strstr(out, "--spine-copy must be idle, open or off"), "--spine-copy later: exit %d: %s", rc, out);
+    /* every mode gives the same ids */
+    char ids[3][256];
+    const char *modes[3] = {"idle", "open", "off"};
+    for (int i = 0; i < 3; i++) {
+        rc = t_sh(ids[i], sizeof ids[i], "%s run --model " GOOD " --tokens 3,1,4 --max-new 4 --ids --spine-copy %s 2>/dev/null",
+                  t_bin(), modes[i]);
+        CHECK(rc == 0 && (i == 0 || !strcmp(ids[i], ids[0])), "--spine-copy %s: exit %d: %s", modes[i], rc, ids[i]);
+    }
     rc = t_sh(out, sizeof out, "%s frobnicate", t_bin());
     CHECK(rc == 2, "unknown command: exit %d", rc);
     rc = t_sh(out, sizeof out, "%s run --model " GOOD " --tokens 1,99999 --max-new 1", t_bin());

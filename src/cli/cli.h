@@ -14,7 +14,8 @@ typedef struct {
     int ncpus;              /* --cpus: compute thread i on cpus[i]; 0 = unpinned */
     int cpus[CLI_CPUS_MAX];
     int no_mmap;
-    int map_spine;
+    int map_spine;  /* --map-spine, --spine-copy off */
+    int spine_copy; /* --spine-copy: 0 not given (idle), 1 idle, 2 open */
     int simd;       /* -1 best */
     int ctx;
     int expert_io;  /* df_expert_io */

@@ -188,9 +188,15 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "spine: %s\n", df_engine_spine_why(e));
         int64_t ct = 0, cb = 0, crss = 0, c2 = 0;
         double cs = 0;
-        if (df_engine_spine_copy(e, &ct, &cb, &cs, &crss, &c2))
-            fprintf(stderr, "spine copy: %.2f %s out of the page cache at open in %.2f s (--map-spine: used in place)\n",
-                    cb >= 1e9 ? cb / 1e9 : cb / 1e6, cb >= 1e9 ? "GB" : "MB", cs);
+        const int copy = df_engine_spine_copy(e, &ct, &cb, &cs, &crss, &c2);
+        if (copy == 1)
+            fprintf(stderr, "spine copy: %.2f %s out of the page cache in %.2f s, behind the first steps (--map-spine: "
+                    "used in place)\n", cb >= 1e9 ? cb / 1e9 : cb / 1e6, cb >= 1e9 ? "GB" : "MB", cs);
+        else if (*df_engine_spine_copy_error(e))
+            fprintf(stderr, "spine copy: %s\n", df_engine_spine_copy_error(e));
+        else if (copy == 2)
+            fprintf(stderr, "spine copy: %.2f %s out of the page cache, still running (the steps read the mapping "
+                    "until it ends)\n", cb >= 1e9 ? cb / 1e9 : cb / 1e6, cb >= 1e9 ? "GB" : "MB");
         if (hwm_kb >= 0)
             fprintf(stderr, "memory: peak RSS %.1f MB, plan %.1f MB\n", hwm_kb / 1024.0,
                     df_engine_plan_bytes(e, df_session_pos(s) > 0 ? (mo.ctx > 0 ? mo.ctx : 4096) : 4096) / 1048576.0);

@@ -22,9 +22,12 @@ const char cli_model_opts_help[] =
     "                     work uses (Linux; never changes the output)\n"
     "  --ctx N            context limit of the session (default: min(model, 4096))\n"
     "  --no-mmap          read weights with pread into RAM instead of mapping them\n"
-    "  --map-spine        keep the resident spine's matrices as views of the page cache (a faster\n"
-    "                     open; default: copied at open into the process's memory on 128-byte lines,\n"
-    "                     which decodes faster); never changes the output\n"
+    "  --spine-copy MODE  the resident spine's matrices copied out of the page cache into the\n"
+    "                     process's memory on 128-byte lines (decodes faster on some machines):\n"
+    "                     idle (default; bench: open) a thread copies on CPU time the steps leave\n"
+    "                     and the steps use the copy once it is made; open: the open copies on\n"
+    "                     every thread and waits; off: views of the page cache. Same output\n"
+    "  --map-spine        --spine-copy off\n"
     "  --simd LEVEL       kernel level: scalar, avx2, avx512, neon (default: the best available;\n"
     "                     never amx), amx: avx512 with the bf16 and MXFP4 products of 8 or more\n"
     "                     vectors (prefill) on Intel AMX tiles, faster, and a row's last bits\n"
@@ -122,6 +125,16 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(a, "--no-mmap")) { o->no_mmap = 1; return 1; }
     if (!strcmp(a, "--map-spine")) { o->map_spine = 1; return 1; }
+    if (!strcmp(a, "--spine-copy")) {
+        if (!val || (strcmp(val, "idle") && strcmp(val, "open") && strcmp(val, "off"))) {
+            fprintf(stderr, "deltafin: --spine-copy must be idle, open or off\n");
+            return -1;
+        }
+        if (!strcmp(val, "off")) o->map_spine = 1;
+        else o->map_spine = 0, o->spine_copy = !strcmp(val, "open") ? 2 : 1;
+        ++*i;
+        return 1;
+    }
     if (!strcmp(a, "--no-prefetch")) { o->no_prefetch = 1; return 1; }
     if (!strcmp(a, "--prefill")) {
         if (!val || (strcmp(val, "layers") && strcmp(val, "chunks"))) {
@@ -337,6 +350,7 @@ int cli_engine_opts(const cli_model_opts *o, df_engine_opts *eo) {
     eo->cpus = o->ncpus ? o->cpus : NULL;
     eo->use_mmap = !o->no_mmap;
     eo->map_spine = o->map_spine;
+    eo->spine_copy_at_open = o->spine_copy == 2;
     eo->simd_level = o->simd;
     eo->expert_io = o->expert_io;
     eo->ram_bytes = o->ram;
