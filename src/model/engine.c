@@ -437,8 +437,9 @@ static df_status settle_copy(df_engine *e, int wait, char *err) {
     if (st == DF_OK) return DF_OK;
     rcopy_free(e->rcopy);
     e->rcopy = NULL;
-    df_fail(e->copy_error, st, "copying the resident spine into memory: %s (the steps read it from the page "
-            "cache; the checkpoint's file changed or its disk failed since open: check it)", why);
+    df_fail(e->copy_error, st, "copying the resident spine into memory: %s (%sthe checkpoint's file changed or its "
+            "disk failed since open: check it)", why, e->opts.spine_copy_at_open ? "" : "the steps read it from the "
+            "page cache; ");
     return wait ? df_fail(err, st, "%s", e->copy_error) : DF_OK;
 }
 
