@@ -24,7 +24,7 @@ const char cli_model_opts_help[] =
     "  --no-mmap          read weights with pread into RAM instead of mapping them\n"
     "  --spine-copy MODE  the resident spine's matrices copied out of the page cache into the\n"
     "                     process's memory on 128-byte lines (decodes faster on some machines):\n"
-    "                     idle (default; bench: open) a thread copies on CPU time the steps leave\n"
+    "                     idle (default; bench: open): a thread copies while the engine is idle\n"
     "                     and the steps use the copy once it is made; open: the open copies on\n"
     "                     every thread and waits; off: views of the page cache. Same output\n"
     "  --map-spine        --spine-copy off\n"
