@@ -190,8 +190,9 @@ int cmd_run(int argc, char **argv) {
         double cs = 0;
         const int copy = df_engine_spine_copy(e, &ct, &cb, &cs, &crss, &c2);
         if (copy == 1)
-            fprintf(stderr, "spine copy: %.2f %s out of the page cache in %.2f s, behind the first steps (--map-spine: "
-                    "used in place)\n", cb >= 1e9 ? cb / 1e9 : cb / 1e6, cb >= 1e9 ? "GB" : "MB", cs);
+            fprintf(stderr, "spine copy: %.2f %s out of the page cache in %.2f s, %s (--spine-copy off: used in "
+                    "place)\n", cb >= 1e9 ? cb / 1e9 : cb / 1e6, cb >= 1e9 ? "GB" : "MB", cs,
+                    mo.spine_copy == 2 ? "in the open" : "while the engine was idle");
         else if (*df_engine_spine_copy_error(e))
             fprintf(stderr, "spine copy: %s\n", df_engine_spine_copy_error(e));
         else if (copy == 2)

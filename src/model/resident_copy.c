@@ -44,7 +44,6 @@ struct rcopy {
     pthread_mutex_t mu;   /* with go: the thread waits while paused */
     pthread_cond_t go;
     int paused;           /* under mu */
-    int sync_made;        /* 1 once mu and go exist */
     char *errs;      /* per thread: DF_ERRMSG, the failed read's message */
     double t0;
     rcopy_stats stats; /* seconds written before the state */
@@ -150,6 +149,8 @@ df_status rcopy_start(st_set *st, df_weight *const *views, int n, df_pool *pool,
     c->joined = 1;
     c->st = st;
     c->t0 = now_s();
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->go, NULL);
     if (!c->n) {
         rcopy_free(c);
         return DF_OK;
@@ -175,9 +176,6 @@ df_status rcopy_start(st_set *st, df_weight *const *views, int n, df_pool *pool,
     atomic_init(&c->state, RUNNING);
     atomic_init(&c->cancel, 0);
     atomic_init(&c->failed_tid, 0);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->go, NULL);
-    c->sync_made = 1;
     if (pool) {
         pool_for(pool, c->first[c->n], 1, copy_pieces, c);
         copy_ended(c);
@@ -222,7 +220,7 @@ df_status rcopy_make(st_set *st, df_weight *const *views, int n, df_pool *pool, 
 }
 
 void rcopy_pause(rcopy *c, int paused) {
-    if (!c || !c->sync_made) return;
+    if (!c) return;
     pthread_mutex_lock(&c->mu);
     c->paused = paused;
     pthread_cond_broadcast(&c->go);
@@ -236,10 +234,8 @@ void rcopy_free(rcopy *c) {
         rcopy_pause(c, 0);
         pthread_join(c->thread, NULL);
     }
-    if (c->sync_made) {
-        pthread_mutex_destroy(&c->mu);
-        pthread_cond_destroy(&c->go);
-    }
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->go);
     mem_huge_free(c->base, (size_t)c->len);
     free(c->first);
     free(c->errs);
