@@ -426,6 +426,8 @@ typedef struct {
     int64_t slot_bytes;
     int max_in_flight;         /* most reads outstanding at once */
     const char *expert_io;     /* "direct", "pread", "mmap" */
+    int dio_mem_align;         /* direct: the memory alignment expert reads land at (the device's,
+                                * statx); up to 128 a read lands its first tensor on a line */
 } df_stats;
 
 /* Where decode time goes, seconds since open or the last reset (filled

@@ -449,24 +449,29 @@ static xs_store *register_layer1(st_set *st, xs_store *x) {
 }
 
 /* Those experts in a store of `slots` slots, prefetch floor 0.75. */
-static xs_store *fixture_store(st_set **st, int slots) {
+/* The fixture's layer-1 experts in a store of `slots` slots, read through io
+ * (O_DIRECT where direct, with reads landing at dio_mem_align bytes). */
+static xs_store *fixture_store_io(st_set **st, int slots, const df_io *io, int direct, int dio_mem_align) {
     char err[DF_ERRMSG];
     if (st_open_dir("tests/fixtures/kimi_k3_mxfp4", df_io_default(), 1, st, err) != DF_OK) return NULL;
     xs_opts o = {0};
     o.ram_bytes = 1; /* two slots: just to learn the slot size */
-    o.direct = 0;
+    o.direct = direct;
+    o.dio_mem_align = dio_mem_align;
     o.reader = XR_AUTO;
     o.depth = 8;
     o.io_threads = 2;
     o.prefetch_min_precision = XS_PF_MIN_PRECISION;
     xs_store *x = NULL;
-    if (xs_new(df_io_default(), *st, 5, 10, &o, &x, err) != DF_OK || !register_layer1(*st, x)) { xs_free(x); return NULL; }
+    if (xs_new(io, *st, 5, 10, &o, &x, err) != DF_OK || !register_layer1(*st, x)) { xs_free(x); return NULL; }
     o.ram_bytes = xs_expert_bytes(x) * slots;
     xs_free(x);
     x = NULL;
-    if (xs_new(df_io_default(), *st, 5, 10, &o, &x, err) != DF_OK || !register_layer1(*st, x)) { xs_free(x); return NULL; }
+    if (xs_new(io, *st, 5, 10, &o, &x, err) != DF_OK || !register_layer1(*st, x)) { xs_free(x); return NULL; }
     return x;
 }
+
+static xs_store *fixture_store(st_set **st, int slots) { return fixture_store_io(st, slots, df_io_default(), 0, 0); }
 
 static void run_pass(xs_store *x, const int *ex, int n) {
     char err[DF_ERRMSG];
@@ -554,7 +559,9 @@ static void pass_tally(st_set *st, xs_store *x, const int *ex, int n, placed_tal
 TEST(rel_expert_tensors_aligned_in_slots) {
     for (int direct = 0; direct < 2; direct++) {
         st_set *st = NULL;
-        xs_store *x = fixture_store(&st, 4);
+        /* reads land on whole blocks (a device that cannot take a buffer
+         * off one), so the first use keeps the file's offsets */
+        xs_store *x = fixture_store_io(&st, 4, df_io_default(), direct, XR_ALIGN);
         REQUIRE(x, "store");
         placed_tally first = {0}, again = {0};
         for (int round = 0; round < 3; round++) {
@@ -573,5 +580,45 @@ TEST(rel_expert_tensors_aligned_in_slots) {
         xs_free(x);
         st_close(st);
     }
+}
+
+/* O_DIRECT with the flag taken off: any buffer alignment reads, as on a
+ * device whose DIO memory alignment is a few bytes (NVMe: 4). */
+static int open_buffered(void *ctx, const char *path, int flags, int mode) {
+    (void)ctx;
+    return open(path, flags & ~DF_O_DIRECT, mode);
+}
+
+/* Where the device takes a buffer a few bytes past a block, each direct
+ * read lands with its span's first tensor on PLACE_ALIGN: fewer tensors off
+ * the line at their first use than when reads land on whole blocks, all of
+ * them on it at the next, and the file's bytes everywhere. */
+TEST(rel_expert_reads_land_on_lines) {
+    df_io io = *df_io_default();
+    io.open = open_buffered;
+    placed_tally first[3] = {{0}}, again[3] = {{0}};
+    const int align[3] = {XR_ALIGN, 4, 1}; /* 1: as 4, the reader's least */
+    for (int a = 0; a < 3; a++) {
+        st_set *st = NULL;
+        xs_store *x = fixture_store_io(&st, 4, &io, 1, align[a]);
+        REQUIRE(x, "store");
+        for (int round = 0; round < 3; round++) {
+            const int ex[3] = {round * 3, round * 3 + 1, round * 3 + 2};
+            pass_tally(st, x, ex, 3, &first[a]);
+            pass_tally(st, x, ex, 3, &again[a]);
+        }
+        CHECK(first[a].checked == 3 * 3 * 3 * 2 && again[a].checked == first[a].checked, "align %d: %d, %d tensors",
+              align[a], first[a].checked, again[a].checked);
+        CHECK(again[a].off_in_slot == 0, "align %d, used again: %d tensors off the line", align[a],
+              again[a].off_in_slot);
+        CHECK(first[a].bad_bytes == 0 && again[a].bad_bytes == 0, "align %d: %d and %d tensors with other bytes",
+              align[a], first[a].bad_bytes, again[a].bad_bytes);
+        xs_free(x);
+        st_close(st);
+    }
+    CHECK(first[0].off_in_slot > 0 && first[1].off_in_slot < first[0].off_in_slot &&
+              first[2].off_in_slot == first[1].off_in_slot,
+          "first use off the line: %d reading whole blocks, %d and %d landing on lines", first[0].off_in_slot,
+          first[1].off_in_slot, first[2].off_in_slot);
 }
 

@@ -1,9 +1,10 @@
 /* port.c — the portability wrappers of port.h.
  *
- * Owns: port_qsort_r, port_random, port_punch_hole. On Linux each is the
- * glibc call (qsort_r, getrandom, fallocate PUNCH_HOLE); macOS gets
- * qsort_r's other argument order, getentropy and F_PUNCHHOLE; any other
- * POSIX system getentropy and EOPNOTSUPP for holes.
+ * Owns: port_qsort_r, port_random, port_punch_hole, port_dio_mem_align. On
+ * Linux each is the glibc call (qsort_r, getrandom, fallocate PUNCH_HOLE,
+ * statx); macOS gets qsort_r's other argument order, getentropy and
+ * F_PUNCHHOLE; any other POSIX system getentropy and EOPNOTSUPP for holes;
+ * outside Linux the DIO alignment is the caller's fallback.
  * Refuses: state (every call is self-contained).
  */
 #include "port.h"
@@ -13,6 +14,7 @@
 #include <unistd.h>
 #if defined(__linux__)
 #include <sys/random.h>
+#include <sys/stat.h>
 #elif defined(__APPLE__)
 #include <sys/random.h>
 #endif
@@ -57,4 +59,16 @@ int port_punch_hole(int fd, int64_t off, int64_t len) {
     errno = EOPNOTSUPP;
     return -1;
 #endif
+}
+
+int port_dio_mem_align(const char *path, int fallback) {
+#if defined(__linux__) && defined(STATX_DIOALIGN)
+    struct statx sx;
+    if (statx(AT_FDCWD, path, 0, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+        sx.stx_dio_mem_align > 0)
+        return (int)sx.stx_dio_mem_align;
+#else
+    (void)path;
+#endif
+    return fallback;
 }

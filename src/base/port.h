@@ -37,4 +37,8 @@ int port_random(void *buf, size_t n);
 /* Deallocates [off, off + len) of fd's file, keeping its size (a sparse
  * hole): 0, or -1 with errno set (EOPNOTSUPP where the system cannot). */
 int port_punch_hole(int fd, int64_t off, int64_t len);
+/* The memory alignment an O_DIRECT read of path needs (Linux 6.1+: statx
+ * STATX_DIOALIGN; NVMe says 4, virtio disks 512), or fallback where the
+ * system cannot say. */
+int port_dio_mem_align(const char *path, int fallback);
 #endif

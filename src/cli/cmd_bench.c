@@ -370,6 +370,7 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         json_t *o = json_object(), *prof = json_object();
         json_object_set_new(o, "model", json_string(mo->model));
         json_object_set_new(o, "expert_io", json_string(b.expert_io));
+        json_object_set_new(o, "expert_dio_mem_align", json_integer(b.dio_mem_align));
         json_object_set_new(o, "ram_bytes", json_integer(mo->ram));
         json_object_set_new(o, "expert_cache_bytes", json_integer(b.cache_slots * b.slot_bytes));
         json_object_set_new(o, "spine", json_string(df_engine_spine_streamed(e) ? "stream" : "resident"));
@@ -495,6 +496,14 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         if (*df_engine_lossy(e)) printf("%s\n", df_engine_lossy(e));
         printf("experts via %s, %d cache slots of %.1f MB, threads %d%s\n", b.expert_io, b.cache_slots,
                b.slot_bytes / 1e6, df_engine_n_threads(e), mo->ncpus ? " (pinned: --cpus)" : "");
+        /* (a read shifts by a multiple of the alignment to put its first
+         * tensor on a 128-byte line: always possible up to 8, safetensors'
+         * own alignment) */
+        if (b.dio_mem_align > 0)
+            printf("expert reads land on        %d-byte buffers: %s\n", b.dio_mem_align,
+                   b.dio_mem_align <= 8     ? "each read's first tensor on a 128-byte line"
+                   : b.dio_mem_align <= 128 ? "a read's first tensor on a 128-byte line where its offset allows"
+                                            : "tensors keep the file's offsets until their second use");
         printf("disk (O_DIRECT, same run)   %.3f GB/s\n", disk);
         printf("prefill %d tokens           %.3f s, %.1f MB read; floor %.3f s (reads at the disk rate, or\n"
                "                            every weight byte once from RAM, the larger), ratio %.2f\n",

@@ -9,7 +9,10 @@
  * then move up to their places: never before where the read put them, in
  * file order, so they move last first without overwriting one not yet
  * moved. Where the file already aligns them nothing moves. (The store moves
- * them when an expert is used again, store.c place_on_reuse.)
+ * them when an expert is used again, store.c place_on_reuse. On a device
+ * that takes O_DIRECT buffers a few bytes past a block, NVMe's 4, the read
+ * itself lands each span's first tensor on its place: store.c
+ * plan_expert.)
  *
  * The tensors of one span are given sorted by file offset: offset[i] and
  * nbytes[i], with the span's first byte (file offset `start`) read to buffer

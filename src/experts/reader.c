@@ -499,7 +499,8 @@ df_status xr_open(const df_io *io, xr_kind kind, int depth, int threads, xs_read
 static int submit(xs_reader *r, int fd, int direct, void *buf, size_t len, int64_t off, uint64_t user, int first) {
     if (!r || fd < 0 || off < 0 || (len > 0 && !buf)) return EINVAL;
     if (len > (size_t)INT64_MAX - (size_t)off) return EINVAL;
-    if (direct && (((uintptr_t)buf | len | (uint64_t)off) & (XR_ALIGN - 1))) return EINVAL;
+    if (direct && (((len | (uint64_t)off) & (XR_ALIGN - 1)) || ((uintptr_t)buf & (XR_MEM_ALIGN_MIN - 1))))
+        return EINVAL;
     xreq q = {.fd = fd, .direct = direct != 0, .buf = buf, .len = len, .off = off, .user = user};
     if (r->kind == XR_PREAD) pthread_mutex_lock(&r->mu);
     int e = 0;

@@ -10,9 +10,12 @@
  * EINTR, short reads, EIO and slow reads; short reads and EINTR are retried
  * until the request is complete, EOF or an error completes it with an errno.
  *
- * O_DIRECT rules: buffer, offset and length must be multiples of
- * XR_ALIGN; xr_submit refuses (EINVAL) requests that are not. The caller
- * (the store) aligns spans itself.
+ * O_DIRECT rules: offset and length must be multiples of XR_ALIGN, the
+ * buffer of the device's memory alignment (4 bytes on NVMe, 512 on many
+ * virtual disks; the store asks statx); xr_submit refuses (EINVAL) requests
+ * that are not, or whose buffer is not on XR_MEM_ALIGN_MIN bytes, and the
+ * kernel those whose buffer the device cannot take. The caller (the store)
+ * aligns spans itself.
  *
  * One thread submits and reaps (the engine's main thread); the reader may
  * run its own worker threads internally.
@@ -35,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { XR_ALIGN = 4096 };
+enum { XR_ALIGN = 4096, XR_MEM_ALIGN_MIN = 4 };
 typedef enum { XR_AUTO = 0, XR_URING, XR_PREAD } xr_kind;
 
 typedef struct xs_reader xs_reader;

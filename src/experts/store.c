@@ -78,6 +78,7 @@ struct xs_store {
     int32_t *slot_of;     /* [L*E] slot index or -1 */
     int n_shards;
     int *fd_direct, *fd_buf;
+    int *mem_align;       /* [n_shards] memory alignment of the shard's O_DIRECT reads */
     int64_t *fsize;
     struct timespec *mtime; /* [n_shards] at open */
     xs_reader *rd;
@@ -201,7 +202,9 @@ static int64_t place_span(xs_expert *ex, int s) {
 /* Turns each span into what is actually read: aligned ranges on the direct
  * descriptor, or the exact range on the buffered one where the aligned range
  * would pass the end of the file. Lays the spans out in the slot, each
- * followed by the room its tensors' placing takes (place_span). */
+ * followed by the room its tensors' placing takes (place_span); a direct
+ * read lands at the shard's memory alignment (mem_align), shifted when that
+ * puts the span's first tensor on a line. */
 static int64_t plan_expert(xs_store *x, xs_expert *ex) {
     int64_t pos = 0;
     ex->moves = 0;
@@ -211,8 +214,22 @@ static int64_t plan_expert(xs_store *x, xs_expert *ex) {
         int direct = x->fd_direct[sp->shard] >= 0 && b <= x->fsize[sp->shard];
         /* `start` keeps the tensor origin: the read lands it at pos */
         sp->direct = direct;
-        if (direct) { sp->pos = pos + (sp->start - a); pos += b - a; }
-        else { sp->pos = pos; pos += sp->len; }
+        if (direct) {
+            /* where the device takes a buffer a few bytes past a block, the
+             * read lands its span's first tensor on a PLACE_ALIGN line (and
+             * the next ones where their sizes keep them there): less to move
+             * at the second use, and the first use reads whole lines. Never
+             * below the reader's XR_MEM_ALIGN_MIN */
+            const int64_t lead = sp->start - a;
+            const int64_t m = x->mem_align[sp->shard] > XR_MEM_ALIGN_MIN ? x->mem_align[sp->shard] : XR_MEM_ALIGN_MIN;
+            int64_t shift = (PLACE_ALIGN - (pos + lead) % PLACE_ALIGN) % PLACE_ALIGN;
+            if (shift % m) shift = 0;
+            sp->pos = pos + shift + lead;
+            pos += shift + (b - a);
+        } else {
+            sp->pos = pos;
+            pos += sp->len;
+        }
         pos = align_up(pos + place_span(ex, s));
     }
     return align_up(pos);
@@ -237,7 +254,9 @@ df_status xs_finalize(xs_store *x, char *err) {
     x->fd_buf = malloc((size_t)x->n_shards * sizeof(int));
     x->fsize = calloc((size_t)x->n_shards, sizeof(int64_t));
     x->mtime = calloc((size_t)x->n_shards, sizeof(struct timespec));
-    if (!x->fd_direct || !x->fd_buf || !x->fsize || !x->mtime) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    x->mem_align = calloc((size_t)x->n_shards, sizeof(int));
+    if (!x->fd_direct || !x->fd_buf || !x->fsize || !x->mtime || !x->mem_align)
+        return df_fail(err, DF_ERR_NOMEM, "out of memory");
     for (int i = 0; i < x->n_shards; i++) x->fd_direct[i] = x->fd_buf[i] = -1;
     for (int i = 0; i < x->n_shards; i++) {
         const char *p = st_shard_path(x->st, i);
@@ -245,6 +264,7 @@ df_status xs_finalize(xs_store *x, char *err) {
         if (x->fd_buf[i] < 0 || io_fsize(x->io, x->fd_buf[i], &x->fsize[i]) != 0)
             return df_fail(err, DF_ERR_IO, "%s: cannot open for expert reads: %s", p, strerror(errno));
         if (x->o.direct) x->fd_direct[i] = io_open(x->io, p, O_RDONLY | O_CLOEXEC | DF_O_DIRECT, 0);
+        x->mem_align[i] = x->o.dio_mem_align > 0 ? x->o.dio_mem_align : port_dio_mem_align(p, XR_ALIGN);
         struct stat sb;
         if (fstat(x->fd_buf[i], &sb) == 0) x->mtime[i] = PORT_ST_MTIM(sb);
     }
@@ -324,7 +344,7 @@ void xs_free(xs_store *x) {
         if (x->fd_buf[i] >= 0) io_close(x->io, x->fd_buf[i]);
         if (x->fd_direct[i] >= 0) io_close(x->io, x->fd_direct[i]);
     }
-    free(x->fd_direct); free(x->fd_buf); free(x->fsize); free(x->mtime);
+    free(x->fd_direct); free(x->fd_buf); free(x->fsize); free(x->mtime); free(x->mem_align);
     mem_fill_stop(x->fill);
     if (x->pool) munmap(x->pool, (size_t)x->pool_bytes);
     free(x->slots); free(x->ex); free(x->slot_of); free(x->heat); free(x->heat_at);
@@ -808,6 +828,9 @@ void xs_get_stats(const xs_store *x, xs_stats *s) {
     int used = 0;
     for (int i = 0; i < x->n_slots; i++) used += x->slots[i].state != SLOT_EMPTY;
     s->slots_used = used;
+    s->dio_mem_align = 0;
+    for (int i = 0; i < x->n_shards; i++)
+        if (x->fd_direct[i] >= 0 && x->mem_align[i] > s->dio_mem_align) s->dio_mem_align = x->mem_align[i];
 }
 
 void xs_reset_stats(xs_store *x) {

@@ -42,6 +42,8 @@ typedef struct {
     int plan_only;                    /* size the cache but allocate nothing (inspect) */
     int evict;                        /* XS_EVICT_LRU or XS_EVICT_HEAT */
     float prefetch_min_precision;     /* a hint rank is read while its measured precision reaches this */
+    int dio_mem_align;                /* memory alignment an O_DIRECT read needs: 0 asks each shard's file
+                                       * system (statx STATX_DIOALIGN; XR_ALIGN where it cannot say) */
 } xs_opts;
 
 /* Prefetch policy: outcomes are kept per confidence rank of a hint (the
@@ -71,6 +73,8 @@ typedef struct {
     int64_t slot_bytes;
     int max_in_flight;
     int pinned;                       /* slots held for good (xs_pin_hottest) */
+    int dio_mem_align;                /* the largest memory alignment the O_DIRECT reads land at (0: none
+                                       * direct); at most PLACE_ALIGN, their first tensors land on lines */
 } xs_stats;
 
 df_status xs_new(const df_io *io, st_set *st, int n_layers, int n_experts, const xs_opts *o,

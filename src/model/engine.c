@@ -1020,6 +1020,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->cache_slots_used = x.slots_used;
     out->slot_bytes = x.slot_bytes;
     out->max_in_flight = x.max_in_flight;
+    out->dio_mem_align = x.dio_mem_align;
 }
 
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out) { acc_get_stats(e->acc, out); }
