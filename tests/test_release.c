@@ -448,9 +448,8 @@ static xs_store *register_layer1(st_set *st, xs_store *x) {
     return xs_finalize(x, err) == DF_OK ? x : NULL;
 }
 
-/* Those experts in a store of `slots` slots, prefetch floor 0.75. */
-/* The fixture's layer-1 experts in a store of `slots` slots, read through io
- * (O_DIRECT where direct, with reads landing at dio_mem_align bytes). */
+/* Those experts in a store of `slots` slots, prefetch floor 0.75, read
+ * through io (O_DIRECT where direct, landing at dio_mem_align bytes). */
 static xs_store *fixture_store_io(st_set **st, int slots, const df_io *io, int direct, int dio_mem_align) {
     char err[DF_ERRMSG];
     if (st_open_dir("tests/fixtures/kimi_k3_mxfp4", df_io_default(), 1, st, err) != DF_OK) return NULL;
