@@ -427,6 +427,7 @@ TEST(rel_resident_spine_copied_same_bits) {
 /* ---- router lookahead: precision turns it down ---- */
 
 #include "../src/experts/store.h"
+#include "../src/experts/spine.h"
 #include "../src/experts/place.h"
 #include "../src/format/weight.h"
 
@@ -621,3 +622,60 @@ TEST(rel_expert_reads_land_on_lines) {
           first[1].off_in_slot, first[2].off_in_slot);
 }
 
+
+/* The streamed spine's reads likewise: the fixture's non-expert tensors of
+ * layers 0 and 1 (one group each) read through the table without the flag,
+ * landing on whole blocks and on 4 bytes. On 4 bytes every span's first
+ * tensor is on PLACE_ALIGN, so fewer tensors are off the line; both ways
+ * every view has the file's bytes. */
+TEST(rel_spine_reads_land_on_lines) {
+    df_io io = *df_io_default();
+    io.open = open_buffered;
+    placed_tally seen[2] = {{0}};
+    int first_on_line[2] = {0}, spans[2] = {0};
+    const int align[2] = {XR_ALIGN, 4};
+    for (int a = 0; a < 2; a++) {
+        char err[DF_ERRMSG];
+        st_set *st = NULL;
+        REQUIRE(st_open_dir("tests/fixtures/kimi_k3_mxfp4", df_io_default(), 1, &st, err) == DF_OK, "%s", err);
+        sp_store *sp = NULL;
+        REQUIRE(sp_new(&io, st, 2, 1, 0, &sp, err) == DF_OK, "%s", err);
+        sp_set_dio_mem_align(sp, align[a]);
+        df_weight w[256];
+        int nw = 0;
+        for (int64_t i = 0; i < st_count(st) && nw < 256; i++) {
+            const st_tensor *t = st_at(st, i);
+            const int g = strstr(t->name, "layers.0.") ? 0 : strstr(t->name, "layers.1.") ? 1 : -1;
+            if (g < 0 || strstr(t->name, ".experts.")) continue;
+            memset(&w[nw], 0, sizeof w[nw]);
+            w[nw].t_data = t;
+            REQUIRE(sp_register(sp, g, &w[nw], err) == DF_OK, "%s", err);
+            nw++;
+        }
+        REQUIRE(nw > 8 && sp_finalize(sp, err) == DF_OK, "%d views: %s", nw, err);
+        for (int g = 0; g < 2; g++) {
+            REQUIRE(sp_enter(sp, g, err) == DF_OK, "%s", err);
+            df_weight *const *v;
+            const int n = sp_views(sp, g, &v);
+            /* each view, and whether the lowest-offset tensor of each shard's
+             * run lies on the line (a span's first) */
+            const st_tensor *lowest = NULL;
+            const void *lowest_at = NULL;
+            for (int i = 0; i < n; i++) {
+                REQUIRE(tally_placed(st, v[i]->t_data, v[i]->data, &seen[a]), "reading the shard");
+                if (!lowest || v[i]->t_data->offset < lowest->offset) lowest = v[i]->t_data, lowest_at = v[i]->data;
+            }
+            spans[a]++;
+            first_on_line[a] += (uintptr_t)lowest_at % PLACE_ALIGN == 0;
+        }
+        sp_free(sp);
+        st_close(st);
+        CHECK(seen[a].bad_bytes == 0, "align %d: %d of %d tensors with other bytes", align[a], seen[a].bad_bytes,
+              seen[a].checked);
+    }
+    CHECK(seen[0].checked == seen[1].checked && seen[0].off_in_file > 0, "%d, %d tensors (%d off the line in the file)",
+          seen[0].checked, seen[1].checked, seen[0].off_in_file);
+    CHECK(first_on_line[1] == spans[1] && seen[1].off_in_slot < seen[0].off_in_slot,
+          "landing on 4 bytes: %d of %d groups' first tensors on the line, %d tensors off it against %d on blocks",
+          first_on_line[1], spans[1], seen[1].off_in_slot, seen[0].off_in_slot);
+}

@@ -8,6 +8,7 @@
  * skip: a group served from device copies, read only if a product fails).
  */
 #include "spine.h"
+#include "place.h"
 #include "../base/port.h"
 #include "../base/err.h"
 #include "../base/mem.h"
@@ -41,6 +42,8 @@ struct sp_store {
     int n_shards;
     int *fd_direct, *fd_buf;
     int64_t *fsize;
+    int *mem_align;       /* [n_shards] memory alignment of the shard's O_DIRECT reads */
+    int dio_mem_align;    /* sp_set_dio_mem_align's; 0: asked per shard */
     xs_reader *rd;
     uint8_t *slot[2];
     struct mem_fill *fill[2]; /* populating each buffer in the background (mem.h) */
@@ -84,7 +87,7 @@ void sp_free(sp_store *s) {
         if (s->slot[k]) munmap(s->slot[k], (size_t)s->slot_bytes);
     }
     for (int i = 0; i < s->n_groups; i++) { free(s->g[i].views); free(s->g[i].spans); }
-    free(s->g); free(s->fd_direct); free(s->fd_buf); free(s->fsize);
+    free(s->g); free(s->fd_direct); free(s->fd_buf); free(s->fsize); free(s->mem_align);
     free(s);
 }
 
@@ -114,7 +117,11 @@ static int cmp_t(const void *a, const void *b) {
 }
 
 /* Merges a group's tensors into spans (neighbours within 4 MiB in one shard)
- * and lays them out in a slot. */
+ * and lays them out in a slot. A direct read lands at the shard's memory
+ * alignment, shifted where that puts its span's first tensor on a
+ * PLACE_ALIGN line (and the next ones with it where their sizes keep them
+ * there: every tensor of the K3 layouts); a device that wants whole blocks
+ * leaves the file's offsets. */
 static df_status plan_group(sp_store *s, sp_group *g, char *err) {
     const st_tensor **t = malloc((size_t)(2 * g->nv + 1) * sizeof *t);
     if (!t) return df_fail(err, DF_ERR_NOMEM, "out of memory");
@@ -144,8 +151,17 @@ static df_status plan_group(sp_store *s, sp_group *g, char *err) {
         sp_span *p = &g->spans[i];
         int64_t a = align_down(p->start), b = align_up(p->start + p->len);
         p->direct = s->fd_direct[p->shard] >= 0 && b <= s->fsize[p->shard];
-        if (p->direct) { p->pos = pos + (p->start - a); pos += b - a; }
-        else { p->pos = pos; pos = align_up(pos + p->len); }
+        if (p->direct) {
+            const int64_t lead = p->start - a;
+            const int64_t m = s->mem_align[p->shard] > XR_MEM_ALIGN_MIN ? s->mem_align[p->shard] : XR_MEM_ALIGN_MIN;
+            int64_t shift = (PLACE_ALIGN - (pos + lead) % PLACE_ALIGN) % PLACE_ALIGN;
+            if (shift % m) shift = 0;
+            p->pos = pos + shift + lead;
+            pos = align_up(pos + shift + (b - a));
+        } else {
+            p->pos = pos;
+            pos = align_up(pos + p->len);
+        }
     }
     g->bytes = align_up(pos);
     return DF_OK;
@@ -156,7 +172,8 @@ df_status sp_finalize(sp_store *s, char *err) {
     s->fd_direct = malloc((size_t)s->n_shards * sizeof(int));
     s->fd_buf = malloc((size_t)s->n_shards * sizeof(int));
     s->fsize = calloc((size_t)s->n_shards, sizeof(int64_t));
-    if (!s->fd_direct || !s->fd_buf || !s->fsize) return df_fail(err, DF_ERR_NOMEM, "out of memory");
+    s->mem_align = calloc((size_t)s->n_shards, sizeof(int));
+    if (!s->fd_direct || !s->fd_buf || !s->fsize || !s->mem_align) return df_fail(err, DF_ERR_NOMEM, "out of memory");
     for (int i = 0; i < s->n_shards; i++) s->fd_direct[i] = s->fd_buf[i] = -1;
     for (int i = 0; i < s->n_shards; i++) {
         const char *p = st_shard_path(s->st, i);
@@ -164,6 +181,7 @@ df_status sp_finalize(sp_store *s, char *err) {
         if (s->fd_buf[i] < 0 || io_fsize(s->io, s->fd_buf[i], &s->fsize[i]) != 0)
             return df_fail(err, DF_ERR_IO, "%s: cannot open for streaming: %s", p, strerror(errno));
         if (s->direct) s->fd_direct[i] = io_open(s->io, p, O_RDONLY | O_CLOEXEC | DF_O_DIRECT, 0);
+        s->mem_align[i] = s->dio_mem_align > 0 ? s->dio_mem_align : port_dio_mem_align(p, XR_ALIGN);
     }
     df_status st;
     s->slot_bytes = XR_ALIGN;
@@ -191,6 +209,7 @@ int sp_views(const sp_store *s, int group, df_weight *const **views) {
     *views = s->g[group].views;
     return s->g[group].nv;
 }
+void sp_set_dio_mem_align(sp_store *s, int align) { s->dio_mem_align = align; }
 void sp_set_needs_hook(sp_store *s, int (*needs)(void *ctx, int group), void *ctx) {
     s->needs = needs;
     s->needs_ctx = ctx;

@@ -10,6 +10,8 @@
  * resident (they are small, or touched a row at a time).
  *
  *   slot 0: | group g   (spans, XR_ALIGN aligned) |   <- computing
+ *           (a span's reads land with its first tensor on a 128-byte line
+ *           where the device takes O_DIRECT buffers off a block)
  *   slot 1: | group g+1                           |   <- reading
  *
  * The bytes a view sees are the file's bytes, so streaming never changes
@@ -51,6 +53,9 @@ void sp_skip(sp_store *s, int group);
  * is read. A wrong guess costs time, never correctness: sp_enter reads a
  * group that was not read ahead. */
 void sp_set_needs_hook(sp_store *s, int (*needs)(void *ctx, int group), void *ctx);
+/* Before sp_finalize: the memory alignment O_DIRECT reads land at (0, the
+ * default: each shard's file system says, statx STATX_DIOALIGN). */
+void sp_set_dio_mem_align(sp_store *s, int align);
 /* Group g's registered views (*views, borrowed); returns their count. */
 int sp_views(const sp_store *s, int group, df_weight *const **views);
 int sp_n_groups(const sp_store *s);
