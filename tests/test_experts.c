@@ -208,6 +208,22 @@ TEST(xs_peak_rss_within_plan) {
  * place_move every tensor starts on PLACE_ALIGN with its own bytes, no
  * earlier than where the read put it, within the room place_plan asked
  * for, and a span whose tensors all lie on the line moves nothing. */
+/* A read's landing shift: the wanted byte on PLACE_ALIGN, in steps of the
+ * device's memory alignment (at least 4), else none. */
+TEST(xs_place_read_shift_puts_the_first_byte_on_a_line) {
+    CHECK(place_read_shift(0, 8, 4) == 120 && place_read_shift(4096, 56, 4) == 72, "4-byte devices");
+    CHECK(place_read_shift(0, 8, 1) == 120 && place_read_shift(0, 6, 1) == 0, "at least the reader's 4 bytes");
+    CHECK(place_read_shift(0, 8, 512) == 0 && place_read_shift(0, 8, 4096) == 0, "devices that want whole blocks");
+    CHECK(place_read_shift(0, 0, 4) == 0 && place_read_shift(0, 128, 4) == 0, "already on a line");
+    CHECK(place_read_shift(0, 64, 64) == 64 && place_read_shift(0, 32, 64) == 0, "64-byte devices");
+    for (int64_t lead = 0; lead < 4096; lead += 8) {
+        const int64_t sh = place_read_shift(8192, lead, 8);
+        const int64_t at = 8192 + sh + lead;
+        const int on_line = sh >= 0 && sh < PLACE_ALIGN && sh / 8 * 8 == sh && at / PLACE_ALIGN * PLACE_ALIGN == at;
+        CHECK(on_line, "lead %lld: %lld", (long long)lead, (long long)sh);
+    }
+}
+
 TEST(xs_place_moves_tensors_to_aligned_places) {
     uint32_t r = 12345;
 #define RND() (r = r * 1664525u + 1013904223u, r >> 8)

@@ -31,3 +31,9 @@ void place_move(uint8_t *base, const int64_t *offset, const int64_t *nbytes, int
         if (at[i] != r) memmove(base + at[i], base + r, (size_t)nbytes[i]);
     }
 }
+
+int64_t place_read_shift(int64_t pos, int64_t lead, int mem_align) {
+    const int64_t m = mem_align > XR_MEM_ALIGN_MIN ? mem_align : XR_MEM_ALIGN_MIN;
+    const int64_t shift = (PLACE_ALIGN - (pos + lead) % PLACE_ALIGN) % PLACE_ALIGN;
+    return shift % m ? 0 : shift;
+}

@@ -21,6 +21,7 @@
 #ifndef DF_EXPERTS_PLACE_H
 #define DF_EXPERTS_PLACE_H
 #include "../format/safetensors.h"
+#include "reader.h"
 #include <stdint.h>
 
 enum { PLACE_ALIGN = ST_DATA_ALIGN }; /* two cache lines: the pair a line's neighbour prefetch fetches */
@@ -33,6 +34,12 @@ int64_t place_plan(const int64_t *offset, const int64_t *nbytes, int n, int64_t 
 
 /* Whether any tensor's place differs from where the read put it. */
 int place_moves(const int64_t *offset, int n, int64_t start, int64_t pos, const int64_t *at);
+
+/* How far past buffer position pos an O_DIRECT read whose first wanted byte
+ * lies lead bytes into its first block should land, so that byte starts on
+ * PLACE_ALIGN: a multiple of mem_align (at least XR_MEM_ALIGN_MIN, the
+ * reader's least), else 0 (a device that wants whole blocks). */
+int64_t place_read_shift(int64_t pos, int64_t lead, int mem_align);
 
 /* Moves the tensors from where the read put them (in base) to their places. */
 void place_move(uint8_t *base, const int64_t *offset, const int64_t *nbytes, int n, int64_t start, int64_t pos,

@@ -152,10 +152,7 @@ static df_status plan_group(sp_store *s, sp_group *g, char *err) {
         int64_t a = align_down(p->start), b = align_up(p->start + p->len);
         p->direct = s->fd_direct[p->shard] >= 0 && b <= s->fsize[p->shard];
         if (p->direct) {
-            const int64_t lead = p->start - a;
-            const int64_t m = s->mem_align[p->shard] > XR_MEM_ALIGN_MIN ? s->mem_align[p->shard] : XR_MEM_ALIGN_MIN;
-            int64_t shift = (PLACE_ALIGN - (pos + lead) % PLACE_ALIGN) % PLACE_ALIGN;
-            if (shift % m) shift = 0;
+            const int64_t lead = p->start - a, shift = place_read_shift(pos, lead, s->mem_align[p->shard]);
             p->pos = pos + shift + lead;
             pos = align_up(pos + shift + (b - a));
         } else {

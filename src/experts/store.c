@@ -220,10 +220,7 @@ static int64_t plan_expert(xs_store *x, xs_expert *ex) {
              * the next ones where their sizes keep them there): less to move
              * at the second use, and the first use reads whole lines. Never
              * below the reader's XR_MEM_ALIGN_MIN */
-            const int64_t lead = sp->start - a;
-            const int64_t m = x->mem_align[sp->shard] > XR_MEM_ALIGN_MIN ? x->mem_align[sp->shard] : XR_MEM_ALIGN_MIN;
-            int64_t shift = (PLACE_ALIGN - (pos + lead) % PLACE_ALIGN) % PLACE_ALIGN;
-            if (shift % m) shift = 0;
+            const int64_t lead = sp->start - a, shift = place_read_shift(pos, lead, x->mem_align[sp->shard]);
             sp->pos = pos + shift + lead;
             pos += shift + (b - a);
         } else {
