@@ -42,7 +42,7 @@ struct sp_store {
     int n_shards;
     int *fd_direct, *fd_buf;
     int64_t *fsize;
-    int *mem_align;       /* [n_shards] memory alignment of the shard's O_DIRECT reads */
+    int *mem_align;       /* [n_shards] memory alignment of the shard's O_DIRECT reads; 0 none */
     int dio_mem_align;    /* sp_set_dio_mem_align's; 0: asked per shard */
     xs_reader *rd;
     uint8_t *slot[2];
@@ -178,7 +178,8 @@ df_status sp_finalize(sp_store *s, char *err) {
         if (s->fd_buf[i] < 0 || io_fsize(s->io, s->fd_buf[i], &s->fsize[i]) != 0)
             return df_fail(err, DF_ERR_IO, "%s: cannot open for streaming: %s", p, strerror(errno));
         if (s->direct) s->fd_direct[i] = io_open(s->io, p, O_RDONLY | O_CLOEXEC | DF_O_DIRECT, 0);
-        s->mem_align[i] = s->dio_mem_align > 0 ? s->dio_mem_align : port_dio_mem_align(p, XR_ALIGN);
+        if (s->fd_direct[i] >= 0)
+            s->mem_align[i] = s->dio_mem_align > 0 ? s->dio_mem_align : port_dio_mem_align(p, XR_ALIGN);
     }
     df_status st;
     s->slot_bytes = XR_ALIGN;

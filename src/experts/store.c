@@ -78,7 +78,7 @@ struct xs_store {
     int32_t *slot_of;     /* [L*E] slot index or -1 */
     int n_shards;
     int *fd_direct, *fd_buf;
-    int *mem_align;       /* [n_shards] memory alignment of the shard's O_DIRECT reads */
+    int *mem_align;       /* [n_shards] memory alignment of the shard's O_DIRECT reads; 0 none */
     int64_t *fsize;
     struct timespec *mtime; /* [n_shards] at open */
     xs_reader *rd;
@@ -261,7 +261,8 @@ df_status xs_finalize(xs_store *x, char *err) {
         if (x->fd_buf[i] < 0 || io_fsize(x->io, x->fd_buf[i], &x->fsize[i]) != 0)
             return df_fail(err, DF_ERR_IO, "%s: cannot open for expert reads: %s", p, strerror(errno));
         if (x->o.direct) x->fd_direct[i] = io_open(x->io, p, O_RDONLY | O_CLOEXEC | DF_O_DIRECT, 0);
-        x->mem_align[i] = x->o.dio_mem_align > 0 ? x->o.dio_mem_align : port_dio_mem_align(p, XR_ALIGN);
+        if (x->fd_direct[i] >= 0) /* (statx only for the shards read direct: inspect opens 96 of K3's) */
+            x->mem_align[i] = x->o.dio_mem_align > 0 ? x->o.dio_mem_align : port_dio_mem_align(p, XR_ALIGN);
         struct stat sb;
         if (fstat(x->fd_buf[i], &sb) == 0) x->mtime[i] = PORT_ST_MTIM(sb);
     }
@@ -827,7 +828,7 @@ void xs_get_stats(const xs_store *x, xs_stats *s) {
     s->slots_used = used;
     s->dio_mem_align = 0;
     for (int i = 0; i < x->n_shards; i++)
-        if (x->fd_direct[i] >= 0 && x->mem_align[i] > s->dio_mem_align) s->dio_mem_align = x->mem_align[i];
+        if (x->mem_align[i] > s->dio_mem_align) s->dio_mem_align = x->mem_align[i];
 }
 
 void xs_reset_stats(xs_store *x) {
