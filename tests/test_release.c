@@ -193,6 +193,52 @@ TEST(rel_mem_parsers) {
     CHECK(rss == 5120 * 1024 && huge == 4096 * 1024, "range: rss %lld huge %lld", (long long)rss, (long long)huge);
 }
 
+/* The VmFlags line of the mapping of /proc/self/smaps that holds p, into
+ * flags; 0 when found. */
+static int vma_flags_of(const void *p, char *flags, size_t cap) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[480];
+    int in = 0, rc = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi;
+        if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && !strncmp(line, "VmFlags:", 8)) {
+            snprintf(flags, cap, "%s", line + 8);
+            rc = 0;
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+TEST(rel_big_buffers_on_huge_page_boundaries_and_advised) {
+    /* under 2 MB: a 64-byte line, as the kernels want */
+    char *small = mem_big_alloc(1000);
+    REQUIRE(small);
+    const uintptr_t off_line = (uintptr_t)small & 63;
+    CHECK(off_line == 0, "small buffer on a line: %p", (void *)small);
+    memset(small, 1, 1000);
+    free(small);
+    /* from 2 MB up: on a 2 MB boundary, advised (VmFlags "hg") where the
+     * kernel has transparent huge pages, written whole, freed with free() */
+    const size_t sizes[] = {(size_t)2 << 20, (size_t)3 << 20, (size_t)70 << 20};
+    for (int i = 0; i < 3; i++) {
+        char *p = mem_big_alloc(sizes[i]);
+        REQUIRE(p, "mem_big_alloc(%zu)", sizes[i]);
+        const uintptr_t off_huge = (uintptr_t)p & (((uintptr_t)2 << 20) - 1);
+        CHECK(off_huge == 0, "%zu bytes on a 2 MB boundary: %p", sizes[i], (void *)p);
+        memset(p, 7, sizes[i]);
+        char flags[512] = "";
+        if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0 && vma_flags_of(p, flags, sizeof flags) == 0)
+            CHECK(strstr(flags, " hg"), "%zu bytes advised for huge pages: VmFlags%s", sizes[i], flags);
+        CHECK(p[sizes[i] - 1] == 7);
+        free(p);
+    }
+}
+
 /* ---- --ram is the process's budget ---- */
 
 TEST(rel_ram_budget_plans_spine_and_refuses) {

@@ -217,6 +217,18 @@ void *mem_huge_alloc(size_t n) {
     return a;
 }
 
+void *mem_big_alloc(size_t n) {
+    const size_t huge = (size_t)2 << 20, line = 64;
+    if (n < huge) return aligned_alloc(line, n ? (n + line - 1) / line * line : line);
+    const size_t len = (n + huge - 1) / huge * huge;
+    if (len < n) return NULL;
+    void *p = aligned_alloc(huge, len);
+#ifdef MADV_HUGEPAGE
+    if (p) (void)madvise(p, len, MADV_HUGEPAGE); /* a hint */
+#endif
+    return p;
+}
+
 void mem_huge_free(void *p, size_t n) {
     const size_t huge = (size_t)2 << 20;
     if (p) munmap(p, (n + huge - 1) / huge * huge);

@@ -14,6 +14,7 @@
  * run_pass; kn_matmul_pool is its one-product case.
  */
 #include "kernels.h"
+#include "../base/mem.h"
 #include "../base/pool.h"
 #include <stdlib.h>
 
@@ -63,7 +64,7 @@ static int same_prep(const kn_mm_item *a, const kn_mm_item *b) {
 float *kn_px_buf_get(kn_px_buf *kept, int64_t floats) {
     if (kept->cap < floats) {
         free(kept->p);
-        kept->p = aligned_alloc(64, (size_t)floats * sizeof(float));
+        kept->p = mem_big_alloc((size_t)floats * sizeof(float));
         kept->cap = kept->p ? floats : 0;
     }
     return kept->p;

@@ -4,6 +4,7 @@
  */
 #include "ffn.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include "../base/pool.h"
 #include "../kernels/ops.h"
 #include <stdio.h>
@@ -158,25 +159,25 @@ df_status moe_scratch_new(int chunk, int hidden, int inter, int E, int K, int dl
     if (dl < 1) dl = hidden;
     int wide = dl > hidden ? dl : hidden;
     s->chunk = chunk; s->hidden = hidden; s->inter = inter; s->E = E; s->K = K; s->dl = dl;
-    s->g = malloc(C * inter * F);
-    s->u = malloc(C * inter * F);
-    s->rlog = malloc(C * E * F);
-    s->sel = malloc(C * K * sizeof(int));
-    s->selw = malloc(C * K * F);
-    s->ys = malloc(C * K * dl * F);
-    s->etok = malloc(C * K * sizeof(int));
-    s->eslot = malloc(C * K * sizeof(int));
-    s->xl = malloc(C * dl * F);
-    s->xe = malloc(C * wide * F);
-    s->ye = malloc(C * wide * F);
-    s->acc = malloc(C * wide * F);
-    s->sh = malloc(C * hidden * F);
+    s->g = mem_big_alloc(C * inter * F);
+    s->u = mem_big_alloc(C * inter * F);
+    s->rlog = mem_big_alloc(C * E * F);
+    s->sel = mem_big_alloc(C * K * sizeof(int));
+    s->selw = mem_big_alloc(C * K * F);
+    s->ys = mem_big_alloc(C * K * dl * F);
+    s->etok = mem_big_alloc(C * K * sizeof(int));
+    s->eslot = mem_big_alloc(C * K * sizeof(int));
+    s->xl = mem_big_alloc(C * dl * F);
+    s->xe = mem_big_alloc(C * wide * F);
+    s->ye = mem_big_alloc(C * wide * F);
+    s->acc = mem_big_alloc(C * wide * F);
+    s->sh = mem_big_alloc(C * hidden * F);
     s->uni = malloc((size_t)E * sizeof(int));
-    s->ptok = malloc(C * K * sizeof(int));
-    s->pslot = malloc(C * K * sizeof(int));
+    s->ptok = mem_big_alloc(C * K * sizeof(int));
+    s->pslot = mem_big_alloc(C * K * sizeof(int));
     s->poff = malloc((size_t)E * sizeof(int));
     s->pcnt = calloc((size_t)E, sizeof(int));
-    s->nlog = malloc(C * E * F);
+    s->nlog = mem_big_alloc(C * E * F);
     s->mark = calloc((size_t)E, 1);
     s->ahead = malloc((size_t)E * sizeof(int));
     s->held = malloc((size_t)E * sizeof(int));

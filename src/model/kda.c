@@ -8,6 +8,7 @@
 #include "kda.h"
 #include "kda_fast.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,16 +115,16 @@ df_status kda_scratch_new(const kda_shape *sh, int rows, kda_scratch *s) {
     memset(s, 0, sizeof *s);
     s->rows = rows;
     size_t C = (size_t)rows, F = sizeof(float), P = (size_t)sh->H * sh->D;
-    s->qr = malloc(C * P * F);
-    s->kr = malloc(C * P * F);
-    s->vr = malloc(C * P * F);
-    s->f = malloc(C * P * F);
-    s->fa = malloc(C * sh->D * F);
-    s->gate = malloc(C * P * F);
-    s->gl = malloc(C * sh->D * F);
-    s->braw = malloc(C * sh->H * F);
-    s->o = malloc(C * P * F);
-    s->decay = malloc(C * P * F);
+    s->qr = mem_big_alloc(C * P * F);
+    s->kr = mem_big_alloc(C * P * F);
+    s->vr = mem_big_alloc(C * P * F);
+    s->f = mem_big_alloc(C * P * F);
+    s->fa = mem_big_alloc(C * sh->D * F);
+    s->gate = mem_big_alloc(C * P * F);
+    s->gl = mem_big_alloc(C * sh->D * F);
+    s->braw = mem_big_alloc(C * sh->H * F);
+    s->o = mem_big_alloc(C * P * F);
+    s->decay = mem_big_alloc(C * P * F);
     if (!s->qr || !s->kr || !s->vr || !s->f || !s->fa || !s->gate || !s->gl || !s->braw || !s->o || !s->decay) {
         kda_scratch_free(s);
         return DF_ERR_NOMEM;

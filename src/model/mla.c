@@ -6,6 +6,7 @@
  */
 #include "mla.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include "../kernels/ops.h"
 #include <math.h>
 #include <stdio.h>
@@ -58,14 +59,14 @@ df_status mla_scratch_new(const mla_shape *sh, int threads, int max_ctx, int row
     memset(s, 0, sizeof *s);
     s->rows = rows;
     s->tstride = mla_head_scratch_floats(sh, max_ctx);
-    s->qa = malloc(C * (sh->qlr ? sh->qlr : 1) * F);
-    s->q = malloc(C * sh->nh * sh->dq * F);
-    s->kva = malloc(C * (sh->R + sh->dr) * F);
-    s->qlat = malloc(P * sh->nh * sh->R * F);
-    s->olat = malloc(P * sh->nh * sh->R * F);
-    s->attn = malloc(C * sh->nh * sh->dv * F);
-    s->gate = malloc(C * sh->nh * sh->dv * F);
-    s->tscratch = threads > 0 ? malloc((size_t)threads * s->tstride * F) : NULL;
+    s->qa = mem_big_alloc(C * (sh->qlr ? sh->qlr : 1) * F);
+    s->q = mem_big_alloc(C * sh->nh * sh->dq * F);
+    s->kva = mem_big_alloc(C * (sh->R + sh->dr) * F);
+    s->qlat = mem_big_alloc(P * sh->nh * sh->R * F);
+    s->olat = mem_big_alloc(P * sh->nh * sh->R * F);
+    s->attn = mem_big_alloc(C * sh->nh * sh->dv * F);
+    s->gate = mem_big_alloc(C * sh->nh * sh->dv * F);
+    s->tscratch = threads > 0 ? mem_big_alloc((size_t)threads * s->tstride * F) : NULL;
     if (!s->qa || !s->q || !s->kva || !s->qlat || !s->olat || !s->attn || !s->gate || (threads > 0 && !s->tscratch)) {
         mla_scratch_free(s);
         return DF_ERR_NOMEM;

@@ -25,6 +25,7 @@
  */
 #include "ffn.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include "../base/pool.h"
 #include <stdlib.h>
 #include <string.h>
@@ -42,16 +43,16 @@ df_status moe_batch_new(moe_batch *b, int E, int dl, int inter) {
     b->off = malloc(((size_t)E + 1) * sizeof *b->off);
     b->tok = malloc(R * sizeof *b->tok);
     b->slot = malloc(R * sizeof *b->slot);
-    b->in = malloc(R * (size_t)dl * F);
-    b->out = malloc(R * (size_t)dl * F);
-    b->g = malloc(R * (size_t)inter * F);
-    b->u = malloc(R * (size_t)inter * F);
+    b->in = mem_big_alloc(R * (size_t)dl * F);
+    b->out = mem_big_alloc(R * (size_t)dl * F);
+    b->g = mem_big_alloc(R * (size_t)inter * F);
+    b->u = mem_big_alloc(R * (size_t)inter * F);
     b->px = calloc((size_t)E, sizeof *b->px);
     b->unit_x = malloc(R * sizeof *b->unit_x);
     b->unit_g = malloc(R * sizeof *b->unit_g);
     const int64_t wide = kn_px_len(dl > inter ? dl : inter);
-    b->xp = aligned_alloc(64, R * (size_t)wide * F);
-    b->xpd = aligned_alloc(64, R * (size_t)wide * F);
+    b->xp = mem_big_alloc(R * (size_t)wide * F);
+    b->xpd = mem_big_alloc(R * (size_t)wide * F);
     b->xpo = malloc((size_t)E * sizeof *b->xpo);
     b->xpdo = malloc((size_t)E * sizeof *b->xpdo);
     b->left = malloc((size_t)E * sizeof *b->left);

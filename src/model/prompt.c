@@ -2,6 +2,7 @@
  * the engine keeps between prompts (prompt.h). */
 #include "prompt.h"
 #include "../base/err.h"
+#include "../base/mem.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,11 +55,11 @@ static prompt_buf *buf_take(df_engine *e, int rows, int hidden, int anchors, int
     if (!(b = calloc(1, sizeof *b))) return NULL;
     b->rows = rows, b->n_anchors = anchors;
     const size_t act = (size_t)rows * hidden * sizeof(float);
-    b->h = malloc(act);
-    b->xin = malloc(act);
-    b->xn = malloc(act);
-    b->y = malloc(act);
-    b->anchors = malloc(act * (size_t)(anchors > 0 ? anchors : 1));
+    b->h = mem_big_alloc(act);
+    b->xin = mem_big_alloc(act);
+    b->xn = mem_big_alloc(act);
+    b->y = mem_big_alloc(act);
+    b->anchors = mem_big_alloc(act * (size_t)(anchors > 0 ? anchors : 1));
     if (!b->h || !b->xin || !b->xn || !b->y || !b->anchors ||
         moe_scratch_new(rows, hidden, inter, c->n_routed_experts, c->num_experts_per_tok, dl, &b->moe) != DF_OK) {
         buf_free(b);
