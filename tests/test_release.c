@@ -203,7 +203,7 @@ static int vma_flags_of(const void *p, char *flags, size_t cap) {
     int in = 0, rc = -1;
     while (fgets(line, sizeof line, f)) {
         unsigned long long lo, hi;
-        if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+        if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2) { /* a mapping's first line */
             in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
         } else if (in && !strncmp(line, "VmFlags:", 8)) {
             snprintf(flags, cap, "%s", line + 8);
