@@ -203,11 +203,6 @@ TEST(xs_peak_rss_within_plan) {
 
 #include "../src/experts/place.h"
 
-/* Random spans of 1-9 tensors (sizes 1 byte to 3000, gaps up to 300, some
- * tensors already on the line), read to a random position: after
- * place_move every tensor starts on PLACE_ALIGN with its own bytes, no
- * earlier than where the read put it, within the room place_plan asked
- * for, and a span whose tensors all lie on the line moves nothing. */
 /* A read's landing shift: the wanted byte on PLACE_ALIGN, in steps of the
  * device's memory alignment (at least 4), else none. */
 TEST(xs_place_read_shift_puts_the_first_byte_on_a_line) {
@@ -224,6 +219,11 @@ TEST(xs_place_read_shift_puts_the_first_byte_on_a_line) {
     }
 }
 
+/* Random spans of 1-9 tensors (sizes 1 byte to 3000, gaps up to 300, some
+ * tensors already on the line), read to a random position: after
+ * place_move every tensor starts on PLACE_ALIGN with its own bytes, no
+ * earlier than where the read put it, within the room place_plan asked
+ * for, and a span whose tensors all lie on the line moves nothing. */
 TEST(xs_place_moves_tensors_to_aligned_places) {
     uint32_t r = 12345;
 #define RND() (r = r * 1664525u + 1013904223u, r >> 8)

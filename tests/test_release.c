@@ -223,9 +223,9 @@ TEST(rel_big_buffers_on_huge_page_boundaries_and_advised) {
     CHECK(off_line == 0, "small buffer on a line: %p", (void *)small);
     memset(small, 1, 1000);
     free(small);
-    /* from 2 MB up: on a 2 MB boundary, advised (VmFlags "hg") where the
-     * kernel has transparent huge pages, written whole, freed with free() */
-    /* whether this environment keeps the advice at all (qemu-user drops it) */
+    /* from 2 MB up: on a 2 MB boundary, written whole, freed with free(),
+     * and advised (VmFlags "hg") where this environment keeps the advice at
+     * all (qemu-user drops it: a probe mapping tells) */
     int advice_kept = 0;
 #ifdef MADV_HUGEPAGE
     {
@@ -682,7 +682,6 @@ TEST(rel_expert_reads_land_on_lines) {
           "first use off the line: %d reading whole blocks, %d and %d landing on lines", first[0].off_in_slot,
           first[1].off_in_slot, first[2].off_in_slot);
 }
-
 
 /* The streamed spine's reads likewise: the fixture's non-expert tensors of
  * layers 0 and 1 (one group each) read through the table without the flag,

@@ -42,9 +42,10 @@ void *mem_huge_alloc(size_t n);
 void mem_huge_free(void *p, size_t n);
 /* A large buffer that is kept and written through (a prompt's block
  * buffers, scratch kept between calls), released with free(): 64-byte
- * aligned; from 2 MB up, on a 2 MB boundary and advised for 2 MB pages, so
- * its first writes fault 512x fewer times (a K3-width prompt block's ~600
- * MB took ~2 s of a 17 s first prompt in 4 KB faults on a 2-vCPU VM).
+ * aligned; from 2 MB up, rounded up to whole 2 MB pages, on a 2 MB
+ * boundary and advised for them, so its first writes fault 512x fewer
+ * times (a K3-width prompt block's ~600 MB took ~2 s of a 17 s first
+ * prompt in 4 KB faults on a 2-vCPU VM).
  * NULL when out of memory. */
 void *mem_big_alloc(size_t n);
 /* This process's anonymous mappings inside [p, p + n): the bytes resident
