@@ -419,8 +419,8 @@ TEST(server_3_openai_node_client) {
     static char log[1 << 18];
     int rc = t_sh(log, sizeof log,
                   "cd tests/server && DF_URL=http://127.0.0.1:%d DF_KEY=testkey DF_PID=%d DF_SLOW_URL=http://127.0.0.1:%d "
-                  "DF_RSS_SLACK_MB=%d timeout 240 node --test --test-reporter=tap server.test.mjs",
-                  main_srv.port, main_srv.pid, slow_srv.port, SRV_SAN ? 0 : 24);
+                  "DF_RSS_SLACK_MB=%d DF_MODEL_DIR=%s timeout 240 node --test --test-reporter=tap server.test.mjs",
+                  main_srv.port, main_srv.pid, slow_srv.port, SRV_SAN ? 0 : 24, model_dir);
     const char *p = strstr(log, "\n# pass "), *f = strstr(log, "\n# fail ");
     int pass = p ? atoi(p + 8) : -1, fail = f ? atoi(f + 8) : -1;
     if (rc != 0 || fail != 0 || pass <= 0) {
