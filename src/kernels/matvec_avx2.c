@@ -28,9 +28,10 @@
  * integers on a fixed-point x (section 4, one accumulator an output).
  *
  * Streaming: for one vector each tile prefetches the columns it reads of
- * the next tile's rows (as matvec_avx512.c); many vectors, and a
- * matrix's last tile, prefetch KN_PF bytes ahead in each row, and the head
- * of the next tile's rows (matvec_prefetch.h).
+ * the rows PF_TILES tiles on (as matvec_avx512.c, which looks one of its
+ * 8-row tiles ahead); many vectors, and a matrix's last tiles, prefetch
+ * KN_PF bytes ahead in each row, and the head of the next tile's rows
+ * (matvec_prefetch.h).
  *
  * Sections: 1. helpers  2. dense (f32 bf16 f16 i8)  3. fp8 block
  *           4. int4 / mxfp4  5. tiles per type
@@ -45,6 +46,18 @@
 /* NR rows for one vector (decode); each type's table sets its own rows x
  * vectors for several vectors (prefill), within TR x TV */
 enum { NR = 4, NR_L1 = NR /* 16 ymm registers: no room for more rows */, TR = 5, TV = 4, PF_SCALES = 64 /* groups ahead */ };
+/* How many tiles ahead a one-vector tile prefetches: into L1 (AMD CPUs)
+ * two, as many bytes as matvec_avx512.c's 8-row L1 tile looks ahead; into
+ * L2 one. A 2-vCPU Zen 5 VM, two threads from DRAM, one tile against two
+ * (`kn_stream T avx2 65536 7168 1 1 2`, alternating, GB/s): bf16 44.1-45.0
+ * (one low 39.1) -> 44.7-47.7 in 8 of 8 rounds, int8 37.7-45.3 -> 41.1-42.6;
+ * the 4-bit tiles, bound by their arithmetic, within noise (3 or 4 tiles:
+ * no better). The Xeon host's AVX-512 tiles (the L2 form) lost with 2 or 3
+ * (bench/cpu_NOTES.md, twentieth session). */
+#ifndef KN_AVX2_PF_TILES_L1
+#define KN_AVX2_PF_TILES_L1 2
+#endif
+#define PF_TILES(l1) ((l1) ? KN_AVX2_PF_TILES_L1 : 1)
 /* Full unrolling of the per-row loops keeps the accumulator arrays in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
 
@@ -96,9 +109,9 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, int l1,
         row[j] = (const char *)w->data + (r + j) * cols * es;
         UNROLL for (int v = 0; v < nv; v++) acc[j][v] = _mm256_setzero_ps();
     }
-    /* one vector: the same columns of the next tile's rows (a tile
-     * ahead, as matvec_avx512.c); else KN_PF bytes ahead in each row */
-    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
+    /* one vector: the same columns of the rows PF_TILES tiles on; else
+     * KN_PF bytes ahead in each row */
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es, PF_TILES(l1));
     if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
@@ -409,8 +422,8 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, int l1, c
     }
     const __m256i lane_grp = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int ssz = k == N_MX ? 1 : k == N_I4_F32 ? 4 : 2;
-    /* one vector: this chunk of the next tile's rows (a tile ahead) */
-    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2);
+    /* one vector: this chunk of the rows PF_TILES tiles on */
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2, PF_TILES(l1));
     if (nv == 1 && !next) kn_pf_nib_rows(w, r + nr, nr, ssz);
     int64_t ch = 0;
     if (nv == 1) { /* (many vectors are bound by their decode; unrolled, they lost ~5%) */

@@ -199,7 +199,7 @@ AI void dense_tile(int e, const df_weight *w, int64_t r, int nr, int nv, int l1,
     __m512 a0[TR][TV], a1[TR][TV];
     dense_start(e, w, r, nr, nv, NULL, row, a0, a1);
     /* one vector: the same columns of the next tile's rows, as nib_tile */
-    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es);
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols * es, 1);
     if (!next) kn_pf_rows(w->data, cols * es, r + nr, nr, w->rows);
     dense_steps(e, row, nr, nv, X, ldx, 0, cols / 32 * 32, next, l1, a0, a1);
     dense_finish(e, w, r, row, nr, nv, X, ldx, Y, ldy, a0, a1);
@@ -455,7 +455,7 @@ AI void nib_tile(int k, const df_weight *w, int64_t r, int nr, int nv, int l1, c
      * next tile's rows (a tile ahead, kn_pf_next; Zen 4 VM, kn_stream 98304 x
      * 3584: 8 -> 16 GB/s one thread, 15-18 -> 30-32 two, against 512 bytes
      * ahead in the row); the last tile of the matrix prefetches in its rows. */
-    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2);
+    const int64_t next = kn_pf_next_tile(w->rows, r, nr, nv, cols / 2, 1);
     if (nv == 1 && !next) kn_pf_nib_rows(w, r + nr, nr, ssz);
     int64_t ch = 0;
     if (nv == 1) { /* (many vectors are bound by their decode; unrolled, they lost ~5%) */

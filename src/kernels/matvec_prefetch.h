@@ -70,11 +70,14 @@ KN_PF_AI void kn_pf_step(const uint8_t *const *q, int nr, int64_t next, int64_t 
         _Pragma("GCC unroll 8") for (int j = 0; j < nr; j++) kn_pf(q[j] + off, 64);
 }
 
-/* Bytes from a tile's rows to the next tile's (the tile-ahead prefetch of
- * one-vector tiles: each step prefetches the columns it reads there into
- * L2), or 0 where that does not apply: many vectors, or no whole next tile. */
-KN_PF_AI int64_t kn_pf_next_tile(int64_t rows, int64_t r, int nr, int nv, int64_t row_bytes) {
-    return nv == 1 && r + 2 * nr <= rows ? nr * row_bytes : 0;
+/* Bytes from a tile's rows to those `ahead` tiles on (the tile-ahead
+ * prefetch of one-vector tiles: each step prefetches the columns it reads
+ * there), fewer tiles where the matrix ends sooner, or 0 where that does
+ * not apply: many vectors, or no whole next tile. */
+KN_PF_AI int64_t kn_pf_next_tile(int64_t rows, int64_t r, int nr, int nv, int64_t row_bytes, int ahead) {
+    if (nv != 1) return 0;
+    while (ahead > 0 && r + (ahead + 1) * (int64_t)nr > rows) ahead--;
+    return ahead * nr * row_bytes;
 }
 
 #undef KN_PF_AI
