@@ -40,14 +40,11 @@ enum { B_F32, B_BF16, B_I8 }; /* what B holds */
  * alternating rounds: the heads' stage 1.02 / 0.89 / 0.85 -> 0.87 / 0.77 /
  * 0.80 ms a token). Prefetches only: no value changes. */
 enum { RS_PF_ROWS = 8 };
-typedef struct {
-    const char *b;       /* B's first column */
-    int64_t stride, len; /* bytes from a row to the next, bytes of a row read */
-} rs_pf;
-AI void rs_prefetch_row(const rs_pf *pf, int k, int ke) {
+/* len bytes of row k of B (rows `stride` bytes apart), if k < ke */
+AI void rs_prefetch_row(const void *B, int64_t stride, int64_t len, int k, int ke) {
     if (k >= ke) return;
-    const char *p = pf->b + (int64_t)k * pf->stride;
-    for (int64_t o = 0; o < pf->len; o += 64) __builtin_prefetch(p + o, 0, 3);
+    const char *p = (const char *)B + (int64_t)k * stride;
+    for (int64_t o = 0; o < len; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
 /* Y rows 0..J-1 (at stride ldy), columns [0, ML V), terms
@@ -58,7 +55,8 @@ AI void rs_prefetch_row(const rs_pf *pf, int k, int ke) {
  * columns (mask `tail`) when `masked` (the ragged end of R). */
 AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, const float *bs, float *Y, int64_t ldy,
                 int kb, int ke, int cnt0, int inc, const int J, const int V, const int masked, MMASK tail, int tailn,
-                const int bt, const rs_pf *pf) {
+                const int bt, int64_t pf_len) {
+    const size_t esz = bt == B_BF16 ? sizeof(uint16_t) : bt == B_I8 ? 1 : sizeof(float);
 #define LD(p) (masked && v == V - 1 ? M_MASKLOAD((p), tail) : M_LOADU(p))
 #define LDB(i)                                                                                                     \
     (bt == B_BF16 ? (masked && v == V - 1 ? M_LOADN_BF16((const uint16_t *)B + (i), tailn)                          \
@@ -77,7 +75,7 @@ AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, const f
     if (kmax > ke) kmax = ke;
     int k = kb;
     for (; k < kfull; k++) { /* every query of the tile takes row k */
-        if (pf) rs_prefetch_row(pf, k + RS_PF_ROWS, ke);
+        if (pf_len) rs_prefetch_row(B, ldb * (int64_t)esz, pf_len, k + RS_PF_ROWS, ke);
         MV bv[4];
 #pragma GCC unroll 4
         for (int v = 0; v < V; v++)
@@ -90,7 +88,7 @@ AI void rs_tile(const float *A, int64_t lda, const void *B, int64_t ldb, const f
         }
     }
     for (; k < kmax; k++) { /* the causal edge: query jj stops at cnt0 + jj */
-        if (pf) rs_prefetch_row(pf, k + RS_PF_ROWS, ke);
+        if (pf_len) rs_prefetch_row(B, ldb * (int64_t)esz, pf_len, k + RS_PF_ROWS, ke);
         MV bv[4];
 #pragma GCC unroll 4
         for (int v = 0; v < V; v++)
@@ -119,17 +117,14 @@ AI void rs_rows(const float *A, int64_t lda, const void *B, int64_t ldb, const f
                 int kb, int ke, int cnt0, int inc, int R, const int J, const int bt, int first) {
     const size_t esz = bt == B_BF16 ? sizeof(uint16_t) : bt == B_I8 ? 1 : sizeof(float);
     const char *b = B;
-    /* the block's first queries: their first tile asks for the block's rows */
-    const rs_pf rows = {b, ldb * (int64_t)esz, R * (int64_t)esz};
-    const rs_pf *pf = NULL;
-    if (first) {
-        pf = &rows;
-        for (int k = kb; k < kb + RS_PF_ROWS; k++) rs_prefetch_row(pf, k, ke);
-    }
+    /* the block's first queries: their first tile (at column 0) asks for
+     * the block's whole rows, R columns each */
+    int64_t pf = first ? R * (int64_t)esz : 0;
+    for (int k = kb; pf && k < kb + RS_PF_ROWS; k++) rs_prefetch_row(b, ldb * (int64_t)esz, pf, k, ke);
     int r = 0;
-    for (; r + ML * M_RS_V <= R; r += ML * M_RS_V, pf = NULL)
+    for (; r + ML * M_RS_V <= R; r += ML * M_RS_V, pf = 0)
         rs_tile(A, lda, b + r * esz, ldb, bs, Y + r, ldy, kb, ke, cnt0, inc, J, M_RS_V, 0, M_MASK_ALL, 0, bt, pf);
-    for (; r + ML <= R; r += ML, pf = NULL)
+    for (; r + ML <= R; r += ML, pf = 0)
         rs_tile(A, lda, b + r * esz, ldb, bs, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 0, M_MASK_ALL, 0, bt, pf);
     if (r < R)
         rs_tile(A, lda, b + r * esz, ldb, bs, Y + r, ldy, kb, ke, cnt0, inc, J, 1, 1, M_MASK_TAIL(R - r), R - r, bt, pf);
