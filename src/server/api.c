@@ -205,6 +205,7 @@ static int common_fields(json_t *root, srv_job *j, int vocab, srv_err *e) {
     if (get_int(root, "n", 1, 128, &k, e)) return -1;
     if (k != 1) return bad(e, "n", "unsupported_value", "Unsupported value for 'n': this server generates one choice (n = 1).");
     if (get_bool(root, "stream", &j->stream, e)) return -1;
+    if (get_bool(root, "ignore_eos", &j->ignore_eos, e)) return -1;
     json_t *so = json_object_get(root, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) return bad(e, "stream_options", "invalid_type", "Invalid type for 'stream_options': expected an object.");
@@ -387,7 +388,7 @@ static const char *const chat_keys[] = {
     "repetition_penalty", "seed", "stop", "max_tokens", "max_completion_tokens", "presence_penalty",
     "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "reasoning_effort", "n", "tools",
     "tool_choice", "parallel_tool_calls", "user", "metadata", "store", "service_tier", "prompt_cache_key",
-    "safety_identifier", "response_format", NULL};
+    "safety_identifier", "response_format", "ignore_eos", NULL};
 
 static int chat_request(json_t *root, srv_job *j, const df_tokenizer *tok, int vocab, int ceiling, int ctx, srv_err *e) {
     if (check_keys(root, chat_keys, e)) return -1;
@@ -466,7 +467,7 @@ static int chat_request(json_t *root, srv_job *j, const df_tokenizer *tok, int v
 static const char *const cmp_keys[] = {
     "model", "prompt", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "seed", "stop", "max_tokens", "presence_penalty", "frequency_penalty",
-    "logit_bias", "logprobs", "echo", "n", "best_of", "suffix", "user", NULL};
+    "logit_bias", "logprobs", "echo", "n", "best_of", "suffix", "user", "ignore_eos", NULL};
 
 static int completion_request(json_t *root, srv_job *j, const df_tokenizer *tok, int vocab, int ceiling, int ctx, srv_err *e) {
     if (check_keys(root, cmp_keys, e)) return -1;

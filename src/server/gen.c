@@ -381,11 +381,13 @@ static int slot_token(srv *s, slot *q, int32_t tok, const df_sample *info) {
     j->completion_tokens++;
     if (j->logprobs) srv_out_logprob(j, s->tok, info);
     pthread_mutex_unlock(&s->mu);
-    if (is_stop_id(s, tok)) { q->finish = "stop"; return 1; }
+    /* ignore_eos: an end token neither ends the reply nor shows as text */
+    int end = is_stop_id(s, tok);
+    if (end && !j->ignore_eos) { q->finish = "stop"; return 1; }
     const char *text;
     size_t tn;
     /* chat: a special token that is not a chat marker is not text */
-    int hidden = q->cp && df_tokenizer_is_special(s->tok, tok) && !is_marker(s, tok);
+    int hidden = end || (q->cp && df_tokenizer_is_special(s->tok, tok) && !is_marker(s, tok));
     if (!hidden && df_detok_push(q->dt, tok, &text, &tn) == DF_OK && tn) {
         pthread_mutex_lock(&s->mu);
         if (q->cp) {
@@ -399,7 +401,8 @@ static int slot_token(srv *s, slot *q, int32_t tok, const df_sample *info) {
         if (!j->content.n && !j->tool_calls && !df_chat_parser_done(q->cp)) j->reasoning_tokens++;
         pthread_mutex_unlock(&s->mu);
     }
-    if (q->c.stopped || (q->cp && df_chat_parser_done(q->cp))) { q->finish = "stop"; return 1; }
+    /* ignore_eos: a closed chat message takes no more text, and generation runs on to the limit */
+    if (q->c.stopped || (q->cp && !j->ignore_eos && df_chat_parser_done(q->cp))) { q->finish = "stop"; return 1; }
     if (j->completion_tokens >= q->limit) { q->finish = "length"; return 1; }
     return 0;
 }

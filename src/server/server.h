@@ -101,6 +101,7 @@ typedef struct srv_job {
     df_tokens prompt;
     df_sampler_params sp;
     int seeded;                  /* the request gave a seed */
+    int ignore_eos;              /* ignore_eos (vLLM, llama.cpp): end tokens do not end the reply */
     int n_bias;
     int32_t *bias_id;
     float *bias;

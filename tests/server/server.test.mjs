@@ -143,6 +143,28 @@ test('logit_bias and logprobs are honoured', async () => {
   }
 });
 
+test('ignore_eos: an end token neither ends the reply nor shows in it', async () => {
+  const cfg = JSON.parse(readFileSync(`${process.env.DF_MODEL_DIR}/config.json`, 'utf8'));
+  const eos = [cfg.eos_token_id ?? cfg.text_config?.eos_token_id].flat()[0];
+  assert.ok(Number.isInteger(eos), 'config.json names no eos_token_id');
+  const req = { model: 'm', prompt: 'q', max_tokens: 5, logit_bias: { [eos]: 100 }, temperature: 0 };
+  const ended = await client.completions.create(req);
+  assert.equal(ended.choices[0].finish_reason, 'stop');
+  assert.equal(ended.usage.completion_tokens, 1);
+  const on = await client.completions.create({ ...req, ignore_eos: true });
+  assert.equal(on.choices[0].finish_reason, 'length');
+  assert.equal(on.usage.completion_tokens, 5);
+  assert.equal(on.choices[0].text, '');
+  const chat = await client.chat.completions.create({
+    model: 'm', messages: hello, max_tokens: 5, logit_bias: { [eos]: 100 }, reasoning_effort: 'none', ignore_eos: true, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let finish = null, usage = null;
+  for await (const ch of chat) { finish = ch.choices[0]?.finish_reason ?? finish; usage = ch.usage ?? usage; }
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 5);
+});
+
 test('prefix reuse: a prompt that extends the kept session is not prefilled again', async () => {
   const prompt = [40, 300, 264, 500, 13, 220];
   const a = await client.completions.create({ model: 'm', prompt, max_tokens: 4, logit_bias: { 87: 100 }, temperature: 0 });
@@ -172,6 +194,7 @@ test('refused fields get an OpenAI 400 naming them', async () => {
     [{ n: 2 }, 'n'], [{ frobnicate: 1 }, 'frobnicate'], [{ temperature: 'hot' }, 'temperature'],
     [{ response_format: { type: 'json_object' } }, 'response_format'], [{ max_tokens: 10 ** 7 }, 'max_tokens'],
     [{ reasoning_effort: 'extreme' }, 'reasoning_effort'], [{ logit_bias: { 999999: 1 } }, 'logit_bias'],
+    [{ ignore_eos: 'yes' }, 'ignore_eos'],
   ];
   for (const [extra, param] of cases) {
     await assert.rejects(client.chat.completions.create({ model: 'm', messages: hello, max_tokens: 2, ...extra }),
