@@ -229,19 +229,35 @@ __global__ void __launch_bounds__(256) k_xsplit(const float *__restrict__ X, int
                red);
 }
 
-/* A batch's splits: block e splits x[e] into slot[e] of xb[e] / inv[e]. */
-enum { SPLIT_MAX = 96 };
-struct split_tab {
-    const float *x[SPLIT_MAX];
-    uint4 *xb[SPLIT_MAX];
-    float *inv[SPLIT_MAX];
-    int slot[SPLIT_MAX];
+/* A batch's splits, one launch for up to SPLIT_JOBS jobs: block b splits
+ * the batch's vector b. Job j holds the batch's vectors v0[j] .. v0[j + 1] -
+ * 1 (every job at least one), x[j] its first, g0[j] its first group; its
+ * vector v goes to slot v % TC_VEC of group g0[j] + v / TC_VEC (groups
+ * xbytes apart from base, their inv arrays TC_VEC floats apart from inv0).
+ * (One launch per 96 vectors had run ~340 launches of 96 blocks a 512-token
+ * prompt, each under one wave.) */
+enum { SPLIT_JOBS = 256 };
+struct split_jobs {
+    const float *x[SPLIT_JOBS];
+    int64_t g0[SPLIT_JOBS];
+    int v0[SPLIT_JOBS + 1];
+    int njobs;
 };
 template <bool WGL>
-__global__ void __launch_bounds__(256) k_xsplit_batch(const __grid_constant__ split_tab t, int64_t cols) {
+__global__ void __launch_bounds__(256) k_xsplit_jobs(const __grid_constant__ split_jobs t, int64_t cols, uint8_t *base,
+                                                     int64_t xbytes, float *inv0) {
     __shared__ float red[8];
-    const int e = blockIdx.x;
-    xsplit_one<WGL>(t.x[e], cols, t.xb[e], t.inv[e], t.slot[e], red);
+    const int b = (int)blockIdx.x;
+    int lo = 0, hi = t.njobs - 1; /* the job j with v0[j] <= b < v0[j + 1] */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (t.v0[mid] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    const int v = b - t.v0[lo];
+    const int64_t g = t.g0[lo] + v / TC_VEC;
+    xsplit_one<WGL>(t.x[lo] + (int64_t)v * cols, cols, (uint4 *)(base + g * xbytes), inv0 + g * TC_VEC, v % TC_VEC,
+                    red);
 }
 
 /* How a group finds its block scales: one byte load each (any cols), four
@@ -932,26 +948,27 @@ df_status gpu_tc_batch(const gpu_tc_job *jobs, int njobs, void *scratch, int xs,
     const size_t xbytes = ws_bytes(cols) - TC_VEC * sizeof(float);
     uint8_t *base = (uint8_t *)scratch;
     float *inv0 = (float *)(base + (size_t)ng * xbytes);
-    /* the splits, SPLIT_MAX vectors per launch */
-    split_tab sp;
-    int ns = 0;
-    int64_t gi = 0;
+    /* the splits, SPLIT_JOBS jobs per launch */
     df_status st = DF_OK;
-    for (int j = 0; j < njobs; j++)
-        for (int v = 0; v < jobs[j].n; v++) {
-            const int64_t g = gi + v / TC_VEC;
-            sp.x[ns] = jobs[j].X + (int64_t)v * cols;
-            sp.xb[ns] = (uint4 *)(base + (size_t)g * xbytes);
-            sp.inv[ns] = inv0 + g * TC_VEC;
-            sp.slot[ns] = v % TC_VEC;
-            if (++ns == SPLIT_MAX || (j == njobs - 1 && v == jobs[j].n - 1)) {
-                if (use_wg) k_xsplit_batch<true><<<ns, 256, 0, s>>>(sp, cols);
-                else k_xsplit_batch<false><<<ns, 256, 0, s>>>(sp, cols);
-                if ((st = gpu_cuda_status(cudaGetLastError(), "k_xsplit_batch"))) return st;
-                ns = 0;
-            }
-            if (v == jobs[j].n - 1) gi += (jobs[j].n + TC_VEC - 1) / TC_VEC;
+    int64_t gi = 0;
+    for (int j0 = 0; j0 < njobs; j0 += SPLIT_JOBS) {
+        const int nj = njobs - j0 < SPLIT_JOBS ? njobs - j0 : SPLIT_JOBS;
+        split_jobs sp;
+        int64_t nv = 0;
+        for (int j = 0; j < nj; j++) {
+            sp.x[j] = jobs[j0 + j].X;
+            sp.g0[j] = gi;
+            sp.v0[j] = (int)nv;
+            nv += jobs[j0 + j].n;
+            gi += (jobs[j0 + j].n + TC_VEC - 1) / TC_VEC;
         }
+        if (nv > 0x7fffffff) return DF_ERR_UNSUPPORTED; /* one block a vector */
+        sp.v0[nj] = (int)nv;
+        sp.njobs = nj;
+        if (use_wg) k_xsplit_jobs<true><<<(unsigned)nv, 256, 0, s>>>(sp, cols, base, (int64_t)xbytes, inv0);
+        else k_xsplit_jobs<false><<<(unsigned)nv, 256, 0, s>>>(sp, cols, base, (int64_t)xbytes, inv0);
+        if ((st = gpu_cuda_status(cudaGetLastError(), "k_xsplit_jobs"))) return st;
+    }
     /* the products, TCB_MAX per launch, in items of up to `pass` vectors;
      * wgmma's launches by the items' vector class (its n is the launch's
      * largest item's, rounded up to GPU_MX_WG_NV: a 10-vector item beside

@@ -18,7 +18,7 @@
  * block an f32 sum from zero takes the block's two k steps (the same 16
  * codes in the same k positions: A is the mma.sync A fragment of the
  * fragment layout, decoded by e2m1_quad; B is the split in wgmma's order,
- * k_xsplit_batch<true>), then acc = fma(scale x 2^-k_v, sum, acc) per
+ * k_xsplit_jobs<true>), then acc = fma(scale x 2^-k_v, sum, acc) per
  * (row, vector, limb); the k split's classes (groups c, c + KS, ... of
  * four blocks) each sum from zero in that order, and the classes are added
  * in class order (an empty class adds +0), as tile_sums adds its warps'
