@@ -7,11 +7,14 @@
  * Chunks are claimed from a shared counter, so a thread that gets less memory
  * bandwidth than the others does less of the job instead of holding everyone
  * at the end. They shrink as the job drains: a claim takes 1/(2 n) of what is
- * left, at most n / (CHUNKS_PER_THREAD x threads) indices and at least a quarter
- * of that, so the threads' last chunks end close together (16 threads on a
- * routed-expert pass of ~2 ms: the first thread to run out waited ~440 us for
- * the last with fixed quarter-share chunks, ~120 us with these; measured with
- * bench/expert_pass.c). Which thread runs a chunk, and where chunks begin and
+ * left, at most n / (CHUNKS_PER_THREAD x threads) indices and at least a
+ * LEAST_PART-th of that, so the threads' last chunks end close together (16
+ * threads on a routed-expert pass of ~2 ms: the first thread to run out
+ * waited ~440 us for the last with fixed quarter-share chunks, ~120 us with
+ * these; measured with bench/expert_pass.c). LEAST_PART 16, not 4: at 2
+ * threads a quarter of a step is 1536 of a pass's 49152 gate+up rows (~0.4
+ * ms of reading), and the pass's tail was ~290 us; with 16, 13-35 us, and a
+ * K8g decode step 2% faster (an Intel Xeon VM, 2 vCPUs). Which thread runs a chunk, and where chunks begin and
  * end, vary from call to call; callers make every output element depend on
  * its index alone (pool.h), so results do not change.
  *
@@ -42,7 +45,7 @@
 #define DF_POOL_SPIN_NS 200000LL
 #endif
 #ifndef DF_POOL_LEAST
-#define DF_POOL_LEAST 4
+#define DF_POOL_LEAST 16
 #endif
 enum { CHUNKS_PER_THREAD = 4, LEAST_PART = DF_POOL_LEAST /* the smallest claim: step / LEAST_PART */ };
 #define SPIN_NS ((int64_t)DF_POOL_SPIN_NS)
