@@ -11,14 +11,10 @@
  * LEAST_PART-th of that, so the threads' last chunks end close together (16
  * threads on a routed-expert pass of ~2 ms: the first thread to run out
  * waited ~440 us for the last with fixed quarter-share chunks, ~120 us with
- * these; measured with bench/expert_pass.c). The last chunk's share of a
- * pass is ~1 / (4 LEAST_PART) at any thread count: with a quarter of a step
- * (LEAST_PART 4), 2 threads ended a routed pass (49152 gate+up rows, last
- * claims of 1536) with a ~290 us tail; with a sixteenth, 13-35 us and a K8g
- * decode step 2% faster (an Intel Xeon VM, 2 vCPUs). At 16 threads a
- * sixteenth is 48 such rows, where each claim's start (a new stream for the
- * prefetchers) costs more than the tail saves, so a claim is never below a
- * quarter of a step or LEAST_GRAINS grains, whichever is less. Which thread runs a chunk, and where chunks begin and
+ * these; measured with bench/expert_pass.c). LEAST_PART 16, not 4: at 2
+ * threads a quarter of a step is 1536 of a pass's 49152 gate+up rows (~0.4
+ * ms of reading), and the pass's tail was ~290 us; with 16, 13-35 us, and a
+ * K8g decode step 2% faster (an Intel Xeon VM, 2 vCPUs). Which thread runs a chunk, and where chunks begin and
  * end, vary from call to call; callers make every output element depend on
  * its index alone (pool.h), so results do not change.
  *
@@ -51,10 +47,7 @@
 #ifndef DF_POOL_LEAST
 #define DF_POOL_LEAST 16
 #endif
-#ifndef DF_POOL_LEAST_GRAINS
-#define DF_POOL_LEAST_GRAINS 8
-#endif
-enum { CHUNKS_PER_THREAD = 4, LEAST_PART = DF_POOL_LEAST, LEAST_GRAINS = DF_POOL_LEAST_GRAINS };
+enum { CHUNKS_PER_THREAD = 4, LEAST_PART = DF_POOL_LEAST /* the smallest claim: step / LEAST_PART */ };
 #define SPIN_NS ((int64_t)DF_POOL_SPIN_NS)
 
 struct df_pool {
@@ -219,12 +212,7 @@ void pool_for(df_pool *p, int64_t n, int64_t grain, pool_fn fn, void *ctx) {
     p->total = n;
     p->step = step;
     p->grain = grain;
-    /* the smallest claim: a LEAST_PART-th of a step, but not below a
-     * quarter of it or LEAST_GRAINS grains, whichever is less */
-    int64_t least = step / LEAST_PART, floor_ = step / 4 < LEAST_GRAINS * grain ? step / 4 : LEAST_GRAINS * grain;
-    if (least < floor_) least = floor_;
-    least = least / grain * grain;
-    p->least = least > grain ? least : grain;
+    p->least = step / LEAST_PART / grain * grain > grain ? step / LEAST_PART / grain * grain : grain;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);
