@@ -458,8 +458,14 @@ __device__ __forceinline__ float kvb_at(const void *w, const float *scale, int64
 }
 
 enum { ABS_T = 128, ABS_D = 32, LIFT_WARPS = 8 };
+#ifndef GPU_MLA_ABS_V4
+#define GPU_MLA_ABS_V4 1 /* build flag, for measurements: 0 reads q one value at a time */
+#endif
 
-template <int I8>
+/* V4 (dn % 4 == 0): a token's q values four at a time from shared memory
+ * (one 16-byte load for four FMAs; one load a FMA made the absorb bound by
+ * shared-memory loads), each token's chain still over d ascending. */
+template <int I8, bool V4>
 __global__ void __launch_bounds__(ABS_T) k_mla_absorb(const void *__restrict__ w, const float *__restrict__ wscale, int nh,
                                                      int dn, int dv, int dq, int R, const float *__restrict__ q, int n,
                                                      float *__restrict__ qlat) {
@@ -483,12 +489,28 @@ __global__ void __launch_bounds__(ABS_T) k_mla_absorb(const void *__restrict__ w
         float wv[ABS_D];
 #pragma unroll
         for (int j = 0; j < ABS_D; j++) wv[j] = d0 + j < dn ? kvb_at<I8>(w, wscale, row0 + d0 + j, r, R) : 0.0f;
+        if constexpr (V4) {
 #pragma unroll
-        for (int j = 0; j < ABS_D; j++) {
-            if (d0 + j >= dn) break;
+            for (int j = 0; j < ABS_D; j += 4) {
+                if (d0 + j >= dn) break;
 #pragma unroll
-            for (int t = 0; t < 32; t++)
-                if (t < n) acc[t] = fmaf(qs[t * dn + d0 + j], wv[j], acc[t]);
+                for (int t = 0; t < 32; t++)
+                    if (t < n) {
+                        const float4 q4 = *(const float4 *)&qs[t * dn + d0 + j];
+                        acc[t] = fmaf(q4.x, wv[j], acc[t]);
+                        acc[t] = fmaf(q4.y, wv[j + 1], acc[t]);
+                        acc[t] = fmaf(q4.z, wv[j + 2], acc[t]);
+                        acc[t] = fmaf(q4.w, wv[j + 3], acc[t]);
+                    }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < ABS_D; j++) {
+                if (d0 + j >= dn) break;
+#pragma unroll
+                for (int t = 0; t < 32; t++)
+                    if (t < n) acc[t] = fmaf(qs[t * dn + d0 + j], wv[j], acc[t]);
+            }
         }
     }
 #pragma unroll
@@ -571,12 +593,11 @@ extern "C" df_status gpu_mla_absorb(const gpu_weight *kv_b, const mla_shape *sh,
     if (!q || !qlat) return DF_ERR_ARG;
     const size_t smem = (size_t)n * sh->dn * sizeof(float);
     dim3 grid((unsigned)sh->nh, (unsigned)cdiv(sh->R, ABS_T));
-    if (kv_b->type == WT_I8_ROW)
-        k_mla_absorb<1><<<grid, ABS_T, smem, (cudaStream_t)stream>>>(kv_b->data, (const float *)kv_b->scale, sh->nh, sh->dn,
-                                                                     sh->dv, sh->dq, sh->R, q, n, qlat);
-    else
-        k_mla_absorb<0><<<grid, ABS_T, smem, (cudaStream_t)stream>>>(kv_b->data, NULL, sh->nh, sh->dn, sh->dv, sh->dq,
-                                                                     sh->R, q, n, qlat);
+    const bool v4 = GPU_MLA_ABS_V4 && sh->dn % 4 == 0, i8 = kv_b->type == WT_I8_ROW;
+    void (*absorb)(const void *, const float *, int, int, int, int, int, const float *, int, float *) =
+        i8 ? (v4 ? k_mla_absorb<1, true> : k_mla_absorb<1, false>) : (v4 ? k_mla_absorb<0, true> : k_mla_absorb<0, false>);
+    absorb<<<grid, ABS_T, smem, (cudaStream_t)stream>>>(kv_b->data, i8 ? (const float *)kv_b->scale : NULL, sh->nh, sh->dn,
+                                                        sh->dv, sh->dq, sh->R, q, n, qlat);
     return launched("k_mla_absorb");
 }
 
