@@ -148,6 +148,29 @@ static void rand_vecs(float *X, int n, int64_t cols, uint64_t seed0, uint64_t st
 
 static int same_bits(float a, float b) { return f32_bits(a) == f32_bits(b); }
 
+/* What vector i of an n-vector kn_matmul at level lv must equal bit for
+ * bit (rows r0 .. r1 - 1 into y): kn_matvec's output, except at KN_AMX,
+ * where a bf16 or MXFP4 product of KN_AMX_MIN_N or more vectors runs on the
+ * tile unit (kernels.h): there, the same vector in another such product (a
+ * window of KN_AMX_MIN_N vectors around it). */
+static void one_vector_ref(kn_level lv, const df_weight *w, const float *X, int n, int i, float *y, int64_t r0,
+                           int64_t r1) {
+    if (lv != KN_AMX || n < KN_AMX_MIN_N) {
+        kn_matvec(lv, w, X + (int64_t)i * w->cols, y, r0, r1);
+        return;
+    }
+    const int64_t nr = r1 - r0;
+    float *Z = malloc((size_t)KN_AMX_MIN_N * (size_t)nr * sizeof *Z);
+    if (!Z) {
+        for (int64_t r = 0; r < nr; r++) y[r] = NAN; /* shows as a difference */
+        return;
+    }
+    const int i0 = i < n - KN_AMX_MIN_N ? i : n - KN_AMX_MIN_N;
+    kn_matmul(lv, w, X + (int64_t)i0 * w->cols, KN_AMX_MIN_N, Z, nr, r0, r1);
+    memcpy(y, Z + (size_t)(i - i0) * (size_t)nr, (size_t)nr * sizeof *y);
+    free(Z);
+}
+
 static void check_matrix(const tmat *m, uint64_t seed) {
     const df_weight *w = &m->w;
     const int64_t rows = w->rows, cols = w->cols;
@@ -359,7 +382,8 @@ TEST(kn_matmul_wide_dense_rows) {
  * 203 (four 48-row tiles, two panels, rows past them), with columns that
  * end in a whole step, a 16-column step, a masked tail, both, or have no
  * whole step, and more than one column block: every output bit-equal to
- * matvec's at every level; the bf16 ones also through kn_matmul_px with x
+ * matvec's at every level (at KN_AMX to the same vector in another tile-unit
+ * product: one_vector_ref); the bf16 ones also through kn_matmul_px with x
  * prepared once (the engine's form), rows in pieces. */
 TEST(kn_matmul_lanes_same_bits) {
     static const wt_type T[] = {WT_F32, WT_BF16, WT_F16, WT_I8_ROW};
@@ -383,7 +407,7 @@ TEST(kn_matmul_lanes_same_bits) {
                 kn_matmul((kn_level)lv, &m.w, X, n, Y, ldy, r0, r1);
                 int diff = 0;
                 for (int i = 0; i < n; i++) {
-                    kn_matvec((kn_level)lv, &m.w, X + (int64_t)i * cols, y, r0, r1);
+                    one_vector_ref((kn_level)lv, &m.w, X, n, i, y, r0, r1);
                     for (int64_t r = 0; r < r1 - r0; r++) diff += !same_bits(Y[i * ldy + r], y[r]);
                 }
                 CHECK(diff == 0, "%s %s %lldx%lld, %d vectors: matmul differs from matvec in %d outputs", tn, ln,
@@ -615,7 +639,8 @@ TEST(kn_fp8_nan_propagates) {
 
 /* Many vectors over wide rows: kn_matmul runs them in blocks of vectors
  * (the driver's x budget, 4 MB: 40 x 32768 floats is two blocks); every
- * output stays bit-equal to kn_matvec, at every level this CPU runs. */
+ * output stays bit-equal to kn_matvec (KN_AMX: one_vector_ref), at every
+ * level this CPU runs. */
 TEST(kn_matmul_vector_blocks) {
     const wt_type types[] = {WT_BF16, WT_MXFP4};
     const int64_t rows = 9, cols = 32768;
@@ -632,16 +657,7 @@ TEST(kn_matmul_vector_blocks) {
             kn_matmul((kn_level)lv, &m.w, X, n, Y, rows, 0, rows);
             int diff = 0;
             for (int i = 0; i < n; i++) {
-                /* AMX: 40 vectors run on the tiles, as every product of at
-                 * least KN_AMX_MIN_N; compare with such a product */
-                if (lv == KN_AMX) {
-                    float Z[KN_AMX_MIN_N * 9];
-                    const int i0 = i < n - KN_AMX_MIN_N ? i : n - KN_AMX_MIN_N;
-                    kn_matmul((kn_level)lv, &m.w, X + (size_t)i0 * cols, KN_AMX_MIN_N, Z, rows, 0, rows);
-                    memcpy(yv, Z + (size_t)(i - i0) * rows, sizeof yv);
-                } else {
-                    kn_matvec((kn_level)lv, &m.w, X + (size_t)i * cols, yv, 0, rows);
-                }
+                one_vector_ref((kn_level)lv, &m.w, X, n, i, yv, 0, rows);
                 for (int64_t r = 0; r < rows; r++) diff += !same_bits(Y[(size_t)i * rows + r], yv[r]);
             }
             CHECK(diff == 0, "%s %s: %d of %d outputs of a %d-vector matmul differ from matvec",
