@@ -496,7 +496,7 @@ df_status launch_vec(const bt_mats &mats, const gpu_act &act, const float *X, in
  * at 256 and 512 vectors; below, the mma.sync blocks' smaller tiles fill
  * the device better). */
 bool wg_takes(int wg, int64_t span, int n, int64_t cols, int nm) {
-    if (cols >= (int64_t)1 << 22) return false; /* their 32-bit row offsets */
+    if (cols >= (int64_t)1 << 22) return false; /* TMA's 32-bit coordinates */
     return wg > 0 || (wg == 0 && nm * ((span + 255) / 256) * ((n + 63) / 64) >= 96);
 }
 
@@ -539,10 +539,12 @@ df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act 
         /* gate + up: the up's rows in the scratch after the limbs, then the act */
         float *U = w1 ? (float *)((char *)limbs + wg_up_offset(n, cols)) : NULL;
         df_status st = gpu_bf16_wg(w0, w1, X, n, Y, ldy, U, row0, row1, limbs, s);
-        if (st || !w1) return st;
-        const int64_t total = (int64_t)n * span, b = (total + 255) / 256;
-        k_wg_act<<<(unsigned)(b < 8192 ? b : 8192), 256, 0, s>>>(Y, ldy, U, span, total, a);
-        return gpu_cuda_status(cudaGetLastError(), "k_wg_act");
+        if (st != DF_ERR_UNSUPPORTED) { /* else the mma.sync kernels below: the same bits */
+            if (st || !w1) return st;
+            const int64_t total = (int64_t)n * span, b = (total + 255) / 256;
+            k_wg_act<<<(unsigned)(b < 8192 ? b : 8192), 256, 0, s>>>(Y, ldy, U, span, total, a);
+            return gpu_cuda_status(cudaGetLastError(), "k_wg_act");
+        }
     }
     if (n <= BT_VEC_MAX)
         return w1 ? launch_vec<2>(mats, a, X, n, rows, cols, Y, ldy, row0, row1, limbs, s)

@@ -1,16 +1,20 @@
 /* gpu_bf16_wg.cu — bf16 weights times fp32 vectors on Hopper's warpgroup
  * tensor-core instructions (wgmma), for the many-vector products of a
  * prompt (gpu_bf16_wg, gpu_internal.h; gpu_bf16_tc sends them here).
- * Refuses: devices other than compute capability 9.0 and builds without an
- * sm_90a target (gpu_ws_wg says -1; the caller keeps gpu_bf16_tc's mma.sync
- * kernels), columns that are not a multiple of 64 (DF_ERR_ARG), rows of 4M
- * columns or more (DF_ERR_UNSUPPORTED: 32-bit offsets).
+ * Refuses: devices other than compute capability 9.0, builds without an
+ * sm_90a target and drivers without a tensor-map encoder (gpu_ws_wg says
+ * -1; the caller keeps gpu_bf16_tc's mma.sync kernels), columns that are
+ * not a multiple of 64 (DF_ERR_ARG), rows of 4M columns or more and weights
+ * off 16-byte boundaries (DF_ERR_UNSUPPORTED: TMA's coordinates and
+ * addresses; gpu_bf16_tc then runs the mma.sync kernels, the same bits).
  *
  * Why: gpu_bf16_tc's mma.sync blocks ran K3's large products at ~84-96
  * TFLOP/s of the model's FLOPs. Here a block holds 256 weight rows x 64
  * vectors (4 warpgroups) and wgmma reads the limbs from shared memory
  * itself: 122-140 TFLOP/s at 512 vectors (bench/cuda_NOTES.md, twenty-ninth
- * session, where L2 was measured not to be the bound).
+ * session, where L2 was measured not to be the bound); a fifth warpgroup
+ * copying each chunk by TMA, with mbarriers in place of a block barrier a
+ * chunk, took that to 139-159 on an H100 (fifty-first session).
  *
  * Bits. The same operations in the same order as gpu_bf16_tc.cu (its header
  * states the contract and the bound): x split into hi, mid, lo bf16 limbs;
@@ -32,9 +36,12 @@
  * layout: core matrices of 8 vectors x 16 bytes, 128 bytes apart along the
  * vectors, WG_BN x 16 bytes apart along k.
  */
+#include <cuda.h> /* CUtensorMap and its encoder's types; the encoder comes through the runtime */
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "gpu.h"
 #include "gpu_internal.h"
@@ -45,9 +52,6 @@
 #endif
 #ifndef GPU_WG_BN
 #define GPU_WG_BN 64 /* build flag, for measurements: 64 or 128 */
-#endif
-#ifndef GPU_WG_STAGES
-#define GPU_WG_STAGES 4 /* at most; fewer when they do not fit */
 #endif
 
 namespace {
@@ -62,22 +66,25 @@ enum {
 };
 
 /* A block: NWG warpgroups of 64 weight rows each, BN vectors (wgmma's n,
- * 64; 128 with -DGPU_WG_BN=128). Measured (`cuda_bench 2 wg`, H200, K3's
- * shapes at 512 vectors, TFLOP/s of the model's products): 4 x 64 88-140;
- * 3 x 128 (three stages) 73-120, 2 x 128 64-105; so 4 x 64 is the build. */
+ * 64; 128 with -DGPU_WG_BN=128), and a copy warpgroup. Measured (`cuda_bench
+ * 2 wg`, H100, K3's shapes at 512 vectors, TFLOP/s of the model's products):
+ * 4 x 64 102-159, 3 x 128 98-152, 2 x 128 82-142 (bench/cuda_NOTES.md,
+ * fifty-first session); so 4 x 64 is the build.
+ * Stages: as many as fit, at most 4 (with the 1024-byte alignment of the
+ * swizzled weight boxes and the 2 mbarriers a stage). Registers: the
+ * block's allocation at launch (65536 over the threads, in steps of 8) is
+ * all there is, so once the copy warpgroup keeps 24 a thread the others
+ * may take REGS (4 x 64: 112; 96 at launch). */
 template <int NWG, int BN> struct wg_cfg {
-    static constexpr int THREADS = NWG * 128, BM = NWG * 64;
+    static constexpr int MMA_THREADS = NWG * 128, THREADS = MMA_THREADS + 128, BM = NWG * 64;
     static constexpr int A_BYTES = BM * WG_CHB, B_BYTES = WG_Q * BN * 16, STAGE = A_BYTES + B_BYTES;
-    /* chunks staged, STAGES - 2 of them loading ahead */
-    static constexpr int STAGES = WG_SMEM / STAGE > GPU_WG_STAGES ? GPU_WG_STAGES : WG_SMEM / STAGE;
-    static constexpr int NA = 4, NB = WG_Q * BN / THREADS;                    /* 16-byte copies a thread */
-    static_assert(STAGES >= 3 && NB * THREADS == WG_Q * BN && BN % 64 == 0, "wg_cfg shape");
+    static constexpr int FIT = (WG_SMEM - 1024 - 64) / STAGE, STAGES = FIT > 4 ? 4 : FIT;
+    static constexpr size_t SMEM = (size_t)STAGES * STAGE + 1024 + 16 * STAGES;
+    static constexpr int FREE = (65536 / THREADS / 8 * 8 * THREADS - 24 * 128) / MMA_THREADS / 8 * 8;
+    static constexpr int REGS = FREE > 240 ? 240 : FREE; /* setmaxnreg's most */
+    static_assert(STAGES >= 2 && A_BYTES % 1024 == 0 && STAGE % 1024 == 0 && BN % 64 == 0 && REGS >= 64,
+                  "wg_cfg shape");
 };
-
-/* Weight rows in shared memory: 16-byte piece i of row r at i ^ 4 (r & 1)
- * (gpu_bf16_tc.cu's swizzle: a lane's 16-byte loads of rows g, g + 1 hit
- * different banks). */
-__device__ __forceinline__ int wswz(int r, int i) { return (r * 8 + (i ^ ((r & 1) << 2))) * 16; }
 
 /* ---- limbs: X [n][cols] fp32 -> [chunk][q][npad][16 B] bf16 ---- */
 __global__ void __launch_bounds__(256) k_wg_split(const float *__restrict__ X, int n, int npad, int64_t cols,
@@ -152,69 +159,119 @@ __device__ __forceinline__ void wg_mma_ss256(float (&d)[128], uint64_t a, uint64
 #undef WG_D8
 #endif
 
+/* The products of one launch (blockIdx.z): a matrix, or a gate and an up
+ * matrix of one shape (their grids in one, so that a wave holds both). */
+struct wg_mats {
+    CUtensorMap tw[2]; /* the weights, boxes of 64 columns x BM rows, rows from row1 on read as 0 */
+    float *y[2];
+    int64_t ldy[2];
+};
+
+#if WG_DEVICE
 __device__ __forceinline__ int64_t wg_slice_end(int s, int64_t per, int64_t nch) {
     const int64_t e = (int64_t)(s + 1) * per;
     return e < nch ? e : nch;
 }
 
-/* The products of one launch (blockIdx.z): a matrix, or a gate and an up
- * matrix of one shape (their grids in one, so that a wave holds both). */
-struct wg_mats {
-    const uint8_t *w[2];
-    float *y[2];
-    int64_t ldy[2];
-};
+/* mbarriers, TMA and bulk copies into this block's shared memory */
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t ok;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!ok);
+}
+__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int x, int y, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+#endif
 
 /* Block (blockIdx.x: BN vectors, blockIdx.y: BM rows from row0, blockIdx.z:
- * the matrix): warpgroup
- * k takes rows 64 k .. 64 k + 63, its warp w rows 16 w .. 16 w + 15 (warp
- * 4 k + w of the block). Chunk c's wgmma run while chunk c + 1's fragments
- * load (two fragment buffers, wgmma.wait_group 1); a slice's sum goes to Y
- * at the slice's end (Y = 0 + sum, then Y = Y + sum: the fold's order). */
+ * the matrix): warpgroup k < NWG takes rows 64 k .. 64 k + 63, its warp w
+ * rows 16 w .. 16 w + 15 (warp 4 k + w of the block); warpgroup NWG copies.
+ * Stage c % STAGES holds chunk c: its weight rows (one TMA box, 128-byte
+ * swizzle: 16-byte piece i of row r at i ^ (r & 7)) and its limbs (24 bulk
+ * copies of BN x 16 bytes), both completing on the stage's `full`
+ * mbarrier. A warpgroup waits on that barrier alone, loads its fragments,
+ * issues the chunk's wgmma while chunk c - 1's still run (two fragment
+ * buffers, wgmma.wait_group 1), and then hands chunk c - 1's stage back on
+ * its `empty` mbarrier (a warp each). No block-wide barrier in the loop: a
+ * warpgroup runs ahead of another by as many stages as are loaded. A
+ * slice's sum goes to Y at the slice's end (Y = 0 + sum, then Y = Y + sum:
+ * the fold's order). */
 template <int NWG, int BN>
-__global__ void __launch_bounds__(NWG * 128, 1)
+__global__ void __launch_bounds__(wg_cfg<NWG, BN>::THREADS, 1)
 k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, int n, int npad, int64_t cols,
         int64_t row0, int64_t row1, int S) {
 #if WG_DEVICE
     using C = wg_cfg<NWG, BN>;
-    constexpr int ND = BN / 2; /* accumulators a thread: 64 rows x BN over 128 threads */
-    extern __shared__ __align__(128) uint8_t sm[];
+    constexpr int ND = BN / 2, NS = C::STAGES;
+    extern __shared__ __align__(1024) uint8_t sm_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023); /* the swizzle's 1024-byte atoms */
+    const uint32_t full0 = smem_u32(sm + NS * C::STAGE), empty0 = full0 + 8 * NS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t = lane & 3;
     const int64_t v0 = (int64_t)blockIdx.x * BN;
     const int64_t r0 = row0 + (int64_t)blockIdx.y * C::BM;
-    const int64_t nch = cols / WG_CH, per = (nch + S - 1) / S, rowb = cols * 2;
+    const int64_t nch = cols / WG_CH, per = (nch + S - 1) / S;
+    if (tid == 0) {
+        for (int i = 0; i < NS; i++) {
+            mbar_init(full0 + 8 * i, 1);
+            mbar_init(empty0 + 8 * i, NWG * 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp >= NWG * 4) { /* the copy warpgroup: its first warp copies */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+        if (warp != NWG * 4) return;
+        const CUtensorMap *tw = &mats.tw[blockIdx.z];
+        const uint8_t *lb = Lg + v0 * 16;
+        for (int64_t c = 0; c < nch; c++) {
+            const int st = (int)(c % NS);
+            if (c >= NS) mbar_wait(empty0 + 8 * st, (uint32_t)((c / NS - 1) & 1));
+            const uint32_t a = smem_u32(sm + (size_t)st * C::STAGE), full = full0 + 8 * st;
+            if (lane == 0) {
+                mbar_expect(full, C::STAGE);
+                tma_2d(a, tw, (int)(c * WG_CH), (int)r0, full);
+            }
+            __syncwarp();
+            if (lane < WG_Q)
+                bulk_copy(a + C::A_BYTES + lane * BN * 16, lb + (c * WG_Q + lane) * (int64_t)npad * 16, BN * 16, full);
+        }
+        return;
+    }
 
-    /* copies: thread tid takes weight rows tid / 8 + THREADS / 8 k (piece
-     * tid % 8) and limb pieces tid + THREADS k of the block's WG_Q x BN */
-    const int piece = tid & 7, wrow = tid >> 3;
-    int32_t woff[C::NA];
-#pragma unroll
-    for (int k = 0; k < C::NA; k++)
-        woff[k] = (int32_t)(min((int64_t)(wrow + C::THREADS / 8 * k), row1 - 1 - r0) * rowb + piece * 16);
-    const uint8_t *wb = mats.w[blockIdx.z] + r0 * rowb;
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(C::REGS));
+    const int g = lane >> 2, t = lane & 3;
     float *const Y = mats.y[blockIdx.z];
     const int64_t ldy = mats.ldy[blockIdx.z];
-    const uint8_t *lb = Lg + v0 * 16;
-    auto stage = [&](int buf, int64_t c) {
-        uint8_t *a = sm + (size_t)buf * C::STAGE, *b = a + C::A_BYTES;
-#pragma unroll
-        for (int k = 0; k < C::NA; k++)
-            cp_async16(a + wswz(wrow + C::THREADS / 8 * k, piece), wb + woff[k] + c * WG_CHB, 16);
-        const uint8_t *src = lb + c * WG_Q * (int64_t)npad * 16;
-#pragma unroll
-        for (int k = 0; k < C::NB; k++) {
-            const int i = tid + C::THREADS * k, q = i / BN, v = i % BN;
-            cp_async16(b + i * 16, src + ((int64_t)q * npad + v) * 16, 16);
-        }
-    };
-
     /* the limbs of stage 0: core matrices 128 bytes apart along the vectors, BN x 16 along k */
     const uint64_t desc0 = wg_desc(sm + C::A_BYTES, BN * 16, 128);
-    float d[ND];
+    float d[ND]; /* accumulators a thread: 64 rows x BN over 128 threads */
 #pragma unroll
     for (int e = 0; e < ND; e++) d[e] = 0.0f;
-    const int arow = warp * 16 + g; /* this lane's rows arow, arow + 8 of the block */
+    const int arow = warp * 16 + g, sw = arow & 7; /* this lane's rows arow, arow + 8 (the same swizzle) */
     /* d[4 i + e]: row arow + 8 (e >> 1), vector 8 i + 2 t + (e & 1) */
     auto fold = [&](int &s, int64_t c) {
         if (!(s < S && c + 1 == wg_slice_end(s, per, nch))) return;
@@ -243,19 +300,17 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, in
         while (s < S && c + 1 == wg_slice_end(s, per, nch)) s++;
     };
     auto chunk = [&](int64_t c, uint32_t(&ra)[8], uint32_t(&rb)[8], int &s) {
-        cp_wait<C::STAGES - 3>();
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* cp.async's writes, seen by wgmma */
-        __syncthreads(); /* and every warpgroup is past chunk c - 2's wgmma: its stage and fragments are free */
-        if (c + C::STAGES - 2 < nch) stage((int)((c + C::STAGES - 2) % C::STAGES), c + C::STAGES - 2);
-        cp_commit();
-        const uint8_t *a = sm + (size_t)(c % C::STAGES) * C::STAGE;
-        const uint4 p0 = *(const uint4 *)(a + wswz(arow, t)), p1 = *(const uint4 *)(a + wswz(arow, 4 + t));
-        const uint4 q0 = *(const uint4 *)(a + wswz(arow + 8, t)), q1 = *(const uint4 *)(a + wswz(arow + 8, 4 + t));
+        const int st = (int)(c % NS);
+        mbar_wait(full0 + 8 * st, (uint32_t)((c / NS) & 1));
+        const uint8_t *a = sm + (size_t)st * C::STAGE + arow * WG_CHB;
+        const uint4 p0 = *(const uint4 *)(a + ((t ^ sw) << 4)), p1 = *(const uint4 *)(a + (((4 + t) ^ sw) << 4));
+        const uint4 q0 = *(const uint4 *)(a + 8 * WG_CHB + ((t ^ sw) << 4)),
+                    q1 = *(const uint4 *)(a + 8 * WG_CHB + (((4 + t) ^ sw) << 4));
         ra[0] = p0.x, ra[1] = p0.y, ra[2] = p0.z, ra[3] = p0.w, ra[4] = p1.x, ra[5] = p1.y, ra[6] = p1.z, ra[7] = p1.w;
         rb[0] = q0.x, rb[1] = q0.y, rb[2] = q0.z, rb[3] = q0.w, rb[4] = q1.x, rb[5] = q1.y, rb[6] = q1.z, rb[7] = q1.w;
         /* this stage's limb descriptor, made in the loop (not hoisted: one
          * 64-bit descriptor per stage and step would hold 24 registers each) */
-        uint64_t db = desc0 + (uint64_t)(((c % C::STAGES) * C::STAGE) >> 4);
+        uint64_t db = desc0 + (uint64_t)((st * C::STAGE) >> 4);
         asm volatile("mov.b64 %0, %0;" : "+l"(db));
         wg_fence();
         wg_hold(d);
@@ -266,16 +321,14 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, in
                 wg_mma(d, ra[2 * j], rb[2 * j], ra[2 * j + 1], rb[2 * j + 1],
                        db + (uint64_t)(((j * 3 + L) * 2 * BN * 16) >> 4));
         wg_commit();
-        wg_wait<1>(); /* chunk c - 1's wgmma done: its fragments are free */
+        wg_wait<1>(); /* chunk c - 1's wgmma done: its fragments and its stage are free */
         wg_hold(d);
+        if (c > 0) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * (int)((c - 1) % NS));
+        }
         fold(s, c);
     };
-
-#pragma unroll
-    for (int i = 0; i < C::STAGES - 2; i++) {
-        if (i < nch) stage(i, i);
-        cp_commit();
-    }
     uint32_t fa[2][8], fb[2][8];
     int s = 0;
     for (int64_t c = 0; c < nch; c += 2) {
@@ -283,25 +336,52 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, in
         if (c + 1 < nch) chunk(c + 1, fa[1], fb[1], s);
     }
     wg_wait<0>();
-    cp_wait<0>();
 #endif
 }
 
+/* The driver's tensor-map encoder, found through the runtime (no link to
+ * libcuda); NULL where the driver has none. */
+PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void) {
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return (PFN_cuTensorMapEncodeTiled_v12000)f;
+}
+
+/* k_bt_wg's launch over w[0] (and w[1]: nm = 2), the weights' tensor maps
+ * made here; DF_ERR_UNSUPPORTED where a map cannot be made. */
 template <int NWG, int BN>
-df_status launch_wg(const wg_mats &mats, int nm, const void *limbs, int n, int64_t npad, int64_t cols, int64_t row0,
-                    int64_t row1, int S, cudaStream_t s) {
+df_status launch_wg(const gpu_weight *const w[2], float *const y[2], const int64_t ldy[2], int nm, const void *limbs,
+                    int n, int64_t npad, int64_t cols, int64_t row0, int64_t row1, int S, cudaStream_t s) {
     using C = wg_cfg<NWG, BN>;
-    const size_t smem = (size_t)C::STAGES * C::STAGE;
+    const PFN_cuTensorMapEncodeTiled_v12000 enc = wg_encoder();
+    if (!enc || (row1 - row0 + C::BM - 1) / C::BM > 65535) return DF_ERR_UNSUPPORTED;
+    wg_mats m;
+    memset(&m, 0, sizeof m);
+    for (int z = 0; z < nm; z++) {
+        const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)row1}, stride[1] = {(cuuint64_t)cols * 2};
+        const cuuint32_t box[2] = {WG_CH, C::BM}, es[2] = {1, 1};
+        if (((uintptr_t)w[z]->data & 15) ||
+            enc(&m.tw[z], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, w[z]->data, dim, stride, box, es,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            return DF_ERR_UNSUPPORTED;
+        m.y[z] = y[z];
+        m.ldy[z] = ldy[z];
+    }
     df_status st = gpu_cuda_status(
-        cudaFuncSetAttribute(k_bt_wg<NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        cudaFuncSetAttribute(k_bt_wg<NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM),
         "k_bt_wg shared memory");
     if (st) {
         (void)cudaGetLastError();
         return st;
     }
-    if ((row1 - row0 + C::BM - 1) / C::BM > 65535) return DF_ERR_UNSUPPORTED;
     const dim3 grid((unsigned)((npad + BN - 1) / BN), (unsigned)((row1 - row0 + C::BM - 1) / C::BM), (unsigned)nm);
-    k_bt_wg<NWG, BN><<<grid, C::THREADS, smem, s>>>(mats, (const uint8_t *)limbs, n, (int)npad, cols, row0, row1, S);
+    k_bt_wg<NWG, BN><<<grid, C::THREADS, C::SMEM, s>>>(m, (const uint8_t *)limbs, n, (int)npad, cols, row0, row1, S);
     return gpu_cuda_status(cudaGetLastError(), "k_bt_wg");
 }
 
@@ -358,7 +438,7 @@ static int wg_present(void) {
         (void)cudaGetLastError();
         return 0;
     }
-    return fa.binaryVersion == 90;
+    return fa.binaryVersion == 90 && wg_encoder() != NULL;
 #endif
 }
 
@@ -396,19 +476,15 @@ df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X
         (w1 && (w1->type != WT_BF16 || !w1->data || w1->rows != w->rows || w1->cols != w->cols || !U)))
         return DF_ERR_ARG;
     const int64_t npad = ((int64_t)n + WG_BN - 1) / WG_BN * WG_BN, cols = w->cols;
-    if ((int64_t)WG_NWG * 64 * cols * 2 >= ((int64_t)1 << 31) || npad > 0x7fffffff)
-        return DF_ERR_UNSUPPORTED; /* the blocks' 32-bit row offsets */
+    if (cols >= (int64_t)1 << 22 || row1 > 0x7fffffff || npad > 0x7fffffff)
+        return DF_ERR_UNSUPPORTED; /* TMA's 32-bit coordinates, the kernel's int npad */
     const int64_t total = npad * (cols / WG_CH) * 8, sb = (total + 255) / 256;
     k_wg_split<<<(unsigned)(sb < 8192 ? sb : 8192), 256, 0, s>>>(X, n, (int)npad, cols, (uint4 *)limbs);
     df_status st = gpu_cuda_status(cudaGetLastError(), "k_wg_split");
     if (st) return st;
-    wg_mats m;
-    m.w[0] = (const uint8_t *)w0->data;
-    m.w[1] = (const uint8_t *)(w1 ? w1->data : w0->data);
-    m.y[0] = Y;
-    m.y[1] = w1 ? U : Y;
-    m.ldy[0] = ldy;
-    m.ldy[1] = row1 - row0;
-    return launch_wg<WG_NWG, WG_BN>(m, w1 ? 2 : 1, limbs, n, npad, cols, row0, row1,
+    const gpu_weight *ws[2] = {w0, w1 ? w1 : w0};
+    float *const y[2] = {Y, w1 ? U : Y};
+    const int64_t ldys[2] = {ldy, row1 - row0};
+    return launch_wg<WG_NWG, WG_BN>(ws, y, ldys, w1 ? 2 : 1, limbs, n, npad, cols, row0, row1,
                                     gpu_bf16_slices(w->rows, cols / WG_CH), s);
 }
