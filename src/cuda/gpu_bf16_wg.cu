@@ -343,12 +343,15 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, in
  * libcuda); NULL where the driver has none. */
 PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void) {
     void *f = NULL;
+#if CUDART_VERSION >= 12050
     cudaDriverEntryPointQueryResult q;
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
+        q != cudaDriverEntryPointSuccess)
+        f = NULL;
+#else /* toolkits before 12.5: the call that 12.5 deprecates */
+    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault) != cudaSuccess) f = NULL;
+#endif
+    if (!f) (void)cudaGetLastError();
     return (PFN_cuTensorMapEncodeTiled_v12000)f;
 }
 
