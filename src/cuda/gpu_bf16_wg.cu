@@ -6,7 +6,8 @@
  * -1; the caller keeps gpu_bf16_tc's mma.sync kernels), columns that are
  * not a multiple of 64 (DF_ERR_ARG), rows of 4M columns or more and weights
  * off 16-byte boundaries (DF_ERR_UNSUPPORTED: TMA's coordinates and
- * addresses; gpu_bf16_tc then runs the mma.sync kernels, the same bits).
+ * addresses; gpu_bf16_tc sends neither, and on that answer runs its
+ * mma.sync kernels instead, the same bits).
  *
  * Why: gpu_bf16_tc's mma.sync blocks ran K3's large products at ~84-96
  * TFLOP/s of the model's FLOPs. Here a block holds 256 weight rows x 64
