@@ -472,8 +472,9 @@ typedef struct {
     uint64_t macs_mxfp4, macs_bf16, macs_other; /* multiply-adds of the weight products run on
                                               the device (rows x cols x vectors), by the weight
                                               type: MXFP4, bf16 or f16, the rest (bench's
-                                              tensor-core floor; attention's own products not
-                                              counted) */
+                                              tensor-core floor; MLA's kv_b counted once a
+                                              layer call, its absorb and lift rows; attention's
+                                              own products not counted) */
 } df_accel_stats;
 void df_engine_accel_stats(const df_engine *e, df_accel_stats *out);
 void df_engine_reset_stats(df_engine *e);

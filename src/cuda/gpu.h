@@ -387,6 +387,19 @@ df_status gpu_mla_absorb(const gpu_weight *kv_b, const mla_shape *sh, const floa
                          void *stream);
 df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, const float *olat, int n, float *attn,
                        void *stream);
+/* The same two products with kv_b's rows on the tensor cores, for any n
+ * (prompts with ws->bf16_tc_rows reached): per head, absorb multiplies a
+ * transposed copy of W_UK (R rows of dn, made in ws) and lift W_UV (dv rows
+ * of R), each output with the bits and bound gpu_matmul_tc gives a bf16
+ * row of that many columns (gpu_bf16_tc.cu: x in three bf16 limbs), the
+ * same whether the wgmma blocks run (ws->bf16_wg) or not. ws: scratch,
+ * grown on demand (not kept). gpu_mla_products_tc_take: kv_b bf16 and dn,
+ * R multiples of 64 (else DF_ERR_UNSUPPORTED). */
+int gpu_mla_products_tc_take(const gpu_weight *kv_b, const mla_shape *sh);
+df_status gpu_mla_absorb_tc(const gpu_weight *kv_b, const mla_shape *sh, const float *q, int n, float *qlat,
+                            gpu_ws *ws, void *stream);
+df_status gpu_mla_lift_tc(const gpu_weight *kv_b, const mla_shape *sh, const float *olat, int n, float *attn,
+                          gpu_ws *ws, void *stream);
 
 /* The tensor cores' bf16 rate with fp32 accumulation in TFLOP/s (1e12
  * FLOP/s, a multiply-add two), measured now (gpu_tc_probe.cu): *sync by

@@ -15,7 +15,11 @@ df_status cerr(char *err, cudaError_t e, const char *what);
  * starts 16-byte aligned (the kernels load activations as float4). */
 size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-enum { SPARE_MAX = 32, MLA_PIECE = 32 /* rows per MLA absorb / attend / lift: gpu_mla_absorb takes <= 32 (a chunked pass's DF_CHUNK) */ };
+enum {
+    SPARE_MAX = 32,
+    MLA_PIECE = 32,    /* rows per MLA absorb / attend / lift: gpu_mla_absorb takes <= 32 (a chunked pass's DF_CHUNK) */
+    MLA_TC_PIECE = 256 /* the same with kv_b's products on the tensor cores (mla_tc): any n, scratch nh x 256 x R */
+};
 const int64_t SPARE_BYTES = (int64_t)64 << 20; /* larger copies are freed at once */
 
 /* A device copy handed to the engine: the matrix, the event its upload
@@ -942,6 +946,26 @@ df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, vo
     return DF_OK;
 }
 
+/* kv_b's absorbed products on the tensor cores (gpu_mla_absorb_tc, _lift_tc)
+ * where bf16 products of n rows run there (n >= bf16_tc_rows, as
+ * gpu_matmul_tc decides) and kv_b's shape lets them; else the CUDA cores. */
+#ifndef GPU_MLA_TC
+#define GPU_MLA_TC 1 /* build flag, for measurements: 0 keeps them on the CUDA cores */
+#endif
+static bool mla_tc(acc *a, const gpu_weight *kv_b, const mla_shape *sh, int n) {
+    return GPU_MLA_TC && a->ws.bf16_tc_rows > 0 && n >= a->ws.bf16_tc_rows && gpu_mla_products_tc_take(kv_b, sh);
+}
+static df_status mla_absorb(acc *a, const gpu_weight *kv_b, const mla_shape *sh, bool tc, const float *q, int n,
+                            float *qlat) {
+    return tc ? gpu_mla_absorb_tc(kv_b, sh, q, n, qlat, &a->ws, a->stream)
+              : gpu_mla_absorb(kv_b, sh, q, n, qlat, a->stream);
+}
+static df_status mla_lift(acc *a, const gpu_weight *kv_b, const mla_shape *sh, bool tc, const float *olat, int n,
+                          float *attn) {
+    return tc ? gpu_mla_lift_tc(kv_b, sh, olat, n, attn, &a->ws, a->stream)
+              : gpu_mla_lift(kv_b, sh, olat, n, attn, a->stream);
+}
+
 /* A whole MLA layer: xn up, q (through q_a, its norm and q_b, or q), kva,
  * the cache write and attention as in acc_mla, the gate, the output
  * projection, out back: one host wait. */
@@ -961,7 +985,8 @@ df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *stat
     const gpu_weight *w = &((const handle *)kv_b)->g;
     const mla_shape sh = mla_shape_of(l);
     const int64_t hid = h[DF_MLA_KVA]->g.cols, qlr = lr ? l->qlr : 0;
-    const int pc = n < MLA_PIECE ? n : MLA_PIECE; /* rows per absorb / attend / lift */
+    const bool tc = mla_tc(a, w, &sh, n);
+    const int piece = tc ? MLA_TC_PIECE : MLA_PIECE, pc = n < piece ? n : piece; /* rows per absorb / attend / lift */
     const size_t nq = (size_t)n * l->nh * sh.dq, nkv = (size_t)n * (l->R + l->dr), nlat = (size_t)l->nh * pc * l->R;
     const size_t nat = (size_t)n * l->nh * l->dv, nx = (size_t)n * hid, nqa = (size_t)n * qlr;
     /* device: x | q | kva | qlat | olat (pc rows) | attn | qa | gate | y */
@@ -995,9 +1020,9 @@ df_status acc_mla_layer(void *ctx, const df_accel_mla *l, void *kv_b, void *stat
     for (int c0 = 0; rs == DF_OK && c0 < n; c0 += pc) {
         const int cn = n - c0 < pc ? n - c0 : pc;
         const float *qc = q + (size_t)c0 * l->nh * sh.dq;
-        rs = gpu_mla_absorb(w, &sh, qc, cn, qlat, a->stream);
+        rs = mla_absorb(a, w, &sh, tc, qc, cn, qlat);
         if (rs == DF_OK) rs = gpu_mla_attend(&sh, cache, qc, qlat, pos + c0, cn, olat, &a->mla_ws, a->stream);
-        if (rs == DF_OK) rs = gpu_mla_lift(w, &sh, olat, cn, att + (size_t)c0 * l->nh * l->dv, a->stream);
+        if (rs == DF_OK) rs = mla_lift(a, w, &sh, tc, olat, cn, att + (size_t)c0 * l->nh * l->dv);
     }
     if (l->has_gate) {
         rs = MLA_MM(DF_MLA_G, x, gate);
@@ -1035,9 +1060,10 @@ df_status acc_mla(void *ctx, const df_accel_mla *l, void *kv_b, void *state, int
     float *dq = a->md, *dkv = a->md + nq, *qlat = a->md + in, *olat = qlat + nlat, *dat = olat + nlat;
     float *cache = (float *)st->d;
     df_status rs = gpu_mla_write(&sh, st->kv_a_norm, st->inv_freq, dkv, cache, pos, n, dq, a->stream);
-    if (rs == DF_OK) rs = gpu_mla_absorb(w, &sh, dq, n, qlat, a->stream);
+    const bool tc = mla_tc(a, w, &sh, n);
+    if (rs == DF_OK) rs = mla_absorb(a, w, &sh, tc, dq, n, qlat);
     if (rs == DF_OK) rs = gpu_mla_attend(&sh, cache, dq, qlat, pos, n, olat, &a->mla_ws, a->stream);
-    if (rs == DF_OK) rs = gpu_mla_lift(w, &sh, olat, n, dat, a->stream);
+    if (rs == DF_OK) rs = mla_lift(a, w, &sh, tc, olat, n, dat);
     if (rs != DF_OK) {
         snprintf(err, DF_ERRMSG, "cuda: mla: %s", rs == DF_ERR_IO ? gpu_last_error() : df_status_name(rs));
         return rs;

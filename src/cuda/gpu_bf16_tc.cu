@@ -523,6 +523,32 @@ size_t gpu_bf16_tc_bytes(int n, int64_t rows, int64_t cols, int nm) {
     return nm == 2 ? wg + (size_t)n * (size_t)rows * 4 : (wg > mma ? wg : mma);
 }
 
+size_t gpu_bf16_tc_groups_bytes(int groups, int n, int64_t grows, int64_t cols) {
+    const size_t one = gpu_bf16_tc_bytes(n, grows, cols, 1), all = gpu_bf16_wg_groups_bytes(groups, n, cols);
+    return one > all ? one : all;
+}
+
+df_status gpu_bf16_tc_groups(const gpu_weight *w, int64_t woff, int64_t wpitch, int64_t grows, int groups,
+                             const float *X, int n, float *Y, int64_t ygs, int64_t ldy, void *limbs, int wg,
+                             cudaStream_t s) {
+    if (!gpu_bf16_tc_takes(w) || !X || !Y || !limbs || n < 1 || groups < 1 || grows < 1 || woff < 0 || wpitch < 0 ||
+        woff + (int64_t)(groups - 1) * wpitch + grows > w->rows || ldy < grows || ((uintptr_t)X & 15))
+        return DF_ERR_ARG;
+    if (wg >= 0) {
+        df_status st = gpu_bf16_wg_groups(w, woff, wpitch, grows, groups, X, n, Y, ygs, ldy, limbs, s);
+        if (st != DF_ERR_UNSUPPORTED) return st; /* else a group at a time below: the same bits */
+    }
+    for (int g = 0; g < groups; g++) {
+        gpu_weight v = *w; /* the group's rows as a matrix of their own */
+        v.data = (uint8_t *)w->data + (woff + (int64_t)g * wpitch) * w->cols * 2;
+        v.rows = grows;
+        df_status st = gpu_bf16_tc(&v, NULL, NULL, X + (int64_t)g * n * w->cols, n, Y + (int64_t)g * ygs, ldy, 0,
+                                   grows, limbs, -1, s);
+        if (st) return st;
+    }
+    return DF_OK;
+}
+
 df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act *act, const float *X, int n,
                       float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, int wg, cudaStream_t s) {
     if (!gpu_bf16_tc_takes(w0) || (w1 && (!gpu_bf16_tc_takes(w1) || w1->rows != w0->rows || w1->cols != w0->cols)) ||

@@ -30,9 +30,14 @@
  * that k order. Tests compare every output with gpu_bf16_tc's kernels bit
  * for bit (tests/cuda: cuda_tc_bf16_wg).
  *
+ * Groups (gpu_bf16_wg_groups): one launch may take several products of
+ * one matrix's row blocks, each against its own vectors (MLA's heads: W_UV
+ * rows of kv_b times each head's latent); a group's rows and vectors are
+ * a product of their own, so its outputs have those bits.
+ *
  * Limb layout (k_wg_split): [chunk][q][npad][16 bytes], q = (j * 3 + L) * 2
- * + h the 16-byte half h of step j's limb L, npad = n rounded up to the
- * block's vectors (the pad vectors zero), so that a block's copy of one q
+ * + h the 16-byte half h of step j's limb L, npad = groups x n rounded up
+ * to the block's vectors (each group's pad vectors zero), so that a block's copy of one q
  * is one contiguous run and its shared copy is wgmma's no-swizzle K-major
  * layout: core matrices of 8 vectors x 16 bytes, 128 bytes apart along the
  * vectors, WG_BN x 16 bytes apart along k.
@@ -53,6 +58,9 @@
 #endif
 #ifndef GPU_WG_BN
 #define GPU_WG_BN 64 /* build flag, for measurements: 64 or 128 */
+#endif
+#ifndef GPU_WG_NARROW
+#define GPU_WG_NARROW 1 /* build flag, for measurements: 0 runs groups of <= 128 rows on 256-row blocks too */
 #endif
 
 namespace {
@@ -87,18 +95,19 @@ template <int NWG, int BN> struct wg_cfg {
                   "wg_cfg shape");
 };
 
-/* ---- limbs: X [n][cols] fp32 -> [chunk][q][npad][16 B] bf16 ---- */
-__global__ void __launch_bounds__(256) k_wg_split(const float *__restrict__ X, int n, int npad, int64_t cols,
-                                                 uint4 *__restrict__ L) {
+/* ---- limbs: X [groups][n][cols] fp32 -> [chunk][q][npad][16 B] bf16, npad
+ * = groups x npadg (group g's vectors from g npadg on, its pad zero) ---- */
+__global__ void __launch_bounds__(256) k_wg_split(const float *__restrict__ X, int n, int npad, int npadg,
+                                                 int64_t cols, uint4 *__restrict__ L) {
     const int64_t nch = cols / WG_CH, total = (int64_t)npad * nch * 8; /* (vector, chunk, step-half) */
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (int64_t)gridDim.x * 256) {
         const int p = (int)(i & 7); /* p = 2 j + h */
-        const int64_t vc = i >> 3, v = vc % npad, c = vc / npad;
+        const int64_t vc = i >> 3, v = vc % npad, c = vc / npad, vg = v % npadg;
         const int j = p >> 1, h = p & 1;
         uint32_t hi[4] = {0, 0, 0, 0}, mi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
-        if (v < n) {
+        if (vg < n) {
             /* k pair t of this half: columns b + 2h + 8t + {0, 1} */
-            const float *x = X + v * cols + c * WG_CH + 4 * (j & 1) + 32 * (j >> 1) + 2 * h;
+            const float *x = X + (v / npadg * n + vg) * cols + c * WG_CH + 4 * (j & 1) + 32 * (j >> 1) + 2 * h;
             const float2 x0 = *(const float2 *)(x), x1 = *(const float2 *)(x + 8);
             const float2 x2 = *(const float2 *)(x + 16), x3 = *(const float2 *)(x + 24);
             bf16_limbs8(make_float4(x0.x, x0.y, x1.x, x1.y), make_float4(x2.x, x2.y, x3.x, x3.y), hi, mi, lo);
@@ -163,9 +172,17 @@ __device__ __forceinline__ void wg_mma_ss256(float (&d)[128], uint64_t a, uint64
 /* The products of one launch (blockIdx.z): a matrix, or a gate and an up
  * matrix of one shape (their grids in one, so that a wave holds both). */
 struct wg_mats {
-    CUtensorMap tw[2]; /* the weights, boxes of 64 columns x BM rows, rows from row1 on read as 0 */
+    CUtensorMap tw[2]; /* the weights, boxes of 64 columns x BM rows, rows past the map read as 0 */
     float *y[2];
     int64_t ldy[2];
+};
+
+/* Groups of one launch (blockIdx.y / blocks a group): group g's rows
+ * [0, rows) are weight rows woff + g wpitch + .., its vectors the limbs'
+ * g lvec + .., its outputs from y + g ygs. One product: a group of
+ * row1 - row0 rows from woff = row0, the other fields 0. */
+struct wg_grp {
+    int64_t rows, woff, wpitch, lvec, ygs;
 };
 
 #if WG_DEVICE
@@ -208,8 +225,8 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
 }
 #endif
 
-/* Block (blockIdx.x: BN vectors, blockIdx.y: BM rows from row0, blockIdx.z:
- * the matrix): warpgroup k < NWG takes rows 64 k .. 64 k + 63, its warp w
+/* Block (blockIdx.x: BN vectors, blockIdx.y: BM rows of a group, grp's,
+ * blockIdx.z: the matrix): warpgroup k < NWG takes rows 64 k .. 64 k + 63, its warp w
  * rows 16 w .. 16 w + 15 (warp 4 k + w of the block); warpgroup NWG copies.
  * Stage c % STAGES holds chunk c: its weight rows (one TMA box, 128-byte
  * swizzle: 16-byte piece i of row r at i ^ (r & 7)) and its limbs (24 bulk
@@ -223,8 +240,8 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
  * the fold's order). */
 template <int NWG, int BN>
 __global__ void __launch_bounds__(wg_cfg<NWG, BN>::THREADS, 1)
-k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, int n, int npad, int64_t cols,
-        int64_t row0, int64_t row1, int S) {
+k_bt_wg(const __grid_constant__ wg_mats mats, const wg_grp grp, const uint8_t *__restrict__ Lg, int n, int npad,
+        int64_t cols, int S) {
 #if WG_DEVICE
     using C = wg_cfg<NWG, BN>;
     constexpr int ND = BN / 2, NS = C::STAGES;
@@ -232,8 +249,8 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, in
     uint8_t *sm = (uint8_t *)(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023); /* the swizzle's 1024-byte atoms */
     const uint32_t full0 = smem_u32(sm + NS * C::STAGE), empty0 = full0 + 8 * NS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t v0 = (int64_t)blockIdx.x * BN;
-    const int64_t r0 = row0 + (int64_t)blockIdx.y * C::BM;
+    const int64_t v0 = (int64_t)blockIdx.x * BN, bpg = (grp.rows + C::BM - 1) / C::BM;
+    const int64_t gi = blockIdx.y / bpg, rb = blockIdx.y % bpg * C::BM; /* group, first row in it */
     const int64_t nch = cols / WG_CH, per = (nch + S - 1) / S;
     if (tid == 0) {
         for (int i = 0; i < NS; i++) {
@@ -247,14 +264,15 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, in
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (warp != NWG * 4) return;
         const CUtensorMap *tw = &mats.tw[blockIdx.z];
-        const uint8_t *lb = Lg + v0 * 16;
+        const uint8_t *lb = Lg + (gi * grp.lvec + v0) * 16;
+        const int wr = (int)(grp.woff + gi * grp.wpitch + rb); /* the box's first weight row */
         for (int64_t c = 0; c < nch; c++) {
             const int st = (int)(c % NS);
             if (c >= NS) mbar_wait(empty0 + 8 * st, (uint32_t)((c / NS - 1) & 1));
             const uint32_t a = smem_u32(sm + (size_t)st * C::STAGE), full = full0 + 8 * st;
             if (lane == 0) {
                 mbar_expect(full, C::STAGE);
-                tma_2d(a, tw, (int)(c * WG_CH), (int)r0, full);
+                tma_2d(a, tw, (int)(c * WG_CH), wr, full);
             }
             __syncwarp();
             if (lane < WG_Q)
@@ -265,7 +283,7 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, in
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(C::REGS));
     const int g = lane >> 2, t = lane & 3;
-    float *const Y = mats.y[blockIdx.z];
+    float *const Y = mats.y[blockIdx.z] + gi * grp.ygs;
     const int64_t ldy = mats.ldy[blockIdx.z];
     /* the limbs of stage 0: core matrices 128 bytes apart along the vectors, BN x 16 along k */
     const uint64_t desc0 = wg_desc(sm + C::A_BYTES, BN * 16, 128);
@@ -280,7 +298,7 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const uint8_t *__restrict__ Lg, in
         wg_hold(d);
         /* made here from laundered values, so that no address or bound is
          * hoisted out of the chunk loop into registers of its own */
-        int64_t yo = (v0 + 2 * t) * ldy + (r0 + arow - row0), ld = ldy, rl = row1 - (r0 + arow), vl = n - (v0 + 2 * t);
+        int64_t yo = (v0 + 2 * t) * ldy + (rb + arow), ld = ldy, rl = grp.rows - (rb + arow), vl = n - (v0 + 2 * t);
         asm volatile("mov.b64 %0, %0;" : "+l"(yo));
         asm volatile("mov.b64 %0, %0;" : "+l"(ld));
         asm volatile("mov.b64 %0, %0;" : "+l"(rl));
@@ -356,18 +374,22 @@ PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void) {
     return (PFN_cuTensorMapEncodeTiled_v12000)f;
 }
 
-/* k_bt_wg's launch over w[0] (and w[1]: nm = 2), the weights' tensor maps
- * made here; DF_ERR_UNSUPPORTED where a map cannot be made. */
+/* k_bt_wg's launch over w[0] (and w[1]: nm = 2) for groups of grp: the
+ * weights' tensor maps (map_rows rows, the rows past them read as 0) made
+ * here; DF_ERR_UNSUPPORTED where a map cannot be made. npadg: a group's
+ * vectors, a multiple of BN; npad: the limbs' (groups x npadg). */
 template <int NWG, int BN>
 df_status launch_wg(const gpu_weight *const w[2], float *const y[2], const int64_t ldy[2], int nm, const void *limbs,
-                    int n, int64_t npad, int64_t cols, int64_t row0, int64_t row1, int S, cudaStream_t s) {
+                    int n, int64_t npadg, int64_t npad, int64_t cols, const wg_grp &grp, int64_t groups,
+                    int64_t map_rows, int S, cudaStream_t s) {
     using C = wg_cfg<NWG, BN>;
     const PFN_cuTensorMapEncodeTiled_v12000 enc = wg_encoder();
-    if (!enc || (row1 - row0 + C::BM - 1) / C::BM > 65535) return DF_ERR_UNSUPPORTED;
+    const int64_t yblocks = groups * ((grp.rows + C::BM - 1) / C::BM);
+    if (!enc || yblocks > 65535) return DF_ERR_UNSUPPORTED;
     wg_mats m;
     memset(&m, 0, sizeof m);
     for (int z = 0; z < nm; z++) {
-        const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)row1}, stride[1] = {(cuuint64_t)cols * 2};
+        const cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)map_rows}, stride[1] = {(cuuint64_t)cols * 2};
         const cuuint32_t box[2] = {WG_CH, C::BM}, es[2] = {1, 1};
         if (((uintptr_t)w[z]->data & 15) ||
             enc(&m.tw[z], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, w[z]->data, dim, stride, box, es,
@@ -384,9 +406,17 @@ df_status launch_wg(const gpu_weight *const w[2], float *const y[2], const int64
         (void)cudaGetLastError();
         return st;
     }
-    const dim3 grid((unsigned)((npad + BN - 1) / BN), (unsigned)((row1 - row0 + C::BM - 1) / C::BM), (unsigned)nm);
-    k_bt_wg<NWG, BN><<<grid, C::THREADS, C::SMEM, s>>>(m, (const uint8_t *)limbs, n, (int)npad, cols, row0, row1, S);
+    const dim3 grid((unsigned)(npadg / BN), (unsigned)yblocks, (unsigned)nm);
+    k_bt_wg<NWG, BN><<<grid, C::THREADS, C::SMEM, s>>>(m, grp, (const uint8_t *)limbs, n, (int)npad, cols, S);
     return gpu_cuda_status(cudaGetLastError(), "k_bt_wg");
+}
+
+/* X's limbs for k_bt_wg: groups x npadg vectors (see k_wg_split). */
+df_status wg_split(const float *X, int n, int64_t npadg, int64_t groups, int64_t cols, void *limbs, cudaStream_t s) {
+    const int64_t total = groups * npadg * (cols / WG_CH) * 8, sb = (total + 255) / 256;
+    k_wg_split<<<(unsigned)(sb < 8192 ? sb : 8192), 256, 0, s>>>(X, n, (int)(groups * npadg), (int)npadg, cols,
+                                                                 (uint4 *)limbs);
+    return gpu_cuda_status(cudaGetLastError(), "k_wg_split");
 }
 
 /* The tensor-core probe's wgmma half (gpu_tc_probe.cu times it): each of
@@ -467,9 +497,11 @@ df_status gpu_wg_probe_launch(int blocks, int iters, float *out, double *flops, 
     return gpu_cuda_status(cudaGetLastError(), "k_wg_probe");
 }
 
-size_t gpu_bf16_wg_bytes(int n, int64_t cols) {
+size_t gpu_bf16_wg_bytes(int n, int64_t cols) { return gpu_bf16_wg_groups_bytes(1, n, cols); }
+
+size_t gpu_bf16_wg_groups_bytes(int groups, int n, int64_t cols) {
     const size_t npad = ((size_t)n + WG_BN - 1) / WG_BN * WG_BN;
-    return npad * 3 * (size_t)cols * 2;
+    return (size_t)groups * npad * 3 * (size_t)cols * 2;
 }
 
 df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X, int n, float *Y, int64_t ldy,
@@ -482,13 +514,33 @@ df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X
     const int64_t npad = ((int64_t)n + WG_BN - 1) / WG_BN * WG_BN, cols = w->cols;
     if (cols >= (int64_t)1 << 22 || row1 > 0x7fffffff || npad > 0x7fffffff)
         return DF_ERR_UNSUPPORTED; /* TMA's 32-bit coordinates, the kernel's int npad */
-    const int64_t total = npad * (cols / WG_CH) * 8, sb = (total + 255) / 256;
-    k_wg_split<<<(unsigned)(sb < 8192 ? sb : 8192), 256, 0, s>>>(X, n, (int)npad, cols, (uint4 *)limbs);
-    df_status st = gpu_cuda_status(cudaGetLastError(), "k_wg_split");
+    df_status st = wg_split(X, n, npad, 1, cols, limbs, s);
     if (st) return st;
     const gpu_weight *ws[2] = {w0, w1 ? w1 : w0};
     float *const y[2] = {Y, w1 ? U : Y};
     const int64_t ldys[2] = {ldy, row1 - row0};
-    return launch_wg<WG_NWG, WG_BN>(ws, y, ldys, w1 ? 2 : 1, limbs, n, npad, cols, row0, row1,
+    const wg_grp grp = {row1 - row0, row0, 0, 0, 0};
+    return launch_wg<WG_NWG, WG_BN>(ws, y, ldys, w1 ? 2 : 1, limbs, n, npad, npad, cols, grp, 1, row1,
                                     gpu_bf16_slices(w->rows, cols / WG_CH), s);
+}
+
+df_status gpu_bf16_wg_groups(const gpu_weight *w, int64_t woff, int64_t wpitch, int64_t grows, int groups,
+                             const float *X, int n, float *Y, int64_t ygs, int64_t ldy, void *limbs, cudaStream_t s) {
+    if (!w || w->type != WT_BF16 || !w->data || w->cols < WG_CH || w->cols % WG_CH || !X || !Y || n < 1 ||
+        groups < 1 || grows < 1 || woff < 0 || wpitch < 0 || woff + (int64_t)(groups - 1) * wpitch + grows > w->rows ||
+        ldy < grows || !limbs || ((uintptr_t)X & 7))
+        return DF_ERR_ARG;
+    const int64_t npadg = ((int64_t)n + WG_BN - 1) / WG_BN * WG_BN, cols = w->cols;
+    if (cols >= (int64_t)1 << 22 || w->rows > 0x7fffffff || npadg * groups > 0x7fffffff)
+        return DF_ERR_UNSUPPORTED; /* TMA's 32-bit coordinates, the kernel's int npad */
+    df_status st = wg_split(X, n, npadg, groups, cols, limbs, s);
+    if (st) return st;
+    const gpu_weight *ws[2] = {w, w};
+    float *const y[2] = {Y, Y};
+    const int64_t ldys[2] = {ldy, ldy};
+    const wg_grp grp = {grows, woff, wpitch, npadg, ygs};
+    const int S = gpu_bf16_slices(grows, cols / WG_CH);
+    if (GPU_WG_NARROW && grows <= 128) /* blocks of 128 rows: no half-empty blocks for a head's 128 W_UV rows */
+        return launch_wg<2, WG_BN>(ws, y, ldys, 1, limbs, n, npadg, npadg * groups, cols, grp, groups, w->rows, S, s);
+    return launch_wg<WG_NWG, WG_BN>(ws, y, ldys, 1, limbs, n, npadg, npadg * groups, cols, grp, groups, w->rows, S, s);
 }

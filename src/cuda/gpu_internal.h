@@ -198,6 +198,18 @@ typedef struct {
 size_t gpu_bf16_tc_bytes(int n, int64_t rows, int64_t cols, int nm);
 df_status gpu_bf16_tc(const gpu_weight *w0, const gpu_weight *w1, const gpu_act *act, const float *X, int n,
                       float *Y, int64_t ldy, int64_t row0, int64_t row1, void *limbs, int wg, cudaStream_t s);
+/* Groups of such products in one call: for g < groups, rows [0, grows) of
+ * the matrix w's rows woff + g wpitch .. (a head's block of kv_b, say)
+ * times X_g = X + g n cols ([n][cols], X 16-byte aligned) into
+ * Y_g[v * ldy + r], Y_g = Y + g ygs. Each output has the bits gpu_bf16_tc
+ * gives it with those rows as a matrix of grows rows (its slices by that
+ * shape), whatever wg says: one wgmma launch for all groups where the
+ * blocks run (wg >= 0), else gpu_bf16_tc per group. limbs: device scratch
+ * of gpu_bf16_tc_groups_bytes. Asynchronous on s. */
+size_t gpu_bf16_tc_groups_bytes(int groups, int n, int64_t grows, int64_t cols);
+df_status gpu_bf16_tc_groups(const gpu_weight *w, int64_t woff, int64_t wpitch, int64_t grows, int groups,
+                             const float *X, int n, float *Y, int64_t ygs, int64_t ldy, void *limbs, int wg,
+                             cudaStream_t s);
 /* Slices of a bf16 row on the tensor cores, from its shape alone (rows,
  * 64-column chunks): part of every such output's order of operations. */
 int gpu_bf16_slices(int64_t rows, int64_t nch);
@@ -209,6 +221,12 @@ int gpu_bf16_slices(int64_t rows, int64_t nch);
 size_t gpu_bf16_wg_bytes(int n, int64_t cols);
 df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X, int n, float *Y, int64_t ldy,
                       float *U, int64_t row0, int64_t row1, void *limbs, cudaStream_t s);
+/* gpu_bf16_tc_groups' wgmma launch (X 8-byte aligned; limbs of
+ * gpu_bf16_wg_groups_bytes); DF_ERR_UNSUPPORTED where a tensor map cannot
+ * be made or a count passes TMA's or the grid's limits. */
+size_t gpu_bf16_wg_groups_bytes(int groups, int n, int64_t cols);
+df_status gpu_bf16_wg_groups(const gpu_weight *w, int64_t woff, int64_t wpitch, int64_t grows, int groups,
+                             const float *X, int n, float *Y, int64_t ygs, int64_t ldy, void *limbs, cudaStream_t s);
 /* The tensor-core probe's wgmma kernel (gpu_bf16_wg.cu; gpu_tc_probe
  * times it): blocks x iters x 8 x 2 warpgroups of m64n256k16 bf16 wgmma on
  * s, their FLOPs in *flops; DF_ERR_UNSUPPORTED where k_bt_wg cannot run. */

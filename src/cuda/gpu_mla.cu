@@ -3,8 +3,9 @@
  * absorbed products (q_nope into the latent, the latent back out through
  * kv_b) and the latent attention over the cache.
  *
- * Owns: those kernels, their launch checks and the attention's split
- * workspace. Refuses: the other projections (gpu_matmul), the cache's
+ * Owns: those kernels, their launch checks, the attention's split
+ * workspace and the tensor-core products' scratch (W_UK transposed, q_nope
+ * by head). Refuses: the other projections (gpu_matmul), the cache's
  * placement (the caller holds it, laid out as on the CPU), host math (the
  * oracle is mla_core.c, see tests/cuda/test_cuda_attn.c).
  *
@@ -31,7 +32,8 @@
  * cache-read time (an mma version, as FlashMLA, would change the sums'
  * order). Measured on the H200: bench/cuda_NOTES.md.
  *
- * Sections: 1. cache rows  2. attention  3. absorbed products
+ * Sections: 1. cache rows  2. attention  3. absorbed products  3b. the same
+ * on the tensor cores (prompts with bf16 on the tensor cores)
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -618,3 +620,84 @@ extern "C" df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, c
                                                               sh->dn, sh->dv, sh->R, olat, n, attn);
     return launched("k_mla_lift");
 }
+
+/* ---- 3b. absorbed products on the tensor cores ------------------------------
+ *
+ * For prompts with bf16 on the tensor cores (n >= ws->bf16_tc_rows): per
+ * head, absorb is the R x dn matrix W_UK^T (a transposed copy of the
+ * head's W_UK rows, made in ws) times q_nope (gathered per head), lift the
+ * dv x R rows W_UV times the head's olat; both through gpu_bf16_tc_groups
+ * (one launch for all heads on the wgmma blocks), so each output has
+ * gpu_bf16_tc's bits and bound for its row. */
+
+enum { UKT_T = 32 };
+
+/* wt[h][r][d] = W_UK[h][d][r]: a 32 x 32 tile a block (bf16 bits copied). */
+__global__ void __launch_bounds__(UKT_T * 8) k_mla_ukt(const uint16_t *__restrict__ w, int dn, int dv, int R,
+                                                      uint16_t *__restrict__ wt) {
+    __shared__ uint16_t tile[UKT_T][UKT_T + 1];
+    const int h = blockIdx.z, r0 = blockIdx.x * UKT_T, d0 = blockIdx.y * UKT_T;
+    for (int j = threadIdx.y; j < UKT_T; j += 8) {
+        const int d = d0 + j, r = r0 + threadIdx.x;
+        if (d < dn && r < R) tile[j][threadIdx.x] = w[((int64_t)h * (dn + dv) + d) * R + r];
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < UKT_T; j += 8) {
+        const int r = r0 + j, d = d0 + threadIdx.x;
+        if (r < R && d < dn) wt[((int64_t)h * R + r) * dn + d] = tile[threadIdx.x][j];
+    }
+}
+
+/* out[h][t][d] = q[t][h][d] for d < dn (q_nope of each head, contiguous). */
+__global__ void __launch_bounds__(256) k_mla_qnope(const float *__restrict__ q, int n, int nh, int dq, int dn,
+                                                  float *__restrict__ out) {
+    const int64_t total = (int64_t)nh * n * dn;
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (int64_t)gridDim.x * 256) {
+        const int64_t d = i % dn, ht = i / dn, t = ht % n, h = ht / n;
+        out[i] = q[(t * nh + h) * dq + d];
+    }
+}
+
+static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
+
+extern "C" int gpu_mla_products_tc_take(const gpu_weight *kv_b, const mla_shape *sh) {
+    return kv_b && sh && kv_b->type == WT_BF16 && kv_b->data && sh->dn >= 64 && sh->dn % 64 == 0 && sh->R >= 64 &&
+           sh->R % 64 == 0 && kv_b->rows == (int64_t)sh->nh * (sh->dn + sh->dv) && kv_b->cols == sh->R;
+}
+
+extern "C" df_status gpu_mla_absorb_tc(const gpu_weight *kv_b, const mla_shape *sh, const float *q, int n,
+                                       float *qlat, gpu_ws *ws, void *stream) {
+    if (!kv_b || !sh || !q || !qlat || !ws || n < 1) return DF_ERR_ARG;
+    if (!gpu_mla_products_tc_take(kv_b, sh)) return DF_ERR_UNSUPPORTED;
+    const int nh = sh->nh, dn = sh->dn, R = sh->R;
+    const size_t bwt = al256((size_t)nh * R * dn * 2), bq = al256((size_t)nh * n * dn * sizeof(float));
+    df_status st = ws_reserve(ws, bwt + bq + gpu_bf16_tc_groups_bytes(nh, n, R, dn), "gpu_mla_absorb_tc workspace");
+    if (st) return st;
+    cudaStream_t s = (cudaStream_t)stream;
+    uint16_t *wt = (uint16_t *)ws->buf;
+    float *qn = (float *)((char *)ws->buf + bwt);
+    k_mla_ukt<<<dim3((unsigned)cdiv(R, UKT_T), (unsigned)cdiv(dn, UKT_T), (unsigned)nh), dim3(UKT_T, 8), 0, s>>>(
+        (const uint16_t *)kv_b->data, dn, sh->dv, R, wt);
+    if ((st = launched("k_mla_ukt"))) return st;
+    const int64_t total = (int64_t)nh * n * dn, b = cdiv(total, 256);
+    k_mla_qnope<<<(unsigned)(b < 8192 ? b : 8192), 256, 0, s>>>(q, n, nh, sh->dq, dn, qn);
+    if ((st = launched("k_mla_qnope"))) return st;
+    gpu_weight wtw = *kv_b; /* W_UK^T of every head: nh R rows of dn */
+    wtw.data = wt;
+    wtw.rows = (int64_t)nh * R;
+    wtw.cols = dn;
+    return gpu_bf16_tc_groups(&wtw, 0, R, R, nh, qn, n, qlat, (int64_t)n * R, R, (char *)ws->buf + bwt + bq,
+                              gpu_ws_wg(ws), s);
+}
+
+extern "C" df_status gpu_mla_lift_tc(const gpu_weight *kv_b, const mla_shape *sh, const float *olat, int n,
+                                     float *attn, gpu_ws *ws, void *stream) {
+    if (!kv_b || !sh || !olat || !attn || !ws || n < 1) return DF_ERR_ARG;
+    if (!gpu_mla_products_tc_take(kv_b, sh)) return DF_ERR_UNSUPPORTED;
+    const int nh = sh->nh, dn = sh->dn, dv = sh->dv, R = sh->R;
+    df_status st = ws_reserve(ws, gpu_bf16_tc_groups_bytes(nh, n, dv, R), "gpu_mla_lift_tc workspace");
+    if (st) return st;
+    return gpu_bf16_tc_groups(kv_b, dn, dn + dv, dv, nh, olat, n, attn, dv, (int64_t)nh * dv, ws->buf,
+                              gpu_ws_wg(ws), (cudaStream_t)stream);
+}
+

@@ -819,6 +819,7 @@ int acc_mla_layer(acc_table *t, const df_accel_mla *layer, void *state, int pos,
     t->st.calls += (uint64_t)hs.count - 1;
     t->st.mla_calls++;
     for (int k = 0; k < DF_MLA_MATS; k++) count_macs(t, w[k], n);
+    count_macs(t, layer->kv_b, n); /* the absorb (W_UK rows) and the lift (W_UV rows) between them */
     t->st.device_read_bytes += (uint64_t)hs.bytes + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
     return 1;
 }
@@ -835,6 +836,7 @@ df_status acc_mla(acc_table *t, const df_accel_mla *layer, void *state, int pos,
     release_handles(t, &hs);
     if (st != DF_OK) return call_failed(t, st, err);
     t->st.mla_calls++;
+    count_macs(t, kv_b, n); /* the absorb (W_UK rows) and the lift (W_UV rows) between them */
     /* kv_b for the absorbed products, the latent cache rows 0 .. pos+n-1 */
     t->st.device_read_bytes += (uint64_t)wt_bytes(kv_b) + (uint64_t)(pos + n) * (layer->R + layer->dr) * sizeof(float);
     return DF_OK;

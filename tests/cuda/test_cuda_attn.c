@@ -39,6 +39,9 @@
  *  - gpu_mla_absorb / gpu_mla_lift vs float64 sums over the same bf16 kv_b:
  *    |y - exact| <= K u sum|w x|, K = dn (absorb), R/32 + 5 (lift); n = 1
  *    and 17; n > 32 and non-bf16 kv_b refused.
+ *  - gpu_mla_absorb_tc / gpu_mla_lift_tc (tensor cores) vs float64 sums
+ *    within gpu_matmul_tc's bf16 bound; the wgmma launch bit-equal to a head
+ *    at a time on mma.sync; one token bit-equal to its row of 300 or 70.
  * Each test prints its largest error as a fraction of its bound.
  */
 #include "../test.h"
@@ -819,6 +822,149 @@ static void check_mla_products(int nh, int dn, int dv, int R, int n, int i8, con
     free(olat);
     free(ql);
     free(at);
+}
+
+/* gpu_mla_absorb_tc / gpu_mla_lift_tc (kv_b's rows on the tensor cores)
+ * against float64 sums over the same bf16 kv_b within gpu_matmul_tc's bf16
+ * bound, (cols + 64) 2^-24 S + 2^-21 S + 2^-38 max|x| sum|w| (S = sum|w x|,
+ * cols = dn for absorb, R for lift); the wgmma blocks (one launch for all
+ * heads, where present) bit-equal to a head at a time on the mma.sync
+ * blocks; token 0 alone bit-equal to its row of the n-token products; a
+ * row-int8 kv_b and a dn off 64 refused. */
+static void check_mla_products_tc(int nh, int dn, int dv, int R, int n, const char *tag) {
+    uint64_t s = seed_of(tag);
+    const int dr = 64, dq = dn + dr;
+    const int64_t rows = (int64_t)nh * (dn + dv);
+    uint16_t *wb = malloc((size_t)rows * R * sizeof(uint16_t));
+    float *wv = malloc((size_t)rows * R * sizeof(float));
+    for (int64_t i = 0; i < rows * R; i++) {
+        float f = frand(&s) * 0.1f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        wb[i] = (uint16_t)(u >> 16);
+        u = (uint32_t)wb[i] << 16;
+        memcpy(&wv[i], &u, 4);
+    }
+    df_weight w = {.type = WT_BF16, .rows = rows, .cols = R, .data = wb};
+    gpu_weight g;
+    char err[DF_ERRMSG];
+    REQUIRE(gpu_weight_upload(&w, &g, err) == DF_OK, "%s", err);
+    mla_shape sh = {0, nh, dn, dr, dv, dq, R, 0, 0, 0, NULL, 1.0f, 1.0f, 1e-6f};
+    float *q = hrand((size_t)n * nh * dq, -1, 1, &s), *olat = hrand((size_t)nh * n * R, -1, 1, &s);
+    for (size_t i = 0; i < (size_t)n * nh * dq; i += 7) q[i] = ldexpf(q[i], -30); /* small and large together */
+    float *dq_ = dcopy(q, (size_t)n * nh * dq), *dol = dcopy(olat, (size_t)nh * n * R);
+    const size_t nlat = (size_t)nh * n * R, nat = (size_t)n * nh * dv;
+    float *ql[2], *at[2];
+    gpu_ws ws[2];
+    memset(ws, 0, sizeof ws);
+    ws[0].bf16_tc_rows = ws[1].bf16_tc_rows = 1;
+    ws[0].bf16_wg = 1;  /* one launch for all heads where the wgmma blocks run */
+    ws[1].bf16_wg = -1; /* a head at a time, mma.sync */
+    const int wg = gpu_ws_wg(&ws[0]) > 0;
+    float *dql = gpu_malloc(nlat * sizeof(float)), *dat = gpu_malloc(nat * sizeof(float));
+    REQUIRE(dq_ && dol && dql && dat && gpu_mla_products_tc_take(&g, &sh), "device memory, shape");
+    for (int k = 0; k < 2; k++) {
+        REQUIRE(poison(dql, nlat) && poison(dat, nat), "poison");
+        CHECK(gpu_mla_absorb_tc(&g, &sh, dq_, n, dql, &ws[k], NULL) == DF_OK &&
+                  gpu_mla_lift_tc(&g, &sh, dol, n, dat, &ws[k], NULL) == DF_OK && gpu_sync() == DF_OK,
+              "%s: launch %d: %s", tag, k, gpu_last_error());
+        ql[k] = malloc(nlat * sizeof(float));
+        at[k] = malloc(nat * sizeof(float));
+        REQUIRE(gpu_get(ql[k], dql, nlat * sizeof(float)) == DF_OK && gpu_get(at[k], dat, nat * sizeof(float)) == DF_OK);
+    }
+    CHECK(!memcmp(ql[0], ql[1], nlat * 4) && !memcmp(at[0], at[1], nat * 4),
+          "%s: the wgmma launch and a head at a time differ", tag);
+    double worst_a = 0, worst_l = 0;
+    for (int h = 0; h < nh; h++)
+        for (int t = 0; t < n; t++) {
+            double mx = 0;
+            for (int d = 0; d < dn; d++) mx = fmax(mx, fabs(q[((size_t)t * nh + h) * dq + d]));
+            for (int r = 0; r < R; r++) { /* absorb: cols dn */
+                double ex = 0, mag = 0, sw = 0;
+                for (int d = 0; d < dn; d++) {
+                    const float wf = wv[((int64_t)h * (dn + dv) + d) * R + r];
+                    const double p = (double)q[((size_t)t * nh + h) * dq + d] * wf;
+                    ex += p;
+                    mag += fabs(p);
+                    sw += fabs(wf);
+                }
+                const double got = ql[0][((size_t)h * n + t) * R + r];
+                const double bound = ((dn + 64) * U + 0x1p-21) * mag + 0x1p-38 * mx * sw + 1e-37;
+                worst_a = !(fabs(got - ex) <= bound) ? INFINITY : fmax(worst_a, fabs(got - ex) / bound);
+            }
+            mx = 0;
+            for (int r = 0; r < R; r++) mx = fmax(mx, fabs(olat[((size_t)h * n + t) * R + r]));
+            for (int v = 0; v < dv; v++) { /* lift: cols R */
+                double ex = 0, mag = 0, sw = 0;
+                for (int r = 0; r < R; r++) {
+                    const float wf = wv[((int64_t)h * (dn + dv) + dn + v) * R + r];
+                    const double p = (double)wf * olat[((size_t)h * n + t) * R + r];
+                    ex += p;
+                    mag += fabs(p);
+                    sw += fabs(wf);
+                }
+                const double got = at[0][(size_t)t * nh * dv + (size_t)h * dv + v];
+                const double bound = ((R + 64) * U + 0x1p-21) * mag + 0x1p-38 * mx * sw + 1e-37;
+                worst_l = !(fabs(got - ex) <= bound) ? INFINITY : fmax(worst_l, fabs(got - ex) / bound);
+            }
+        }
+    CHECK(worst_a <= 1 && worst_l <= 1, "%s: worst absorb %.3g, lift %.3g of the bound", tag, worst_a, worst_l);
+    fprintf(stderr, "[%s (%s): worst absorb %.3g, lift %.3g of the bound] ", tag,
+            wg ? "wgmma and mma.sync" : "mma.sync", worst_a, worst_l);
+    if (n > 1) { /* token 0 alone: q's first row, olat's row 0 of each head */
+        float *o1 = malloc((size_t)nh * R * sizeof(float)), *a1 = malloc((size_t)nh * dv * sizeof(float));
+        float *l1 = malloc((size_t)nh * R * sizeof(float));
+        for (int h = 0; h < nh; h++) memcpy(o1 + (size_t)h * R, olat + (size_t)h * n * R, (size_t)R * 4);
+        float *do1 = dcopy(o1, (size_t)nh * R), *dq1 = dcopy(q, (size_t)nh * dq);
+        float *da1 = gpu_malloc((size_t)nh * dv * sizeof(float)), *dl1 = gpu_malloc((size_t)nh * R * sizeof(float));
+        REQUIRE(do1 && dq1 && da1 && dl1);
+        CHECK(gpu_mla_absorb_tc(&g, &sh, dq1, 1, dl1, &ws[0], NULL) == DF_OK &&
+                  gpu_mla_lift_tc(&g, &sh, do1, 1, da1, &ws[0], NULL) == DF_OK &&
+                  gpu_get(a1, da1, (size_t)nh * dv * sizeof(float)) == DF_OK &&
+                  gpu_get(l1, dl1, (size_t)nh * R * sizeof(float)) == DF_OK,
+              "%s: one token: %s", tag, gpu_last_error());
+        int same = !memcmp(a1, at[0], (size_t)dv * 4);
+        for (int h = 0; h < nh; h++) same = same && !memcmp(l1 + (size_t)h * R, ql[0] + (size_t)h * n * R, (size_t)R * 4);
+        for (int h = 1; h < nh; h++) same = same && !memcmp(a1 + (size_t)h * dv, at[0] + (size_t)h * dv, (size_t)dv * 4);
+        CHECK(same, "%s: token 0 alone differs from its row of n = %d", tag, n);
+        gpu_free(do1);
+        gpu_free(dq1);
+        gpu_free(da1);
+        gpu_free(dl1);
+        free(o1);
+        free(a1);
+        free(l1);
+    }
+    /* refused: row-int8 kv_b, dn off 64 */
+    gpu_weight g8 = g;
+    g8.type = WT_I8_ROW;
+    mla_shape odd = sh;
+    odd.dn = dn - 16;
+    odd.dv = dv + 16;
+    CHECK(gpu_mla_absorb_tc(&g8, &sh, dq_, n, dql, &ws[0], NULL) == DF_ERR_UNSUPPORTED &&
+              gpu_mla_lift_tc(&g, &odd, dol, n, dat, &ws[0], NULL) == DF_ERR_UNSUPPORTED,
+          "%s: int8 kv_b and dn %% 64 != 0 must be refused", tag);
+    for (int k = 0; k < 2; k++) {
+        gpu_ws_free(&ws[k]);
+        free(ql[k]);
+        free(at[k]);
+    }
+    gpu_weight_free(&g);
+    gpu_free(dq_);
+    gpu_free(dol);
+    gpu_free(dql);
+    gpu_free(dat);
+    free(wb);
+    free(wv);
+    free(q);
+    free(olat);
+}
+
+TEST(cuda_attn_mla_products_tc) {
+    if (!need_gpu()) return;
+    check_mla_products_tc(3, 64, 64, 128, 1, "mla-products-tc-n1");
+    check_mla_products_tc(4, 128, 128, 512, 300, "mla-products-tc-n300");
+    check_mla_products_tc(3, 64, 40, 192, 70, "mla-products-tc-dv40-n70");
 }
 
 TEST(cuda_attn_mla_products) {
