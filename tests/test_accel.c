@@ -288,6 +288,7 @@ static df_status fake_mla(void *ctx, const df_accel_mla *l, void *kv_b, void *st
     (void)err;
     fake_mla_calls++;
     const fake_h *kb = kv_b;
+    fake_macs += (uint64_t)kb->w.rows * (uint64_t)kb->w.cols * (uint64_t)n; /* the absorb and the lift: kv_b's rows */
     const int dq = l->dn + l->dr;
     mla_shape sh = {0, l->nh, l->dn, l->dr, l->dv, dq, l->R, 0, l->use_rope, l->rope_interleave, l->inv_freq,
                     l->rope_mscale, l->softmax_scale, l->latent_eps};
