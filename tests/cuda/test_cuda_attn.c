@@ -82,6 +82,10 @@ static float *hdup(const float *h, size_t n) {
 
 static int poison(float *d, size_t n) { return gpu_fill(d, 0xff, n * sizeof(float)) == DF_OK; }
 
+static void gpu_free_each(float *const *d, int n) {
+    for (int i = 0; i < n; i++) gpu_free(d[i]);
+}
+
 /* ||a - b||_2 and ||b||_2 over n values spaced by stride */
 static void norms(const float *a, const float *b, size_t n, size_t stride, double *diff, double *ref) {
     double d = 0, r = 0;
@@ -810,10 +814,7 @@ static void check_mla_products(int nh, int dn, int dv, int R, int n, int i8, con
     CHECK(!gpu_mla_products_take(&g8) && gpu_mla_lift(&g8, &sh, dol, n, dat, NULL) == DF_ERR_UNSUPPORTED,
           "%s: fp8 kv_b must be refused", tag);
     gpu_weight_free(&g);
-    gpu_free(dq_);
-    gpu_free(dol);
-    gpu_free(dql);
-    gpu_free(dat);
+    gpu_free_each((float *[]){dq_, dol, dql, dat}, 4);
     free(wb);
     free(w8);
     free(wsc);
@@ -950,10 +951,7 @@ static void check_mla_products_tc(int nh, int dn, int dv, int R, int n, const ch
         free(at[k]);
     }
     gpu_weight_free(&g);
-    gpu_free(dq_);
-    gpu_free(dol);
-    gpu_free(dql);
-    gpu_free(dat);
+    gpu_free_each((float *[]){dq_, dol, dql, dat}, 4);
     free(wb);
     free(wv);
     free(q);
