@@ -377,10 +377,10 @@ PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void) {
 /* k_bt_wg's launch over w[0] (and w[1]: nm = 2) for groups of grp: the
  * weights' tensor maps (map_rows rows, the rows past them read as 0) made
  * here; DF_ERR_UNSUPPORTED where a map cannot be made. npadg: a group's
- * vectors, a multiple of BN; npad: the limbs' (groups x npadg). */
+ * vectors, a multiple of BN (the limbs hold groups x npadg). */
 template <int NWG, int BN>
 df_status launch_wg(const gpu_weight *const w[2], float *const y[2], const int64_t ldy[2], int nm, const void *limbs,
-                    int n, int64_t npadg, int64_t npad, int64_t cols, const wg_grp &grp, int64_t groups,
+                    int n, int64_t npadg, int64_t cols, const wg_grp &grp, int64_t groups,
                     int64_t map_rows, int S, cudaStream_t s) {
     using C = wg_cfg<NWG, BN>;
     const PFN_cuTensorMapEncodeTiled_v12000 enc = wg_encoder();
@@ -407,9 +407,13 @@ df_status launch_wg(const gpu_weight *const w[2], float *const y[2], const int64
         return st;
     }
     const dim3 grid((unsigned)(npadg / BN), (unsigned)yblocks, (unsigned)nm);
-    k_bt_wg<NWG, BN><<<grid, C::THREADS, C::SMEM, s>>>(m, grp, (const uint8_t *)limbs, n, (int)npad, cols, S);
+    k_bt_wg<NWG, BN><<<grid, C::THREADS, C::SMEM, s>>>(m, grp, (const uint8_t *)limbs, n, (int)(groups * npadg),
+                                                             cols, S);
     return gpu_cuda_status(cudaGetLastError(), "k_bt_wg");
 }
+
+/* n vectors padded to whole blocks of WG_BN */
+int64_t wg_npad(int n) { return ((int64_t)n + WG_BN - 1) / WG_BN * WG_BN; }
 
 /* X's limbs for k_bt_wg: groups x npadg vectors (see k_wg_split). */
 df_status wg_split(const float *X, int n, int64_t npadg, int64_t groups, int64_t cols, void *limbs, cudaStream_t s) {
@@ -500,8 +504,7 @@ df_status gpu_wg_probe_launch(int blocks, int iters, float *out, double *flops, 
 size_t gpu_bf16_wg_bytes(int n, int64_t cols) { return gpu_bf16_wg_groups_bytes(1, n, cols); }
 
 size_t gpu_bf16_wg_groups_bytes(int groups, int n, int64_t cols) {
-    const size_t npad = ((size_t)n + WG_BN - 1) / WG_BN * WG_BN;
-    return (size_t)groups * npad * 3 * (size_t)cols * 2;
+    return (size_t)groups * (size_t)wg_npad(n) * 3 * (size_t)cols * 2;
 }
 
 df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X, int n, float *Y, int64_t ldy,
@@ -511,7 +514,7 @@ df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X
         row0 < 0 || row1 > w->rows || row1 <= row0 || ldy < row1 - row0 || !limbs || ((uintptr_t)X & 7) ||
         (w1 && (w1->type != WT_BF16 || !w1->data || w1->rows != w->rows || w1->cols != w->cols || !U)))
         return DF_ERR_ARG;
-    const int64_t npad = ((int64_t)n + WG_BN - 1) / WG_BN * WG_BN, cols = w->cols;
+    const int64_t npad = wg_npad(n), cols = w->cols;
     if (cols >= (int64_t)1 << 22 || row1 > 0x7fffffff || npad > 0x7fffffff)
         return DF_ERR_UNSUPPORTED; /* TMA's 32-bit coordinates, the kernel's int npad */
     df_status st = wg_split(X, n, npad, 1, cols, limbs, s);
@@ -520,7 +523,7 @@ df_status gpu_bf16_wg(const gpu_weight *w0, const gpu_weight *w1, const float *X
     float *const y[2] = {Y, w1 ? U : Y};
     const int64_t ldys[2] = {ldy, row1 - row0};
     const wg_grp grp = {row1 - row0, row0, 0, 0, 0};
-    return launch_wg<WG_NWG, WG_BN>(ws, y, ldys, w1 ? 2 : 1, limbs, n, npad, npad, cols, grp, 1, row1,
+    return launch_wg<WG_NWG, WG_BN>(ws, y, ldys, w1 ? 2 : 1, limbs, n, npad, cols, grp, 1, row1,
                                     gpu_bf16_slices(w->rows, cols / WG_CH), s);
 }
 
@@ -530,7 +533,7 @@ df_status gpu_bf16_wg_groups(const gpu_weight *w, int64_t woff, int64_t wpitch, 
         groups < 1 || grows < 1 || woff < 0 || wpitch < 0 || woff + (int64_t)(groups - 1) * wpitch + grows > w->rows ||
         ldy < grows || !limbs || ((uintptr_t)X & 7))
         return DF_ERR_ARG;
-    const int64_t npadg = ((int64_t)n + WG_BN - 1) / WG_BN * WG_BN, cols = w->cols;
+    const int64_t npadg = wg_npad(n), cols = w->cols;
     if (cols >= (int64_t)1 << 22 || w->rows > 0x7fffffff || npadg * groups > 0x7fffffff)
         return DF_ERR_UNSUPPORTED; /* TMA's 32-bit coordinates, the kernel's int npad */
     df_status st = wg_split(X, n, npadg, groups, cols, limbs, s);
@@ -541,6 +544,6 @@ df_status gpu_bf16_wg_groups(const gpu_weight *w, int64_t woff, int64_t wpitch, 
     const wg_grp grp = {grows, woff, wpitch, npadg, ygs};
     const int S = gpu_bf16_slices(grows, cols / WG_CH);
     if (GPU_WG_NARROW && grows <= 128) /* blocks of 128 rows: no half-empty blocks for a head's 128 W_UV rows */
-        return launch_wg<2, WG_BN>(ws, y, ldys, 1, limbs, n, npadg, npadg * groups, cols, grp, groups, w->rows, S, s);
-    return launch_wg<WG_NWG, WG_BN>(ws, y, ldys, 1, limbs, n, npadg, npadg * groups, cols, grp, groups, w->rows, S, s);
+        return launch_wg<2, WG_BN>(ws, y, ldys, 1, limbs, n, npadg, cols, grp, groups, w->rows, S, s);
+    return launch_wg<WG_NWG, WG_BN>(ws, y, ldys, 1, limbs, n, npadg, cols, grp, groups, w->rows, S, s);
 }
