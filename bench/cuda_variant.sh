@@ -1,13 +1,15 @@
 #!/bin/sh
-# cuda_variant.sh — a measurement build: build/deltafin-cuda and
-# build/cuda_bench again with CUDA files recompiled with -D flags (the
-# kernels' build knobs: GPU_FRAG_XS, GPU_XS_BLOCKS, GPU_TCB_VG,
-# GPU_MLA_WIDE_Q, ...), written beside them as OUT_PREFIX-deltafin-cuda and
-# OUT_PREFIX-cuda_bench, so a device call can run a variant against the
-# default build side by side. Needs `make cuda` first (it links against its
-# objects); builds no GPU code for anything but sm_90 (sm_90a for the
-# wgmma files, as the Makefile does). LIBS overrides the
-# link's libraries (the Makefile's LDLIBS of an x86-64 build by default).
+# cuda_variant.sh — a measurement build: build/deltafin-cuda,
+# build/cuda_bench and build/run_cuda_tests again with CUDA files
+# recompiled with -D flags (the kernels' build knobs: GPU_FRAG_XS,
+# GPU_XS_BLOCKS, GPU_TCB_VG, GPU_MLA_TC, ...), written beside them as
+# OUT_PREFIX-deltafin-cuda, OUT_PREFIX-cuda_bench and
+# OUT_PREFIX-run_cuda_tests, so a device call can run a variant against the
+# default build side by side, and its device tests (`OUT_PREFIX-run_cuda_tests
+# cuda_attn`). Needs `make cuda` first (it links against its objects);
+# builds no GPU code for anything but sm_90 (sm_90a for the wgmma files, as
+# the Makefile does). LIBS overrides the link's libraries (the Makefile's
+# LDLIBS of an x86-64 build by default), LIBS_TESTS the tests' extra ones.
 #
 #   bench/cuda_variant.sh OUT_PREFIX src/cuda/gpu_mma.cu -DGPU_XS_BLOCKS=4
 #   bench/cuda_variant.sh p4 src/cuda/gpu_mma.cu src/cuda/gpu_mx_wg.cu -DGPU_FRAG_WG=0 -DGPU_MW_P=4
@@ -32,4 +34,7 @@ done
 "$NVCC" $A -o "$out-deltafin-cuda" build/cuda-cli/src/cli/*.o build/libdeltafin.a "$d/lib.a" \
     ${LIBS:--lmicrohttpd -lpcre2-8 -ljansson -luring -lcurl -lnettle -lm -lpthread -lmvec}
 "$NVCC" -O3 -std=c++17 $A -Iinclude -o "$out-cuda_bench" bench/cuda_bench.cu "$d/lib.a"
-echo "$out-deltafin-cuda $out-cuda_bench"
+# the device tests against the variant (their CPU oracles from libdeltafin.a)
+"$NVCC" $A -o "$out-run_cuda_tests" build/tests/test_main.o build/tests/cuda/test_cuda*.o "$d/lib.a" \
+    build/libdeltafin.a -lpthread -lm ${LIBS_TESTS:--lmvec}
+echo "$out-deltafin-cuda $out-cuda_bench $out-run_cuda_tests"
