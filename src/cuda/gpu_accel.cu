@@ -949,11 +949,10 @@ df_status acc_kda_layer(void *ctx, const df_accel_kda *l, void *state, int n, vo
 /* kv_b's absorbed products on the tensor cores (gpu_mla_absorb_tc, _lift_tc)
  * where bf16 products of n rows run there (n >= bf16_tc_rows, as
  * gpu_matmul_tc decides) and kv_b's shape lets them; else the CUDA cores.
- * Built with -DGPU_MLA_TC=1 only: the fifty-second session found no device
- * to run it on, so it stays off until tests/cuda (cuda_attn_mla_products_tc)
- * and the prompt's logits have been run (bench/cuda_NOTES.md). */
+ * On the H100 this took the 512-token K3r prompt from 0.0390 to 0.0366 s
+ * (bench/cuda_NOTES.md, fifty-third session). */
 #ifndef GPU_MLA_TC
-#define GPU_MLA_TC 0 /* build flag: 1 puts them on the tensor cores */
+#define GPU_MLA_TC 1 /* build flag, for measurements: 0 keeps them on the CUDA cores */
 #endif
 static bool mla_tc(acc *a, const gpu_weight *kv_b, const mla_shape *sh, int n) {
     return GPU_MLA_TC && a->ws.bf16_tc_rows > 0 && n >= a->ws.bf16_tc_rows && gpu_mla_products_tc_take(kv_b, sh);
