@@ -391,8 +391,9 @@ df_status gpu_mla_lift(const gpu_weight *kv_b, const mla_shape *sh, const float 
  * (meant for prompts with ws->bf16_tc_rows reached, where gpu_accel.cu
  * calls them; -DGPU_MLA_TC=0 builds keep the CUDA cores): per head,
  * absorb multiplies a transposed copy of W_UK (R rows of dn, made in ws)
- * and lift W_UV (dv rows of R), each output with the bits and bound gpu_matmul_tc gives a bf16
- * row of that many columns (gpu_bf16_tc.cu: x in three bf16 limbs), the
+ * and lift W_UV (dv rows of R), each output with the bits and bound
+ * gpu_matmul_tc gives a bf16 row of that many columns (gpu_bf16_tc.cu: x
+ * in three bf16 limbs), the
  * same whether the wgmma blocks run (ws->bf16_wg) or not. ws: scratch,
  * grown on demand (not kept). gpu_mla_products_tc_take: kv_b bf16 and dn,
  * R multiples of 64 (else DF_ERR_UNSUPPORTED). */
