@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 namespace {
 
@@ -56,6 +57,10 @@ struct acc {
 #if GPU_TIMELINE
     cudaEvent_t tl_ev[2 * TL_PAIRS];
     int tl_cat[TL_PAIRS], tl_n;
+    double tl_host[2 * TL_PAIRS]; /* host seconds at each event's record (the trace) */
+    cudaEvent_t tl_zero;          /* the trace's time origin on the device */
+    double tl_host0;
+    FILE *tl_trace;               /* DF_TL_TRACE: one line a hook call */
     double tl_ms[TL_CATS];
     long tl_calls[TL_CATS];
 #endif
@@ -1308,12 +1313,22 @@ static void acc_tc_tflops(void *ctx, double *sync, double *wg) {
  * each hook below runs between two events on the product stream, and the
  * time between them (the hook's device work, and any idle gap while the
  * host launched it) is summed per hook and printed to stderr at exit. The
- * events are read back every TL_PAIRS calls (a wait) and at exit. Never in
- * a default build. */
+ * events are read back every TL_PAIRS calls (a wait) and at exit. With
+ * DF_TL_TRACE=FILE it also writes one line a call: the hook, the host's ms
+ * at its entry and exit and the device's ms at its two events, all from the
+ * first call, so the device's idle time between calls shows, and the host
+ * work before each (bench/timeline_gaps.py sums them). Never in a default
+ * build. */
 const char *const tl_name[TL_CATS] = {"matmul", "matmul_many", "expert_finish", "moe_tail", "kda", "kda_layer",
                                       "mla_layer", "mla", "dev_put", "dev_get", "dev_rmsnorm", "dev_attn_res",
                                       "dev_add", "dev_copy", "dev_gather", "dev_res_norm", "expert_queue"};
 acc *tl_acc; /* the one accelerator of a measurement run, for the exit report */
+
+double tl_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
 
 void tl_flush(acc *a) {
     if (!a->tl_n) return;
@@ -1321,6 +1336,14 @@ void tl_flush(acc *a) {
     for (int i = 0; i < a->tl_n; i++) {
         float ms = 0;
         if (cudaEventElapsedTime(&ms, a->tl_ev[2 * i], a->tl_ev[2 * i + 1]) == cudaSuccess) a->tl_ms[a->tl_cat[i]] += ms;
+        /* the trace: hook, host ms at entry and exit, device ms at its two
+         * events, all from the first call's (an idle device between two
+         * calls shows as a gap between one's end and the next's start) */
+        float d0 = 0, d1 = 0;
+        if (a->tl_trace && cudaEventElapsedTime(&d0, a->tl_zero, a->tl_ev[2 * i]) == cudaSuccess &&
+            cudaEventElapsedTime(&d1, a->tl_zero, a->tl_ev[2 * i + 1]) == cudaSuccess)
+            fprintf(a->tl_trace, "%s %.4f %.4f %.4f %.4f\n", tl_name[a->tl_cat[i]], 1e3 * (a->tl_host[2 * i] - a->tl_host0),
+                    1e3 * (a->tl_host[2 * i + 1] - a->tl_host0), d0, d1);
     }
     cudaGetLastError();
     a->tl_n = 0;
@@ -1333,6 +1356,7 @@ void tl_report(void) {
     tl_flush(a);
     double all = 0;
     for (int c = 0; c < TL_CATS; c++) all += a->tl_ms[c];
+    if (a->tl_trace) fclose(a->tl_trace);
     fprintf(stderr, "device timeline (GPU_TIMELINE): %.1f ms in hooks\n", all);
     for (int c = 0; c < TL_CATS; c++)
         if (a->tl_calls[c]) fprintf(stderr, "  %-14s %8ld calls %10.2f ms\n", tl_name[c], a->tl_calls[c], a->tl_ms[c]);
@@ -1345,9 +1369,18 @@ template <int CAT, class R, class... A, R (*F)(void *, A...)> struct timed<CAT, 
         if (a->tl_n == TL_PAIRS) tl_flush(a);
         const int i = a->tl_n;
         if (!a->tl_ev[2 * i]) cudaEventCreate(&a->tl_ev[2 * i]), cudaEventCreate(&a->tl_ev[2 * i + 1]);
+        if (!a->tl_zero) {
+            const char *f = getenv("DF_TL_TRACE");
+            a->tl_trace = f && *f ? fopen(f, "w") : NULL;
+            cudaEventCreate(&a->tl_zero);
+            cudaEventRecord(a->tl_zero, a->stream);
+            a->tl_host0 = tl_now();
+        }
+        a->tl_host[2 * i] = tl_now();
         cudaEventRecord(a->tl_ev[2 * i], a->stream);
         R r = F(ctx, args...);
         cudaEventRecord(a->tl_ev[2 * i + 1], a->stream);
+        a->tl_host[2 * i + 1] = tl_now();
         a->tl_cat[i] = CAT;
         a->tl_calls[CAT]++;
         a->tl_n++;
