@@ -300,6 +300,14 @@ typedef struct df_accel {
      * now by short kernels: *sync by mma.sync, *wg by Hopper's wgmma (0 where
      * the build or device lacks it); 0 on failure (bench's prefill floor). */
     void (*tc_tflops)(void *ctx, double *sync, double *wg);
+    /* Optional, with the dev_ hooks (NULL: dev_put copies the caller's
+     * memory first): host memory for `floats` floats that dev_put reads in
+     * place when its src lies in it (page-locked on CUDA, so the upload
+     * starts without a copy into staging); NULL with err when it cannot. It
+     * waits for the uploads still reading an earlier stage; the caller
+     * writes it, then may put parts of it in turn and keep writing other
+     * parts meanwhile, until the next dev_stage. */
+    float *(*dev_stage)(void *ctx, int64_t floats, char *err);
 } df_accel;
 
 /* df_accel.mla_layer (optional, with the state hooks): a whole MLA layer step with one host

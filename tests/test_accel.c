@@ -432,7 +432,7 @@ TEST(model_accel_bit_identical_any_budget) {
                           b >= 3 ? fake_state_new : NULL, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL,
                           b >= 3 ? fake_matmul_many : NULL, b >= 4 ? fake_kda_layer : NULL,
                           b >= 4 ? fake_mla_layer : NULL, b >= 4 ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
             df_accel_stats st;
             fake_expert_calls = 0;
             fake_many_calls = 0;
@@ -622,7 +622,7 @@ TEST(model_accel_kda_failure_resets) {
     REQUIRE(ref != NULL, "cpu logits");
     df_accel a = {"fake", &lv, (int64_t)1 << 40, fake_upload, fake_release, fake_matmul, NULL, NULL, NULL,
                   fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda, fake_mla, NULL, NULL, NULL, NULL, NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.n_threads = 3;
@@ -673,6 +673,23 @@ static df_status fake_dev_put(void *ctx, float *dst, const float *src, int64_t f
     (void)err;
     memcpy(dst, src, (size_t)floats * sizeof(float));
     return DF_OK;
+}
+/* dev_stage: one buffer, grown (its rows must come out as if put from the
+ * caller's memory) */
+static float *fake_stage;
+static int64_t fake_stage_cap;
+static int fake_stage_calls;
+static float *fake_dev_stage(void *ctx, int64_t floats, char *err) {
+    (void)ctx;
+    (void)err;
+    fake_stage_calls++;
+    if (floats > fake_stage_cap) {
+        free(fake_stage);
+        fake_stage = malloc((size_t)floats * sizeof(float));
+        fake_stage_cap = fake_stage ? floats : 0;
+    }
+    for (int64_t i = 0; i < fake_stage_cap; i++) fake_stage[i] = NAN; /* stale rows would show */
+    return fake_stage;
 }
 static df_status fake_dev_rmsnorm(void *ctx, float *out, const float *x, const float *w, int n, int dim, float eps,
                                   char *err) {
@@ -781,8 +798,10 @@ TEST(model_accel_device_step) {
                 a.dev_copy = fake_dev_copy;
                 a.dev_gather = fake_dev_gather;
                 if (fused) a.dev_res_norm = fake_dev_res_norm;
+                if (fused) a.dev_stage = fake_dev_stage; /* the embedding written in place, in pieces */
             }
             df_accel_stats st;
+            fake_stage_calls = 0;
             fake_dev_ops = 0;
             fake_fused_ops = 0;
             float *lg = logits_with(fx[i], &a, 1, &st, NULL);
@@ -791,6 +810,7 @@ TEST(model_accel_device_step) {
             CHECK(bytes > 0 && memcmp(lg, ref, bytes) == 0, "%s: logits differ with budget %d", fx[i], b);
             CHECK((fake_dev_ops > 0) == (dev && kimi), "%s budget %d: %d device ops", fx[i], b, fake_dev_ops);
             CHECK((fake_fused_ops > 0) == (fused && kimi), "%s budget %d: %d fused steps", fx[i], b, fake_fused_ops);
+            CHECK((fake_stage_calls > 0) == (fused && kimi), "%s budget %d: %d stages", fx[i], b, fake_stage_calls);
             CHECK((st.device_passes > 0) == (dev && kimi), "%s budget %d: %llu device passes counted", fx[i], b,
                   (unsigned long long)st.device_passes);
             if (!dev) waits_host = st.sync_calls;
@@ -805,6 +825,9 @@ TEST(model_accel_device_step) {
         fake_res_max = 0;
         free(ref);
     }
+    free(fake_stage);
+    fake_stage = NULL;
+    fake_stage_cap = 0;
 }
 
 /* Batched passes with activations on the "device": two sessions' prompts
@@ -825,7 +848,7 @@ TEST(model_accel_device_step_batched) {
                   .dev_alloc = fake_dev_alloc, .dev_free = fake_dev_free, .dev_put = fake_dev_put,
                   .dev_get = fake_dev_put, .dev_rmsnorm = fake_dev_rmsnorm, .dev_attn_res = fake_dev_attn_res,
                   .dev_add = fake_dev_add, .dev_copy = fake_dev_copy, .dev_gather = fake_dev_gather,
-                  .dev_res_norm = fake_dev_res_norm};
+                  .dev_res_norm = fake_dev_res_norm, .dev_stage = fake_dev_stage};
     enum { P0 = 7, P1 = 9, STEPS = 3 };
     const int32_t *t0 = tok, *t1 = tok + 4; /* two streams of P + STEPS tokens */
     df_engine *ed = NULL, *ec = NULL;
@@ -867,6 +890,9 @@ TEST(model_accel_device_step_batched) {
     }
     df_engine_close(ed);
     df_engine_close(ec);
+    free(fake_stage);
+    fake_stage = NULL;
+    fake_stage_cap = 0;
     CHECK(fake_dev_live == 0 && fake_live == 0 && fake_states == 0, "leaks: %d blocks, %d handles, %d states",
           fake_dev_live, fake_live, fake_states);
 }
@@ -1026,7 +1052,7 @@ TEST(model_accel_stream_spine_not_reread) {
                           fake_state_zero, fake_kda, fake_mla, NULL, fake_matmul_many,
                           b == 1 ? fake_kda_layer : NULL, b == 1 ? fake_mla_layer : NULL,
                           b == 1 ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, 0, &st, &later);
@@ -1079,7 +1105,7 @@ TEST(model_accel_stream_spine_device_failure) {
                           fake_queue, fake_finish, NULL, fake_state_new, fake_state_free, fake_state_zero, fake_kda,
                           fake_mla, NULL, flaky_matmul_many, b ? fake_kda_layer : NULL, b ? fake_mla_layer : NULL,
                           b ? fake_moe_tail : NULL,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
+                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}; /* no dev_ hooks, no tc probe */
             df_accel_stats st;
             uint64_t later = 0;
             float *lg = stream_logits(fx[i], &a, b ? 1 : 2, &st, &later);

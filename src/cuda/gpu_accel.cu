@@ -111,6 +111,10 @@ struct acc {
      * hooks know a device pointer from a host one */
     float *dblk[64];
     size_t dlen[64];
+    float *sh;         /* dev_stage's buffer (pinned): dev_put reads it in place */
+    size_t cap_sh;     /* bytes */
+    cudaEvent_t sh_ev; /* sh still read by queued uploads once recorded */
+    int sh_busy;
     void *ph;          /* dev_put / dev_get staging (pinned) */
     size_t cap_ph;     /* bytes */
     cudaEvent_t ph_ev, th_ev; /* ph / th still read by queued work once recorded */
@@ -1152,9 +1156,21 @@ df_status dev_launched(df_status st, const char *what, char *err) {
     return st;
 }
 
+float *acc_dev_stage(void *ctx, int64_t floats, char *err) {
+    acc *a = (acc *)ctx;
+    if (floats <= 0) return NULL;
+    return pinned_room((void **)&a->sh, &a->cap_sh, (size_t)floats * sizeof(float), a->sh_ev, &a->sh_busy, err)
+               ? a->sh
+               : NULL;
+}
+
 df_status acc_dev_put(void *ctx, float *dst, const float *src, int64_t floats, char *err) {
     acc *a = (acc *)ctx;
     if (floats <= 0) return DF_OK;
+    if (a->sh && src >= a->sh && src + floats <= a->sh + a->cap_sh / sizeof(float)) { /* the stage, in place */
+        df_status st = act_copy(a, dst, src, (size_t)floats, err);
+        return st == DF_OK ? staging_mark(a, &a->sh_ev, &a->sh_busy, err) : st;
+    }
     if (!pinned_room(&a->ph, &a->cap_ph, (size_t)floats * sizeof(float), a->ph_ev, &a->ph_busy, err))
         return DF_ERR_NOMEM;
     memcpy(a->ph, src, (size_t)floats * sizeof(float));
@@ -1465,6 +1481,7 @@ extern "C" const df_accel *gpu_accel_open(int device, int64_t gpu_mem, int bf16_
     a->pub.dev_alloc = acc_dev_alloc;
     a->pub.dev_free = acc_dev_free;
     a->pub.dev_put = TL(8, acc_dev_put);
+    a->pub.dev_stage = acc_dev_stage;
     a->pub.dev_get = TL(9, acc_dev_get);
     a->pub.dev_rmsnorm = TL(10, acc_dev_rmsnorm);
     a->pub.dev_attn_res = TL(11, acc_dev_attn_res);
@@ -1511,6 +1528,8 @@ extern "C" void gpu_accel_close(const df_accel *pa) {
     cudaFree(a->md);
     cudaFreeHost(a->ph);
     if (a->ph_ev) cudaEventDestroy(a->ph_ev);
+    cudaFreeHost(a->sh);
+    if (a->sh_ev) cudaEventDestroy(a->sh_ev);
     if (a->th_ev) cudaEventDestroy(a->th_ev);
     if (a->mm_ev) cudaEventDestroy(a->mm_ev);
     if (a->gh_ev) cudaEventDestroy(a->gh_ev);

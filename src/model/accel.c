@@ -942,6 +942,10 @@ df_status acc_dev_put(acc_table *t, float *dst, const float *src, int64_t floats
     return dev_done(t, t->a->dev_put(t->a->ctx, dst, src, floats, t->err), err);
 }
 
+float *acc_dev_stage(acc_table *t, int64_t floats) {
+    return acc_has_dev(t) && t->a->dev_stage ? t->a->dev_stage(t->a->ctx, floats, t->err) : NULL;
+}
+
 df_status acc_dev_get(acc_table *t, float *dst, const float *src, int64_t floats, char *err) {
     double t0 = now_s();
     df_status st = t->a->dev_get(t->a->ctx, dst, src, floats, t->err);

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -258,6 +259,7 @@ void df_engine_close(df_engine *e) {
     st_close(e->st);
     free(e->describe_text);
     free(e->batch_logits);
+    free((void *)e->embed_hinted);
     prompt_ws_free(e);
     kn_px_buf_free(&e->px);
     free(e);
@@ -538,7 +540,10 @@ df_status model_bind_ends(df_engine *e, df_weight *embed, df_weight *head, float
     if ((st = model_bind(e, name, c->vocab_size, c->hidden_size, embed, err))) return st;
     /* read a row at a time at random, unless it is the head too (read whole) */
     e->embed_paged = !c->tie_word_embeddings && st_random_rows(e->st, embed->t_data);
-    if (e->embed_paged) e->paged_embed = embed->t_data;
+    if (e->embed_paged) {
+        e->paged_embed = embed->t_data;
+        e->embed_hinted = calloc((size_t)c->vocab_size, 1); /* NULL: every row hinted, as before */
+    }
     if (c->tie_word_embeddings) {
         *head = *embed; /* resident like the embedding: the copy at open repoints both */
         if ((st = note_resident(e, head, err))) return st;
@@ -764,11 +769,15 @@ static void embed_rows(void *ctx, int64_t t0, int64_t t1, int tid) {
 
 void model_embed_tokens(df_engine *e, const df_weight *embed, const int32_t *tokens, int n, float *out) {
     /* a mapped embedding's rows requested together before any is touched:
-     * one read each, all in flight, instead of a fault per page */
+     * one read each, all in flight, instead of a fault per page; a row
+     * once (its pages stay mapped: hinting it again is a system call for
+     * nothing, ~1 us, 0.6 ms a 512-token prompt on one thread) */
     if (e->embed_paged && embed->data) {
         const int64_t rb = wt_data_row_bytes(embed);
         for (int t = 0; t < n && rb > 0; t++)
-            if (tokens[t] >= 0 && tokens[t] < embed->rows)
+            if (tokens[t] >= 0 && tokens[t] < embed->rows &&
+                !(e->embed_hinted && tokens[t] < e->cfg.vocab_size &&
+                  atomic_exchange_explicit(&e->embed_hinted[tokens[t]], 1, memory_order_relaxed)))
                 st_rows_willneed((const char *)embed->data + tokens[t] * rb, rb);
     }
     embed_job j = {embed, tokens, out};

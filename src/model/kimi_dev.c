@@ -185,6 +185,34 @@ static df_status dev_head(df_engine *e, const km_model *m, const km_pass *p, con
     return st;
 }
 
+/* The pass's embedding rows into the device rows d->dh (*h: where the host
+ * wrote them). Into the accelerator's stage when it offers one (page-locked
+ * on CUDA: its upload needs no copy into staging first), a prompt's rows in
+ * up to four pieces, each put as soon as it is written so that its upload
+ * runs while the next is embedded; else into p->h, put at once. The same
+ * rows either way (model_embed_tokens per row). */
+static df_status dev_embed(df_engine *e, const km_model *m, const km_pass *p, const df_fwd_seg *seg, int nseg, int n,
+                           int *rpos, int *rseg, const float **h, char *err) {
+    const int H = m->H;
+    acc_table *t = e->acc;
+    float *stage = acc_dev_stage(t, (int64_t)n * H);
+    float *hb = stage ? stage : p->h;
+    *h = hb;
+    if (!stage || nseg > 1) {
+        for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++)
+            km_embed_rows(e, m, hb, &seg[i], i, off, nseg > 1 ? rpos : NULL, nseg > 1 ? rseg : NULL);
+        return acc_dev_put(t, p->d->dh, hb, (int64_t)n * H, err);
+    }
+    const int piece = ((n + 3) / 4 + 15) / 16 * 16; /* rows, a multiple of the pool's grain */
+    df_status st = DF_OK;
+    for (int r0 = 0; st == DF_OK && r0 < n; r0 += piece) {
+        const int cn = n - r0 < piece ? n - r0 : piece;
+        model_embed_tokens(e, &m->embed, seg[0].tokens + r0, cn, hb + (size_t)r0 * H);
+        st = acc_dev_put(t, p->d->dh + (size_t)r0 * H, hb + (size_t)r0 * H, (int64_t)cn * H, err);
+    }
+    return st;
+}
+
 /* A forward pass with its activations on the device (p's rows: n <=
  * p->d->rows; several sessions' rows of km_forward_batch, or one block of
  * a layer-major prompt): the same layers with the residual stream, K3's
@@ -199,18 +227,16 @@ df_status km_pass_dev(df_engine *e, const km_pass *p, const df_fwd_seg *seg, int
     km_model *m = e->prog;
     const km_dev *d = p->d;
     acc_table *t = e->acc;
-    const int H = m->H;
-    const int64_t HA = p->s->HA, nh = (int64_t)n * H;
+    const int64_t HA = p->s->HA;
     if (n > d->rows || (nseg > 1 && n > DF_CHUNK)) return DF_ERR_ARG;
     int rpos[DF_CHUNK], rseg[DF_CHUNK];
     acc_count_device_pass(t);
     double pt = prof_now(e);
-    for (int i = 0, off = 0; i < nseg; off += seg[i].n, i++)
-        km_embed_rows(e, m, p->h, &seg[i], i, off, nseg > 1 ? rpos : NULL, nseg > 1 ? rseg : NULL);
+    const float *h = NULL;
+    df_status st = dev_embed(e, m, p, seg, nseg, n, rpos, rseg, &h, err);
     p->moe->rpos = nseg > 1 ? rpos : NULL;
     p->moe->rseg = nseg > 1 ? rseg : NULL;
-    km_early_lookahead(e, m, p->moe, p->h, p->xn, n);
-    df_status st = acc_dev_put(t, d->dh, p->h, nh, err);
+    if (st == DF_OK) km_early_lookahead(e, m, p->moe, h, p->xn, n);
     prof_add(e, DF_PROF_EMBED, &pt);
     int na = 0;
     const float *ffn_out = NULL; /* the last layer's MLP output, added to h by the next step */

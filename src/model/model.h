@@ -155,6 +155,8 @@ struct df_engine {
     df_weight **res_views;    /* views bound resident (model_bind_resident), for the copy at open */
     int n_res_views, cap_res_views;
     const st_tensor *paged_embed; /* the embedding left mapped (embed_paged), else NULL */
+    _Atomic unsigned char *embed_hinted; /* [vocab]: rows of the paged embedding hinted already
+                                            (model_embed_tokens), NULL: hint every row */
     struct rcopy *rcopy;      /* the resident spine's copy (resident_copy.h); NULL: views of the mapping */
     df_weight **copy_views;   /* the views it will move while it runs (settle_copy), else NULL */
     int n_copy_views;
@@ -362,6 +364,9 @@ int acc_is_dev(const acc_table *t, const void *p);
 float *acc_dev_alloc(acc_table *t, int64_t floats);
 void acc_dev_free(acc_table *t, float *p); /* NULL-safe */
 df_status acc_dev_put(acc_table *t, float *dst, const float *src, int64_t floats, char *err);
+/* The accelerator's dev_stage (host floats that acc_dev_put uploads in
+ * place), NULL when it has none or cannot: the caller then puts its own. */
+float *acc_dev_stage(acc_table *t, int64_t floats);
 df_status acc_dev_get(acc_table *t, float *dst, const float *src, int64_t floats, char *err);
 df_status acc_dev_rmsnorm(acc_table *t, float *out, const float *x, const float *w, int n, int dim, float eps,
                           char *err);
