@@ -46,6 +46,7 @@ struct pending {
     int n, rows_off; /* rows in acc::qrows */
     const float *xdev; /* the input in device memory (dev_alloc), else NULL: staged at x_off */
     int out_dev;       /* out is device memory: rows copied there on the device */
+    int in_place;      /* out_dev, written there by the launch itself (queue_launch) */
 };
 
 #ifndef GPU_TIMELINE
@@ -524,6 +525,7 @@ df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ
     pending *p = &a->pend[a->npend++];
     p->xdev = xd ? X : NULL;
     p->out_dev = is_dev(a, out);
+    p->in_place = 0; /* queue_launch decides */
     p->h[0] = hg;
     p->h[1] = hu;
     p->h[2] = hd;
@@ -544,6 +546,26 @@ df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ
     return DF_OK;
 }
 
+/* Whether queued expert p (launched with those from `first`) writes its
+ * output rows straight into their place in device memory: rows in order,
+ * one after another (the whole MLP of a dense layer over a pass's rows),
+ * 16-byte aligned, overlapping no input of the launch (gpu_experts' rule).
+ * Else they land in qdy and are copied there. */
+int out_in_place(const acc *a, const pending *p, int first) {
+    const int *rows = a->qrows + p->rows_off;
+    if (!p->out_dev || p->stride != p->dim) return 0;
+    for (int r = 1; r < p->n; r++)
+        if (rows[r] != rows[r - 1] + 1) return 0;
+    const float *y0 = p->out + (size_t)rows[0] * p->stride, *y1 = y0 + (size_t)p->n * p->dim;
+    if ((uintptr_t)y0 % 16) return 0;
+    for (int i = first; i < a->npend; i++) {
+        const pending *q = &a->pend[i];
+        const float *x0 = q->xdev ? q->xdev : a->qdx + q->x_off, *x1 = x0 + (size_t)q->n * q->hid;
+        if (x0 < y1 && y0 < x1) return 0;
+    }
+    return 1;
+}
+
 /* Launches the queued experts not launched yet: their staged inputs up in
  * one copy, gpu_experts over runs of one activation (a layer's experts: two
  * tensor-core batches), outputs for device memory copied there (those for
@@ -559,9 +581,11 @@ df_status queue_launch(acc *a, char *err) {
         st = act_copy(a, a->qdx + x0, a->qhx + x0, a->qx_used - (size_t)x0, err);
     }
     for (int i = first; i < a->npend; i++) {
-        const pending *p = &a->pend[i];
+        pending *p = &a->pend[i];
         const float *x = p->xdev ? p->xdev : a->qdx + p->x_off;
-        a->jobs[i] = {&p->h[0]->g, &p->h[1]->g, &p->h[2]->g, x, p->n, a->qdy + p->y_off};
+        float *y = a->qdy + p->y_off;
+        if ((p->in_place = out_in_place(a, p, first))) y = p->out + (size_t)a->qrows[p->rows_off] * p->stride;
+        a->jobs[i] = {&p->h[0]->g, &p->h[1]->g, &p->h[2]->g, x, p->n, y};
     }
     for (int r0 = first; st == DF_OK && r0 < a->npend;) {
         int r1 = r0 + 1;
@@ -576,9 +600,14 @@ df_status queue_launch(acc *a, char *err) {
     /* outputs for host memory come back at finish (queue_outputs_back) */
     for (int i = first; st == DF_OK && i < a->npend; i++) { /* outputs for device memory: copied there */
         const pending *p = &a->pend[i];
-        for (int r = 0; p->out_dev && st == DF_OK && r < p->n; r++)
-            st = act_copy(a, p->out + (size_t)a->qrows[p->rows_off + r] * p->stride, a->qdy + p->y_off + (size_t)r * p->dim,
-                          (size_t)p->dim, err);
+        const int *rows = a->qrows + p->rows_off;
+        for (int r = 0; p->out_dev && !p->in_place && st == DF_OK && r < p->n;) {
+            int r1 = r + 1; /* a run of consecutive rows: one copy */
+            while (r1 < p->n && p->stride == p->dim && rows[r1] == rows[r1 - 1] + 1) r1++;
+            st = act_copy(a, p->out + (size_t)rows[r] * p->stride, a->qdy + p->y_off + (size_t)r * p->dim,
+                          (size_t)(r1 - r) * p->dim, err);
+            r = r1;
+        }
     }
     for (int i = first; i < a->npend; i++)
         for (int k = 0; k < 3; k++) a->pend[i].h[k]->qref--;
@@ -703,10 +732,12 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
         const pending *p = &a->pend[i];
         const int is_r = p->out == routed && p->dim == dl && p->stride == dl;
         const int is_s = shared && p->out == shared && p->dim == H && p->stride == H;
+        /* its rows on the device: in qdy, or in place (queue_launch) */
+        const float *y = p->in_place ? p->out + (size_t)a->qrows[p->rows_off] * p->stride : a->qdy + p->y_off;
         for (int r = 0; (is_r || is_s) && r < p->n; r++) {
             const int64_t row = a->qrows[p->rows_off + r];
-            if (is_r && row >= 0 && row < R) src[row] = a->qdy + p->y_off + (size_t)r * p->dim;
-            if (is_s && row >= 0 && row < n) src[R + row] = a->qdy + p->y_off + (size_t)r * p->dim;
+            if (is_r && row >= 0 && row < R) src[row] = y + (size_t)r * p->dim;
+            if (is_s && row >= 0 && row < n) src[R + row] = y + (size_t)r * p->dim;
         }
     }
     for (int64_t r = 0; st == DF_OK && r < R + (shared ? n : 0); r++)
