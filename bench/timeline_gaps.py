@@ -46,6 +46,8 @@ def main():
     print("%d passes; large (>= %d calls): %s" % (len(passes), a.min, " ".join(
         "%d:%d calls %.2f ms" % (i, len(passes[i]), passes[i][-1][4] - passes[i][0][3]) for i in big)))
     i = a.pas if a.pas is not None else (big[-1] if big else len(passes) - 1)
+    if not 0 <= i < len(passes):
+        sys.exit("timeline_gaps: no pass %d (the trace has %d)" % (i, len(passes)))
     p = passes[i]
     span = p[-1][4] - p[0][3]
     inside = sum(c[4] - c[3] for c in p)
