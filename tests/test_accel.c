@@ -691,6 +691,11 @@ static float *fake_dev_stage(void *ctx, int64_t floats, char *err) {
     for (int64_t i = 0; i < fake_stage_cap; i++) fake_stage[i] = NAN; /* stale rows would show */
     return fake_stage;
 }
+static void fake_stage_free(void) {
+    free(fake_stage);
+    fake_stage = NULL;
+    fake_stage_cap = 0;
+}
 static df_status fake_dev_rmsnorm(void *ctx, float *out, const float *x, const float *w, int n, int dim, float eps,
                                   char *err) {
     (void)ctx;
@@ -825,9 +830,7 @@ TEST(model_accel_device_step) {
         fake_res_max = 0;
         free(ref);
     }
-    free(fake_stage);
-    fake_stage = NULL;
-    fake_stage_cap = 0;
+    fake_stage_free();
 }
 
 /* Batched passes with activations on the "device": two sessions' prompts
@@ -890,9 +893,7 @@ TEST(model_accel_device_step_batched) {
     }
     df_engine_close(ed);
     df_engine_close(ec);
-    free(fake_stage);
-    fake_stage = NULL;
-    fake_stage_cap = 0;
+    fake_stage_free();
     CHECK(fake_dev_live == 0 && fake_live == 0 && fake_states == 0, "leaks: %d blocks, %d handles, %d states",
           fake_dev_live, fake_live, fake_states);
 }

@@ -546,6 +546,13 @@ df_status acc_expert_queue(void *ctx, void *gate, void *up, void *down, int situ
     return DF_OK;
 }
 
+/* Where queued expert p's launch writes its output rows on the device:
+ * qdy (read from there at finish or copied to device outputs; recomputed
+ * at each use, as qdy_grow may move it) or their place (in_place). */
+float *pending_rows(const acc *a, const pending *p) {
+    return p->in_place ? p->out + (size_t)a->qrows[p->rows_off] * p->stride : a->qdy + p->y_off;
+}
+
 /* Whether queued expert p (launched with those from `first`) writes its
  * output rows straight into their place in device memory: rows in order,
  * one after another (the whole MLP of a dense layer over a pass's rows),
@@ -583,9 +590,8 @@ df_status queue_launch(acc *a, char *err) {
     for (int i = first; i < a->npend; i++) {
         pending *p = &a->pend[i];
         const float *x = p->xdev ? p->xdev : a->qdx + p->x_off;
-        float *y = a->qdy + p->y_off;
-        if ((p->in_place = out_in_place(a, p, first))) y = p->out + (size_t)a->qrows[p->rows_off] * p->stride;
-        a->jobs[i] = {&p->h[0]->g, &p->h[1]->g, &p->h[2]->g, x, p->n, y};
+        p->in_place = out_in_place(a, p, first);
+        a->jobs[i] = {&p->h[0]->g, &p->h[1]->g, &p->h[2]->g, x, p->n, pending_rows(a, p)};
     }
     for (int r0 = first; st == DF_OK && r0 < a->npend;) {
         int r1 = r0 + 1;
@@ -732,8 +738,7 @@ df_status acc_moe_tail(void *ctx, int n, int K, const float *selw, const float *
         const pending *p = &a->pend[i];
         const int is_r = p->out == routed && p->dim == dl && p->stride == dl;
         const int is_s = shared && p->out == shared && p->dim == H && p->stride == H;
-        /* its rows on the device: in qdy, or in place (queue_launch) */
-        const float *y = p->in_place ? p->out + (size_t)a->qrows[p->rows_off] * p->stride : a->qdy + p->y_off;
+        const float *y = pending_rows(a, p);
         for (int r = 0; (is_r || is_s) && r < p->n; r++) {
             const int64_t row = a->qrows[p->rows_off + r];
             if (is_r && row >= 0 && row < R) src[row] = y + (size_t)r * p->dim;
