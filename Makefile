@@ -269,7 +269,7 @@ CUDA_ORACLE := $(addprefix $(BUILD)/src/,base/err.o format/dtype.o kernels/matve
 
 CUDA_CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/cuda-cli/%.o)
 
-cuda: $(BUILD)/libdeltafin_cuda.a $(BUILD)/run_cuda_tests $(BUILD)/cuda_bench $(BUILD)/deltafin-cuda
+cuda: $(BUILD)/libdeltafin_cuda.a $(BUILD)/run_cuda_tests $(BUILD)/cuda_bench $(BUILD)/deltafin-cuda $(BUILD)/wg_shape_probe
 # compile only (no link): e.g. make CC=aarch64-linux-gnu-gcc BUILD=build-arm64 cuda-objs
 cuda-objs: $(BUILD)/libdeltafin_cuda.a $(CUDA_CLI_OBJ) $(BUILD)/libdeltafin.a
 
@@ -310,6 +310,10 @@ $(BUILD)/run_cuda_tests: $(BUILD)/tests/test_main.o $(BUILD)/tests/cuda/test_cud
 
 $(BUILD)/cuda_bench: bench/cuda_bench.cu $(BUILD)/libdeltafin_cuda.a $(wildcard src/cuda/*.h)
 	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libdeltafin_cuda.a
+
+# the wgmma issue patterns' ceilings (a measurement tool; sm_90a like the wgmma files)
+$(BUILD)/wg_shape_probe: bench/wg_shape_probe.cu src/cuda/gpu_wgmma.h
+	$(NVCC) $(filter-out $(CUDA_ARCH),$(NVFLAGS)) $(WG_ARCH) -Isrc/cuda -o $@ $<
 
 test-cuda: cuda
 	DF_CUDA_BIN=$(BUILD)/deltafin-cuda ./$(BUILD)/run_cuda_tests
