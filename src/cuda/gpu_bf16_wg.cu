@@ -59,6 +59,9 @@
 #ifndef GPU_WG_BN
 #define GPU_WG_BN 64 /* build flag, for measurements: 64 or 128 */
 #endif
+#ifndef GPU_WG_FOLD
+#define GPU_WG_FOLD 8 /* build flag, for measurements: values a fold loads before it stores (4, 8, 16, 32) */
+#endif
 #ifndef GPU_WG_NARROW
 #define GPU_WG_NARROW 1 /* build flag, for measurements: 0 runs groups of <= 128 rows on 256-row blocks too */
 #endif
@@ -71,6 +74,7 @@ enum {
     WG_Q = 24,     /* 16-byte limb pieces of a vector's chunk: 4 steps x 3 limbs x 2 halves */
     WG_NWG = GPU_WG_NWG, /* warpgroups a block: 256 weight rows */
     WG_BN = GPU_WG_BN, /* vectors a block (wgmma's n); n is padded to a multiple */
+    WG_FOLD = GPU_WG_FOLD, /* a fold's batch of loads */
     WG_SMEM = 227 << 10
 };
 
@@ -303,19 +307,34 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const wg_grp grp, const uint8_t *_
         asm volatile("mov.b64 %0, %0;" : "+l"(ld));
         asm volatile("mov.b64 %0, %0;" : "+l"(rl));
         asm volatile("mov.b64 %0, %0;" : "+l"(vl));
+        /* the slice sums so far in batches of WG_FOLD values, each batch's
+         * loads issued before its stores: the compiler cannot tell that the
+         * rows do not overlap, so loads between stores wait one L2 round
+         * trip each (32 a fold) */
+        constexpr int FI = WG_FOLD / 4;
 #pragma unroll
-        for (int i = 0; i < BN / 8; i++)
+        for (int i0 = 0; i0 < BN / 8; i0 += FI) {
+            float prev[WG_FOLD];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float *o = Y + yo + (8 * i + (e & 1)) * ld + 8 * (e >> 1);
-                const bool in = 8 * (e >> 1) < rl && 8 * i + (e & 1) < vl;
-                float y = s > 0 && in ? *o : 0.0f;
-                y = __fadd_rn(y, d[4 * i + e]);
-                for (int s2 = s + 1; s2 < S && c + 1 == wg_slice_end(s2, per, nch); s2++)
-                    y = __fadd_rn(y, 0.0f); /* empty slices ending here too */
-                if (in) *o = y;
-                d[4 * i + e] = 0.0f;
-            }
+            for (int i = i0; i < i0 + FI; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const bool in = 8 * (e >> 1) < rl && 8 * i + (e & 1) < vl;
+                    prev[4 * (i - i0) + e] = s > 0 && in ? Y[yo + (8 * i + (e & 1)) * ld + 8 * (e >> 1)] : 0.0f;
+                }
+#pragma unroll
+            for (int i = i0; i < i0 + FI; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float *o = Y + yo + (8 * i + (e & 1)) * ld + 8 * (e >> 1);
+                    const bool in = 8 * (e >> 1) < rl && 8 * i + (e & 1) < vl;
+                    float y = __fadd_rn(prev[4 * (i - i0) + e], d[4 * i + e]);
+                    for (int s2 = s + 1; s2 < S && c + 1 == wg_slice_end(s2, per, nch); s2++)
+                        y = __fadd_rn(y, 0.0f); /* empty slices ending here too */
+                    if (in) *o = y;
+                    d[4 * i + e] = 0.0f;
+                }
+        }
         while (s < S && c + 1 == wg_slice_end(s, per, nch)) s++;
     };
     auto chunk = [&](int64_t c, uint32_t(&ra)[8], uint32_t(&rb)[8], int &s) {
