@@ -155,12 +155,15 @@ static __device__ __forceinline__ double row_sumsq(const float4 (&v)[ROW_V4]) {
 
 /* out = v / sqrt(mean(v^2) + eps) (times w when set): the RMSNorm of
  * gpu_rmsnorm's row kernel (the sum of squares by block_sum1; x * inv,
- * then w * that, rounded each). buf: shared, 33 doubles. */
+ * then w * that, rounded each). buf: shared, 33 doubles. w's loads are all
+ * issued before the reduction: loaded between the stores to out (which
+ * the compiler cannot tell apart from w), each waited one round trip. */
 static __device__ __forceinline__ void row_rmsnorm(const float4 (&v)[ROW_V4], int dim, const float *w, float eps,
                                                    float *out, double *buf) {
     const int q = dim >> 2;
+    float4 g[ROW_V4];
+    if (w) row_load(w, q, g);
     const float inv = norm_scale(block_sum1(row_sumsq(v), buf), dim, eps);
-    const float4 *w4 = (const float4 *)w;
     float4 *o = (float4 *)out;
 #pragma unroll
     for (int k = 0; k < ROW_V4; k++) {
@@ -168,10 +171,8 @@ static __device__ __forceinline__ void row_rmsnorm(const float4 (&v)[ROW_V4], in
         if (i >= q) break;
         float4 r = make_float4(__fmul_rn(v[k].x, inv), __fmul_rn(v[k].y, inv), __fmul_rn(v[k].z, inv),
                                __fmul_rn(v[k].w, inv));
-        if (w) {
-            const float4 g = w4[i];
-            r = make_float4(__fmul_rn(g.x, r.x), __fmul_rn(g.y, r.y), __fmul_rn(g.z, r.z), __fmul_rn(g.w, r.w));
-        }
+        if (w) r = make_float4(__fmul_rn(g[k].x, r.x), __fmul_rn(g[k].y, r.y), __fmul_rn(g[k].z, r.z),
+                               __fmul_rn(g[k].w, r.w));
         o[i] = r;
     }
 }
