@@ -312,6 +312,7 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const wg_grp grp, const uint8_t *_
          * rows do not overlap, so loads between stores wait one L2 round
          * trip each (32 a fold) */
         constexpr int FI = WG_FOLD / 4;
+        static_assert(WG_FOLD % 4 == 0 && FI > 0 && (BN / 8) % FI == 0, "a fold's batch: whole groups of 4 values");
 #pragma unroll
         for (int i0 = 0; i0 < BN / 8; i0 += FI) {
             float prev[WG_FOLD];
