@@ -23,79 +23,44 @@
 
 #include "gpu_wgmma.h"
 
-#define D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-              "+f"(d[i + 6]), "+f"(d[i + 7])
-
-/* one wgmma of each form: RS (A = 4 registers), SS (A descriptor) */
-template <int N> struct mma;
-template <> struct mma<64> {
-    static __device__ __forceinline__ void rs(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint64_t b) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-                     "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-                     : D8(0), D8(8), D8(16), D8(24)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
-    }
-    static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+#if WG_DEVICE
+/* the SS forms of n = 64 and 128 (A from a descriptor too); the RS forms and
+ * m64n256k16 SS are gpu_wgmma.h's (wg_mma, wg_mma_ss256) */
+template <int N> struct mma_ss;
+template <> struct mma_ss<64> {
+    static __device__ __forceinline__ void run(float (&d)[32], uint64_t a, uint64_t b) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
                      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
                      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-                     : D8(0), D8(8), D8(16), D8(24)
+                     : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
                      : "l"(a), "l"(b));
     }
 };
-template <> struct mma<128> {
-    static __device__ __forceinline__ void rs(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint64_t b) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-                     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                     "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
-                     : D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
-    }
-    static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+template <> struct mma_ss<128> {
+    static __device__ __forceinline__ void run(float (&d)[64], uint64_t a, uint64_t b) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
                      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
                      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
                      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
                      "%64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56)
+                     : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
                      : "l"(a), "l"(b));
     }
 };
-
-template <> struct mma<256> {
-    static __device__ __forceinline__ void rs(float (&d)[128], uint32_t, uint32_t, uint32_t, uint32_t, uint64_t) {}
-    static __device__ __forceinline__ void ss(float (&d)[128], uint64_t a, uint64_t b) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-                     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-                     "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-                     "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-                     "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-                     "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-                     "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-                     : D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56),
-                       D8(64), D8(72), D8(80), D8(88), D8(96), D8(104), D8(112), D8(120)
-                     : "l"(a), "l"(b));
-    }
+template <> struct mma_ss<256> {
+    static __device__ __forceinline__ void run(float (&d)[128], uint64_t a, uint64_t b) { wg_mma_ss256(d, a, b); }
 };
+#endif
 
 enum { SMEM = 64 * 1024 };
 
 /* WG warpgroups a block, each iters chunks of 12 wgmma m64nNk16 (RS: A from
- * registers, as k_bt_wg; else SS), committed a chunk, waiting with
- * wait_group W (k_bt_wg: 1) before the next chunk's. */
+ * registers, as k_bt_wg, n 64 or 128; else SS), committed a chunk, waiting
+ * with wait_group W (k_bt_wg: 1) before the next chunk's. */
 template <int N, int WG, int RS, int W>
 __global__ void __launch_bounds__(WG * 128, 1) k_shape(int iters, float *out) {
 #if WG_DEVICE
@@ -116,8 +81,8 @@ __global__ void __launch_bounds__(WG * 128, 1) k_shape(int iters, float *out) {
         wg_hold(d);
 #pragma unroll
         for (int j = 0; j < 12; j++) {
-            if (RS) mma<N>::rs(d, r[0], r[1], r[2], r[3], b);
-            else mma<N>::ss(d, a, b);
+            if constexpr (RS) wg_mma(d, r[0], r[1], r[2], r[3], b);
+            else mma_ss<N>::run(d, a, b);
         }
         wg_commit();
         wg_wait<W>();

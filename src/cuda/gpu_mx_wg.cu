@@ -68,8 +68,6 @@ __host__ __device__ constexpr int mw_stage_bytes(int nv) { return nv * 512; }
 __host__ __device__ constexpr int mw_smem_bytes(int nv) { return MW_P * mw_stage_bytes(nv) + nv * MW_THREADS * 4; }
 
 #if WG_DEVICE
-#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-                 "+f"(d[i + 6]), "+f"(d[i + 7])
 /* d = A B + (acc ? d : 0): A 64 x 16 f16 (this warp's 16 rows in a0..a3,
  * mma.sync's fragment layout), B 16 x 2 NV f16 from shared memory
  * (descriptor b). */
@@ -110,7 +108,6 @@ template <> struct wg_f16<48> {
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(acc));
     }
 };
-#undef WG_D8
 #endif
 
 /* Block (blockIdx.x: MW_ROWS rows, blockIdx.y: the item); see the file
