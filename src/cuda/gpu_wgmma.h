@@ -1,7 +1,8 @@
 /* gpu_wgmma.h — the PTX of Hopper's warpgroup tensor-core instructions that
- * the wgmma kernels share (gpu_bf16_wg.cu, gpu_mx_wg.cu): descriptors,
- * fences, groups, and the register hold that keeps the compiler from moving
- * accumulator reads or writes across an asynchronous wgmma.
+ * the wgmma kernels share (gpu_bf16_wg.cu, gpu_mx_wg.cu, and the measurement
+ * tool bench/wg_shape_probe.cu): descriptors, fences, groups, the register
+ * hold that keeps the compiler from moving accumulator reads or writes
+ * across an asynchronous wgmma, and the bf16 forms (wg_mma, wg_mma_ss256).
  * Refuses: nothing; WG_DEVICE is 1 only in a pass compiled for sm_90a (the
  * Makefile builds these files for sm_90a alone), and the helpers exist only
  * there.
