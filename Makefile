@@ -312,7 +312,7 @@ $(BUILD)/cuda_bench: bench/cuda_bench.cu $(BUILD)/libdeltafin_cuda.a $(wildcard 
 	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libdeltafin_cuda.a
 
 # the wgmma issue patterns' ceilings (a measurement tool; sm_90a like the wgmma files)
-$(BUILD)/wg_shape_probe: bench/wg_shape_probe.cu src/cuda/gpu_wgmma.h
+$(BUILD)/wg_shape_probe: bench/wg_shape_probe.cu $(wildcard src/cuda/*.h)
 	$(NVCC) $(filter-out $(CUDA_ARCH),$(NVFLAGS)) $(WG_ARCH) -Isrc/cuda -o $@ $<
 
 test-cuda: cuda

@@ -14,13 +14,14 @@
  *
  * Operands are zeros (their values do not change the rate); a sum of the
  * accumulators that is never 1234.5 keeps the work. TFLOP/s = 2 m n k a
- * wgmma, CUDA-event median of 5 launches after one warm-up.
+ * wgmma, timed by gpu_median_rate (the median of 5 launches after a warm-up).
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "gpu_internal.h" /* gpu_median_rate */
 #include "gpu_wgmma.h"
 
 #if WG_DEVICE
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(WG * 128, 1) k_shape(int iters, float *out) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     const int wg = threadIdx.x >> 7;
-    /* each warpgroup its own B (and A) region: N x 16 bf16 a k step, 12 steps */
+    /* each warpgroup its own A and B tiles (one k step's; every wgmma reads them) */
     uint8_t *base = sm + (size_t)wg * (SMEM / WG);
     const uint64_t a = wg_desc(base, 128, 256), b = wg_desc(base + 2048, N * 16, 128);
     float d[N / 2];
@@ -99,27 +100,10 @@ __global__ void __launch_bounds__(WG * 128, 1) k_shape(int iters, float *out) {
 template <int N, int WG, int RS, int W> static void run(const char *name, int sms, int iters, float *out) {
     auto k = k_shape<N, WG, RS, W>;
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float ms[5];
-    k<<<sms, WG * 128, SMEM>>>(iters, out);
-    for (int r = 0; r < 5; r++) {
-        cudaEventRecord(e0);
-        k<<<sms, WG * 128, SMEM>>>(iters, out);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms[r], e0, e1);
-    }
-    for (int i = 0; i < 5; i++)
-        for (int j = i + 1; j < 5; j++)
-            if (ms[j] < ms[i]) { float t = ms[i]; ms[i] = ms[j]; ms[j] = t; }
     const double flops = (double)sms * WG * iters * 12 * 2.0 * 64 * N * 16;
+    const double rate = gpu_median_rate(0, flops, [&] { k<<<sms, WG * 128, SMEM>>>(iters, out); });
     cudaError_t e = cudaGetLastError();
-    printf("%-44s %8.1f TFLOP/s%s%s\n", name, flops / (ms[2] * 1e-3) / 1e12, e ? "  error: " : "",
-           e ? cudaGetErrorString(e) : "");
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    printf("%-44s %8.1f TFLOP/s%s%s\n", name, rate / 1e12, e ? "  error: " : "", e ? cudaGetErrorString(e) : "");
 }
 
 int main(int argc, char **argv) {
