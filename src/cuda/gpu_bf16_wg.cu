@@ -62,6 +62,11 @@
 #ifndef GPU_WG_FOLD
 #define GPU_WG_FOLD 8 /* build flag, for measurements: values a fold loads before it stores (4, 8, 16, 32) */
 #endif
+#ifndef GPU_WG_PROBE
+#define GPU_WG_PROBE 0 /* build flag, a diagnosis that gives wrong outputs: 1 copies only the first stages'
+                          chunks (the copy warpgroup then hands stale stages on), 2 also skips the weight
+                          fragments' shared loads, so the blocks' rate without their feed */
+#endif
 #ifndef GPU_WG_NARROW
 #define GPU_WG_NARROW 1 /* build flag, for measurements: 0 runs groups of <= 128 rows on 256-row blocks too */
 #endif
@@ -225,6 +230,12 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const wg_grp grp, const uint8_t *_
             const int st = (int)(c % NS);
             if (c >= NS) mbar_wait(empty0 + 8 * st, (uint32_t)((c / NS - 1) & 1));
             const uint32_t a = smem_u32(sm + (size_t)st * C::STAGE), full = full0 + 8 * st;
+#if GPU_WG_PROBE
+            if (c >= NS) { /* the diagnosis: the stage as it is */
+                if (lane == 0) mbar_arrive(full);
+                continue;
+            }
+#endif
             if (lane == 0) {
                 mbar_expect(full, C::STAGE);
                 tma_2d(a, tw, (int)(c * WG_CH), wr, full);
@@ -292,12 +303,16 @@ k_bt_wg(const __grid_constant__ wg_mats mats, const wg_grp grp, const uint8_t *_
     auto chunk = [&](int64_t c, uint32_t(&ra)[8], uint32_t(&rb)[8], int &s) {
         const int st = (int)(c % NS);
         mbar_wait(full0 + 8 * st, (uint32_t)((c / NS) & 1));
+#if GPU_WG_PROBE >= 2
+        for (int i = 0; i < 8; i++) ra[i] = rb[i] = (uint32_t)c * 0x3f803f80u; /* the diagnosis: no fragment loads */
+#else
         const uint8_t *a = sm + (size_t)st * C::STAGE + arow * WG_CHB;
         const uint4 p0 = *(const uint4 *)(a + ((t ^ sw) << 4)), p1 = *(const uint4 *)(a + (((4 + t) ^ sw) << 4));
         const uint4 q0 = *(const uint4 *)(a + 8 * WG_CHB + ((t ^ sw) << 4)),
                     q1 = *(const uint4 *)(a + 8 * WG_CHB + (((4 + t) ^ sw) << 4));
         ra[0] = p0.x, ra[1] = p0.y, ra[2] = p0.z, ra[3] = p0.w, ra[4] = p1.x, ra[5] = p1.y, ra[6] = p1.z, ra[7] = p1.w;
         rb[0] = q0.x, rb[1] = q0.y, rb[2] = q0.z, rb[3] = q0.w, rb[4] = q1.x, rb[5] = q1.y, rb[6] = q1.z, rb[7] = q1.w;
+#endif
         /* this stage's limb descriptor, made in the loop (not hoisted: one
          * 64-bit descriptor per stage and step would hold 24 registers each) */
         uint64_t db = desc0 + (uint64_t)((st * C::STAGE) >> 4);
