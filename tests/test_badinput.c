@@ -237,6 +237,16 @@ TEST(bench_warmup_stays_out_of_the_figures) {
     }
     CHECK(d > 0 && p0 > 0 && p1 > 0 && d == (p0 > p1 ? p0 : p1), "dram_gbps %g of the probes %g, %g: %s", d, p0, p1,
           out);
+    /* and the compute floor's: the better of the FMA probes before and after the prompt */
+    const char *fg = strstr(out, "\"fma_gflops\":"), *fp = strstr(out, "\"fma_gflops_probes\":[");
+    double f = fg ? strtod(fg + strlen("\"fma_gflops\":"), NULL) : 0, f0 = 0, f1 = 0;
+    if (fp) {
+        char *end;
+        f0 = strtod(fp + strlen("\"fma_gflops_probes\":["), &end);
+        f1 = *end == ',' ? strtod(end + 1, NULL) : 0;
+    }
+    CHECK(f > 0 && f0 > 0 && f1 > 0 && f == (f0 > f1 ? f0 : f1), "fma_gflops %g of the probes %g, %g: %s", f, f0, f1,
+          out);
     rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --prefill-again 0 2>&1", t_bin());
     CHECK(rc == 2 && strstr(out, "--prefill-again"), "zero runs: exit %d: %s", rc, out);
     rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --warmup 2 --spec ngram 2>&1", t_bin());

@@ -430,8 +430,10 @@ static int bench_decode(cli_model_opts *mo, int ntok, int nprompt, int warmup, d
         json_object_set_new(o, "prefill_layer_major_blocks", json_integer((json_int_t)prefill_blocks));
         json_object_set_new(o, "prefill_block_positions", json_integer(df_engine_prompt_block(e)));
         json_object_set_new(o, "fma_gflops", json_real(fma));
-        json_object_set_new(o, "fma_gflops_first", json_real(fma_first));
-        json_object_set_new(o, "fma_gflops_after", json_real(fma_after));
+        json_t *fprobes = json_array(); /* before the engine opened, after the prompt (0: none run) */
+        json_array_append_new(fprobes, json_real(fma_first));
+        json_array_append_new(fprobes, json_real(fma_after));
+        json_object_set_new(o, "fma_gflops_probes", fprobes);
         json_object_set_new(o, "prefill_gflop", json_real(prefill_flops / 1e9));
         json_object_set_new(o, "prefill_compute_floor_s", json_real(prefill_compute));
         json_object_set_new(o, "prefill_ratio_to_larger_floor", json_real(prefill_best > 0 ? prefill_s / prefill_best : 0));
