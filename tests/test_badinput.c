@@ -210,10 +210,26 @@ TEST(cli_cpus_pin_or_say_why) {
     CHECK(rc == 0 && strstr(out, want), "bench: exit %d, want %s: %s", rc, want, out);
 }
 
+/* bench's JSON `"KEY":V` and `"KEY_probes":[P0,P1]` (0 where absent) */
+static void json_rate_probes(const char *out, const char *key, double *v, double *p0, double *p1) {
+    char k[64], kp[72];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    snprintf(kp, sizeof kp, "\"%s_probes\":[", key);
+    const char *g = strstr(out, k), *p = strstr(out, kp);
+    *v = g ? strtod(g + strlen(k), NULL) : 0;
+    *p0 = *p1 = 0;
+    if (p) {
+        char *end;
+        *p0 = strtod(p + strlen(kp), &end);
+        *p1 = *end == ',' ? strtod(end + 1, NULL) : 0;
+    }
+}
+
 /* bench --warmup: the warm-up tokens are decoded (the session holds them)
  * and stay out of the figures; with --prefill-again the first token after
  * the prompt is still the one compared; refused beside --spec and below 0.
- * --prefill-again N: N warm prompts, each run's time listed; 0 refused. */
+ * --prefill-again N: N warm prompts, each run's time listed; 0 refused. The
+ * memory and compute floors' rates: each the better of two probes. */
 TEST(bench_warmup_stays_out_of_the_figures) {
     char out[16384];
     int rc = t_sh(out, sizeof out,
@@ -227,26 +243,15 @@ TEST(bench_warmup_stays_out_of_the_figures) {
     int commas = 0;
     for (const char *c = runs ? strchr(runs, '[') : NULL; c && *c && *c != ']'; c++) commas += *c == ',';
     CHECK(runs && commas == 2, "three warm prompts, each listed: %s", out);
-    /* the memory floor's rate: the better of the probes before and after */
-    const char *dg = strstr(out, "\"dram_gbps\":"), *dp = strstr(out, "\"dram_gbps_probes\":[");
-    double d = dg ? strtod(dg + strlen("\"dram_gbps\":"), NULL) : 0, p0 = 0, p1 = 0;
-    if (dp) {
-        char *end;
-        p0 = strtod(dp + strlen("\"dram_gbps_probes\":["), &end);
-        p1 = *end == ',' ? strtod(end + 1, NULL) : 0;
+    /* the memory floor's rate and the compute floor's: each the better of
+     * its probes before and after */
+    const char *const rate[2] = {"dram_gbps", "fma_gflops"};
+    for (int k = 0; k < 2; k++) {
+        double v, p0, p1;
+        json_rate_probes(out, rate[k], &v, &p0, &p1);
+        CHECK(v > 0 && p0 > 0 && p1 > 0 && v == (p0 > p1 ? p0 : p1), "%s %g of the probes %g, %g: %s", rate[k], v, p0,
+              p1, out);
     }
-    CHECK(d > 0 && p0 > 0 && p1 > 0 && d == (p0 > p1 ? p0 : p1), "dram_gbps %g of the probes %g, %g: %s", d, p0, p1,
-          out);
-    /* and the compute floor's: the better of the FMA probes before and after the prompt */
-    const char *fg = strstr(out, "\"fma_gflops\":"), *fp = strstr(out, "\"fma_gflops_probes\":[");
-    double f = fg ? strtod(fg + strlen("\"fma_gflops\":"), NULL) : 0, f0 = 0, f1 = 0;
-    if (fp) {
-        char *end;
-        f0 = strtod(fp + strlen("\"fma_gflops_probes\":["), &end);
-        f1 = *end == ',' ? strtod(end + 1, NULL) : 0;
-    }
-    CHECK(f > 0 && f0 > 0 && f1 > 0 && f == (f0 > f1 ? f0 : f1), "fma_gflops %g of the probes %g, %g: %s", f, f0, f1,
-          out);
     rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --prefill-again 0 2>&1", t_bin());
     CHECK(rc == 2 && strstr(out, "--prefill-again"), "zero runs: exit %d: %s", rc, out);
     rc = t_sh(out, sizeof out, "%s bench --decode --model " GOOD " --warmup 2 --spec ngram 2>&1", t_bin());
