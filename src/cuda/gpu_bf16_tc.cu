@@ -491,13 +491,20 @@ df_status launch_vec(const bt_mats &mats, const gpu_act &act, const float *X, in
 
 /* The wgmma blocks take a product when they may (wg, gpu_ws_wg) and, under
  * auto (0), when their grid of 256-row x 64-vector blocks (of each of nm
- * matrices, one launch) has at least 96 (`cuda_bench 2 wg`, H200: from
- * there they were ahead of the mma.sync blocks on every K3 shape, 1.2-1.5x
- * at 256 and 512 vectors; below, the mma.sync blocks' smaller tiles fill
- * the device better). */
+ * matrices, one launch) has at least WG_MIN_BLOCKS. `cuda_bench 2 wg` on an
+ * H100 after the folds' batches (bench/cuda_NOTES.md, fifty-sixth session),
+ * mma.sync / wgmma TFLOP/s: every K3 shape with 48 blocks ran faster on
+ * wgmma (12288 x 7168 at n = 64 58.2 / 65.8, 6144 x 7168 at n = 70 and 128
+ * 31.0 / 34.5 and 58.5 / 63.7, 1536 x 7168 at n = 512 57.6 / 59.8), as did
+ * 56 blocks (7168 x 12288 at n = 128 71.2 / 83.8), and every one with 28
+ * or fewer slower (7168 x 12288 at n = 64 57.2 / 42.2, 1536 x 7168 at n =
+ * 256 46.9 / 31.4): the mma.sync blocks' smaller tiles fill the device
+ * better there. (96 until then, from the blocks' rates before the folds'
+ * batches.) The same bits either way. */
+enum { WG_MIN_BLOCKS = 48 };
 bool wg_takes(int wg, int64_t span, int n, int64_t cols, int nm) {
     if (cols >= (int64_t)1 << 22) return false; /* TMA's 32-bit coordinates */
-    return wg > 0 || (wg == 0 && nm * ((span + 255) / 256) * ((n + 63) / 64) >= 96);
+    return wg > 0 || (wg == 0 && nm * ((span + 255) / 256) * ((n + 63) / 64) >= WG_MIN_BLOCKS);
 }
 
 __global__ void __launch_bounds__(256) k_wg_act(float *__restrict__ Y, int64_t ldy, const float *__restrict__ U,
