@@ -491,7 +491,7 @@ df_status launch_vec(const bt_mats &mats, const gpu_act &act, const float *X, in
 
 /* The wgmma blocks take a product when they may (wg, gpu_ws_wg) and, under
  * auto (0), when their grid of 256-row x 64-vector blocks (of each of nm
- * matrices, one launch) has at least 96, or at least WG_MIN_BLOCKS with
+ * matrices, one launch) has at least WG_MIN_BLOCKS_ANY, or WG_MIN_BLOCKS with
  * 64 vectors or more (a block pads its vectors to 64, and fewer were not
  * measured against the mma.sync blocks). `cuda_bench 2 wg` on an
  * H100 after the folds' batches (bench/cuda_NOTES.md, fifty-sixth session),
@@ -503,11 +503,11 @@ df_status launch_vec(const bt_mats &mats, const gpu_act &act, const float *X, in
  * 256 46.9 / 31.4): the mma.sync blocks' smaller tiles fill the device
  * better there. (96 until then, from the blocks' rates before the folds'
  * batches.) The same bits either way. */
-enum { WG_MIN_BLOCKS = 48 };
+enum { WG_MIN_BLOCKS_ANY = 96, WG_MIN_BLOCKS = 48 };
 bool wg_takes(int wg, int64_t span, int n, int64_t cols, int nm) {
     if (cols >= (int64_t)1 << 22) return false; /* TMA's 32-bit coordinates */
     const int64_t blocks = nm * ((span + 255) / 256) * ((n + 63) / 64);
-    return wg > 0 || (wg == 0 && (blocks >= 96 || (n >= 64 && blocks >= WG_MIN_BLOCKS)));
+    return wg > 0 || (wg == 0 && (blocks >= WG_MIN_BLOCKS_ANY || (n >= 64 && blocks >= WG_MIN_BLOCKS)));
 }
 
 __global__ void __launch_bounds__(256) k_wg_act(float *__restrict__ Y, int64_t ldy, const float *__restrict__ U,
